@@ -1,0 +1,161 @@
+//! Safe decoding of ring-buffer records (user space only).
+
+use core::{fmt, mem::size_of};
+
+use crate::{CallRecord, ExecRecord, ExitRecord, ForkRecord, RecordHeader, RecordKind, ReturnRecord};
+
+/// One record, copied out of the ring buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Record {
+    Call(CallRecord),
+    Return(ReturnRecord),
+    Fork(ForkRecord),
+    Exec(ExecRecord),
+    Exit(ExitRecord),
+}
+
+impl Record {
+    pub fn header(&self) -> &RecordHeader {
+        match self {
+            Record::Call(r) => &r.header,
+            Record::Return(r) => &r.header,
+            Record::Fork(r) => &r.header,
+            Record::Exec(r) => &r.header,
+            Record::Exit(r) => &r.header,
+        }
+    }
+}
+
+/// Why a record could not be decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Fewer bytes than a header.
+    TooShort { len: usize },
+    /// The header's kind is not one this build knows.
+    UnknownKind { kind: u32 },
+    /// Fewer bytes than the record its kind names.
+    Truncated { kind: RecordKind, len: usize, expected: usize },
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::TooShort { len } => {
+                write!(f, "record of {len} bytes is shorter than a header ({} bytes)", size_of::<RecordHeader>())
+            }
+            DecodeError::UnknownKind { kind } => write!(f, "record has unknown kind {kind}"),
+            DecodeError::Truncated { kind, len, expected } => {
+                write!(f, "{kind:?} record of {len} bytes is truncated (expected {expected})")
+            }
+        }
+    }
+}
+
+impl core::error::Error for DecodeError {}
+
+/// Reads a `T` from the start of `bytes` after checking the length.
+fn read<T: Copy>(kind: RecordKind, bytes: &[u8]) -> Result<T, DecodeError> {
+    let expected = size_of::<T>();
+    if bytes.len() < expected {
+        return Err(DecodeError::Truncated { kind, len: bytes.len(), expected });
+    }
+    // SAFETY: the length was checked above; `T` is one of this crate's `#[repr(C)]` integer-only
+    // records, valid for any bit pattern; `read_unaligned` makes no alignment assumption.
+    Ok(unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// Decodes one ring-buffer record. Longer records than expected are accepted (a newer kernel
+/// side may append fields); shorter ones and unknown kinds are errors.
+pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
+    if bytes.len() < size_of::<RecordHeader>() {
+        return Err(DecodeError::TooShort { len: bytes.len() });
+    }
+    let raw_kind = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    let kind = RecordKind::try_from(raw_kind).map_err(|kind| DecodeError::UnknownKind { kind })?;
+    Ok(match kind {
+        RecordKind::Call => Record::Call(read(kind, bytes)?),
+        RecordKind::Return => Record::Return(read(kind, bytes)?),
+        RecordKind::Fork => Record::Fork(read(kind, bytes)?),
+        RecordKind::Exec => Record::Exec(read(kind, bytes)?),
+        RecordKind::Exit => Record::Exit(read(kind, bytes)?),
+    })
+}
+
+/// The bytes of a NUL-terminated kernel string field, without the NUL (all of it if there is none).
+pub fn c_bytes(field: &[u8]) -> &[u8] {
+    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    &field[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::vec::Vec;
+
+    use super::*;
+    use crate::COMM_LEN;
+
+    fn bytes_of<T: Copy>(value: &T) -> Vec<u8> {
+        // SAFETY: test helper over the crate's padding-free integer records.
+        unsafe { core::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    }
+
+    fn header(kind: RecordKind) -> RecordHeader {
+        RecordHeader { kind: kind as u32, _pad: 0, ts_boot_ns: 123, pid: 10, tid: 11 }
+    }
+
+    #[test]
+    fn decodes_each_kind() {
+        let call = CallRecord { header: header(RecordKind::Call), cookie: 7, args: [1, 2, 3, 4, 5, 6] };
+        assert_eq!(decode(&bytes_of(&call)), Ok(Record::Call(call)));
+        let ret = ReturnRecord { header: header(RecordKind::Return), cookie: 7, retval: 42 };
+        assert_eq!(decode(&bytes_of(&ret)), Ok(Record::Return(ret)));
+        let fork = ForkRecord {
+            header: header(RecordKind::Fork),
+            child_pid: 12,
+            child_tid: 12,
+            is_thread: 0,
+            followed: 1,
+            comm: [b'a'; COMM_LEN],
+        };
+        assert_eq!(decode(&bytes_of(&fork)), Ok(Record::Fork(fork)));
+        let exit = ExitRecord { header: header(RecordKind::Exit), exit_code: 3 << 8, group_dead: 1, comm: [0; 16] };
+        assert_eq!(decode(&bytes_of(&exit)).map(|r| *r.header()), Ok(exit.header));
+    }
+
+    #[test]
+    fn accepts_longer_records() {
+        let ret = ReturnRecord { header: header(RecordKind::Return), cookie: 1, retval: 2 };
+        let mut bytes = bytes_of(&ret);
+        bytes.extend_from_slice(&[0xff; 8]);
+        assert_eq!(decode(&bytes), Ok(Record::Return(ret)));
+    }
+
+    #[test]
+    fn rejects_truncated_records() {
+        let call = CallRecord { header: header(RecordKind::Call), cookie: 7, args: [0; 6] };
+        let bytes = bytes_of(&call);
+        assert_eq!(
+            decode(&bytes[..bytes.len() - 1]),
+            Err(DecodeError::Truncated { kind: RecordKind::Call, len: bytes.len() - 1, expected: bytes.len() })
+        );
+        assert_eq!(decode(&bytes[..10]), Err(DecodeError::TooShort { len: 10 }));
+        assert_eq!(decode(&[]), Err(DecodeError::TooShort { len: 0 }));
+    }
+
+    #[test]
+    fn rejects_unknown_kinds() {
+        let mut h = header(RecordKind::Call);
+        h.kind = 99;
+        assert_eq!(decode(&bytes_of(&h)), Err(DecodeError::UnknownKind { kind: 99 }));
+        h.kind = 0;
+        assert_eq!(decode(&bytes_of(&h)), Err(DecodeError::UnknownKind { kind: 0 }));
+    }
+
+    #[test]
+    fn c_bytes_stops_at_nul() {
+        assert_eq!(c_bytes(b"ab\0cd"), b"ab");
+        assert_eq!(c_bytes(b"abcd"), b"abcd");
+        assert_eq!(c_bytes(b"\0"), b"");
+    }
+}

@@ -1,0 +1,21 @@
+//! The tracer's kernel side: one uprobe/uretprobe pair for every probed function (told apart by the
+//! attach cookie) and raw tracepoints for process lifecycle. Every program is a thin wrapper around
+//! a `try_` function; records go into one ring buffer, and a record that does not fit is counted
+//! in the per-CPU `LOST` array under its kind, never dropped silently.
+#![no_std]
+#![no_main]
+
+mod maps;
+mod sched;
+mod uprobe;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any reachable panic, so this is never called in a loaded program.
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,100 @@
+//! Maps and configuration shared by every program, and the helpers that write records.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, PerCpuArray, RingBuf},
+};
+use tracer_common::{Config, InodeKey, RecordKind, kind_bit, lost_slot};
+
+/// Set by user space at load time (`EbpfLoader::override_global`); read-only here.
+#[unsafe(no_mangle)]
+pub static CONFIG: Config = Config {
+    enabled_kinds: 0,
+    follow_children: 0,
+    has_target_inodes: 0,
+    _pad: 0,
+    offsets: tracer_common::KernelOffsets {
+        task_pid: 0,
+        task_tgid: 0,
+        task_exit_code: 0,
+        bprm_file: 0,
+        bprm_filename: 0,
+        file_inode: 0,
+        inode_ino: 0,
+        inode_sb: 0,
+        sb_dev: 0,
+        _pad: 0,
+    },
+};
+
+/// Every record goes here. User space sets the size (`--buffer-size`).
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
+
+/// Process ids (tgids) being traced. Filled by user space for `--pid`, `--binary` and the launched
+/// command, extended here on fork (following children) and on exec of a target binary, and
+/// pruned here when a traced process's last thread exits.
+#[map]
+pub static TRACED_PIDS: HashMap<u32, u32> = HashMap::with_max_entries(32768, 0);
+
+/// Executables given with `--binary`: a process that exec's one becomes traced.
+#[map]
+pub static TARGET_INODES: HashMap<InodeKey, u32> = HashMap::with_max_entries(64, 0);
+
+/// Per-CPU counts of records that could not be written, indexed by `RecordKind` or `lost_slot`.
+#[map]
+pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost_slot::COUNT, 0);
+
+#[inline(always)]
+pub fn config() -> Config {
+    // SAFETY: a plain read of a global that user space fixed before load; `read_volatile` keeps the
+    // compiler from folding the all-zero initialiser into the code.
+    unsafe { core::ptr::read_volatile(&raw const CONFIG) }
+}
+
+#[inline(always)]
+pub fn enabled(kind: RecordKind) -> bool {
+    // SAFETY: see `config`.
+    let kinds = unsafe { core::ptr::read_volatile(&raw const CONFIG.enabled_kinds) };
+    kinds & kind_bit(kind) != 0
+}
+
+#[inline(always)]
+pub fn is_traced(tgid: u32) -> bool {
+    TRACED_PIDS.get_ptr(tgid).is_some()
+}
+
+#[inline(always)]
+pub fn count_lost(slot: u32) {
+    if let Some(counter) = LOST.get_ptr_mut(slot) {
+        // SAFETY: a per-CPU slot; programs do not migrate while they run.
+        unsafe { *counter += 1 };
+    }
+}
+
+/// The current task's (tgid, tid).
+#[inline(always)]
+pub fn current_ids() -> (u32, u32) {
+    let pid_tgid = aya_ebpf::helpers::bpf_get_current_pid_tgid();
+    ((pid_tgid >> 32) as u32, pid_tgid as u32)
+}
+
+#[inline(always)]
+pub fn header(kind: RecordKind, tgid: u32, tid: u32) -> tracer_common::RecordHeader {
+    tracer_common::RecordHeader {
+        kind: kind as u32,
+        _pad: 0,
+        // SAFETY: a helper without preconditions.
+        ts_boot_ns: unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_boot_ns() },
+        pid: tgid,
+        tid,
+    }
+}
+
+/// Reads a `T` at `base + offset` in kernel memory.
+#[inline(always)]
+pub fn read_kernel<T>(base: *const u8, offset: u32) -> Result<T, i64> {
+    // SAFETY: `bpf_probe_read_kernel` checks the address; a bad pointer is an error, not a fault.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(base.wrapping_add(offset as usize).cast::<T>()) }
+        .map_err(|e| e as i64)
+}

@@ -1,0 +1,154 @@
+//! Process lifecycle: raw tracepoints on fork, exec and exit. Raw tracepoints receive the
+//! tracepoint's `TP_PROTO` arguments (task pointers), whose fields are read at offsets that user
+//! space took from the running kernel's BTF; they also need no tracefs.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_probe_read_kernel_str_bytes},
+    macros::raw_tracepoint,
+    programs::RawTracePointContext,
+};
+use tracer_common::{ExecRecord, ExitRecord, ForkRecord, InodeKey, RecordKind, lost_slot};
+
+use crate::maps::{
+    EVENTS, TARGET_INODES, TRACED_PIDS, config, count_lost, current_ids, enabled, header, is_traced, read_kernel,
+};
+
+/// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`, run by the parent.
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn sched_fork(ctx: RawTracePointContext) -> i32 {
+    try_sched_fork(&ctx).unwrap_or(0)
+}
+
+fn try_sched_fork(ctx: &RawTracePointContext) -> Result<i32, i64> {
+    let (tgid, tid) = current_ids();
+    if !is_traced(tgid) {
+        return Ok(0);
+    }
+    let cfg = config();
+    let child: *const u8 = ctx.arg(1);
+    let child_pid: i32 = read_kernel(child, cfg.offsets.task_tgid)?;
+    let child_tid: i32 = read_kernel(child, cfg.offsets.task_pid)?;
+    let (child_pid, child_tid) = (child_pid as u32, child_tid as u32);
+    let is_thread = child_pid == tgid;
+    let mut followed = 0;
+    if !is_thread && cfg.follow_children != 0 {
+        // Added before the child first runs, so nothing it does escapes the trace.
+        if TRACED_PIDS.insert(child_pid, 1, 0).is_ok() {
+            followed = 1;
+        } else {
+            count_lost(lost_slot::UNTRACKED_CHILD);
+        }
+    }
+    if !enabled(RecordKind::Fork) {
+        return Ok(0);
+    }
+    let Some(mut entry) = EVENTS.reserve::<ForkRecord>(0) else {
+        count_lost(RecordKind::Fork as u32);
+        return Ok(0);
+    };
+    entry.write(ForkRecord {
+        header: header(RecordKind::Fork, tgid, tid),
+        child_pid,
+        child_tid,
+        is_thread: is_thread as u32,
+        followed,
+        // The child's name is its parent's until it execs.
+        comm: bpf_get_current_comm().unwrap_or_default(),
+    });
+    entry.submit(0);
+    Ok(0)
+}
+
+/// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)`, run by
+/// the task that exec'd, after its new image is in place.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn sched_exec(ctx: RawTracePointContext) -> i32 {
+    try_sched_exec(&ctx).unwrap_or(0)
+}
+
+fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
+    let (tgid, tid) = current_ids();
+    let cfg = config();
+    let bprm: *const u8 = ctx.arg(2);
+    if !is_traced(tgid) {
+        if cfg.has_target_inodes == 0 || !execs_target_binary(bprm, &cfg)? {
+            return Ok(0);
+        }
+        if TRACED_PIDS.insert(tgid, 1, 0).is_err() {
+            count_lost(lost_slot::UNTRACKED_CHILD);
+            return Ok(0);
+        }
+    }
+    if !enabled(RecordKind::Exec) {
+        return Ok(0);
+    }
+    let old_tid: u64 = ctx.arg(1);
+    let filename: *const u8 = read_kernel(bprm, cfg.offsets.bprm_filename)?;
+    let Some(mut entry) = EVENTS.reserve::<ExecRecord>(0) else {
+        count_lost(RecordKind::Exec as u32);
+        return Ok(0);
+    };
+    // Fill in place: the record is larger than is wise to build on the 512-byte stack.
+    let record = entry.as_mut_ptr();
+    // SAFETY: `record` points at reserved ring-buffer memory of the right size and alignment; the
+    // fields are written before submit, and the filename buffer is filled by the kernel helper.
+    unsafe {
+        (*record).header = header(RecordKind::Exec, tgid, tid);
+        (*record).old_tid = old_tid as u32;
+        (*record)._pad = 0;
+        (*record).comm = bpf_get_current_comm().unwrap_or_default();
+        let name = &mut (*record).filename;
+        if bpf_probe_read_kernel_str_bytes(filename, name).is_err() {
+            name[0] = 0;
+        }
+    }
+    entry.submit(0);
+    Ok(0)
+}
+
+/// Whether the file being exec'd is one of the `--binary` targets (same device and inode).
+#[inline(always)]
+fn execs_target_binary(bprm: *const u8, cfg: &tracer_common::Config) -> Result<bool, i64> {
+    let o = &cfg.offsets;
+    let file: *const u8 = read_kernel(bprm, o.bprm_file)?;
+    let inode: *const u8 = read_kernel(file, o.file_inode)?;
+    let ino: u64 = read_kernel(inode, o.inode_ino)?;
+    let sb: *const u8 = read_kernel(inode, o.inode_sb)?;
+    let dev: u32 = read_kernel(sb, o.sb_dev)?;
+    let key = InodeKey { dev: dev as u64, ino };
+    Ok(TARGET_INODES.get_ptr(&key).is_some())
+}
+
+/// `sched_process_exit(struct task_struct *p, bool group_dead)`, run by the exiting thread.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn sched_exit(ctx: RawTracePointContext) -> i32 {
+    try_sched_exit(&ctx).unwrap_or(0)
+}
+
+fn try_sched_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
+    let (tgid, tid) = current_ids();
+    if !is_traced(tgid) {
+        return Ok(0);
+    }
+    let group_dead = (ctx.arg::<u64>(1) & 0xff) != 0;
+    if enabled(RecordKind::Exit) {
+        let task: *const u8 = ctx.arg(0);
+        let exit_code: i32 = read_kernel(task, config().offsets.task_exit_code).unwrap_or(0);
+        match EVENTS.reserve::<ExitRecord>(0) {
+            Some(mut entry) => {
+                entry.write(ExitRecord {
+                    header: header(RecordKind::Exit, tgid, tid),
+                    exit_code: exit_code as u32,
+                    group_dead: group_dead as u32,
+                    comm: bpf_get_current_comm().unwrap_or_default(),
+                });
+                entry.submit(0);
+            }
+            None => count_lost(RecordKind::Exit as u32),
+        }
+    }
+    if group_dead {
+        let _ = TRACED_PIDS.remove(tgid);
+    }
+    Ok(0)
+}

@@ -1,0 +1,210 @@
+//! From kernel records to [`Event`]s: Unix timestamps, function names, call durations, exit
+//! statuses.
+
+use std::sync::Arc;
+
+use tracer_common::{
+    RecordKind,
+    decode::{Record, c_bytes, decode},
+};
+
+use crate::{
+    call_stack::CallStacks,
+    clock::BootClock,
+    event::{Event, EventData, SpawnHow},
+};
+
+/// A probed function as events name it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbedFunction {
+    pub name: Arc<str>,
+    /// Path of the ELF file.
+    pub module: Arc<str>,
+}
+
+/// Probed functions, indexed by attach cookie.
+pub type FunctionTable = Vec<ProbedFunction>;
+
+pub struct EventAssembler {
+    host: Arc<str>,
+    clock: BootClock,
+    functions: FunctionTable,
+    stacks: CallStacks<u64>,
+    /// Records that could not be decoded or named (counted as lost, reported in `trace_end`).
+    pub undecodable: u64,
+}
+
+fn comm(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(c_bytes(bytes)).into_owned()
+}
+
+/// Splits the kernel's `exit_code` into (exit status, killing signal).
+pub fn exit_status(raw: u32) -> (Option<i32>, Option<i32>) {
+    let signal = (raw & 0x7f) as i32;
+    if signal != 0 { (None, Some(signal)) } else { (Some(((raw >> 8) & 0xff) as i32), None) }
+}
+
+impl EventAssembler {
+    /// `return_probes`: whether return probes are attached (durations are tracked only then).
+    pub fn new(host: Arc<str>, clock: BootClock, functions: FunctionTable, return_probes: bool) -> Self {
+        EventAssembler { host, clock, functions, stacks: CallStacks::new(return_probes), undecodable: 0 }
+    }
+
+    pub fn calls_without_return_probe(&self) -> u64 {
+        self.stacks.calls_without_return_probe
+    }
+
+    /// Turns one ring-buffer record into an event; `None` (and counted) when it cannot be read.
+    pub fn assemble(&mut self, bytes: &[u8]) -> Option<Event> {
+        let Ok(record) = decode(bytes) else {
+            self.undecodable += 1;
+            return None;
+        };
+        let h = *record.header();
+        let ts = self.clock.to_unix_ns(h.ts_boot_ns);
+        let data = match record {
+            Record::Call(r) => {
+                let Some(f) = self.functions.get(r.cookie as usize) else {
+                    self.undecodable += 1;
+                    return None;
+                };
+                self.stacks.call(h.tid, r.cookie, h.ts_boot_ns);
+                EventData::Call { function: f.name.clone(), module: f.module.clone(), args: r.args }
+            }
+            Record::Return(r) => {
+                let Some(f) = self.functions.get(r.cookie as usize) else {
+                    self.undecodable += 1;
+                    return None;
+                };
+                let duration_ns = self.stacks.ret(h.tid, r.cookie, h.ts_boot_ns);
+                EventData::Return { function: f.name.clone(), module: f.module.clone(), retval: r.retval, duration_ns }
+            }
+            Record::Fork(r) => EventData::Spawn {
+                parent_pid: h.pid,
+                child_pid: r.child_pid,
+                child_tid: r.child_tid,
+                how: if r.is_thread != 0 { SpawnHow::Thread } else { SpawnHow::Fork },
+                comm: comm(&r.comm),
+                filename: None,
+            },
+            Record::Exec(r) => EventData::Spawn {
+                parent_pid: h.pid,
+                child_pid: h.pid,
+                child_tid: h.tid,
+                how: SpawnHow::Exec,
+                comm: comm(&r.comm),
+                filename: Some(String::from_utf8_lossy(c_bytes(&r.filename)).into_owned()),
+            },
+            Record::Exit(r) => {
+                self.stacks.thread_exited(h.tid);
+                let (exit_code, signal) = exit_status(r.exit_code);
+                EventData::Exit { exit_code, signal, thread: r.group_dead == 0, comm: comm(&r.comm) }
+            }
+        };
+        Some(Event { ts, host: self.host.clone(), pid: h.pid, tid: h.tid, data })
+    }
+}
+
+/// Names of the kernel's lost-event slots, as `trace_end.lost_events` reports them (fork and exec
+/// records are both `spawn` events).
+pub fn lost_slot_name(slot: u32) -> Option<&'static str> {
+    Some(match RecordKind::try_from(slot) {
+        Ok(RecordKind::Call) => "call",
+        Ok(RecordKind::Return) => "return",
+        Ok(RecordKind::Fork | RecordKind::Exec) => "spawn",
+        Ok(RecordKind::Exit) => "exit",
+        Err(tracer_common::lost_slot::UNTRACKED_CHILD) => "untraced_children",
+        Err(_) => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::{CallRecord, ExecRecord, ExitRecord, ForkRecord, RecordHeader, ReturnRecord};
+
+    use super::*;
+
+    fn bytes<T: Copy>(value: &T) -> Vec<u8> {
+        // SAFETY: test helper over the records' padding-free integer layouts.
+        unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    }
+
+    fn header(kind: RecordKind, ts: u64, tid: u32) -> RecordHeader {
+        RecordHeader { kind: kind as u32, _pad: 0, ts_boot_ns: ts, pid: 100, tid }
+    }
+
+    fn assembler() -> EventAssembler {
+        let functions = vec![ProbedFunction { name: "fib".into(), module: "/bin/fix".into() }];
+        EventAssembler::new("host".into(), BootClock::with_offset(1_000_000), functions, true)
+    }
+
+    #[test]
+    fn calls_and_returns_get_names_and_durations() {
+        let mut a = assembler();
+        let call = CallRecord { header: header(RecordKind::Call, 10, 101), cookie: 0, args: [5, 0, 0, 0, 0, 0] };
+        let e = a.assemble(&bytes(&call)).unwrap();
+        assert_eq!(e.ts, 1_000_010);
+        assert_eq!((e.pid, e.tid), (100, 101));
+        assert_eq!(e.data, EventData::Call { function: "fib".into(), module: "/bin/fix".into(), args: [5, 0, 0, 0, 0, 0] });
+        let ret = ReturnRecord { header: header(RecordKind::Return, 25, 101), cookie: 0, retval: 8 };
+        let e = a.assemble(&bytes(&ret)).unwrap();
+        assert_eq!(
+            e.data,
+            EventData::Return { function: "fib".into(), module: "/bin/fix".into(), retval: 8, duration_ns: Some(15) }
+        );
+    }
+
+    #[test]
+    fn unknown_cookies_and_bad_records_are_counted() {
+        let mut a = assembler();
+        let call = CallRecord { header: header(RecordKind::Call, 10, 1), cookie: 9, args: [0; 6] };
+        assert!(a.assemble(&bytes(&call)).is_none());
+        assert!(a.assemble(&[1, 2, 3]).is_none());
+        assert_eq!(a.undecodable, 2);
+    }
+
+    #[test]
+    fn process_lifecycle() {
+        let mut a = assembler();
+        let fork = ForkRecord {
+            header: header(RecordKind::Fork, 1, 100),
+            child_pid: 200,
+            child_tid: 200,
+            is_thread: 0,
+            followed: 1,
+            comm: *b"fixture\0\0\0\0\0\0\0\0\0",
+        };
+        let e = a.assemble(&bytes(&fork)).unwrap();
+        assert_eq!(
+            e.data,
+            EventData::Spawn { parent_pid: 100, child_pid: 200, child_tid: 200, how: SpawnHow::Fork, comm: "fixture".into(), filename: None }
+        );
+        let mut exec = ExecRecord { header: header(RecordKind::Exec, 2, 100), old_tid: 100, _pad: 0, comm: [0; 16], filename: [0; 256] };
+        exec.comm[..2].copy_from_slice(b"ls");
+        exec.filename[..7].copy_from_slice(b"/bin/ls");
+        let e = a.assemble(&bytes(&exec)).unwrap();
+        assert_eq!(
+            e.data,
+            EventData::Spawn { parent_pid: 100, child_pid: 100, child_tid: 100, how: SpawnHow::Exec, comm: "ls".into(), filename: Some("/bin/ls".into()) }
+        );
+        let exit = ExitRecord { header: header(RecordKind::Exit, 3, 100), exit_code: 3 << 8, group_dead: 1, comm: [0; 16] };
+        let e = a.assemble(&bytes(&exit)).unwrap();
+        assert_eq!(e.data, EventData::Exit { exit_code: Some(3), signal: None, thread: false, comm: String::new() });
+    }
+
+    #[test]
+    fn exit_statuses() {
+        assert_eq!(exit_status(0), (Some(0), None));
+        assert_eq!(exit_status(42 << 8), (Some(42), None));
+        assert_eq!(exit_status(9), (None, Some(9)));
+        // SIGSEGV with core dump.
+        assert_eq!(exit_status(0x80 | 11), (None, Some(11)));
+    }
+
+    #[test]
+    fn lost_slots_are_named() {
+        assert_eq!(lost_slot_name(1), Some("call"));
+        assert_eq!(lost_slot_name(tracer_common::lost_slot::UNTRACKED_CHILD), Some("untraced_children"));
+        assert_eq!(lost_slot_name(0), None);
+    }
+}

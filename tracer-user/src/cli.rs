@@ -1,0 +1,292 @@
+//! The `tracer` command line. `main.rs` parses it and calls [`run`]; everything a user sees on
+//! stderr (warnings, the summary, errors) is written here, never by the library.
+
+use std::{
+    ffi::OsString,
+    fs::File,
+    io::{BufReader, Write},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Parser, Subcommand};
+
+use crate::{
+    event::{EndReason, EventKind, TraceEnd},
+    export::{Format, jsonl},
+    record::{self, RecordOptions},
+};
+
+#[derive(Debug, Parser)]
+#[command(name = "tracer", version, about = "Trace what processes do: function calls, spawns, exits", long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Trace processes (running ones, every run of a binary, or a command to launch).
+    Record(RecordArgs),
+    /// Convert a recorded JSON lines trace to another format.
+    Export(ExportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// Trace this running process (repeatable).
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Trace every process that runs this executable, now or later (repeatable).
+    #[arg(short, long = "binary", value_name = "PATH")]
+    pub binaries: Vec<PathBuf>,
+    /// Functions to probe (repeatable): a glob over demangled names, optionally prefixed by a
+    /// module, e.g. 'fib', 'app::*', 'libc.so.6:malloc'. Default: every function of the main
+    /// executable.
+    #[arg(short, long = "functions", value_name = "PATTERN")]
+    pub functions: Vec<String>,
+    /// Comma list of call,return,spawn,exit.
+    #[arg(short, long, value_name = "LIST", value_delimiter = ',', default_value = "call,return,spawn,exit")]
+    pub events: Vec<EventKind>,
+    /// Do not follow children (following forks and execs is the default).
+    #[arg(long)]
+    pub no_follow: bool,
+    /// Output file ('-' for standard output); the format comes from --format or the extension.
+    #[arg(short, long, value_name = "PATH", default_value = "trace.jsonl")]
+    pub output: PathBuf,
+    /// Output format (default: from the output's extension: .jsonl, .json).
+    #[arg(long, value_enum, value_name = "FMT")]
+    pub format: Option<Format>,
+    /// Stop after this many seconds.
+    #[arg(short, long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub duration: Option<Duration>,
+    /// Size of the kernel's ring buffer: a power of two, e.g. 32M.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "32M")]
+    pub buffer_size: u32,
+    /// Refuse to probe more functions than this without -f.
+    #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
+    pub max_probes: usize,
+    /// The command to launch and trace, after `--`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// A JSON lines trace written by `tracer record`.
+    pub input: PathBuf,
+    /// Output file ('-' for standard output).
+    #[arg(short, long, value_name = "PATH")]
+    pub output: PathBuf,
+    /// Output format (default: from the output's extension).
+    #[arg(long, value_enum, value_name = "FMT")]
+    pub format: Option<Format>,
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.parse().map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("'{s}' is not a positive number of seconds"))
+}
+
+fn parse_bytes(s: &str) -> Result<u32, String> {
+    let n = parse_size::Config::new()
+        .with_binary()
+        .parse_size(s)
+        .map_err(|e| format!("'{s}' is not a size ({e})"))?;
+    u32::try_from(n).map_err(|_| format!("'{s}' is more than 4 GiB"))
+}
+
+/// Runs a parsed command line; returns the process exit code.
+pub fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Record(args) => record(args),
+        Command::Export(args) => export(args),
+    }
+}
+
+/// The format for an output path: `--format`, else the extension.
+fn output_format(path: &Path, format: Option<Format>) -> anyhow::Result<Format> {
+    if let Some(f) = format {
+        return Ok(f);
+    }
+    if path == Path::new("-") {
+        return Ok(Format::Jsonl);
+    }
+    match Format::from_path(path) {
+        Some(f) => Ok(f),
+        None => bail!("cannot tell the output format from '{}'; add --format (jsonl or chrome)", path.display()),
+    }
+}
+
+/// Opens the output (before anything is attached, so that an unwritable path costs nothing).
+fn open_output(path: &Path) -> anyhow::Result<Box<dyn Write + Send>> {
+    if path == Path::new("-") {
+        return Ok(Box::new(std::io::stdout()));
+    }
+    let file = File::create(path).with_context(|| format!("cannot write the trace to {}", path.display()))?;
+    Ok(Box::new(file))
+}
+
+fn describe_output(path: &Path) -> String {
+    if path == Path::new("-") { "standard output".to_string() } else { path.display().to_string() }
+}
+
+fn record(args: RecordArgs) -> anyhow::Result<i32> {
+    record::check_root()?;
+    let format = output_format(&args.output, args.format)?;
+    let options = RecordOptions {
+        pids: args.pids,
+        binaries: args.binaries,
+        command: args.command,
+        functions: args.functions,
+        events: args.events.into_iter().collect(),
+        follow_children: !args.no_follow,
+        duration: args.duration,
+        buffer_size: args.buffer_size,
+        max_probes: args.max_probes,
+        ..RecordOptions::default()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let plan = record::plan(options)?;
+        print_warnings(&plan.warnings);
+        let out = open_output(&args.output)?;
+        let mut sink = format.sink(out);
+        let recording = plan.start()?;
+        print_warnings(&recording.warnings);
+        eprintln!(
+            "tracer: tracing {} function(s); writing {} to {}",
+            recording.trace_start().probes,
+            format_name(format),
+            describe_output(&args.output)
+        );
+        let stop = async {
+            tokio::select! {
+                _ = interrupt.recv() => EndReason::Interrupted,
+                _ = terminate.recv() => EndReason::Terminated,
+            }
+        };
+        let outcome = recording.run(&mut *sink, stop).await?;
+        print_summary(&outcome.end, &args.output);
+        if let Some(pid) = outcome.command_still_running {
+            eprintln!("tracer: the command (pid {pid}) is still running, untraced");
+        }
+        Ok(match (outcome.command_exit, outcome.end.reason) {
+            (Some(exit), _) => exit.shell_code(),
+            (None, EndReason::Interrupted) if outcome.command_still_running.is_some() => 130,
+            _ => 0,
+        })
+    })
+}
+
+fn format_name(format: Format) -> &'static str {
+    match format {
+        Format::Jsonl => "JSON lines",
+        Format::Chrome => "a Chrome trace",
+    }
+}
+
+fn print_warnings(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("tracer: warning: {w}");
+    }
+}
+
+/// The end of a trace on stderr: how many events, why it ended, and anything lost.
+fn print_summary(end: &TraceEnd, output: &Path) {
+    eprintln!(
+        "tracer: {} events written to {} ({})",
+        end.events_written,
+        describe_output(output),
+        end.reason
+    );
+    let lost = end.total_lost();
+    if lost > 0 {
+        let detail: Vec<String> =
+            end.lost_events.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}: {n}")).collect();
+        eprintln!(
+            "tracer: warning: {lost} events were lost ({}); the ring buffer was full: try a larger --buffer-size",
+            detail.join(", ")
+        );
+    }
+    if end.calls_without_return_probe > 0 {
+        eprintln!(
+            "tracer: note: {} calls were nested more than 64 probed calls deep: the kernel gives them no return probe, so they have no return event",
+            end.calls_without_return_probe
+        );
+    }
+}
+
+fn export(args: ExportArgs) -> anyhow::Result<i32> {
+    let format = output_format(&args.output, args.format)?;
+    let input = File::open(&args.input).with_context(|| format!("cannot read {}", args.input.display()))?;
+    let out = open_output(&args.output)?;
+    let mut sink = format.sink(out);
+    let replayed = jsonl::replay(jsonl::TraceReader::new(BufReader::new(input)), &mut *sink)
+        .with_context(|| format!("{} is not a valid trace", args.input.display()))?;
+    if replayed.end_missing {
+        eprintln!("tracer: warning: {} has no trace_end line: it was cut short", args.input.display());
+    }
+    eprintln!("tracer: {} events written to {}", replayed.events, describe_output(&args.output));
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_record_contract() {
+        let cli = Cli::try_parse_from([
+            "tracer", "record", "-p", "1", "--pid", "2", "-b", "/bin/x", "-f", "fib", "-f", "libc.so.6:malloc", "-e",
+            "call,exit", "--no-follow", "-o", "t.json", "--format", "chrome", "-d", "1.5", "--buffer-size", "64M",
+            "--", "prog", "--flag",
+        ])
+        .unwrap();
+        let Command::Record(r) = cli.command else { panic!("record") };
+        assert_eq!(r.pids, [1, 2]);
+        assert_eq!(r.binaries, [PathBuf::from("/bin/x")]);
+        assert_eq!(r.functions, ["fib", "libc.so.6:malloc"]);
+        assert_eq!(r.events, [EventKind::Call, EventKind::Exit]);
+        assert!(r.no_follow);
+        assert_eq!(r.format, Some(Format::Chrome));
+        assert_eq!(r.duration, Some(Duration::from_millis(1500)));
+        assert_eq!(r.buffer_size, 64 << 20);
+        assert_eq!(r.command, [OsString::from("prog"), OsString::from("--flag")]);
+    }
+
+    #[test]
+    fn defaults() {
+        let Command::Record(r) = Cli::try_parse_from(["tracer", "record", "--", "ls"]).unwrap().command else {
+            panic!("record")
+        };
+        assert_eq!(r.events, EventKind::ALL);
+        assert_eq!(r.output, PathBuf::from("trace.jsonl"));
+        assert_eq!(r.buffer_size, 32 << 20);
+        assert!(!r.no_follow);
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        for bad in [
+            vec!["tracer", "record", "-e", "call,bogus"],
+            vec!["tracer", "record", "--format", "xml"],
+            vec!["tracer", "record", "-d", "soon"],
+            vec!["tracer", "record", "--buffer-size", "lots"],
+        ] {
+            assert!(Cli::try_parse_from(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn output_formats() {
+        assert_eq!(output_format(Path::new("a.json"), None).unwrap(), Format::Chrome);
+        assert_eq!(output_format(Path::new("a.txt"), Some(Format::Jsonl)).unwrap(), Format::Jsonl);
+        assert_eq!(output_format(Path::new("-"), None).unwrap(), Format::Jsonl);
+        let err = output_format(Path::new("a.txt"), None).unwrap_err().to_string();
+        assert_eq!(err, "cannot tell the output format from 'a.txt'; add --format (jsonl or chrome)");
+    }
+}

@@ -1,0 +1,457 @@
+//! The one event type every sink, exporter and analysis speaks, and the JSON lines contract.
+//!
+//! A trace is a [`TraceStart`], then [`Event`]s, then a [`TraceEnd`]; in JSON lines each is one
+//! object with a `kind` field first. Events serialize field by field (kind, ts, host, pid, tid, then
+//! the kind's own fields) and deserialize through a flat, borrowed [`RawEvent`], which is both
+//! faster than serde's internally tagged enums and lets a bad line say which field is missing.
+
+use std::{collections::BTreeMap, fmt, sync::Arc};
+
+use serde::{Deserialize, Serialize, Serializer, ser::SerializeStruct as _};
+
+/// Version of the JSON lines format written in `trace_start.format_version`.
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// Nanoseconds since the Unix epoch.
+    pub ts: u64,
+    pub host: Arc<str>,
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    pub data: EventData,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventData {
+    Call {
+        function: Arc<str>,
+        module: Arc<str>,
+        args: [u64; 6],
+    },
+    Return {
+        function: Arc<str>,
+        module: Arc<str>,
+        retval: u64,
+        /// `None` when the call was not seen (it began before tracing did, or its record was lost).
+        duration_ns: Option<u64>,
+    },
+    Spawn {
+        parent_pid: u32,
+        child_pid: u32,
+        /// The new thread (for `fork`, the child's main thread; for `exec`, the thread that exec'd).
+        child_tid: u32,
+        how: SpawnHow,
+        comm: String,
+        /// The program exec'd (`exec` only).
+        filename: Option<String>,
+    },
+    Exit {
+        /// The status passed to `exit`, `None` when killed by a signal.
+        exit_code: Option<i32>,
+        /// The signal that killed it, `None` unless killed.
+        signal: Option<i32>,
+        /// True for the exit of one thread while others live on.
+        thread: bool,
+        comm: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpawnHow {
+    Fork,
+    Thread,
+    Exec,
+}
+
+/// The event kinds a user can select with `--events`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Call,
+    Return,
+    Spawn,
+    Exit,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 4] = [EventKind::Call, EventKind::Return, EventKind::Spawn, EventKind::Exit];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Call => "call",
+            EventKind::Return => "return",
+            EventKind::Spawn => "spawn",
+            EventKind::Exit => "exit",
+        }
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for EventKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        EventKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
+            let known: Vec<_> = EventKind::ALL.iter().map(|k| k.name()).collect();
+            format!("unknown event kind '{s}' (known: {})", known.join(", "))
+        })
+    }
+}
+
+impl EventData {
+    pub fn kind(&self) -> EventKind {
+        match self {
+            EventData::Call { .. } => EventKind::Call,
+            EventData::Return { .. } => EventKind::Return,
+            EventData::Spawn { .. } => EventKind::Spawn,
+            EventData::Exit { .. } => EventKind::Exit,
+        }
+    }
+}
+
+impl Serialize for Event {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let own_fields = match &self.data {
+            EventData::Call { .. } => 3,
+            EventData::Return { .. } => 4,
+            EventData::Spawn { .. } => 6,
+            EventData::Exit { .. } => 4,
+        };
+        let mut s = serializer.serialize_struct("Event", 5 + own_fields)?;
+        s.serialize_field("kind", self.data.kind().name())?;
+        s.serialize_field("ts", &self.ts)?;
+        s.serialize_field("host", &*self.host)?;
+        s.serialize_field("pid", &self.pid)?;
+        s.serialize_field("tid", &self.tid)?;
+        match &self.data {
+            EventData::Call { function, module, args } => {
+                s.serialize_field("function", &**function)?;
+                s.serialize_field("module", &**module)?;
+                s.serialize_field("args", args)?;
+            }
+            EventData::Return { function, module, retval, duration_ns } => {
+                s.serialize_field("function", &**function)?;
+                s.serialize_field("module", &**module)?;
+                s.serialize_field("retval", retval)?;
+                s.serialize_field("duration_ns", duration_ns)?;
+            }
+            EventData::Spawn { parent_pid, child_pid, child_tid, how, comm, filename } => {
+                s.serialize_field("parent_pid", parent_pid)?;
+                s.serialize_field("child_pid", child_pid)?;
+                s.serialize_field("child_tid", child_tid)?;
+                s.serialize_field("how", how)?;
+                s.serialize_field("comm", comm)?;
+                s.serialize_field("filename", filename)?;
+            }
+            EventData::Exit { exit_code, signal, thread, comm } => {
+                s.serialize_field("exit_code", exit_code)?;
+                s.serialize_field("signal", signal)?;
+                s.serialize_field("thread", thread)?;
+                s.serialize_field("comm", comm)?;
+            }
+        }
+        s.end()
+    }
+}
+
+/// The `kind` of any line of a JSON lines trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LineKind {
+    TraceStart,
+    TraceEnd,
+    Call,
+    Return,
+    Spawn,
+    Exit,
+}
+
+/// Every field any event line can have, borrowed from the line where possible.
+#[derive(Debug, Deserialize)]
+pub struct RawEvent<'a> {
+    pub kind: LineKind,
+    ts: Option<u64>,
+    #[serde(borrow)]
+    host: Option<std::borrow::Cow<'a, str>>,
+    pid: Option<u32>,
+    tid: Option<u32>,
+    #[serde(borrow)]
+    function: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    module: Option<std::borrow::Cow<'a, str>>,
+    args: Option<[u64; 6]>,
+    retval: Option<u64>,
+    duration_ns: Option<u64>,
+    parent_pid: Option<u32>,
+    child_pid: Option<u32>,
+    child_tid: Option<u32>,
+    how: Option<SpawnHow>,
+    comm: Option<String>,
+    filename: Option<String>,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    thread: Option<bool>,
+}
+
+/// Interns the strings that repeat on every line (host, function, module), so that a reader
+/// allocates each once.
+#[derive(Default)]
+pub struct Interner {
+    strings: std::collections::HashSet<Arc<str>>,
+}
+
+impl Interner {
+    pub fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(found) = self.strings.get(s) {
+            return found.clone();
+        }
+        let new: Arc<str> = Arc::from(s);
+        self.strings.insert(new.clone());
+        new
+    }
+}
+
+impl RawEvent<'_> {
+    /// Converts an event line (not `trace_start`/`trace_end`) into an [`Event`], naming the first
+    /// missing field.
+    pub fn into_event(self, interner: &mut Interner) -> Result<Event, String> {
+        fn need<T>(value: Option<T>, field: &str) -> Result<T, String> {
+            value.ok_or_else(|| format!("missing field `{field}`"))
+        }
+        let data = match self.kind {
+            LineKind::Call => EventData::Call {
+                function: interner.intern(&need(self.function, "function")?),
+                module: interner.intern(&need(self.module, "module")?),
+                args: need(self.args, "args")?,
+            },
+            LineKind::Return => EventData::Return {
+                function: interner.intern(&need(self.function, "function")?),
+                module: interner.intern(&need(self.module, "module")?),
+                retval: need(self.retval, "retval")?,
+                duration_ns: self.duration_ns,
+            },
+            LineKind::Spawn => {
+                let child_pid = need(self.child_pid, "child_pid")?;
+                EventData::Spawn {
+                    parent_pid: need(self.parent_pid, "parent_pid")?,
+                    child_pid,
+                    child_tid: self.child_tid.unwrap_or(child_pid),
+                    how: need(self.how, "how")?,
+                    comm: self.comm.unwrap_or_default(),
+                    filename: self.filename,
+                }
+            }
+            LineKind::Exit => EventData::Exit {
+                exit_code: self.exit_code,
+                signal: self.signal,
+                thread: need(self.thread, "thread")?,
+                comm: self.comm.unwrap_or_default(),
+            },
+            LineKind::TraceStart | LineKind::TraceEnd => {
+                return Err("trace_start/trace_end is not an event".to_string());
+            }
+        };
+        Ok(Event {
+            ts: need(self.ts, "ts")?,
+            host: interner.intern(&need(self.host, "host")?),
+            pid: need(self.pid, "pid")?,
+            tid: need(self.tid, "tid")?,
+            data,
+        })
+    }
+}
+
+/// What a trace's first line says about it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename = "trace_start")]
+pub struct TraceStart {
+    pub format_version: u32,
+    /// Host that recorded the trace.
+    pub host: String,
+    pub tracer_version: String,
+    /// When tracing began, nanoseconds since the Unix epoch.
+    pub ts: u64,
+    pub clock: ClockInfo,
+    pub targets: Vec<TargetInfo>,
+    /// Number of functions probed.
+    pub probes: usize,
+    /// Event kinds recorded.
+    pub events: Vec<EventKind>,
+    pub follow_children: bool,
+}
+
+/// How event timestamps were made.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClockInfo {
+    /// The kernel clock events were stamped with.
+    pub source: String,
+    /// Added to that clock to get Unix time (`CLOCK_REALTIME - CLOCK_BOOTTIME`), nanoseconds.
+    pub offset_ns: i64,
+    /// Half the width of the tightest bracket in which the offset was read, nanoseconds.
+    pub uncertainty_ns: u64,
+}
+
+/// One thing the user asked to trace, as resolved at start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TargetInfo {
+    /// A process traced with `--pid`, or found running a `--binary` at start.
+    Process { pid: u32, comm: String, exe: String },
+    /// An executable traced with `--binary`.
+    Binary { path: String },
+    /// The command the tracer launched.
+    Command { pid: u32, argv: Vec<String>, exe: String },
+}
+
+/// What a trace's last line says about it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename = "trace_end")]
+pub struct TraceEnd {
+    /// When tracing stopped, nanoseconds since the Unix epoch.
+    pub ts: u64,
+    pub reason: EndReason,
+    /// Event lines written between `trace_start` and `trace_end`.
+    pub events_written: u64,
+    /// Events the kernel could not write (ring buffer full), per kind, plus `untraced_children`
+    /// (children that could not be added to the traced set) and `undecodable` (records user space
+    /// could not read).
+    pub lost_events: BTreeMap<String, u64>,
+    /// Calls made while 64 probed calls were already active on the thread: the kernel installs no
+    /// return probe for them, so they have no `return` event (a kernel limit, `MAX_URETPROBE_DEPTH`).
+    #[serde(default)]
+    pub calls_without_return_probe: u64,
+    /// Exit code of the launched command (128 + signal when killed).
+    #[serde(default)]
+    pub command_exit_code: Option<i32>,
+}
+
+impl TraceEnd {
+    pub fn total_lost(&self) -> u64 {
+        self.lost_events.values().sum()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// The launched command and all its traced descendants exited.
+    CommandExited,
+    /// Every traced process exited.
+    TargetsExited,
+    /// `--duration` elapsed.
+    Duration,
+    /// SIGINT.
+    Interrupted,
+    /// SIGTERM.
+    Terminated,
+    /// The input ended (a trace converted from a file without a `trace_end`).
+    InputEnded,
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EndReason::CommandExited => "the command exited",
+            EndReason::TargetsExited => "every traced process exited",
+            EndReason::Duration => "the duration elapsed",
+            EndReason::Interrupted => "interrupted",
+            EndReason::Terminated => "terminated",
+            EndReason::InputEnded => "the input ended",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(data: EventData) -> Event {
+        Event { ts: 1_700_000_000_000_000_123, host: "h1".into(), pid: 10, tid: 11, data }
+    }
+
+    fn round_trip(e: &Event) -> Event {
+        let line = serde_json::to_string(e).unwrap();
+        let raw: RawEvent = serde_json::from_str(&line).unwrap();
+        raw.into_event(&mut Interner::default()).unwrap()
+    }
+
+    #[test]
+    fn call_line_has_contract_fields_in_order() {
+        let e = event(EventData::Call { function: "fib".into(), module: "/bin/x".into(), args: [1, 2, 3, 4, 5, u64::MAX] });
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"kind":"call","ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"function":"fib","module":"/bin/x","args":[1,2,3,4,5,18446744073709551615]}"#
+        );
+        assert_eq!(round_trip(&e), e);
+    }
+
+    #[test]
+    fn return_keeps_null_duration() {
+        let e = event(EventData::Return { function: "f".into(), module: "m".into(), retval: 7, duration_ns: None });
+        let line = serde_json::to_string(&e).unwrap();
+        assert!(line.ends_with(r#""retval":7,"duration_ns":null}"#), "{line}");
+        assert_eq!(round_trip(&e), e);
+        let e = event(EventData::Return { function: "f".into(), module: "m".into(), retval: 7, duration_ns: Some(5) });
+        assert_eq!(round_trip(&e), e);
+    }
+
+    #[test]
+    fn spawn_and_exit_round_trip() {
+        for e in [
+            event(EventData::Spawn {
+                parent_pid: 1,
+                child_pid: 2,
+                child_tid: 2,
+                how: SpawnHow::Exec,
+                comm: "ls".into(),
+                filename: Some("/bin/ls".into()),
+            }),
+            event(EventData::Spawn { parent_pid: 1, child_pid: 1, child_tid: 3, how: SpawnHow::Thread, comm: "a".into(), filename: None }),
+            event(EventData::Exit { exit_code: None, signal: Some(9), thread: false, comm: "a".into() }),
+            event(EventData::Exit { exit_code: Some(3), signal: None, thread: true, comm: "a".into() }),
+        ] {
+            assert_eq!(round_trip(&e), e);
+        }
+        let line = serde_json::to_string(&event(EventData::Exit { exit_code: None, signal: Some(9), thread: false, comm: "a".into() })).unwrap();
+        assert!(line.contains(r#""exit_code":null,"signal":9,"thread":false"#), "{line}");
+    }
+
+    #[test]
+    fn missing_fields_are_named() {
+        let raw: RawEvent = serde_json::from_str(r#"{"kind":"call","ts":1,"host":"h","pid":1,"tid":1,"module":"m","args":[0,0,0,0,0,0]}"#).unwrap();
+        assert_eq!(raw.into_event(&mut Interner::default()).unwrap_err(), "missing field `function`");
+        assert!(serde_json::from_str::<RawEvent>(r#"{"kind":"bogus"}"#).is_err());
+    }
+
+    #[test]
+    fn trace_start_and_end_carry_their_kind() {
+        let end = TraceEnd {
+            ts: 5,
+            reason: EndReason::CommandExited,
+            events_written: 3,
+            lost_events: BTreeMap::from([("call".to_string(), 0)]),
+            calls_without_return_probe: 0,
+            command_exit_code: Some(0),
+        };
+        let line = serde_json::to_string(&end).unwrap();
+        assert!(line.starts_with(r#"{"kind":"trace_end","ts":5,"reason":"command_exited""#), "{line}");
+        assert_eq!(serde_json::from_str::<TraceEnd>(&line).unwrap(), end);
+    }
+
+    #[test]
+    fn interner_shares_strings() {
+        let mut i = Interner::default();
+        let a = i.intern("x");
+        let b = i.intern("x");
+        assert!(Arc::ptr_eq(&a, &b));
+    }
+}

@@ -1,0 +1,424 @@
+//! Chrome's Trace Event Format (JSON object form), as the Perfetto UI, chrome://tracing and
+//! speedscope read it.
+//!
+//! - Each call is a complete (`X`) slice on its thread, written when it returns; its start is the
+//!   return's timestamp minus the recorded duration, so recursion pairs exactly as recorded.
+//! - A call that never returned ends when its caller returns, or at the end of the trace, and is
+//!   marked `unfinished` in its args.
+//! - Spawns and exits are thread-scoped instant events carrying their fields as args.
+//! - Process and thread names (`comm`) are metadata events; the trace's start and end lines
+//!   (targets, lost events, ...) are the top-level `metadata`.
+//! - Timestamps are microseconds since the trace start, with three decimals: nanoseconds kept
+//!   (a double holds them exactly for traces of up to about three months).
+//!
+//! The event array is streamed: one serde_json value per event, so memory is bounded by the open
+//! calls, not by the trace.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{self, BufWriter, Write},
+    sync::Arc,
+};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::{
+    event::{Event, EventData, SpawnHow, TargetInfo, TraceEnd, TraceStart},
+    sink::Sink,
+};
+
+/// A call waiting for its return.
+struct OpenCall {
+    ts: u64,
+    function: Arc<str>,
+    module: Arc<str>,
+    args: [u64; 6],
+}
+
+pub struct ChromeWriter<W: Write> {
+    out: BufWriter<W>,
+    wrote_event: bool,
+    origin_ns: u64,
+    start: Option<TraceStart>,
+    open: HashMap<(u32, u32), Vec<OpenCall>>,
+    process_names: BTreeMap<u32, String>,
+    thread_names: BTreeMap<(u32, u32), String>,
+}
+
+/// One trace event. Field names are the format's.
+#[derive(Serialize)]
+struct TraceEvent<'a> {
+    name: &'a str,
+    cat: &'a str,
+    ph: &'a str,
+    ts: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dur: Option<f64>,
+    pid: u32,
+    tid: u32,
+    /// Scope of an instant event: `t`hread.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    s: Option<&'a str>,
+    args: Value,
+}
+
+/// A register value as a JSON number when a double holds it exactly, else as a hex string.
+fn register(v: u64) -> Value {
+    if v <= (1 << 53) { json!(v) } else { json!(format!("{v:#x}")) }
+}
+
+fn micros(ns: i128) -> f64 {
+    ns as f64 / 1_000.0
+}
+
+impl<W: Write> ChromeWriter<W> {
+    pub fn new(out: W) -> Self {
+        ChromeWriter {
+            out: BufWriter::with_capacity(1 << 16, out),
+            wrote_event: false,
+            origin_ns: 0,
+            start: None,
+            open: HashMap::new(),
+            process_names: BTreeMap::new(),
+            thread_names: BTreeMap::new(),
+        }
+    }
+
+    fn ts(&self, ns: u64) -> f64 {
+        micros(ns as i128 - self.origin_ns as i128)
+    }
+
+    fn write(&mut self, event: &impl Serialize) -> io::Result<()> {
+        if self.wrote_event {
+            self.out.write_all(b",\n")?;
+        }
+        self.wrote_event = true;
+        serde_json::to_writer(&mut self.out, event)?;
+        Ok(())
+    }
+
+    fn slice(&mut self, pid: u32, tid: u32, call: &OpenCall, end_ns: u64, extra: Value) -> io::Result<()> {
+        let mut args = json!({ "module": &*call.module });
+        for (i, a) in call.args.iter().enumerate() {
+            args[format!("arg{i}")] = register(*a);
+        }
+        if let (Value::Object(args), Value::Object(extra)) = (&mut args, extra) {
+            args.extend(extra);
+        }
+        let ev = TraceEvent {
+            name: &call.function,
+            cat: "call",
+            ph: "X",
+            ts: self.ts(call.ts),
+            dur: Some(micros(end_ns.saturating_sub(call.ts) as i128)),
+            pid,
+            tid,
+            s: None,
+            args,
+        };
+        self.write(&ev)
+    }
+
+    /// Ends, as unfinished at `end_ns`, the open calls of a thread that started at or after `from_ns`.
+    fn close_unfinished(&mut self, pid: u32, tid: u32, from_ns: u64, end_ns: u64, why: &str) -> io::Result<()> {
+        while let Some(top) = self.open.get_mut(&(pid, tid)).and_then(|s| s.pop_if(|c| c.ts >= from_ns)) {
+            self.slice(pid, tid, &top, end_ns, json!({ "unfinished": true, "why": why }))?;
+        }
+        Ok(())
+    }
+
+    fn instant(&mut self, e: &Event, name: &str, args: Value) -> io::Result<()> {
+        let ev = TraceEvent {
+            name,
+            cat: e.data.kind().name(),
+            ph: "i",
+            ts: self.ts(e.ts),
+            dur: None,
+            pid: e.pid,
+            tid: e.tid,
+            s: Some("t"),
+            args,
+        };
+        self.write(&ev)
+    }
+
+    fn name_metadata(&mut self) -> io::Result<()> {
+        let processes = std::mem::take(&mut self.process_names);
+        for (pid, name) in processes {
+            self.write(&json!({"name": "process_name", "ph": "M", "pid": pid, "tid": pid, "args": {"name": name}}))?;
+        }
+        let threads = std::mem::take(&mut self.thread_names);
+        for ((pid, tid), name) in threads {
+            self.write(&json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}))?;
+        }
+        Ok(())
+    }
+}
+
+impl<W: Write> Sink for ChromeWriter<W> {
+    fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+        self.origin_ns = start.ts;
+        for target in &start.targets {
+            match target {
+                TargetInfo::Process { pid, comm, .. } => {
+                    self.process_names.insert(*pid, comm.clone());
+                    self.thread_names.insert((*pid, *pid), comm.clone());
+                }
+                TargetInfo::Command { pid, exe, .. } => {
+                    let name = exe.rsplit('/').next().unwrap_or(exe).to_string();
+                    self.process_names.insert(*pid, name.clone());
+                    self.thread_names.insert((*pid, *pid), name);
+                }
+                TargetInfo::Binary { .. } => {}
+            }
+        }
+        self.start = Some(start.clone());
+        self.out.write_all(b"{\"traceEvents\":[\n")
+    }
+
+    fn event(&mut self, e: &Event) -> io::Result<()> {
+        match &e.data {
+            EventData::Call { function, module, args } => {
+                let call = OpenCall { ts: e.ts, function: function.clone(), module: module.clone(), args: *args };
+                self.open.entry((e.pid, e.tid)).or_default().push(call);
+            }
+            EventData::Return { function, retval, duration_ns, .. } => {
+                // Without a duration the call was not seen: there is no slice to draw.
+                let Some(duration) = duration_ns else { return Ok(()) };
+                let start_ns = e.ts.saturating_sub(*duration);
+                // Calls that began inside this one and are still open never returned.
+                self.close_unfinished(e.pid, e.tid, start_ns + 1, e.ts, "no return event")?;
+                let stack = self.open.entry((e.pid, e.tid)).or_default();
+                let call = match stack.pop_if(|c| c.ts == start_ns && c.function == *function) {
+                    Some(call) => call,
+                    // The call line is not in this trace (a filtered or cut trace): the duration
+                    // still places the slice.
+                    None => OpenCall { ts: start_ns, function: function.clone(), module: "".into(), args: [0; 6] },
+                };
+                self.slice(e.pid, e.tid, &call, e.ts, json!({ "retval": register(*retval) }))?;
+            }
+            EventData::Spawn { parent_pid, child_pid, child_tid, how, comm, filename } => {
+                match how {
+                    SpawnHow::Fork => {
+                        self.process_names.insert(*child_pid, comm.clone());
+                        self.thread_names.insert((*child_pid, *child_tid), comm.clone());
+                    }
+                    SpawnHow::Thread => {
+                        self.thread_names.insert((*child_pid, *child_tid), comm.clone());
+                    }
+                    SpawnHow::Exec => {
+                        self.process_names.insert(e.pid, comm.clone());
+                        self.thread_names.insert((e.pid, e.tid), comm.clone());
+                    }
+                }
+                let name = match how {
+                    SpawnHow::Fork => format!("fork {child_pid}"),
+                    SpawnHow::Thread => format!("thread {child_tid}"),
+                    SpawnHow::Exec => format!("exec {}", filename.as_deref().unwrap_or(comm)),
+                };
+                let args = json!({
+                    "parent_pid": parent_pid, "child_pid": child_pid, "child_tid": child_tid,
+                    "how": how, "comm": comm, "filename": filename,
+                });
+                self.instant(e, &name, args)?;
+            }
+            EventData::Exit { exit_code, signal, thread, comm } => {
+                // Calls still open on an exiting thread never return.
+                self.close_unfinished(e.pid, e.tid, 0, e.ts, "thread exited")?;
+                self.open.remove(&(e.pid, e.tid));
+                if !comm.is_empty() {
+                    self.thread_names.entry((e.pid, e.tid)).or_insert_with(|| comm.clone());
+                    if !thread {
+                        self.process_names.entry(e.pid).or_insert_with(|| comm.clone());
+                    }
+                }
+                let name = match (exit_code, signal) {
+                    (_, Some(sig)) => format!("killed by signal {sig}"),
+                    (Some(code), None) => format!("exit {code}"),
+                    (None, None) => "exit".to_string(),
+                };
+                let name = if *thread { format!("thread {name}") } else { name };
+                let args = json!({ "exit_code": exit_code, "signal": signal, "thread": thread });
+                self.instant(e, &name, args)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
+        let threads: Vec<(u32, u32)> = self.open.keys().copied().collect();
+        for (pid, tid) in threads {
+            self.close_unfinished(pid, tid, 0, end.ts, "tracing stopped")?;
+        }
+        self.name_metadata()?;
+        self.out.write_all(b"\n],\"displayTimeUnit\":\"ns\",\"metadata\":")?;
+        serde_json::to_writer(&mut self.out, &json!({ "trace_start": self.start, "trace_end": end }))?;
+        self.out.write_all(b"}\n")?;
+        self.out.flush()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::event::{ClockInfo, EndReason, EventKind};
+
+    pub fn start(ts: u64) -> TraceStart {
+        TraceStart {
+            format_version: 1,
+            host: "h".into(),
+            tracer_version: "0".into(),
+            ts,
+            clock: ClockInfo { source: "test".into(), offset_ns: 0, uncertainty_ns: 0 },
+            targets: vec![TargetInfo::Process { pid: 1, comm: "app".into(), exe: "/bin/app".into() }],
+            probes: 2,
+            events: EventKind::ALL.to_vec(),
+            follow_children: true,
+        }
+    }
+
+    pub fn end(ts: u64) -> TraceEnd {
+        TraceEnd {
+            ts,
+            reason: EndReason::TargetsExited,
+            events_written: 0,
+            lost_events: [("call".to_string(), 3)].into(),
+            calls_without_return_probe: 0,
+            command_exit_code: None,
+        }
+    }
+
+    fn ev(ts: u64, tid: u32, data: EventData) -> Event {
+        Event { ts, host: "h".into(), pid: 1, tid, data }
+    }
+
+    fn call(ts: u64, tid: u32, f: &str) -> Event {
+        ev(ts, tid, EventData::Call { function: f.into(), module: "/bin/app".into(), args: [ts, 0, 0, 0, 0, u64::MAX] })
+    }
+
+    fn ret(ts: u64, tid: u32, f: &str, dur: Option<u64>) -> Event {
+        ev(ts, tid, EventData::Return { function: f.into(), module: "/bin/app".into(), retval: 7, duration_ns: dur })
+    }
+
+    fn export(events: &[Event], end_ts: u64) -> Value {
+        let mut out = Vec::new();
+        let mut w = ChromeWriter::new(&mut out);
+        w.begin(&start(1_000_000)).unwrap();
+        for e in events {
+            w.event(e).unwrap();
+        }
+        w.end(&end(end_ts)).unwrap();
+        drop(w);
+        serde_json::from_slice(&out).expect("valid JSON")
+    }
+
+    fn slices(trace: &Value) -> Vec<(String, f64, f64, u64, bool)> {
+        trace["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_string(),
+                    e["ts"].as_f64().unwrap(),
+                    e["dur"].as_f64().unwrap(),
+                    e["tid"].as_u64().unwrap(),
+                    e["args"]["unfinished"] == true,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nested_calls_become_nested_slices() {
+        let t = export(
+            &[
+                call(1_000_100, 1, "outer"),
+                call(1_000_200, 1, "inner"),
+                ret(1_000_250, 1, "inner", Some(50)),
+                ret(1_001_100, 1, "outer", Some(1_000)),
+            ],
+            1_002_000,
+        );
+        assert_eq!(
+            slices(&t),
+            vec![("inner".into(), 0.2, 0.05, 1, false), ("outer".into(), 0.1, 1.0, 1, false)]
+        );
+        let inner = &t["traceEvents"][0];
+        assert_eq!(inner["args"]["arg0"], 1_000_200);
+        assert_eq!(inner["args"]["arg5"], "0xffffffffffffffff");
+        assert_eq!(inner["args"]["retval"], 7);
+        assert_eq!(inner["args"]["module"], "/bin/app");
+    }
+
+    #[test]
+    fn recursion_pairs_by_recorded_duration() {
+        // f(f(f())) where the innermost call has no return (beyond the uretprobe depth limit):
+        // the middle return closes it, and pairs with the middle call by its duration.
+        let t = export(
+            &[
+                call(1_000_100, 1, "f"),
+                call(1_000_200, 1, "f"),
+                call(1_000_300, 1, "f"),
+                ret(1_000_400, 1, "f", Some(200)),
+                ret(1_000_500, 1, "f", Some(400)),
+            ],
+            1_001_000,
+        );
+        assert_eq!(
+            slices(&t),
+            vec![
+                ("f".into(), 0.3, 0.1, 1, true),
+                ("f".into(), 0.2, 0.2, 1, false),
+                ("f".into(), 0.1, 0.4, 1, false),
+            ]
+        );
+    }
+
+    #[test]
+    fn open_calls_end_at_the_trace_end() {
+        let t = export(&[call(1_000_100, 1, "main"), call(1_000_200, 2, "worker")], 1_000_900);
+        let mut s = slices(&t);
+        s.sort_by(|a, b| a.3.cmp(&b.3));
+        assert_eq!(s, vec![("main".into(), 0.1, 0.8, 1, true), ("worker".into(), 0.2, 0.7, 2, true)]);
+        assert_eq!(t["metadata"]["trace_end"]["lost_events"]["call"], 3);
+        assert_eq!(t["metadata"]["trace_start"]["probes"], 2);
+        assert_eq!(t["displayTimeUnit"], "ns");
+    }
+
+    #[test]
+    fn returns_without_calls_draw_nothing_and_keep_the_stack() {
+        let t = export(&[call(1_000_100, 1, "a"), ret(1_000_150, 1, "b", None), ret(1_000_300, 1, "a", Some(200))], 1_001_000);
+        assert_eq!(slices(&t), vec![("a".into(), 0.1, 0.2, 1, false)]);
+    }
+
+    #[test]
+    fn lifecycle_events_are_instants_and_names() {
+        let t = export(
+            &[
+                ev(1_000_010, 1, EventData::Spawn { parent_pid: 1, child_pid: 2, child_tid: 2, how: SpawnHow::Fork, comm: "app".into(), filename: None }),
+                Event { ts: 1_000_020, host: "h".into(), pid: 2, tid: 2, data: EventData::Spawn { parent_pid: 2, child_pid: 2, child_tid: 2, how: SpawnHow::Exec, comm: "child".into(), filename: Some("/bin/child".into()) } },
+                Event { ts: 1_000_030, host: "h".into(), pid: 2, tid: 2, data: EventData::Exit { exit_code: Some(3), signal: None, thread: false, comm: "child".into() } },
+            ],
+            1_000_100,
+        );
+        let events = t["traceEvents"].as_array().unwrap();
+        let instants: Vec<&str> = events.iter().filter(|e| e["ph"] == "i").map(|e| e["name"].as_str().unwrap()).collect();
+        assert_eq!(instants, ["fork 2", "exec /bin/child", "exit 3"]);
+        assert!(events.iter().filter(|e| e["ph"] == "i").all(|e| e["s"] == "t"));
+        let names: Vec<(u64, &str)> = events
+            .iter()
+            .filter(|e| e["name"] == "process_name")
+            .map(|e| (e["pid"].as_u64().unwrap(), e["args"]["name"].as_str().unwrap()))
+            .collect();
+        assert_eq!(names, [(1, "app"), (2, "child")]);
+    }
+
+    #[test]
+    fn empty_trace_is_valid() {
+        let t = export(&[], 1_000_000);
+        assert_eq!(t["traceEvents"].as_array().unwrap().len(), 2, "two name records for the target: {t}");
+    }
+}

@@ -1,0 +1,243 @@
+//! JSON lines: writing a trace, and reading one back.
+
+use std::io::{self, BufRead, BufWriter, Write};
+
+use crate::{
+    event::{EndReason, Event, Interner, LineKind, RawEvent, TraceEnd, TraceStart},
+    sink::Sink,
+};
+
+pub struct JsonlWriter<W: Write> {
+    out: BufWriter<W>,
+}
+
+impl<W: Write> JsonlWriter<W> {
+    pub fn new(out: W) -> Self {
+        JsonlWriter { out: BufWriter::with_capacity(1 << 16, out) }
+    }
+
+    fn line(&mut self, value: &impl serde::Serialize) -> io::Result<()> {
+        serde_json::to_writer(&mut self.out, value)?;
+        self.out.write_all(b"\n")
+    }
+}
+
+impl<W: Write> Sink for JsonlWriter<W> {
+    fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+        self.line(start)
+    }
+    fn event(&mut self, event: &Event) -> io::Result<()> {
+        self.line(event)
+    }
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
+        self.line(end)?;
+        self.out.flush()
+    }
+}
+
+/// A line of a trace file.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TraceLine {
+    Start(Box<TraceStart>),
+    Event(Event),
+    End(TraceEnd),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("line {line}: {message}")]
+    Malformed { line: u64, message: String },
+    #[error("cannot read the trace: {0}")]
+    Io(#[from] io::Error),
+    #[error("the trace is empty")]
+    Empty,
+    #[error("line 1: a trace must start with a trace_start line")]
+    NoStart,
+}
+
+/// Reads a JSON lines trace, one line at a time (memory does not grow with the trace).
+pub struct TraceReader<R: BufRead> {
+    input: R,
+    buf: String,
+    line: u64,
+    interner: Interner,
+}
+
+impl<R: BufRead> TraceReader<R> {
+    pub fn new(input: R) -> Self {
+        TraceReader { input, buf: String::new(), line: 0, interner: Interner::default() }
+    }
+
+    fn parse(&mut self) -> Result<TraceLine, ReadError> {
+        let line = self.line;
+        let malformed = |message: String| ReadError::Malformed { line, message };
+        let text = self.buf.trim_end();
+        let raw: RawEvent = serde_json::from_str(text).map_err(|e| malformed(e.to_string()))?;
+        Ok(match raw.kind {
+            LineKind::TraceStart => {
+                TraceLine::Start(Box::new(serde_json::from_str(text).map_err(|e| malformed(e.to_string()))?))
+            }
+            LineKind::TraceEnd => TraceLine::End(serde_json::from_str(text).map_err(|e| malformed(e.to_string()))?),
+            _ => TraceLine::Event(raw.into_event(&mut self.interner).map_err(malformed)?),
+        })
+    }
+}
+
+impl<R: BufRead> Iterator for TraceReader<R> {
+    type Item = Result<TraceLine, ReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            self.buf.clear();
+            match self.input.read_line(&mut self.buf) {
+                Ok(0) => return None,
+                Ok(_) => {
+                    self.line += 1;
+                    if self.buf.trim().is_empty() {
+                        continue;
+                    }
+                    return Some(self.parse());
+                }
+                Err(e) => return Some(Err(e.into())),
+            }
+        }
+    }
+}
+
+/// What replaying a trace into a sink found.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Replayed {
+    pub events: u64,
+    /// The trace had no `trace_end` (it was cut short); one was made up from the last event.
+    pub end_missing: bool,
+}
+
+/// Feeds a whole trace to a sink: the start line, each event, the end line.
+pub fn replay<R: BufRead>(reader: TraceReader<R>, sink: &mut dyn Sink) -> Result<Replayed, ReadError> {
+    let mut lines = reader;
+    let start = match lines.next() {
+        None => return Err(ReadError::Empty),
+        Some(Ok(TraceLine::Start(start))) => start,
+        Some(Ok(_)) => return Err(ReadError::NoStart),
+        Some(Err(e)) => return Err(e),
+    };
+    sink.begin(&start)?;
+    let mut events = 0;
+    let mut last_ts = start.ts;
+    for line in lines.by_ref() {
+        match line? {
+            TraceLine::Event(e) => {
+                last_ts = last_ts.max(e.ts);
+                sink.event(&e)?;
+                events += 1;
+            }
+            TraceLine::End(end) => {
+                sink.end(&end)?;
+                return Ok(Replayed { events, end_missing: false });
+            }
+            TraceLine::Start(_) => {
+                return Err(ReadError::Malformed { line: lines.line, message: "a second trace_start".to_string() });
+            }
+        }
+    }
+    let end = TraceEnd {
+        ts: last_ts,
+        reason: EndReason::InputEnded,
+        events_written: events,
+        lost_events: Default::default(),
+        calls_without_return_probe: 0,
+        command_exit_code: None,
+    };
+    sink.end(&end)?;
+    Ok(Replayed { events, end_missing: true })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{ClockInfo, EventData, EventKind};
+
+    pub(crate) fn start() -> TraceStart {
+        TraceStart {
+            format_version: crate::event::FORMAT_VERSION,
+            host: "h".into(),
+            tracer_version: "0".into(),
+            ts: 1_000,
+            clock: ClockInfo { source: "test".into(), offset_ns: 0, uncertainty_ns: 0 },
+            targets: vec![],
+            probes: 1,
+            events: EventKind::ALL.to_vec(),
+            follow_children: true,
+        }
+    }
+
+    fn call(ts: u64) -> Event {
+        Event {
+            ts,
+            host: "h".into(),
+            pid: 1,
+            tid: 1,
+            data: EventData::Call { function: "f".into(), module: "m".into(), args: [0; 6] },
+        }
+    }
+
+    fn write_trace(events: &[Event], end: Option<&TraceEnd>) -> Vec<u8> {
+        let mut out = Vec::new();
+        {
+            let mut w = JsonlWriter::new(&mut out);
+            w.begin(&start()).unwrap();
+            for e in events {
+                w.event(e).unwrap();
+            }
+            if let Some(end) = end {
+                w.end(end).unwrap();
+            } else {
+                w.out.flush().unwrap();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn round_trips_a_trace() {
+        let end = TraceEnd {
+            ts: 9,
+            reason: EndReason::Duration,
+            events_written: 2,
+            lost_events: [("call".to_string(), 0)].into(),
+            calls_without_return_probe: 0,
+            command_exit_code: None,
+        };
+        let bytes = write_trace(&[call(2), call(3)], Some(&end));
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert_eq!(text.lines().count(), 4);
+        assert!(text.starts_with(r#"{"kind":"trace_start""#));
+        let lines: Vec<TraceLine> = TraceReader::new(&bytes[..]).collect::<Result<_, _>>().unwrap();
+        assert_eq!(lines, vec![TraceLine::Start(Box::new(start())), TraceLine::Event(call(2)), TraceLine::Event(call(3)), TraceLine::End(end)]);
+    }
+
+    #[test]
+    fn replay_makes_up_a_missing_end() {
+        let bytes = write_trace(&[call(2_000), call(7_000)], None);
+        let mut out = Vec::new();
+        let replayed = replay(TraceReader::new(&bytes[..]), &mut JsonlWriter::new(&mut out)).unwrap();
+        assert_eq!(replayed, Replayed { events: 2, end_missing: true });
+        let last = String::from_utf8(out).unwrap().lines().last().unwrap().to_string();
+        assert!(last.starts_with(r#"{"kind":"trace_end","ts":7000,"reason":"input_ended","events_written":2"#), "{last}");
+    }
+
+    #[test]
+    fn bad_lines_are_located() {
+        let mut bytes = write_trace(&[call(2)], None);
+        bytes.extend_from_slice(b"{\"kind\":\"call\",\"ts\":1}\n");
+        let err = TraceReader::new(&bytes[..]).collect::<Result<Vec<_>, _>>().unwrap_err();
+        assert_eq!(err.to_string(), "line 3: missing field `function`");
+        let err = replay(TraceReader::new(&b"not json\n"[..]), &mut JsonlWriter::new(Vec::new())).unwrap_err();
+        assert!(err.to_string().starts_with("line 1: "), "{err}");
+        let err = replay(TraceReader::new(&b""[..]), &mut JsonlWriter::new(Vec::new())).unwrap_err();
+        assert_eq!(err.to_string(), "the trace is empty");
+        let only_event = serde_json::to_string(&call(1)).unwrap();
+        let err = replay(TraceReader::new(only_event.as_bytes()), &mut JsonlWriter::new(Vec::new())).unwrap_err();
+        assert_eq!(err.to_string(), "line 1: a trace must start with a trace_start line");
+    }
+}

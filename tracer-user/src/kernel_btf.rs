@@ -1,0 +1,167 @@
+//! Field offsets of kernel structures, read from the running kernel's BTF.
+//!
+//! The eBPF programs read a few fields of `task_struct`, `linux_binprm` and friends with
+//! `bpf_probe_read_kernel`. Rust eBPF has no CO-RE relocations, so instead of hard-coding offsets
+//! for one kernel build, user space looks them up in `/sys/kernel/btf/vmlinux` at start-up and
+//! hands them to the programs in their read-only configuration.
+
+use btf_rs::{Btf, Type};
+use tracer_common::KernelOffsets;
+
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelBtfError {
+    #[error("cannot read the kernel's BTF at {VMLINUX_BTF} (a kernel built with CONFIG_DEBUG_INFO_BTF is required): {0}")]
+    Unavailable(String),
+    #[error("the kernel's BTF has no struct {0}")]
+    NoStruct(String),
+    #[error("the kernel's struct {strukt} has no field {field}")]
+    NoField { strukt: String, field: String },
+}
+
+pub struct KernelBtf {
+    btf: Btf,
+}
+
+impl KernelBtf {
+    pub fn load() -> Result<KernelBtf, KernelBtfError> {
+        Btf::from_file(VMLINUX_BTF)
+            .map(|btf| KernelBtf { btf })
+            .map_err(|e| KernelBtfError::Unavailable(e.to_string()))
+    }
+
+    fn find_struct(&self, name: &str) -> Result<btf_rs::Struct, KernelBtfError> {
+        self.btf
+            .resolve_types_by_name(name)
+            .ok()
+            .and_then(|types| {
+                types.into_iter().find_map(|t| match t {
+                    Type::Struct(s) | Type::Union(s) if !s.members.is_empty() => Some(s),
+                    _ => None,
+                })
+            })
+            .ok_or_else(|| KernelBtfError::NoStruct(name.to_string()))
+    }
+
+    /// Strips typedefs and qualifiers.
+    fn resolve(&self, mut ty: Type) -> Type {
+        for _ in 0..16 {
+            let next = match &ty {
+                Type::Typedef(t) => self.btf.resolve_chained_type(t),
+                Type::Const(t) => self.btf.resolve_chained_type(t),
+                Type::Volatile(t) => self.btf.resolve_chained_type(t),
+                Type::Restrict(t) => self.btf.resolve_chained_type(t),
+                Type::TypeTag(t) => self.btf.resolve_chained_type(t),
+                _ => return ty,
+            };
+            match next {
+                Ok(n) => ty = n,
+                Err(_) => return ty,
+            }
+        }
+        ty
+    }
+
+    /// Byte offset of `field` in `s`, looking through anonymous struct and union members (the kernel
+    /// wraps fields in them, e.g. `mm_struct`'s randomized-layout block).
+    fn find_member(&self, s: &btf_rs::Struct, field: &str) -> Option<u32> {
+        for m in &s.members {
+            let name = self.btf.resolve_name(m).unwrap_or_default();
+            if name == field {
+                return Some(m.bit_offset() / 8);
+            }
+            if name.is_empty()
+                && let Ok(ty) = self.btf.resolve_chained_type(m)
+                && let Type::Struct(inner) | Type::Union(inner) = self.resolve(ty)
+                && let Some(off) = self.find_member(&inner, field)
+            {
+                return Some(m.bit_offset() / 8 + off);
+            }
+        }
+        None
+    }
+
+    /// Byte offset of `path` (`field` or `field.subfield` through named nested structs) in `strukt`.
+    pub fn offset(&self, strukt: &str, path: &str) -> Result<u32, KernelBtfError> {
+        let no_field = || KernelBtfError::NoField { strukt: strukt.to_string(), field: path.to_string() };
+        let mut current = self.find_struct(strukt)?;
+        let mut total = 0;
+        let mut parts = path.split('.').peekable();
+        while let Some(part) = parts.next() {
+            total += self.find_member(&current, part).ok_or_else(no_field)?;
+            if parts.peek().is_some() {
+                current = self.member_struct(&current, part).ok_or_else(no_field)?;
+            }
+        }
+        Ok(total)
+    }
+
+    /// The struct type of member `field` of `s` (through anonymous members).
+    fn member_struct(&self, s: &btf_rs::Struct, field: &str) -> Option<btf_rs::Struct> {
+        for m in &s.members {
+            let name = self.btf.resolve_name(m).unwrap_or_default();
+            let ty = self.resolve(self.btf.resolve_chained_type(m).ok()?);
+            if name == field {
+                return match ty {
+                    Type::Struct(inner) | Type::Union(inner) => Some(inner),
+                    _ => None,
+                };
+            }
+            if name.is_empty()
+                && let Type::Struct(inner) | Type::Union(inner) = ty
+                && let Some(found) = self.member_struct(&inner, field)
+            {
+                return Some(found);
+            }
+        }
+        None
+    }
+
+    /// The offsets the process-lifecycle programs need.
+    pub fn process_offsets(&self) -> Result<KernelOffsets, KernelBtfError> {
+        Ok(KernelOffsets {
+            task_pid: self.offset("task_struct", "pid")?,
+            task_tgid: self.offset("task_struct", "tgid")?,
+            task_exit_code: self.offset("task_struct", "exit_code")?,
+            bprm_file: self.offset("linux_binprm", "file")?,
+            bprm_filename: self.offset("linux_binprm", "filename")?,
+            file_inode: self.offset("file", "f_inode")?,
+            inode_ino: self.offset("inode", "i_ino")?,
+            inode_sb: self.offset("inode", "i_sb")?,
+            sb_dev: self.offset("super_block", "s_dev")?,
+            _pad: 0,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads the BTF of the kernel these tests run on; every kernel the tracer supports has it.
+    #[test]
+    fn finds_process_offsets_in_the_running_kernel() {
+        let btf = KernelBtf::load().expect("kernel BTF");
+        let o = btf.process_offsets().expect("offsets");
+        // pid and tgid are adjacent `pid_t`s in every kernel since 2.6.
+        assert_eq!(o.task_tgid, o.task_pid + 4, "{o:?}");
+        assert!(o.task_exit_code > 0 && o.bprm_file > 0 && o.inode_sb > 0, "{o:?}");
+    }
+
+    #[test]
+    fn finds_fields_inside_anonymous_members() {
+        let btf = KernelBtf::load().expect("kernel BTF");
+        // `mm_struct` keeps its fields in an anonymous struct.
+        let off = btf.offset("mm_struct", "exe_file").expect("mm_struct.exe_file");
+        assert!(off > 0);
+    }
+
+    #[test]
+    fn names_what_is_missing() {
+        let btf = KernelBtf::load().expect("kernel BTF");
+        let err = btf.offset("task_struct", "no_such_field").unwrap_err();
+        assert_eq!(err.to_string(), "the kernel's struct task_struct has no field no_such_field");
+        assert!(matches!(btf.offset("no_such_struct_xyz", "a"), Err(KernelBtfError::NoStruct(_))));
+    }
+}

@@ -1,0 +1,241 @@
+//! Loading the eBPF programs into the kernel, attaching them, and the maps user space drives.
+//!
+//! Everything attached lives in [`Kernel`]: dropping it detaches every probe and tracepoint (the
+//! kernel closes the links with their file descriptors), so a target is never left probed.
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        RawTracePoint, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    },
+};
+use tracer_common::{Config, InodeKey, lost_slot, names, programs};
+
+/// The eBPF object, built by `cargo xtask build` and embedded at compile time (see build.rs).
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf.o"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("this tracer binary was built without its eBPF programs; build it with `cargo xtask build`")]
+    NoObject,
+    #[error("cannot load the eBPF programs into the kernel: {0}")]
+    Load(String),
+    #[error("cannot attach {what}: {reason}")]
+    Attach { what: String, reason: String },
+    #[error("cannot mount tracefs at {path}: {reason}")]
+    Tracefs { path: String, reason: String },
+    #[error("cannot update the {map} map: {reason}")]
+    Map { map: &'static str, reason: String },
+}
+
+/// One function to probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeSpec {
+    /// The ELF file.
+    pub path: PathBuf,
+    pub file_offset: u64,
+    /// The function's index in user space's table, delivered back in every record.
+    pub cookie: u64,
+    /// Attach the entry probe (`call` events).
+    pub entry: bool,
+    /// Attach the return probe (`return` events).
+    pub exit: bool,
+}
+
+/// A probe that could not be attached.
+#[derive(Clone, Debug)]
+pub struct AttachFailure {
+    pub cookie: u64,
+    pub reason: String,
+}
+
+/// Kernel-side counts of what could not be recorded, summed over CPUs, by `LOST` slot.
+pub type LostCounts = [u64; lost_slot::COUNT as usize];
+
+/// The loaded programs and their maps.
+pub struct Kernel {
+    ebpf: Ebpf,
+}
+
+fn load_error(e: impl std::fmt::Display) -> LoadError {
+    LoadError::Load(format!("{e:#}"))
+}
+
+/// Where tracefs lives; tracepoint programs need it mounted (a fresh machine may not have it).
+pub const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Mounts tracefs if it is not mounted yet.
+pub fn ensure_tracefs() -> Result<(), LoadError> {
+    if Path::new(TRACEFS).join("events").is_dir() {
+        return Ok(());
+    }
+    nix::mount::mount(Some("nodev"), TRACEFS, Some("tracefs"), nix::mount::MsFlags::empty(), None::<&str>)
+        .map_err(|e| LoadError::Tracefs { path: TRACEFS.to_string(), reason: e.desc().to_string() })
+}
+
+/// Lets the process hold one file descriptor per probe link: each probed function costs four
+/// (a perf event and a link, for entry and for return).
+pub fn raise_fd_limit(needed: u64) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return };
+    let want = needed.saturating_add(1024);
+    if soft >= want {
+        return;
+    }
+    let nr_open: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(hard);
+    let new = want.min(nr_open.max(hard));
+    let _ = setrlimit(Resource::RLIMIT_NOFILE, new, new.max(hard));
+}
+
+impl Kernel {
+    /// Loads every program with `config`, the ring buffer sized `ring_bytes`.
+    pub fn load(config: &Config, ring_bytes: u32) -> Result<Kernel, LoadError> {
+        if EBPF_OBJECT.is_empty() {
+            return Err(LoadError::NoObject);
+        }
+        let ebpf = EbpfLoader::new()
+            .override_global(names::CONFIG, config, true)
+            .map_max_entries(names::EVENTS, ring_bytes)
+            .load(EBPF_OBJECT)
+            .map_err(load_error)?;
+        let mut kernel = Kernel { ebpf };
+        for name in [programs::CALL_ENTRY, programs::CALL_RETURN] {
+            kernel.uprobe(name)?.load().map_err(|e| load_error(format!("{name}: {e}")))?;
+        }
+        Ok(kernel)
+    }
+
+    fn uprobe(&mut self, name: &str) -> Result<&mut UProbe, LoadError> {
+        self.ebpf
+            .program_mut(name)
+            .ok_or_else(|| load_error(format!("program {name} is missing from the eBPF object")))?
+            .try_into()
+            .map_err(load_error)
+    }
+
+    /// Attaches the process-lifecycle programs (always on: they also follow forks).
+    pub fn attach_sched(&mut self) -> Result<(), LoadError> {
+        for (program, tracepoint) in [
+            (programs::SCHED_FORK, programs::SCHED_FORK_TP),
+            (programs::SCHED_EXEC, programs::SCHED_EXEC_TP),
+            (programs::SCHED_EXIT, programs::SCHED_EXIT_TP),
+        ] {
+            let attach_error = |e: &dyn std::fmt::Display| LoadError::Attach {
+                what: format!("raw tracepoint {tracepoint}"),
+                reason: format!("{e:#}"),
+            };
+            let prog: &mut RawTracePoint = self
+                .ebpf
+                .program_mut(program)
+                .ok_or_else(|| load_error(format!("program {program} is missing")))?
+                .try_into()
+                .map_err(load_error)?;
+            prog.load().map_err(load_error)?;
+            prog.attach(tracepoint).map_err(|e| attach_error(&e))?;
+        }
+        Ok(())
+    }
+
+    /// Attaches entry and return probes; returns the probes that failed (others stay attached).
+    pub fn attach_functions(&mut self, probes: &[ProbeSpec]) -> Vec<AttachFailure> {
+        let mut failures = Vec::new();
+        for (program, wanted) in [(programs::CALL_RETURN, true), (programs::CALL_ENTRY, false)] {
+            let prog = match self.uprobe(program) {
+                Ok(p) => p,
+                Err(e) => {
+                    failures.extend(probes.iter().map(|p| AttachFailure { cookie: p.cookie, reason: e.to_string() }));
+                    continue;
+                }
+            };
+            for probe in probes.iter().filter(|p| if wanted { p.exit } else { p.entry }) {
+                let point = UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
+                    cookie: Some(probe.cookie),
+                };
+                if let Err(e) = prog.attach(point, &probe.path, UProbeScope::AllProcesses) {
+                    failures.push(AttachFailure { cookie: probe.cookie, reason: error_chain(&e) });
+                }
+            }
+        }
+        failures
+    }
+
+    /// Adds a process to the traced set.
+    pub fn trace_pid(&mut self, pid: u32) -> Result<(), LoadError> {
+        self.traced_pids_map()?
+            .insert(pid, 1, 0)
+            .map_err(|e| LoadError::Map { map: names::TRACED_PIDS, reason: e.to_string() })
+    }
+
+    /// Removes a process from the traced set (one that exited before the kernel saw it exit).
+    pub fn untrace_pid(&mut self, pid: u32) {
+        if let Ok(mut map) = self.traced_pids_map() {
+            let _ = map.remove(&pid);
+        }
+    }
+
+    /// The processes being traced now.
+    pub fn traced_pids(&mut self) -> Vec<u32> {
+        self.traced_pids_map().map(|m| m.keys().filter_map(Result::ok).collect()).unwrap_or_default()
+    }
+
+    fn traced_pids_map(&mut self) -> Result<BpfHashMap<&mut MapData, u32, u32>, LoadError> {
+        let map = self.ebpf.map_mut(names::TRACED_PIDS).ok_or_else(|| load_error("TRACED_PIDS map is missing"))?;
+        BpfHashMap::try_from(map).map_err(load_error)
+    }
+
+    /// Makes processes that exec this file traced from their first instruction.
+    pub fn trace_executable(&mut self, key: InodeKey) -> Result<(), LoadError> {
+        let map = self.ebpf.map_mut(names::TARGET_INODES).ok_or_else(|| load_error("TARGET_INODES map is missing"))?;
+        let mut map: BpfHashMap<&mut MapData, InodeKey, u32> = BpfHashMap::try_from(map).map_err(load_error)?;
+        map.insert(key, 1, 0).map_err(|e| LoadError::Map { map: names::TARGET_INODES, reason: e.to_string() })
+    }
+
+    /// Takes the ring buffer, to be drained independently of the programs' lifetime.
+    pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, LoadError> {
+        let map = self.ebpf.take_map(names::EVENTS).ok_or_else(|| load_error("EVENTS map is missing"))?;
+        RingBuf::try_from(map).map_err(load_error)
+    }
+
+    /// Takes the lost-event counters, to be read after the programs are detached.
+    pub fn take_lost_counters(&mut self) -> Result<LostCounters, LoadError> {
+        let map = self.ebpf.take_map(names::LOST).ok_or_else(|| load_error("LOST map is missing"))?;
+        Ok(LostCounters { map: PerCpuArray::try_from(map).map_err(load_error)? })
+    }
+}
+
+/// The kernel's per-CPU lost-event counters.
+pub struct LostCounters {
+    map: PerCpuArray<MapData, u64>,
+}
+
+impl LostCounters {
+    pub fn read(&self) -> LostCounts {
+        let mut counts = [0u64; lost_slot::COUNT as usize];
+        for (slot, count) in counts.iter_mut().enumerate() {
+            if let Ok(values) = self.map.get(&(slot as u32), 0) {
+                *count = values.iter().sum();
+            }
+        }
+        counts
+    }
+}
+
+/// An error and its causes on one line (aya's attach errors nest the useful `errno`).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

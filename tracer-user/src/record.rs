@@ -1,0 +1,551 @@
+//! Recording a trace: check and resolve what to trace ([`plan`]), load and attach everything
+//! ([`Plan::start`]), then drain events into a sink until the targets are gone, the duration
+//! elapses or the caller stops it ([`Recording::run`]).
+//!
+//! Everything a user can get wrong is checked in [`plan`], before anything is attached or launched.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    ffi::OsString,
+    future::Future,
+    path::PathBuf,
+    sync::Arc,
+    time::Duration,
+};
+
+use aya::maps::{MapData, RingBuf};
+use tracer_common::{Config, RecordKind, kind_bit, lost_slot};
+
+use crate::{
+    assemble::{EventAssembler, FunctionTable, ProbedFunction, lost_slot_name},
+    clock::BootClock,
+    drain::{DrainError, RingDrain},
+    event::{EndReason, EventKind, FORMAT_VERSION, TargetInfo, TraceEnd, TraceStart},
+    kernel_btf::{KernelBtf, KernelBtfError},
+    launch::{ChildExit, LaunchError, spawn_stopped, try_reap},
+    loader::{Kernel, LoadError, LostCounters, ProbeSpec, raise_fd_limit},
+    modules::{ModuleCandidates, ModuleError},
+    sink::Sink,
+    symbols::{FunctionPattern, SymbolError, SymbolTable},
+    targets::{self, FileId, Process, TargetError},
+};
+
+/// Default `--max-probes`.
+pub const DEFAULT_MAX_PROBES: usize = 4096;
+/// Default `--buffer-size`: 32 MiB holds about 400,000 call records.
+pub const DEFAULT_BUFFER_SIZE: u32 = 32 << 20;
+/// Records taken from the ring buffer before the drain yields to the runtime.
+const DRAIN_BATCH: usize = 4096;
+/// How often liveness of the targets is checked.
+const TICK: Duration = Duration::from_millis(50);
+
+#[derive(Clone, Debug)]
+pub struct RecordOptions {
+    pub pids: Vec<u32>,
+    pub binaries: Vec<PathBuf>,
+    /// The command to launch, program first; empty for none.
+    pub command: Vec<OsString>,
+    pub functions: Vec<String>,
+    pub events: BTreeSet<EventKind>,
+    pub follow_children: bool,
+    pub duration: Option<Duration>,
+    pub buffer_size: u32,
+    pub max_probes: usize,
+    /// The host name written in every event.
+    pub host: String,
+}
+
+impl Default for RecordOptions {
+    fn default() -> Self {
+        RecordOptions {
+            pids: Vec::new(),
+            binaries: Vec::new(),
+            command: Vec::new(),
+            functions: Vec::new(),
+            events: EventKind::ALL.into_iter().collect(),
+            follow_children: true,
+            duration: None,
+            buffer_size: DEFAULT_BUFFER_SIZE,
+            max_probes: DEFAULT_MAX_PROBES,
+            host: host_name(),
+        }
+    }
+}
+
+/// This machine's host name.
+pub fn host_name() -> String {
+    nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".to_string())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("tracer must run as root (it loads eBPF programs into the kernel)")]
+    NotRoot,
+    #[error("nothing to trace: give --pid, --binary, or a command after --")]
+    NoTargets,
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error(transparent)]
+    Symbols(#[from] SymbolError),
+    #[error(transparent)]
+    Module(#[from] ModuleError),
+    #[error("function pattern '{pattern}' matches nothing in {modules}{}", suggest(.suggestions))]
+    NoMatch { pattern: String, modules: String, suggestions: Vec<String> },
+    #[error(
+        "{count} functions would be probed, more than --max-probes ({max}); narrow the selection with -f (e.g. -f 'app::*')"
+    )]
+    TooManyProbes { count: usize, max: usize },
+    #[error("--functions needs call or return events, but --events has neither")]
+    FunctionsWithoutCallEvents,
+    #[error("--buffer-size must be a power of two multiple of the page size (4 KiB), got {0}")]
+    BadBufferSize(u32),
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    KernelBtf(#[from] KernelBtfError),
+    #[error("no function could be probed: {0}")]
+    NoProbeAttached(String),
+    #[error("writing the trace failed: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+fn suggest(suggestions: &[String]) -> String {
+    if suggestions.is_empty() { String::new() } else { format!("; did you mean {}?", suggestions.join(", ")) }
+}
+
+/// Checks that the process can load eBPF programs.
+pub fn check_root() -> Result<(), RecordError> {
+    if nix::unistd::geteuid().is_root() { Ok(()) } else { Err(RecordError::NotRoot) }
+}
+
+/// Everything resolved and checked, nothing attached yet.
+pub struct Plan {
+    options: RecordOptions,
+    /// `--pid` targets, and processes already running a `--binary`.
+    processes: Vec<Process>,
+    binaries: Vec<(PathBuf, FileId)>,
+    command: Option<PathBuf>,
+    probes: Vec<ProbeSpec>,
+    functions: FunctionTable,
+    /// Things the user should know that do not stop the trace.
+    pub warnings: Vec<String>,
+}
+
+/// Resolves targets and functions. Fails, before anything is attached or launched, on anything
+/// the user got wrong.
+pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
+    if options.pids.is_empty() && options.binaries.is_empty() && options.command.is_empty() {
+        return Err(RecordError::NoTargets);
+    }
+    let size = options.buffer_size;
+    if !size.is_power_of_two() || size < 4096 {
+        return Err(RecordError::BadBufferSize(size));
+    }
+    let want_calls = options.events.contains(&EventKind::Call) || options.events.contains(&EventKind::Return);
+    if !want_calls && !options.functions.is_empty() {
+        return Err(RecordError::FunctionsWithoutCallEvents);
+    }
+    let mut warnings = Vec::new();
+
+    let mut processes = Vec::new();
+    for &pid in &options.pids {
+        let p = targets::inspect_process(pid)?;
+        if p.pid != pid {
+            warnings.push(format!("{pid} is a thread of process {}: tracing the whole process", p.pid));
+        }
+        if !processes.iter().any(|q: &Process| q.pid == p.pid) {
+            processes.push(p);
+        }
+    }
+    let mut binaries = Vec::new();
+    for path in &options.binaries {
+        let path = targets::check_executable(path)?;
+        let id = FileId::of(&path)?;
+        for p in targets::processes_running(id) {
+            if !processes.iter().any(|q| q.pid == p.pid) {
+                processes.push(p);
+            }
+        }
+        binaries.push((path, id));
+    }
+    let command = match options.command.first() {
+        Some(program) => Some(targets::resolve_command(program)?),
+        None => None,
+    };
+
+    // The main executables whose functions are probed by default, each once.
+    let mut executables: Vec<PathBuf> = Vec::new();
+    let mut seen: Vec<FileId> = Vec::new();
+    let candidates = processes
+        .iter()
+        .map(|p| p.exe.clone())
+        .chain(binaries.iter().map(|(p, _)| p.clone()))
+        .chain(command.clone());
+    for exe in candidates {
+        let id = FileId::of(&exe)?;
+        if !seen.contains(&id) {
+            seen.push(id);
+            executables.push(exe);
+        }
+    }
+
+    let (probes, functions) = if want_calls {
+        select_functions(&options, &executables, &processes, &mut warnings)?
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    Ok(Plan { options, processes, binaries, command, probes, functions, warnings })
+}
+
+/// The functions to probe: those matching `--functions`, or every function of the main
+/// executables.
+fn select_functions(
+    options: &RecordOptions,
+    executables: &[PathBuf],
+    processes: &[Process],
+    warnings: &mut Vec<String>,
+) -> Result<(Vec<ProbeSpec>, FunctionTable), RecordError> {
+    let entry = options.events.contains(&EventKind::Call);
+    let exit = options.events.contains(&EventKind::Return);
+    let mut tables: BTreeMap<PathBuf, SymbolTable> = BTreeMap::new();
+    fn load<'a>(tables: &'a mut BTreeMap<PathBuf, SymbolTable>, path: &PathBuf) -> Result<&'a SymbolTable, RecordError> {
+        if !tables.contains_key(path) {
+            tables.insert(path.clone(), SymbolTable::load(path)?);
+        }
+        Ok(&tables[path])
+    }
+    // (module, function index) in selection order, each once.
+    let mut selected: Vec<(PathBuf, usize)> = Vec::new();
+    fn select(selected: &mut Vec<(PathBuf, usize)>, module: &PathBuf, index: usize) {
+        if !selected.iter().any(|(m, i)| m == module && *i == index) {
+            selected.push((module.clone(), index));
+        }
+    }
+    if options.functions.is_empty() {
+        for exe in executables {
+            for i in 0..load(&mut tables, exe)?.functions.len() {
+                select(&mut selected, exe, i);
+            }
+        }
+    } else {
+        let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+        let mut module_candidates = None;
+        for text in &options.functions {
+            let pattern = FunctionPattern::parse(text)?;
+            let modules = match &pattern.module {
+                None => executables.to_vec(),
+                Some(spec) => {
+                    let candidates =
+                        module_candidates.get_or_insert_with(|| ModuleCandidates::new(executables, &pids));
+                    vec![candidates.resolve(spec)?]
+                }
+            };
+            let mut matched = 0;
+            for module in &modules {
+                for (i, f) in load(&mut tables, module)?.functions.iter().enumerate() {
+                    if f.names().any(|n| pattern.name.matches(n)) {
+                        select(&mut selected, module, i);
+                        matched += 1;
+                    }
+                }
+            }
+            if matched == 0 {
+                let mut suggestions: Vec<String> =
+                    modules.iter().flat_map(|m| tables[m].suggestions(pattern.name.as_str(), 5)).collect();
+                suggestions.truncate(5);
+                let modules = modules.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ");
+                return Err(RecordError::NoMatch { pattern: text.clone(), modules, suggestions });
+            }
+        }
+    }
+    if selected.len() > options.max_probes {
+        return Err(RecordError::TooManyProbes { count: selected.len(), max: options.max_probes });
+    }
+    for (path, table) in &tables {
+        if table.stripped {
+            warnings.push(format!("{} is stripped: only its exported functions (.dynsym) can be probed", path.display()));
+        }
+    }
+
+    let mut probes = Vec::with_capacity(selected.len());
+    let mut functions = Vec::with_capacity(selected.len());
+    let mut no_return = Vec::new();
+    for (module, index) in selected {
+        let f = &tables[&module].functions[index];
+        let cookie = functions.len() as u64;
+        let return_safe = f.return_probe_is_safe();
+        if exit && !return_safe {
+            no_return.push(f.name.clone());
+        }
+        probes.push(ProbeSpec {
+            path: module.clone(),
+            file_offset: f.file_offset,
+            cookie,
+            entry,
+            exit: exit && return_safe,
+        });
+        functions.push(ProbedFunction { name: Arc::from(f.name.as_str()), module: Arc::from(module.to_string_lossy()) });
+    }
+    if !no_return.is_empty() {
+        warnings.push(format!(
+            "no return probes on {} (entry points and functions that return twice cannot take one safely)",
+            no_return.join(", ")
+        ));
+    }
+    Ok((probes, functions))
+}
+
+impl Plan {
+    pub fn probe_count(&self) -> usize {
+        self.probes.len()
+    }
+
+    /// Launches the command (stopped), loads and attaches everything, starts tracing the targets,
+    /// and lets the command run.
+    pub fn start(self) -> Result<Recording, RecordError> {
+        let Plan { options, processes, binaries, command, probes, functions, .. } = self;
+        let mut warnings = Vec::new();
+        let events = &options.events;
+        let child = match &command {
+            Some(path) => Some(spawn_stopped(path, &options.command)?),
+            None => None,
+        };
+
+        let mut enabled_kinds = 0;
+        if events.contains(&EventKind::Spawn) {
+            enabled_kinds |= kind_bit(RecordKind::Fork) | kind_bit(RecordKind::Exec);
+        }
+        if events.contains(&EventKind::Exit) {
+            enabled_kinds |= kind_bit(RecordKind::Exit);
+        }
+        let config = Config {
+            enabled_kinds,
+            follow_children: options.follow_children as u32,
+            has_target_inodes: !binaries.is_empty() as u32,
+            _pad: 0,
+            offsets: KernelBtf::load()?.process_offsets()?,
+        };
+        raise_fd_limit(probes.len() as u64 * 4);
+        let mut kernel = Kernel::load(&config, options.buffer_size)?;
+        kernel.attach_sched()?;
+        let failures = kernel.attach_functions(&probes);
+        let failed: BTreeSet<u64> = failures.iter().map(|f| f.cookie).collect();
+        let attached = probes.iter().filter(|p| !failed.contains(&p.cookie)).count();
+        if !probes.is_empty() && attached == 0 {
+            return Err(RecordError::NoProbeAttached(failures[0].reason.clone()));
+        }
+        if !failures.is_empty() {
+            let mut listed: Vec<String> = Vec::new();
+            for f in failures.iter().take(5) {
+                listed.push(format!("{} ({})", functions[f.cookie as usize].name, f.reason));
+            }
+            warnings.push(format!(
+                "{} of {} functions could not be probed: {}{}",
+                failed.len(),
+                probes.len(),
+                listed.join(", "),
+                if failures.len() > 5 { ", ..." } else { "" }
+            ));
+        }
+        let ring = kernel.take_ring()?;
+        let lost = kernel.take_lost_counters()?;
+
+        // Probes are in place: only now do the targets become traced, so every call they make
+        // from here on is seen whole.
+        for (_, id) in &binaries {
+            kernel.trace_executable(id.kernel_key())?;
+        }
+        for p in &processes {
+            kernel.trace_pid(p.pid)?;
+        }
+        if let Some(child) = &child {
+            kernel.trace_pid(child.pid())?;
+        }
+
+        let clock = BootClock::calibrate();
+        let mut targets: Vec<TargetInfo> = processes
+            .iter()
+            .map(|p| TargetInfo::Process { pid: p.pid, comm: p.comm.clone(), exe: p.exe.display().to_string() })
+            .collect();
+        targets.extend(binaries.iter().map(|(path, _)| TargetInfo::Binary { path: path.display().to_string() }));
+        if let (Some(child), Some(path)) = (&child, &command) {
+            targets.push(TargetInfo::Command {
+                pid: child.pid(),
+                argv: targets::command_display(&options.command),
+                exe: path.display().to_string(),
+            });
+        }
+        let start = TraceStart {
+            format_version: FORMAT_VERSION,
+            host: options.host.clone(),
+            tracer_version: env!("CARGO_PKG_VERSION").to_string(),
+            ts: clock.now_unix_ns(),
+            clock: clock.info(),
+            targets,
+            probes: attached,
+            events: events.iter().copied().collect(),
+            follow_children: options.follow_children,
+        };
+        let return_probes = probes.iter().any(|p| p.exit);
+        let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes);
+        let child_pid = match child {
+            Some(child) => Some(child.release()?),
+            None => None,
+        };
+        Ok(Recording {
+            kernel,
+            ring,
+            lost,
+            assembler,
+            clock,
+            start,
+            child_pid,
+            ends_when_empty: binaries.is_empty(),
+            duration: options.duration,
+            warnings,
+        })
+    }
+}
+
+/// A trace in progress: probes attached, targets running.
+pub struct Recording {
+    kernel: Kernel,
+    ring: RingBuf<MapData>,
+    lost: LostCounters,
+    assembler: EventAssembler,
+    clock: BootClock,
+    start: TraceStart,
+    child_pid: Option<u32>,
+    /// With `--binary`, new processes may start at any time: the trace does not end for lack of
+    /// targets.
+    ends_when_empty: bool,
+    duration: Option<Duration>,
+    /// Things found while attaching that do not stop the trace (the plan's are in [`Plan::warnings`]).
+    pub warnings: Vec<String>,
+}
+
+/// How a recording ended.
+#[derive(Debug)]
+pub struct Outcome {
+    pub end: TraceEnd,
+    /// How the launched command ended, if it did while traced.
+    pub command_exit: Option<ChildExit>,
+    /// The launched command's pid, when it was still running as tracing stopped.
+    pub command_still_running: Option<u32>,
+}
+
+impl Recording {
+    pub fn trace_start(&self) -> &TraceStart {
+        &self.start
+    }
+
+    /// Drains events into `sink` until the trace ends: the command and its traced descendants
+    /// exit, every traced process exits, the duration elapses, or `stop` resolves.
+    pub async fn run(self, sink: &mut dyn Sink, stop: impl Future<Output = EndReason>) -> Result<Outcome, RecordError> {
+        let Recording { mut kernel, ring, lost, mut assembler, clock, start, child_pid, ends_when_empty, duration, .. } =
+            self;
+        let mut drain = RingDrain::new(ring)?;
+        sink.begin(&start)?;
+        let mut written: u64 = 0;
+        let mut command_exit: Option<ChildExit> = None;
+        let deadline = duration.map(|d| tokio::time::Instant::now() + d);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(stop);
+
+        let reason = loop {
+            let mut write = |bytes: &[u8]| -> std::io::Result<()> {
+                if let Some(e) = assembler.assemble(bytes) {
+                    sink.event(&e)?;
+                    written += 1;
+                }
+                Ok(())
+            };
+            tokio::select! {
+                biased;
+                reason = &mut stop => break reason,
+                _ = sleep_until(deadline) => break EndReason::Duration,
+                batch = drain.next_batch(DRAIN_BATCH, &mut write) => match batch {
+                    Ok(_) => {}
+                    Err(DrainError::Io(e)) | Err(DrainError::Sink(e)) => return Err(e.into()),
+                },
+                _ = tick.tick() => {
+                    if let Some(pid) = child_pid
+                        && command_exit.is_none()
+                    {
+                        command_exit = try_reap(pid);
+                    }
+                    let command_done = child_pid.is_none() || command_exit.is_some();
+                    if command_done && ends_when_empty && !any_target_alive(&mut kernel) {
+                        break if child_pid.is_some() { EndReason::CommandExited } else { EndReason::TargetsExited };
+                    }
+                }
+            }
+        };
+
+        // Detach first, so that no record arrives after the final drain.
+        let end_ts = clock.now_unix_ns();
+        drop(kernel);
+        loop {
+            let n = drain.poll_batch(DRAIN_BATCH, |bytes| -> std::io::Result<()> {
+                if let Some(e) = assembler.assemble(bytes) {
+                    sink.event(&e)?;
+                    written += 1;
+                }
+                Ok(())
+            })?;
+            if n == 0 {
+                break;
+            }
+        }
+        if let Some(pid) = child_pid
+            && command_exit.is_none()
+        {
+            command_exit = try_reap(pid);
+        }
+
+        let counts = lost.read();
+        let mut lost_events: BTreeMap<String, u64> = BTreeMap::new();
+        for slot in 0..lost_slot::COUNT {
+            if let Some(name) = lost_slot_name(slot) {
+                *lost_events.entry(name.to_string()).or_default() += counts[slot as usize];
+            }
+        }
+        lost_events.insert("undecodable".to_string(), assembler.undecodable);
+        let end = TraceEnd {
+            ts: end_ts,
+            reason,
+            events_written: written,
+            lost_events,
+            calls_without_return_probe: assembler.calls_without_return_probe(),
+            command_exit_code: command_exit.map(ChildExit::shell_code),
+        };
+        sink.end(&end)?;
+        let command_still_running = child_pid.filter(|_| command_exit.is_none());
+        Ok(Outcome { end, command_exit, command_still_running })
+    }
+
+}
+
+/// Whether any traced process still lives; forgets the ones that are gone (a process that exited
+/// before it could be traced never produces the exit that would remove it).
+fn any_target_alive(kernel: &mut Kernel) -> bool {
+    let mut alive = false;
+    for pid in kernel.traced_pids() {
+        if targets::process_exists(pid) {
+            alive = true;
+        } else {
+            kernel.untrace_pid(pid);
+        }
+    }
+    alive
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

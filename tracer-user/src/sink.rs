@@ -1,0 +1,84 @@
+//! Where a trace goes: anything that takes the start, each event, and the end. File formats
+//! (see [`crate::export`]) are sinks; so are a channel and a callback, for library users.
+
+use std::io;
+
+use crate::event::{Event, TraceEnd, TraceStart};
+
+pub trait Sink {
+    fn begin(&mut self, start: &TraceStart) -> io::Result<()>;
+    fn event(&mut self, event: &Event) -> io::Result<()>;
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()>;
+}
+
+/// One item of a trace, as a channel delivers it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TraceItem {
+    Start(Box<TraceStart>),
+    Event(Event),
+    End(TraceEnd),
+}
+
+/// Sends every item to a channel. A closed receiver is an error (the trace would be lost).
+pub struct ChannelSink {
+    tx: std::sync::mpsc::Sender<TraceItem>,
+}
+
+impl ChannelSink {
+    pub fn new(tx: std::sync::mpsc::Sender<TraceItem>) -> Self {
+        ChannelSink { tx }
+    }
+
+    fn send(&self, item: TraceItem) -> io::Result<()> {
+        self.tx.send(item).map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the trace's receiver was dropped"))
+    }
+}
+
+impl Sink for ChannelSink {
+    fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+        self.send(TraceItem::Start(Box::new(start.clone())))
+    }
+    fn event(&mut self, event: &Event) -> io::Result<()> {
+        self.send(TraceItem::Event(event.clone()))
+    }
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
+        self.send(TraceItem::End(end.clone()))
+    }
+}
+
+/// Calls a function with every event (start and end are ignored).
+pub struct CallbackSink<F: FnMut(&Event)> {
+    f: F,
+}
+
+impl<F: FnMut(&Event)> CallbackSink<F> {
+    pub fn new(f: F) -> Self {
+        CallbackSink { f }
+    }
+}
+
+impl<F: FnMut(&Event)> Sink for CallbackSink<F> {
+    fn begin(&mut self, _: &TraceStart) -> io::Result<()> {
+        Ok(())
+    }
+    fn event(&mut self, event: &Event) -> io::Result<()> {
+        (self.f)(event);
+        Ok(())
+    }
+    fn end(&mut self, _: &TraceEnd) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Passes everything to several sinks in turn.
+impl Sink for Vec<Box<dyn Sink + Send>> {
+    fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+        self.iter_mut().try_for_each(|s| s.begin(start))
+    }
+    fn event(&mut self, event: &Event) -> io::Result<()> {
+        self.iter_mut().try_for_each(|s| s.event(event))
+    }
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
+        self.iter_mut().try_for_each(|s| s.end(end))
+    }
+}

@@ -1,0 +1,230 @@
+//! What the user asked to trace, checked and resolved: processes, executables, a command.
+
+use std::{
+    ffi::{OsStr, OsString},
+    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
+    path::{Path, PathBuf},
+};
+
+use tracer_common::InodeKey;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("no process with pid {0} exists")]
+    NoSuchProcess(u32),
+    #[error("pid {0} is the tracer itself")]
+    SelfTrace(u32),
+    #[error("cannot inspect process {pid}: {source}")]
+    Inspect { pid: u32, source: std::io::Error },
+    #[error("{0} does not exist")]
+    NoSuchFile(PathBuf),
+    #[error("{0} is not a regular file")]
+    NotAFile(PathBuf),
+    #[error("{0} is not executable")]
+    NotExecutable(PathBuf),
+    #[error("command '{0}' was not found in PATH")]
+    CommandNotFound(String),
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// A running process, as found in `/proc`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Process {
+    pub pid: u32,
+    pub comm: String,
+    /// The executable: its path if it still exists, else `/proc/PID/exe` (which the kernel resolves
+    /// to the file even when it was deleted).
+    pub exe: PathBuf,
+}
+
+/// A file's identity (device and inode), as `stat` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl FileId {
+    pub fn of(path: &Path) -> Result<FileId, TargetError> {
+        let meta = std::fs::metadata(path).map_err(|source| io_error(path, source))?;
+        Ok(FileId { dev: meta.dev(), ino: meta.ino() })
+    }
+
+    /// The key the kernel side compares with `inode->i_sb->s_dev` and `inode->i_ino`: the kernel
+    /// encodes a `dev_t` as `major << 20 | minor`, user space's `st_dev` differently.
+    pub fn kernel_key(&self) -> InodeKey {
+        let (major, minor) = (libc::major(self.dev) as u64, libc::minor(self.dev) as u64);
+        InodeKey { dev: (major << 20) | minor, ino: self.ino }
+    }
+}
+
+fn io_error(path: &Path, source: std::io::Error) -> TargetError {
+    if source.kind() == std::io::ErrorKind::NotFound {
+        TargetError::NoSuchFile(path.to_owned())
+    } else {
+        TargetError::Io { path: path.to_owned(), source }
+    }
+}
+
+/// The thread-group id of `pid` (a user may name a thread; its whole process is traced).
+fn tgid_of(pid: u32) -> Result<u32, TargetError> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            TargetError::NoSuchProcess(pid)
+        } else {
+            TargetError::Inspect { pid, source }
+        }
+    })?;
+    Ok(status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(pid))
+}
+
+/// Looks a process up by pid (or by one of its threads' ids).
+pub fn inspect_process(pid: u32) -> Result<Process, TargetError> {
+    if pid == 0 {
+        return Err(TargetError::NoSuchProcess(0));
+    }
+    let pid = tgid_of(pid)?;
+    if pid == std::process::id() {
+        return Err(TargetError::SelfTrace(pid));
+    }
+    let inspect = |source| TargetError::Inspect { pid, source };
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).map_err(inspect)?.trim_end().to_string();
+    let link = PathBuf::from(format!("/proc/{pid}/exe"));
+    let exe = match std::fs::read_link(&link) {
+        Ok(target) if target.exists() => target,
+        Ok(_) => link,
+        // Kernel threads have no executable.
+        Err(source) => return Err(inspect(source)),
+    };
+    Ok(Process { pid, comm, exe })
+}
+
+/// Whether a process with this pid exists (zombies included).
+pub fn process_exists(pid: u32) -> bool {
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
+        Ok(()) => true,
+        Err(e) => e != nix::errno::Errno::ESRCH,
+    }
+}
+
+/// Every process whose executable is `file`.
+pub fn processes_running(file: FileId) -> Vec<Process> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let own = std::process::id();
+    let mut found: Vec<Process> = dir
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != own)
+        .filter(|pid| {
+            std::fs::metadata(format!("/proc/{pid}/exe"))
+                .map(|m| m.dev() == file.dev && m.ino() == file.ino)
+                .unwrap_or(false)
+        })
+        .filter_map(|pid| inspect_process(pid).ok())
+        .collect();
+    found.sort_by_key(|p| p.pid);
+    found
+}
+
+/// An executable named by the user: must exist, be a regular file and be executable.
+pub fn check_executable(path: &Path) -> Result<PathBuf, TargetError> {
+    let meta = std::fs::metadata(path).map_err(|source| io_error(path, source))?;
+    if !meta.is_file() {
+        return Err(TargetError::NotAFile(path.to_owned()));
+    }
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err(TargetError::NotExecutable(path.to_owned()));
+    }
+    std::fs::canonicalize(path).map_err(|source| io_error(path, source))
+}
+
+/// The executable a command line starts: a path as given, or a name looked up in `PATH`.
+pub fn resolve_command(program: &OsStr) -> Result<PathBuf, TargetError> {
+    let as_path = Path::new(program);
+    if as_path.components().count() > 1 || program.to_string_lossy().contains('/') {
+        return check_executable(as_path);
+    }
+    let found =
+        which::which(program).map_err(|_| TargetError::CommandNotFound(program.to_string_lossy().into_owned()))?;
+    check_executable(&found)
+}
+
+/// Shared libraries mapped executable by a process, from `/proc/PID/maps`.
+pub fn mapped_files(pid: u32) -> Vec<PathBuf> {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = maps
+        .lines()
+        .filter_map(|line| {
+            // address perms offset dev inode path
+            let mut fields = line.split_whitespace();
+            let perms = fields.nth(1)?;
+            let path = fields.nth(3)?;
+            (perms.contains('x') && path.starts_with('/')).then(|| PathBuf::from(path))
+        })
+        .collect();
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// A command line to launch, as `OsString`s.
+pub fn command_display(argv: &[OsString]) -> Vec<String> {
+    argv.iter().map(|a| a.to_string_lossy().into_owned()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_processes_by_executable() {
+        // This test binary is running: it is a process of its own executable... but the scan skips
+        // the tracer's own pid, so look for a child instead.
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let sleep = resolve_command(OsStr::new("sleep")).unwrap();
+        let found = processes_running(FileId::of(&sleep).unwrap());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(found.iter().any(|p| p.pid == child.id() && p.comm == "sleep"), "{found:?}");
+    }
+
+    #[test]
+    fn inspects_processes_and_rejects_missing_ones() {
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let p = inspect_process(child.id()).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(p.comm, "sleep");
+        assert!(p.exe.ends_with("sleep"), "{p:?}");
+        // pid_max is at most 2^22: this pid cannot exist.
+        assert!(matches!(inspect_process(5_000_000), Err(TargetError::NoSuchProcess(5_000_000))));
+        assert!(matches!(inspect_process(0), Err(TargetError::NoSuchProcess(0))));
+        assert!(matches!(inspect_process(std::process::id()), Err(TargetError::SelfTrace(_))));
+    }
+
+    #[test]
+    fn resolves_commands() {
+        assert!(resolve_command(OsStr::new("sh")).unwrap().is_absolute());
+        assert!(matches!(resolve_command(OsStr::new("no-such-command-xyz")), Err(TargetError::CommandNotFound(_))));
+        assert!(matches!(resolve_command(OsStr::new("/no/such/file")), Err(TargetError::NoSuchFile(_))));
+        assert!(matches!(resolve_command(OsStr::new("/etc")), Err(TargetError::NotAFile(_))));
+        assert!(matches!(resolve_command(OsStr::new("/etc/passwd")), Err(TargetError::NotExecutable(_))));
+    }
+
+    #[test]
+    fn kernel_dev_encoding() {
+        // major 8, minor 1 (sda1): user-space st_dev 0x801, kernel 8 << 20 | 1.
+        let id = FileId { dev: libc::makedev(8, 1), ino: 5 };
+        assert_eq!(id.kernel_key(), InodeKey { dev: (8 << 20) | 1, ino: 5 });
+    }
+
+    #[test]
+    fn lists_mapped_libraries() {
+        let files = mapped_files(std::process::id());
+        assert!(files.iter().any(|f| f.to_string_lossy().contains("libc")), "{files:?}");
+    }
+}

@@ -1,0 +1,9 @@
+//! `cargo xtask demo`.
+
+use std::path::Path;
+
+use anyhow::Result;
+
+pub fn run(_tracer: &Path) -> Result<()> {
+    anyhow::bail!("not yet")
+}

@@ -1,0 +1,153 @@
+//! `cargo xtask`: the one place that knows how to set up, build, test, benchmark and demo the tracer.
+//!
+//! The eBPF crate needs a compiler that can build `core` for `bpfel-unknown-none` and `bpf-linker`;
+//! see `../shared/TOOLCHAIN.md` for why this machine uses Debian's `rustc-web` with
+//! `RUSTC_BOOTSTRAP=1`. Everything else builds with the ordinary stable toolchain.
+
+mod bench;
+mod demo;
+mod toolchain;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Build, test, benchmark and demo the tracer")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what a fresh machine lacks (Debian packages, bpf-linker); skips what is there.
+    Setup,
+    /// Build the eBPF object and the `tracer` binary that embeds it.
+    Build,
+    /// Build, then run `tracer` as root with these arguments.
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Setup, build, format check, clippy, unit tests, and the root integration tests.
+    Test {
+        /// Only run integration tests whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+    },
+    /// Measure the tracer's overhead and throughput; prints a table for the README.
+    Bench,
+    /// Trace the bundled demo workload into a Chrome trace for the Perfetto UI.
+    Demo,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Task::Setup => toolchain::setup(),
+        Task::Build => build().map(|_| ()),
+        Task::Run { args } => {
+            let tracer = build()?;
+            run_as_root(&tracer, &args)
+        }
+        Task::Test { filter } => test(filter.as_deref()),
+        Task::Bench => {
+            toolchain::setup()?;
+            let tracer = build()?;
+            bench::run(&tracer)
+        }
+        Task::Demo => {
+            toolchain::setup()?;
+            let tracer = build()?;
+            demo::run(&tracer)
+        }
+    }
+}
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+/// Where the eBPF object lands.
+fn ebpf_object() -> PathBuf {
+    root().join("target/bpfel-unknown-none/release/tracer-ebpf")
+}
+
+/// A `cargo` command for the user-space crates, with the eBPF object to embed. Every user-space
+/// cargo call goes through here, so that all of them agree on `TRACER_EBPF_OBJECT` and none
+/// rebuilds `tracer` without its programs.
+pub fn cargo(args: &[&str]) -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root()).args(args).env("TRACER_EBPF_OBJECT", ebpf_object());
+    cmd
+}
+
+pub fn run_checked(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Builds the eBPF object and the release `tracer`; returns the binary's path.
+pub fn build() -> Result<PathBuf> {
+    toolchain::build_ebpf(&root())?;
+    run_checked(&mut cargo(&["build", "--release", "-p", "tracer-user", "--bin", "tracer"]).env_remove("RUSTC_BOOTSTRAP"))?;
+    Ok(root().join("target/release/tracer"))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn run_as_root(tracer: &Path, args: &[String]) -> Result<()> {
+    let mut cmd = if is_root() {
+        Command::new(tracer)
+    } else {
+        let mut sudo = Command::new("sudo");
+        sudo.arg(tracer);
+        sudo
+    };
+    let status = cmd.args(args).status().context("cannot run tracer")?;
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+fn test(filter: Option<&str>) -> Result<()> {
+    if !is_root() {
+        bail!("the integration tests load eBPF programs: run `cargo xtask test` as root");
+    }
+    toolchain::setup()?;
+    let tracer = build()?;
+    println!("xtask: cargo fmt --check");
+    run_checked(&mut cargo(&["fmt", "--all", "--check"]))?;
+    println!("xtask: clippy");
+    run_checked(&mut cargo(&[
+        "clippy",
+        "--release",
+        "--workspace",
+        "--exclude",
+        "tracer-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    println!("xtask: unit tests");
+    run_checked(&mut cargo(&["test", "--release", "--workspace", "--exclude", "tracer-ebpf", "--exclude", "tracer-tests"]))?;
+    println!("xtask: integration tests (root, real kernel)");
+    let mut args = vec!["test", "--release", "-p", "tracer-tests", "--", "--test-threads=1"];
+    if let Some(f) = filter {
+        args.push(f);
+    }
+    run_checked(&mut cargo(&args).env("TRACER_BIN", &tracer))?;
+    println!("xtask: all tests passed");
+    Ok(())
+}

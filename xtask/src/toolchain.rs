@@ -1,0 +1,128 @@
+//! Installing and finding the eBPF toolchain (see ../shared/TOOLCHAIN.md).
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::run_checked;
+
+/// Debian packages a fresh machine needs: Debian's rustc 1.96 with its `core` sources (builds
+/// eBPF with `RUSTC_BOOTSTRAP=1`), LLVM 22 (for bpf-linker), a C/C++ compiler (test fixtures),
+/// iproute2 (network namespaces for the multi-host tests).
+const PACKAGES: &[&str] = &["rustc-web", "cargo-web", "rust-web-src", "llvm-22-dev", "gcc", "g++", "iproute2"];
+/// bpf-linker must be built against the LLVM major version of the compiler emitting the bitcode.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+/// Where `cargo install` puts binaries.
+fn cargo_bin_dir() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .unwrap_or_else(|| PathBuf::from("/root/.cargo"))
+        .join("bin")
+}
+
+/// The bpf-linker to use, if one runs.
+pub fn bpf_linker() -> Option<PathBuf> {
+    let candidates = [PathBuf::from("bpf-linker"), cargo_bin_dir().join("bpf-linker")];
+    candidates.into_iter().find(|c| {
+        Command::new(c).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    })
+}
+
+pub fn setup() -> Result<()> {
+    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if !missing.is_empty() {
+        println!("xtask: installing {}", missing.join(" "));
+        run_checked(Command::new("apt-get").arg("update").arg("-q"))?;
+        run_checked(
+            Command::new("apt-get").args(["install", "-y", "-q", "--no-install-recommends"]).args(&missing).env(
+                "DEBIAN_FRONTEND",
+                "noninteractive",
+            ),
+        )?;
+    }
+    if bpf_linker().is_none() {
+        println!("xtask: installing bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (takes a few minutes)");
+        let path = format!("{LLVM_PREFIX}/bin:{}", std::env::var("PATH").unwrap_or_default());
+        run_checked(
+            Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .args(["install", "bpf-linker", "--locked", "--version", BPF_LINKER_VERSION])
+                .args(["--no-default-features", "--features", "llvm-22"])
+                .env("LLVM_PREFIX", LLVM_PREFIX)
+                .env("PATH", path)
+                .env_remove("RUSTUP_TOOLCHAIN"),
+        )?;
+    }
+    Ok(())
+}
+
+/// A compiler that can build `core` for the BPF target.
+enum EbpfToolchain {
+    /// rustup's nightly with the rust-src component: the standard aya set-up.
+    Nightly,
+    /// Debian's rustc-web with rust-web-src, unlocked with RUSTC_BOOTSTRAP=1.
+    Debian,
+}
+
+fn detect() -> Result<EbpfToolchain> {
+    let nightly_src = Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--print", "sysroot"])
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("lib/rustlib/src/rust/library/core"));
+    if nightly_src.is_some_and(|p| p.is_dir()) {
+        return Ok(EbpfToolchain::Nightly);
+    }
+    if Path::new("/usr/bin/rustc").exists() && Path::new("/usr/lib/rustlib/src/rust/library/core").is_dir() {
+        return Ok(EbpfToolchain::Debian);
+    }
+    bail!(
+        "no compiler can build eBPF here: install rust-src for a nightly toolchain \
+         (rustup component add rust-src --toolchain nightly) or Debian's rustc-web and rust-web-src \
+         (cargo xtask setup)"
+    )
+}
+
+/// Builds `tracer-ebpf` for bpfel-unknown-none.
+pub fn build_ebpf(root: &Path) -> Result<()> {
+    let linker = bpf_linker().context("bpf-linker is not installed: run `cargo xtask setup`")?;
+    let mut cmd = match detect()? {
+        EbpfToolchain::Nightly => {
+            let mut c = Command::new("rustup");
+            c.args(["run", "nightly", "cargo"]);
+            c
+        }
+        EbpfToolchain::Debian => {
+            let mut c = Command::new("/usr/bin/cargo");
+            c.env("RUSTC_BOOTSTRAP", "1").env("RUSTC", "/usr/bin/rustc");
+            c
+        }
+    };
+    cmd.current_dir(root)
+        .args(["build", "--release", "-p", "tracer-ebpf", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", linker)
+        // bpf-linker emits BTF from the debug info (aya needs it for the programs' globals).
+        .env("CARGO_ENCODED_RUSTFLAGS", "-Cdebuginfo=2\x1f-Clink-arg=--btf")
+        // Outer cargo/rustup settings would point the inner cargo at the wrong compiler.
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("CARGO")
+        .env_remove("RUSTC_WRAPPER")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("RUSTFLAGS");
+    run_checked(&mut cmd).context("building the eBPF programs failed")
+}
