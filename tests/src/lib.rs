@@ -1,1 +1,253 @@
+//! Helpers for the integration tests: run the real `tracer` binary (named by `TRACER_BIN`, which
+//! `cargo xtask test` sets) against fixture programs and read back what it wrote, as a user would:
+//! as JSON, without the tracer's own types.
 
+use std::{
+    collections::HashMap,
+    ffi::OsStr,
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// No tracer run in these tests should take longer; past it, the run is killed and the test fails.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+pub fn tracer_bin() -> PathBuf {
+    let path = std::env::var_os("TRACER_BIN")
+        .expect("TRACER_BIN is not set: run the integration tests with `cargo xtask test`");
+    PathBuf::from(path)
+}
+
+/// A compiled C/C++ fixture (see build.rs).
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(match name {
+        "calls" => env!("FIXTURE_CALLS"),
+        "calls_stripped" => env!("FIXTURE_CALLS_STRIPPED"),
+        "bench" => env!("FIXTURE_BENCH"),
+        "shapes" => env!("FIXTURE_SHAPES"),
+        other => panic!("no fixture named {other}"),
+    })
+}
+
+/// What a finished process left.
+#[derive(Debug)]
+pub struct Run {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn code(&self) -> i32 {
+        self.status.code().unwrap_or_else(|| panic!("killed by a signal: {self:?}"))
+    }
+
+    /// Asserts the tracer failed with exactly one `tracer: error:` sentence on stderr.
+    pub fn assert_error(&self, expected_start: &str) {
+        assert_ne!(self.code(), 0, "expected a failure: {self:?}");
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "expected one line on stderr: {self:?}");
+        let message = lines[0].strip_prefix("tracer: error: ").unwrap_or_else(|| panic!("not an error line: {self:?}"));
+        assert!(message.starts_with(expected_start), "expected an error starting {expected_start:?}: {self:?}");
+    }
+}
+
+/// Waits for a child, killing it (and failing) after [`TIMEOUT`].
+pub fn wait_with_timeout(mut child: Child, what: &str) -> Run {
+    let deadline = Instant::now() + TIMEOUT;
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let read = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_string(&mut s);
+            }
+            s
+        })
+    };
+    let out = read(stdout.map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let err = read(stderr.map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Run { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
+}
+
+/// Runs `tracer` with these arguments.
+pub fn tracer<S: AsRef<OsStr>>(args: &[S]) -> Run {
+    let child = Command::new(tracer_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tracer");
+    wait_with_timeout(child, "tracer")
+}
+
+/// A trace file read back: its first line, events, last line.
+#[derive(Debug)]
+pub struct Trace {
+    pub start: Value,
+    pub events: Vec<Value>,
+    pub end: Value,
+}
+
+impl Trace {
+    pub fn load(path: &Path) -> Trace {
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let mut lines: Vec<Value> = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| serde_json::from_str(l).unwrap_or_else(|e| panic!("line {} is not JSON ({e}): {l}", i + 1)))
+            .collect();
+        assert!(lines.len() >= 2, "a trace has at least a start and an end line: {text}");
+        let end = lines.pop().unwrap();
+        let start = lines.remove(0);
+        assert_eq!(start["kind"], "trace_start", "first line: {start}");
+        assert_eq!(end["kind"], "trace_end", "last line: {end}");
+        for e in &lines {
+            for field in ["kind", "ts", "host", "pid", "tid"] {
+                assert!(!e[field].is_null(), "event without {field}: {e}");
+            }
+        }
+        assert_eq!(end["events_written"].as_u64(), Some(lines.len() as u64), "events_written");
+        Trace { start, events: lines, end }
+    }
+
+    pub fn of_kind<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+        self.events.iter().filter(move |e| e["kind"] == kind)
+    }
+
+    pub fn calls<'a>(&'a self, function: &'a str) -> Vec<&'a Value> {
+        self.of_kind("call").filter(|e| e["function"] == function).collect()
+    }
+
+    pub fn returns<'a>(&'a self, function: &'a str) -> Vec<&'a Value> {
+        self.of_kind("return").filter(|e| e["function"] == function).collect()
+    }
+
+    /// Total lost events, which must be zero for exact counts to mean anything.
+    pub fn lost(&self) -> u64 {
+        self.end["lost_events"].as_object().expect("lost_events").values().map(|v| v.as_u64().unwrap()).sum()
+    }
+
+    /// Checks per thread that timestamps never go back and that every return ends the innermost
+    /// open call of the same function, with a duration equal to the time since that call. Returns
+    /// the deepest nesting seen per function.
+    pub fn check_nesting(&self) -> HashMap<String, usize> {
+        let mut stacks: HashMap<u64, Vec<(&str, u64)>> = HashMap::new();
+        let mut last_ts: HashMap<u64, u64> = HashMap::new();
+        let mut deepest: HashMap<String, usize> = HashMap::new();
+        for e in &self.events {
+            let tid = e["tid"].as_u64().unwrap();
+            let ts = e["ts"].as_u64().unwrap();
+            let prev = last_ts.insert(tid, ts).unwrap_or(0);
+            assert!(ts >= prev, "thread {tid} went back in time at {e}");
+            let stack = stacks.entry(tid).or_default();
+            match e["kind"].as_str().unwrap() {
+                "call" => {
+                    let f = e["function"].as_str().unwrap();
+                    stack.push((f, ts));
+                    let depth = stack.iter().filter(|(g, _)| *g == f).count();
+                    let d = deepest.entry(f.to_string()).or_default();
+                    *d = (*d).max(depth);
+                }
+                "return" => {
+                    let f = e["function"].as_str().unwrap();
+                    let (top, call_ts) = stack.pop().unwrap_or_else(|| panic!("return without a call: {e}"));
+                    assert_eq!(top, f, "return does not match the innermost call: {e}");
+                    assert_eq!(e["duration_ns"].as_u64(), Some(ts - call_ts), "duration of {e}");
+                }
+                "exit" => {
+                    stack.clear();
+                }
+                _ => {}
+            }
+        }
+        deepest
+    }
+}
+
+/// A temporary directory for one test's output.
+pub fn temp_dir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("tracer-test-").tempdir().expect("temp dir")
+}
+
+/// `tracer record -o <dir>/trace.jsonl <args>`; returns the run and the trace.
+pub fn record<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> (Run, Trace) {
+    let out = dir.join("trace.jsonl");
+    let mut all: Vec<&OsStr> = vec![OsStr::new("record"), OsStr::new("-o"), out.as_os_str()];
+    all.extend(args.iter().map(AsRef::as_ref));
+    let run = tracer(&all);
+    assert!(out.exists(), "no trace written: {run:?}");
+    let trace = Trace::load(&out);
+    (run, trace)
+}
+
+/// A fixture process running in the background (`calls loop`), killed when dropped.
+pub struct Background {
+    pub child: Child,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Background {
+    /// Starts `program args` and waits for it to print `ready`.
+    pub fn start<S: AsRef<OsStr>>(program: &Path, args: &[S]) -> Background {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start fixture");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read fixture output");
+        assert_eq!(line.trim(), "ready", "fixture did not start");
+        Background { child, stdout }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Asks the fixture to finish (SIGUSR1) and returns its exit code and last line.
+    pub fn finish(mut self) -> (i32, String) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGUSR1) };
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("read fixture output");
+        let status = self.child.wait().expect("wait fixture");
+        (status.code().expect("fixture exited normally"), line.trim().to_string())
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The integer arguments of a call event.
+pub fn args(e: &Value) -> Vec<u64> {
+    e["args"].as_array().expect("args").iter().map(|a| a.as_u64().unwrap()).collect()
+}
+
+pub fn u64_field(e: &Value, field: &str) -> u64 {
+    e[field].as_u64().unwrap_or_else(|| panic!("no integer {field} in {e}"))
+}

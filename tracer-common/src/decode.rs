@@ -6,6 +6,10 @@ use crate::{CallRecord, ExecRecord, ExitRecord, ForkRecord, RecordHeader, Record
 
 /// One record, copied out of the ring buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "records are decoded one at a time and consumed at once; boxing exec records would allocate"
+)]
 pub enum Record {
     Call(CallRecord),
     Return(ReturnRecord),

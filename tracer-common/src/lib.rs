@@ -46,13 +46,8 @@ pub enum RecordKind {
 }
 
 impl RecordKind {
-    pub const ALL: [RecordKind; 5] = [
-        RecordKind::Call,
-        RecordKind::Return,
-        RecordKind::Fork,
-        RecordKind::Exec,
-        RecordKind::Exit,
-    ];
+    pub const ALL: [RecordKind; 5] =
+        [RecordKind::Call, RecordKind::Return, RecordKind::Fork, RecordKind::Exec, RecordKind::Exit];
 }
 
 impl TryFrom<u32> for RecordKind {

@@ -145,7 +145,10 @@ mod tests {
         let e = a.assemble(&bytes(&call)).unwrap();
         assert_eq!(e.ts, 1_000_010);
         assert_eq!((e.pid, e.tid), (100, 101));
-        assert_eq!(e.data, EventData::Call { function: "fib".into(), module: "/bin/fix".into(), args: [5, 0, 0, 0, 0, 0] });
+        assert_eq!(
+            e.data,
+            EventData::Call { function: "fib".into(), module: "/bin/fix".into(), args: [5, 0, 0, 0, 0, 0] }
+        );
         let ret = ReturnRecord { header: header(RecordKind::Return, 25, 101), cookie: 0, retval: 8 };
         let e = a.assemble(&bytes(&ret)).unwrap();
         assert_eq!(
@@ -177,17 +180,38 @@ mod tests {
         let e = a.assemble(&bytes(&fork)).unwrap();
         assert_eq!(
             e.data,
-            EventData::Spawn { parent_pid: 100, child_pid: 200, child_tid: 200, how: SpawnHow::Fork, comm: "fixture".into(), filename: None }
+            EventData::Spawn {
+                parent_pid: 100,
+                child_pid: 200,
+                child_tid: 200,
+                how: SpawnHow::Fork,
+                comm: "fixture".into(),
+                filename: None
+            }
         );
-        let mut exec = ExecRecord { header: header(RecordKind::Exec, 2, 100), old_tid: 100, _pad: 0, comm: [0; 16], filename: [0; 256] };
+        let mut exec = ExecRecord {
+            header: header(RecordKind::Exec, 2, 100),
+            old_tid: 100,
+            _pad: 0,
+            comm: [0; 16],
+            filename: [0; 256],
+        };
         exec.comm[..2].copy_from_slice(b"ls");
         exec.filename[..7].copy_from_slice(b"/bin/ls");
         let e = a.assemble(&bytes(&exec)).unwrap();
         assert_eq!(
             e.data,
-            EventData::Spawn { parent_pid: 100, child_pid: 100, child_tid: 100, how: SpawnHow::Exec, comm: "ls".into(), filename: Some("/bin/ls".into()) }
+            EventData::Spawn {
+                parent_pid: 100,
+                child_pid: 100,
+                child_tid: 100,
+                how: SpawnHow::Exec,
+                comm: "ls".into(),
+                filename: Some("/bin/ls".into())
+            }
         );
-        let exit = ExitRecord { header: header(RecordKind::Exit, 3, 100), exit_code: 3 << 8, group_dead: 1, comm: [0; 16] };
+        let exit =
+            ExitRecord { header: header(RecordKind::Exit, 3, 100), exit_code: 3 << 8, group_dead: 1, comm: [0; 16] };
         let e = a.assemble(&bytes(&exit)).unwrap();
         assert_eq!(e.data, EventData::Exit { exit_code: Some(3), signal: None, thread: false, comm: String::new() });
     }

@@ -90,10 +90,7 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
 }
 
 fn parse_bytes(s: &str) -> Result<u32, String> {
-    let n = parse_size::Config::new()
-        .with_binary()
-        .parse_size(s)
-        .map_err(|e| format!("'{s}' is not a size ({e})"))?;
+    let n = parse_size::Config::new().with_binary().parse_size(s).map_err(|e| format!("'{s}' is not a size ({e})"))?;
     u32::try_from(n).map_err(|_| format!("'{s}' is more than 4 GiB"))
 }
 
@@ -152,8 +149,8 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let plan = record::plan(options)?;
-        print_warnings(&plan.warnings);
         let out = open_output(&args.output)?;
+        print_warnings(&plan.warnings);
         let mut sink = format.sink(out);
         let recording = plan.start()?;
         print_warnings(&recording.warnings);
@@ -197,12 +194,7 @@ fn print_warnings(warnings: &[String]) {
 
 /// The end of a trace on stderr: how many events, why it ended, and anything lost.
 fn print_summary(end: &TraceEnd, output: &Path) {
-    eprintln!(
-        "tracer: {} events written to {} ({})",
-        end.events_written,
-        describe_output(output),
-        end.reason
-    );
+    eprintln!("tracer: {} events written to {} ({})", end.events_written, describe_output(output), end.reason);
     let lost = end.total_lost();
     if lost > 0 {
         let detail: Vec<String> =
@@ -241,9 +233,32 @@ mod tests {
     #[test]
     fn parses_the_record_contract() {
         let cli = Cli::try_parse_from([
-            "tracer", "record", "-p", "1", "--pid", "2", "-b", "/bin/x", "-f", "fib", "-f", "libc.so.6:malloc", "-e",
-            "call,exit", "--no-follow", "-o", "t.json", "--format", "chrome", "-d", "1.5", "--buffer-size", "64M",
-            "--", "prog", "--flag",
+            "tracer",
+            "record",
+            "-p",
+            "1",
+            "--pid",
+            "2",
+            "-b",
+            "/bin/x",
+            "-f",
+            "fib",
+            "-f",
+            "libc.so.6:malloc",
+            "-e",
+            "call,exit",
+            "--no-follow",
+            "-o",
+            "t.json",
+            "--format",
+            "chrome",
+            "-d",
+            "1.5",
+            "--buffer-size",
+            "64M",
+            "--",
+            "prog",
+            "--flag",
         ])
         .unwrap();
         let Command::Record(r) = cli.command else { panic!("record") };

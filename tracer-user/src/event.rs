@@ -386,7 +386,8 @@ mod tests {
 
     #[test]
     fn call_line_has_contract_fields_in_order() {
-        let e = event(EventData::Call { function: "fib".into(), module: "/bin/x".into(), args: [1, 2, 3, 4, 5, u64::MAX] });
+        let e =
+            event(EventData::Call { function: "fib".into(), module: "/bin/x".into(), args: [1, 2, 3, 4, 5, u64::MAX] });
         assert_eq!(
             serde_json::to_string(&e).unwrap(),
             r#"{"kind":"call","ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"function":"fib","module":"/bin/x","args":[1,2,3,4,5,18446744073709551615]}"#
@@ -415,19 +416,35 @@ mod tests {
                 comm: "ls".into(),
                 filename: Some("/bin/ls".into()),
             }),
-            event(EventData::Spawn { parent_pid: 1, child_pid: 1, child_tid: 3, how: SpawnHow::Thread, comm: "a".into(), filename: None }),
+            event(EventData::Spawn {
+                parent_pid: 1,
+                child_pid: 1,
+                child_tid: 3,
+                how: SpawnHow::Thread,
+                comm: "a".into(),
+                filename: None,
+            }),
             event(EventData::Exit { exit_code: None, signal: Some(9), thread: false, comm: "a".into() }),
             event(EventData::Exit { exit_code: Some(3), signal: None, thread: true, comm: "a".into() }),
         ] {
             assert_eq!(round_trip(&e), e);
         }
-        let line = serde_json::to_string(&event(EventData::Exit { exit_code: None, signal: Some(9), thread: false, comm: "a".into() })).unwrap();
+        let line = serde_json::to_string(&event(EventData::Exit {
+            exit_code: None,
+            signal: Some(9),
+            thread: false,
+            comm: "a".into(),
+        }))
+        .unwrap();
         assert!(line.contains(r#""exit_code":null,"signal":9,"thread":false"#), "{line}");
     }
 
     #[test]
     fn missing_fields_are_named() {
-        let raw: RawEvent = serde_json::from_str(r#"{"kind":"call","ts":1,"host":"h","pid":1,"tid":1,"module":"m","args":[0,0,0,0,0,0]}"#).unwrap();
+        let raw: RawEvent = serde_json::from_str(
+            r#"{"kind":"call","ts":1,"host":"h","pid":1,"tid":1,"module":"m","args":[0,0,0,0,0,0]}"#,
+        )
+        .unwrap();
         assert_eq!(raw.into_event(&mut Interner::default()).unwrap_err(), "missing field `function`");
         assert!(serde_json::from_str::<RawEvent>(r#"{"kind":"bogus"}"#).is_err());
     }

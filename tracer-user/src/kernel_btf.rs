@@ -12,7 +12,9 @@ pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelBtfError {
-    #[error("cannot read the kernel's BTF at {VMLINUX_BTF} (a kernel built with CONFIG_DEBUG_INFO_BTF is required): {0}")]
+    #[error(
+        "cannot read the kernel's BTF at {VMLINUX_BTF} (a kernel built with CONFIG_DEBUG_INFO_BTF is required): {0}"
+    )]
     Unavailable(String),
     #[error("the kernel's BTF has no struct {0}")]
     NoStruct(String),
@@ -26,9 +28,7 @@ pub struct KernelBtf {
 
 impl KernelBtf {
     pub fn load() -> Result<KernelBtf, KernelBtfError> {
-        Btf::from_file(VMLINUX_BTF)
-            .map(|btf| KernelBtf { btf })
-            .map_err(|e| KernelBtfError::Unavailable(e.to_string()))
+        Btf::from_file(VMLINUX_BTF).map(|btf| KernelBtf { btf }).map_err(|e| KernelBtfError::Unavailable(e.to_string()))
     }
 
     fn find_struct(&self, name: &str) -> Result<btf_rs::Struct, KernelBtfError> {

@@ -184,7 +184,7 @@ mod tests {
         let child = spawn_stopped(Path::new("/bin/true"), &["true".into()]).unwrap();
         let pid = child.pid();
         drop(child);
-        assert!(!crate::targets::process_exists(pid));
+        assert!(!crate::targets::process_alive(pid));
     }
 
     #[test]

@@ -86,10 +86,8 @@ pub fn raise_fd_limit(needed: u64) {
     if soft >= want {
         return;
     }
-    let nr_open: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(hard);
+    let nr_open: u64 =
+        std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(hard);
     let new = want.min(nr_open.max(hard));
     let _ = setrlimit(Resource::RLIMIT_NOFILE, new, new.max(hard));
 }

@@ -42,8 +42,7 @@ impl ModuleCandidates {
         for &pid in pids {
             files.extend(targets::mapped_files(pid));
         }
-        let mut canonical: Vec<PathBuf> =
-            files.into_iter().map(|f| std::fs::canonicalize(&f).unwrap_or(f)).collect();
+        let mut canonical: Vec<PathBuf> = files.into_iter().map(|f| std::fs::canonicalize(&f).unwrap_or(f)).collect();
         canonical.sort();
         canonical.dedup();
         ModuleCandidates { files: canonical }
@@ -93,11 +92,8 @@ impl ModuleCandidates {
     }
 
     fn not_found(&self, spec: &str) -> ModuleError {
-        let known: Vec<String> = self
-            .files
-            .iter()
-            .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .collect();
+        let known: Vec<String> =
+            self.files.iter().filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
         ModuleError::NotFound { spec: spec.to_string(), known: known.join(", ") }
     }
 }
@@ -115,9 +111,9 @@ fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
         let value = String::from_utf8_lossy(value).into_owned();
         match d.tag {
             object::elf::DT_NEEDED => needed.push(value),
-            object::elf::DT_RUNPATH | object::elf::DT_RPATH => search.extend(
-                value.split(':').map(|p| PathBuf::from(p.replace("$ORIGIN", &origin.to_string_lossy()))),
-            ),
+            object::elf::DT_RUNPATH | object::elf::DT_RPATH => {
+                search.extend(value.split(':').map(|p| PathBuf::from(p.replace("$ORIGIN", &origin.to_string_lossy()))))
+            }
             _ => {}
         }
     }
@@ -125,10 +121,7 @@ fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
         search.extend(paths.split(':').filter(|p| !p.is_empty()).map(PathBuf::from));
     }
     search.extend(DEFAULT_LIBRARY_DIRS.iter().map(PathBuf::from));
-    needed
-        .iter()
-        .filter_map(|name| search.iter().map(|dir| dir.join(name)).find(|p| p.is_file()))
-        .collect()
+    needed.iter().filter_map(|name| search.iter().map(|dir| dir.join(name)).find(|p| p.is_file())).collect()
 }
 
 #[cfg(test)]

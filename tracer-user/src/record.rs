@@ -23,7 +23,7 @@ use crate::{
     event::{EndReason, EventKind, FORMAT_VERSION, TargetInfo, TraceEnd, TraceStart},
     kernel_btf::{KernelBtf, KernelBtfError},
     launch::{ChildExit, LaunchError, spawn_stopped, try_reap},
-    loader::{Kernel, LoadError, LostCounters, ProbeSpec, raise_fd_limit},
+    loader::{Kernel, LoadError, LostCounters, ProbeSpec, ensure_tracefs, raise_fd_limit},
     modules::{ModuleCandidates, ModuleError},
     sink::Sink,
     symbols::{FunctionPattern, SymbolError, SymbolTable},
@@ -178,11 +178,8 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
     // The main executables whose functions are probed by default, each once.
     let mut executables: Vec<PathBuf> = Vec::new();
     let mut seen: Vec<FileId> = Vec::new();
-    let candidates = processes
-        .iter()
-        .map(|p| p.exe.clone())
-        .chain(binaries.iter().map(|(p, _)| p.clone()))
-        .chain(command.clone());
+    let candidates =
+        processes.iter().map(|p| p.exe.clone()).chain(binaries.iter().map(|(p, _)| p.clone())).chain(command.clone());
     for exe in candidates {
         let id = FileId::of(&exe)?;
         if !seen.contains(&id) {
@@ -210,7 +207,10 @@ fn select_functions(
     let entry = options.events.contains(&EventKind::Call);
     let exit = options.events.contains(&EventKind::Return);
     let mut tables: BTreeMap<PathBuf, SymbolTable> = BTreeMap::new();
-    fn load<'a>(tables: &'a mut BTreeMap<PathBuf, SymbolTable>, path: &PathBuf) -> Result<&'a SymbolTable, RecordError> {
+    fn load<'a>(
+        tables: &'a mut BTreeMap<PathBuf, SymbolTable>,
+        path: &PathBuf,
+    ) -> Result<&'a SymbolTable, RecordError> {
         if !tables.contains_key(path) {
             tables.insert(path.clone(), SymbolTable::load(path)?);
         }
@@ -237,8 +237,7 @@ fn select_functions(
             let modules = match &pattern.module {
                 None => executables.to_vec(),
                 Some(spec) => {
-                    let candidates =
-                        module_candidates.get_or_insert_with(|| ModuleCandidates::new(executables, &pids));
+                    let candidates = module_candidates.get_or_insert_with(|| ModuleCandidates::new(executables, &pids));
                     vec![candidates.resolve(spec)?]
                 }
             };
@@ -265,7 +264,8 @@ fn select_functions(
     }
     for (path, table) in &tables {
         if table.stripped {
-            warnings.push(format!("{} is stripped: only its exported functions (.dynsym) can be probed", path.display()));
+            warnings
+                .push(format!("{} is stripped: only its exported functions (.dynsym) can be probed", path.display()));
         }
     }
 
@@ -286,9 +286,11 @@ fn select_functions(
             entry,
             exit: exit && return_safe,
         });
-        functions.push(ProbedFunction { name: Arc::from(f.name.as_str()), module: Arc::from(module.to_string_lossy()) });
+        functions
+            .push(ProbedFunction { name: Arc::from(f.name.as_str()), module: Arc::from(module.to_string_lossy()) });
     }
-    if !no_return.is_empty() {
+    // Unasked-for functions (no -f) like `_start` need no remark.
+    if !no_return.is_empty() && !options.functions.is_empty() {
         warnings.push(format!(
             "no return probes on {} (entry points and functions that return twice cannot take one safely)",
             no_return.join(", ")
@@ -328,6 +330,7 @@ impl Plan {
             offsets: KernelBtf::load()?.process_offsets()?,
         };
         raise_fd_limit(probes.len() as u64 * 4);
+        ensure_tracefs()?;
         let mut kernel = Kernel::load(&config, options.buffer_size)?;
         kernel.attach_sched()?;
         let failures = kernel.attach_functions(&probes);
@@ -444,8 +447,9 @@ impl Recording {
     /// Drains events into `sink` until the trace ends: the command and its traced descendants
     /// exit, every traced process exits, the duration elapses, or `stop` resolves.
     pub async fn run(self, sink: &mut dyn Sink, stop: impl Future<Output = EndReason>) -> Result<Outcome, RecordError> {
-        let Recording { mut kernel, ring, lost, mut assembler, clock, start, child_pid, ends_when_empty, duration, .. } =
-            self;
+        let Recording {
+            mut kernel, ring, lost, mut assembler, clock, start, child_pid, ends_when_empty, duration, ..
+        } = self;
         let mut drain = RingDrain::new(ring)?;
         sink.begin(&start)?;
         let mut written: u64 = 0;
@@ -526,7 +530,6 @@ impl Recording {
         let command_still_running = child_pid.filter(|_| command_exit.is_none());
         Ok(Outcome { end, command_exit, command_still_running })
     }
-
 }
 
 /// Whether any traced process still lives; forgets the ones that are gone (a process that exited
@@ -534,7 +537,7 @@ impl Recording {
 fn any_target_alive(kernel: &mut Kernel) -> bool {
     let mut alive = false;
     for pid in kernel.traced_pids() {
-        if targets::process_exists(pid) {
+        if targets::process_alive(pid) {
             alive = true;
         } else {
             kernel.untrace_pid(pid);

@@ -234,9 +234,8 @@ pub struct FunctionPattern {
 impl FunctionPattern {
     pub fn parse(text: &str) -> Result<FunctionPattern, SymbolError> {
         let bytes = text.as_bytes();
-        let split = (0..bytes.len()).find(|&i| {
-            bytes[i] == b':' && bytes.get(i + 1) != Some(&b':') && (i == 0 || bytes[i - 1] != b':')
-        });
+        let split = (0..bytes.len())
+            .find(|&i| bytes[i] == b':' && bytes.get(i + 1) != Some(&b':') && (i == 0 || bytes[i - 1] != b':'));
         let (module, name) = match split {
             Some(i) => (Some(&text[..i]), &text[i + 1..]),
             None => (None, text),

@@ -76,11 +76,7 @@ fn tgid_of(pid: u32) -> Result<u32, TargetError> {
             TargetError::Inspect { pid, source }
         }
     })?;
-    Ok(status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(pid))
+    Ok(status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok()).unwrap_or(pid))
 }
 
 /// Looks a process up by pid (or by one of its threads' ids).
@@ -104,12 +100,13 @@ pub fn inspect_process(pid: u32) -> Result<Process, TargetError> {
     Ok(Process { pid, comm, exe })
 }
 
-/// Whether a process with this pid exists (zombies included).
-pub fn process_exists(pid: u32) -> bool {
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
-        Ok(()) => true,
-        Err(e) => e != nix::errno::Errno::ESRCH,
-    }
+/// Whether a process with this pid is running: it exists and is not a zombie (a zombie has
+/// exited; only its parent has not collected it yet).
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // "pid (comm) state ...": comm may contain anything, so look after the last ')'.
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X') | None)
 }
 
 /// Every process whose executable is `file`.
@@ -180,11 +177,25 @@ pub fn command_display(argv: &[OsString]) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// A `sleep` child, returned once it has exec'd.
+    fn sleeping_child() -> std::process::Child {
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let sleep = resolve_command(OsStr::new("sleep")).unwrap();
+        for _ in 0..500 {
+            if std::fs::read_link(format!("/proc/{}/exe", child.id())).is_ok_and(|exe| exe == sleep) {
+                return child;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("sleep did not start");
+    }
+
     #[test]
     fn finds_processes_by_executable() {
-        // This test binary is running: it is a process of its own executable... but the scan skips
-        // the tracer's own pid, so look for a child instead.
-        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        // The scan skips the tracer's own pid, so look for a child.
+        let mut child = sleeping_child();
         let sleep = resolve_command(OsStr::new("sleep")).unwrap();
         let found = processes_running(FileId::of(&sleep).unwrap());
         let _ = child.kill();
@@ -193,8 +204,26 @@ mod tests {
     }
 
     #[test]
+    fn zombies_are_not_alive() {
+        let mut child = sleeping_child();
+        assert!(process_alive(child.id()));
+        child.kill().unwrap();
+        // Not yet reaped: a zombie.
+        for _ in 0..500 {
+            if !process_alive(child.id()) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert!(!process_alive(child.id()));
+        assert!(std::fs::metadata(format!("/proc/{}", child.id())).is_ok(), "still a zombie");
+        child.wait().unwrap();
+        assert!(!process_alive(child.id()));
+    }
+
+    #[test]
     fn inspects_processes_and_rejects_missing_ones() {
-        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let mut child = sleeping_child();
         let p = inspect_process(child.id()).unwrap();
         let _ = child.kill();
         let _ = child.wait();

@@ -46,8 +46,17 @@ enum Task {
     Demo,
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Task::Setup => toolchain::setup(),
         Task::Build => build().map(|_| ()),
@@ -99,7 +108,7 @@ pub fn run_checked(cmd: &mut Command) -> Result<()> {
 /// Builds the eBPF object and the release `tracer`; returns the binary's path.
 pub fn build() -> Result<PathBuf> {
     toolchain::build_ebpf(&root())?;
-    run_checked(&mut cargo(&["build", "--release", "-p", "tracer-user", "--bin", "tracer"]).env_remove("RUSTC_BOOTSTRAP"))?;
+    run_checked(&mut cargo(&["build", "--release", "-p", "tracer-user", "--bin", "tracer"]))?;
     Ok(root().join("target/release/tracer"))
 }
 
@@ -141,13 +150,21 @@ fn test(filter: Option<&str>) -> Result<()> {
         "warnings",
     ]))?;
     println!("xtask: unit tests");
-    run_checked(&mut cargo(&["test", "--release", "--workspace", "--exclude", "tracer-ebpf", "--exclude", "tracer-tests"]))?;
+    run_checked(&mut cargo(&[
+        "test",
+        "--release",
+        "--workspace",
+        "--exclude",
+        "tracer-ebpf",
+        "--exclude",
+        "tracer-tests",
+    ]))?;
     println!("xtask: integration tests (root, real kernel)");
     let mut args = vec!["test", "--release", "-p", "tracer-tests", "--", "--test-threads=1"];
     if let Some(f) = filter {
         args.push(f);
     }
-    run_checked(&mut cargo(&args).env("TRACER_BIN", &tracer))?;
+    run_checked(cargo(&args).env("TRACER_BIN", &tracer))?;
     println!("xtask: all tests passed");
     Ok(())
 }

@@ -48,10 +48,10 @@ pub fn setup() -> Result<()> {
         println!("xtask: installing {}", missing.join(" "));
         run_checked(Command::new("apt-get").arg("update").arg("-q"))?;
         run_checked(
-            Command::new("apt-get").args(["install", "-y", "-q", "--no-install-recommends"]).args(&missing).env(
-                "DEBIAN_FRONTEND",
-                "noninteractive",
-            ),
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
         )?;
     }
     if bpf_linker().is_none() {

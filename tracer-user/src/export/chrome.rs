@@ -342,10 +342,7 @@ pub(crate) mod tests {
             ],
             1_002_000,
         );
-        assert_eq!(
-            slices(&t),
-            vec![("inner".into(), 0.2, 0.05, 1, false), ("outer".into(), 0.1, 1.0, 1, false)]
-        );
+        assert_eq!(slices(&t), vec![("inner".into(), 0.2, 0.05, 1, false), ("outer".into(), 0.1, 1.0, 1, false)]);
         let inner = &t["traceEvents"][0];
         assert_eq!(inner["args"]["arg0"], 1_000_200);
         assert_eq!(inner["args"]["arg5"], "0xffffffffffffffff");
@@ -369,11 +366,7 @@ pub(crate) mod tests {
         );
         assert_eq!(
             slices(&t),
-            vec![
-                ("f".into(), 0.3, 0.1, 1, true),
-                ("f".into(), 0.2, 0.2, 1, false),
-                ("f".into(), 0.1, 0.4, 1, false),
-            ]
+            vec![("f".into(), 0.3, 0.1, 1, true), ("f".into(), 0.2, 0.2, 1, false), ("f".into(), 0.1, 0.4, 1, false),]
         );
     }
 
@@ -381,7 +374,7 @@ pub(crate) mod tests {
     fn open_calls_end_at_the_trace_end() {
         let t = export(&[call(1_000_100, 1, "main"), call(1_000_200, 2, "worker")], 1_000_900);
         let mut s = slices(&t);
-        s.sort_by(|a, b| a.3.cmp(&b.3));
+        s.sort_by_key(|a| a.3);
         assert_eq!(s, vec![("main".into(), 0.1, 0.8, 1, true), ("worker".into(), 0.2, 0.7, 2, true)]);
         assert_eq!(t["metadata"]["trace_end"]["lost_events"]["call"], 3);
         assert_eq!(t["metadata"]["trace_start"]["probes"], 2);
@@ -390,7 +383,10 @@ pub(crate) mod tests {
 
     #[test]
     fn returns_without_calls_draw_nothing_and_keep_the_stack() {
-        let t = export(&[call(1_000_100, 1, "a"), ret(1_000_150, 1, "b", None), ret(1_000_300, 1, "a", Some(200))], 1_001_000);
+        let t = export(
+            &[call(1_000_100, 1, "a"), ret(1_000_150, 1, "b", None), ret(1_000_300, 1, "a", Some(200))],
+            1_001_000,
+        );
         assert_eq!(slices(&t), vec![("a".into(), 0.1, 0.2, 1, false)]);
     }
 
@@ -398,14 +394,45 @@ pub(crate) mod tests {
     fn lifecycle_events_are_instants_and_names() {
         let t = export(
             &[
-                ev(1_000_010, 1, EventData::Spawn { parent_pid: 1, child_pid: 2, child_tid: 2, how: SpawnHow::Fork, comm: "app".into(), filename: None }),
-                Event { ts: 1_000_020, host: "h".into(), pid: 2, tid: 2, data: EventData::Spawn { parent_pid: 2, child_pid: 2, child_tid: 2, how: SpawnHow::Exec, comm: "child".into(), filename: Some("/bin/child".into()) } },
-                Event { ts: 1_000_030, host: "h".into(), pid: 2, tid: 2, data: EventData::Exit { exit_code: Some(3), signal: None, thread: false, comm: "child".into() } },
+                ev(
+                    1_000_010,
+                    1,
+                    EventData::Spawn {
+                        parent_pid: 1,
+                        child_pid: 2,
+                        child_tid: 2,
+                        how: SpawnHow::Fork,
+                        comm: "app".into(),
+                        filename: None,
+                    },
+                ),
+                Event {
+                    ts: 1_000_020,
+                    host: "h".into(),
+                    pid: 2,
+                    tid: 2,
+                    data: EventData::Spawn {
+                        parent_pid: 2,
+                        child_pid: 2,
+                        child_tid: 2,
+                        how: SpawnHow::Exec,
+                        comm: "child".into(),
+                        filename: Some("/bin/child".into()),
+                    },
+                },
+                Event {
+                    ts: 1_000_030,
+                    host: "h".into(),
+                    pid: 2,
+                    tid: 2,
+                    data: EventData::Exit { exit_code: Some(3), signal: None, thread: false, comm: "child".into() },
+                },
             ],
             1_000_100,
         );
         let events = t["traceEvents"].as_array().unwrap();
-        let instants: Vec<&str> = events.iter().filter(|e| e["ph"] == "i").map(|e| e["name"].as_str().unwrap()).collect();
+        let instants: Vec<&str> =
+            events.iter().filter(|e| e["ph"] == "i").map(|e| e["name"].as_str().unwrap()).collect();
         assert_eq!(instants, ["fork 2", "exec /bin/child", "exit 3"]);
         assert!(events.iter().filter(|e| e["ph"] == "i").all(|e| e["s"] == "t"));
         let names: Vec<(u64, &str)> = events

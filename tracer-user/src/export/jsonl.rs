@@ -213,7 +213,15 @@ mod tests {
         assert_eq!(text.lines().count(), 4);
         assert!(text.starts_with(r#"{"kind":"trace_start""#));
         let lines: Vec<TraceLine> = TraceReader::new(&bytes[..]).collect::<Result<_, _>>().unwrap();
-        assert_eq!(lines, vec![TraceLine::Start(Box::new(start())), TraceLine::Event(call(2)), TraceLine::Event(call(3)), TraceLine::End(end)]);
+        assert_eq!(
+            lines,
+            vec![
+                TraceLine::Start(Box::new(start())),
+                TraceLine::Event(call(2)),
+                TraceLine::Event(call(3)),
+                TraceLine::End(end)
+            ]
+        );
     }
 
     #[test]
@@ -223,7 +231,10 @@ mod tests {
         let replayed = replay(TraceReader::new(&bytes[..]), &mut JsonlWriter::new(&mut out)).unwrap();
         assert_eq!(replayed, Replayed { events: 2, end_missing: true });
         let last = String::from_utf8(out).unwrap().lines().last().unwrap().to_string();
-        assert!(last.starts_with(r#"{"kind":"trace_end","ts":7000,"reason":"input_ended","events_written":2"#), "{last}");
+        assert!(
+            last.starts_with(r#"{"kind":"trace_end","ts":7000,"reason":"input_ended","events_written":2"#),
+            "{last}"
+        );
     }
 
     #[test]

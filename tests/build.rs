@@ -1,0 +1,44 @@
+//! Compiles the C and C++ fixtures; their paths reach the tests as `FIXTURE_*` variables.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+fn run(cmd: &mut Command) {
+    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?} failed: {status}");
+}
+
+fn main() {
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
+    let cc = cc::Build::new().cargo_metadata(false).get_compiler().path().to_path_buf();
+    let cxx = cc::Build::new().cpp(true).cargo_metadata(false).get_compiler().path().to_path_buf();
+    let src = Path::new("fixtures");
+    println!("cargo::rerun-if-changed=fixtures");
+
+    let calls = out.join("calls");
+    run(Command::new(&cc).args(["-O0", "-pthread", "-o"]).arg(&calls).arg(src.join("c/calls.c")));
+
+    // The same program, stripped: only .dynsym (every global, thanks to -rdynamic) is left.
+    let stripped = out.join("calls_stripped");
+    run(Command::new(&cc).args(["-O0", "-pthread", "-rdynamic", "-o"]).arg(&stripped).arg(src.join("c/calls.c")));
+    run(Command::new("strip").arg(&stripped));
+
+    // Non-PIE, with a 5-byte nop at every function entry (-pg at compile time only: linking with
+    // -pg would add gprof's start-up and gmon.out).
+    let bench_obj = out.join("bench.o");
+    run(Command::new(&cc)
+        .args(["-c", "-O2", "-fno-pie", "-pg", "-mfentry", "-mnop-mcount", "-o"])
+        .arg(&bench_obj)
+        .arg(src.join("c/bench.c")));
+    let bench = out.join("bench");
+    run(Command::new(&cc).args(["-no-pie", "-o"]).arg(&bench).arg(&bench_obj));
+
+    let shapes = out.join("shapes");
+    run(Command::new(&cxx).args(["-O0", "-o"]).arg(&shapes).arg(src.join("cpp/shapes.cpp")));
+
+    for (name, path) in [("CALLS", &calls), ("CALLS_STRIPPED", &stripped), ("BENCH", &bench), ("SHAPES", &shapes)] {
+        println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
+    }
+}

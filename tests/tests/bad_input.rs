@@ -1,0 +1,150 @@
+//! Bad input: one clear sentence, a non-zero exit, and nothing attached or launched.
+
+use std::os::unix::fs::PermissionsExt as _;
+
+use tracer_tests::{fixture, temp_dir, tracer};
+
+/// A command that leaves a marker file if it ever runs.
+fn marker_command(dir: &std::path::Path) -> (std::path::PathBuf, Vec<String>) {
+    let marker = dir.join("ran");
+    let cmd = vec![fixture("calls").display().to_string(), "marker".to_string(), marker.display().to_string()];
+    (marker, cmd)
+}
+
+fn record_args(dir: &std::path::Path, extra: &[&str], command: &[String]) -> Vec<String> {
+    let mut args = vec!["record".to_string(), "-o".to_string(), dir.join("t.jsonl").display().to_string()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    if !command.is_empty() {
+        args.push("--".to_string());
+        args.extend(command.iter().cloned());
+    }
+    args
+}
+
+#[test]
+fn not_root() {
+    let dir = temp_dir();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (marker, cmd) = marker_command(dir.path());
+    let run = tracer_tests::wait_with_timeout(
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(tracer_tests::tracer_bin())
+            .args(record_args(dir.path(), &[], &cmd))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("setpriv"),
+        "tracer as nobody",
+    );
+    run.assert_error("tracer must run as root");
+    assert!(!marker.exists());
+}
+
+#[test]
+fn missing_pid() {
+    let dir = temp_dir();
+    // pid_max is at most 2^22.
+    tracer(&record_args(dir.path(), &["-p", "4999999"], &[])).assert_error("no process with pid 4999999 exists");
+}
+
+#[test]
+fn nothing_to_trace() {
+    let dir = temp_dir();
+    tracer(&record_args(dir.path(), &[], &[])).assert_error("nothing to trace");
+}
+
+#[test]
+fn binary_that_is_not_elf() {
+    let dir = temp_dir();
+    let script = dir.path().join("script.sh");
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run = tracer(&record_args(dir.path(), &["-b", script.to_str().unwrap()], &[]));
+    run.assert_error(&format!("{} is not an ELF executable", script.display()));
+    // As a command, too: its functions cannot be probed, and it must not have run.
+    let run = tracer(&record_args(dir.path(), &[], &[script.display().to_string()]));
+    run.assert_error(&format!("{} is not an ELF executable", script.display()));
+    // A file that is not executable at all.
+    let run = tracer(&record_args(dir.path(), &["-b", "/etc/passwd"], &[]));
+    run.assert_error("/etc/passwd is not executable");
+    let run = tracer(&record_args(dir.path(), &["-b", "/no/such/binary"], &[]));
+    run.assert_error("/no/such/binary does not exist");
+}
+
+#[test]
+fn pattern_that_matches_nothing_suggests_near_names() {
+    let dir = temp_dir();
+    let (marker, cmd) = marker_command(dir.path());
+    let run = tracer(&record_args(dir.path(), &["-f", "fibb"], &cmd));
+    run.assert_error("function pattern 'fibb' matches nothing in ");
+    assert!(run.stderr.contains("did you mean fib"), "{run:?}");
+    assert!(!marker.exists(), "the command ran although tracing could not start");
+    let run = tracer(&record_args(dir.path(), &["-f", "nosuchlib.so:malloc"], &cmd));
+    run.assert_error("module 'nosuchlib.so' matches no executable or library of the targets");
+    assert!(!marker.exists());
+}
+
+#[test]
+fn command_that_cannot_start() {
+    let dir = temp_dir();
+    tracer(&record_args(dir.path(), &[], &["/no/such/command".to_string()]))
+        .assert_error("/no/such/command does not exist");
+    tracer(&record_args(dir.path(), &[], &["no-such-command-xyz".to_string()]))
+        .assert_error("command 'no-such-command-xyz' was not found in PATH");
+}
+
+#[test]
+fn unwritable_output() {
+    let dir = temp_dir();
+    let (marker, cmd) = marker_command(dir.path());
+    let mut args =
+        vec!["record".to_string(), "-o".to_string(), "/proc/no/such/dir/t.jsonl".to_string(), "--".to_string()];
+    args.extend(cmd);
+    tracer(&args).assert_error("cannot write the trace to /proc/no/such/dir/t.jsonl");
+    assert!(!marker.exists());
+}
+
+#[test]
+fn unknown_formats() {
+    let dir = temp_dir();
+    let (marker, cmd) = marker_command(dir.path());
+    let mut args =
+        vec!["record".to_string(), "-o".to_string(), dir.path().join("t.txt").display().to_string(), "--".to_string()];
+    args.extend(cmd.clone());
+    tracer(&args).assert_error("cannot tell the output format from");
+    // clap rejects an unknown --format value, naming it.
+    let run = tracer(&record_args(dir.path(), &["--format", "xml"], &cmd));
+    assert_eq!(run.code(), 2, "{run:?}");
+    assert!(run.stderr.contains("invalid value 'xml' for '--format <FMT>'"), "{run:?}");
+    assert!(!marker.exists());
+}
+
+#[test]
+fn a_target_that_exits_during_attach_ends_the_trace_cleanly() {
+    let dir = temp_dir();
+    // Lives about as long as the tracer takes to start.
+    let mut child = std::process::Command::new(fixture("calls")).args(["sleep", "30"]).spawn().unwrap();
+    let run = tracer(&record_args(dir.path(), &["-p", &child.id().to_string()], &[]));
+    let _ = child.wait();
+    if run.code() != 0 {
+        // It was gone before the tracer looked.
+        run.assert_error(&format!("no process with pid {} exists", child.id()));
+    } else {
+        let t = tracer_tests::Trace::load(&dir.path().join("t.jsonl"));
+        assert_eq!(t.end["reason"], "targets_exited", "{}", t.end);
+    }
+}
+
+#[test]
+fn malformed_trace_files() {
+    let dir = temp_dir();
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"kind\":\"trace_start\"}\n").unwrap();
+    let out = dir.path().join("out.json");
+    let run = tracer(&["export", bad.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    run.assert_error(&format!("{} is not a valid trace: line 1: missing field", bad.display()));
+    std::fs::write(&bad, "garbage\n").unwrap();
+    let run = tracer(&["export", bad.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    run.assert_error(&format!("{} is not a valid trace: line 1: expected value", bad.display()));
+}

@@ -1,0 +1,411 @@
+//! `tracer record` against fixtures with exactly known behaviour, in the real kernel.
+
+use std::{collections::BTreeSet, path::Path, time::Duration};
+
+use serde_json::Value;
+use tracer_tests::{Background, args, fixture, record, temp_dir, u64_field};
+
+fn pid_of(e: &Value) -> u64 {
+    u64_field(e, "pid")
+}
+
+#[test]
+fn c_fixture_calls_returns_spawns_and_exits_are_exact() {
+    let dir = temp_dir();
+    let calls = fixture("calls");
+    let (run, t) = record(
+        dir.path(),
+        &[
+            "-f",
+            "fib",
+            "-f",
+            "add3",
+            "-f",
+            "mix6",
+            "-f",
+            "child_work",
+            "-f",
+            "thread_work",
+            "--",
+            calls.to_str().unwrap(),
+            "run",
+            "5",
+        ],
+    );
+    assert_eq!(run.code(), 5, "tracer exits with the command's code: {run:?}");
+    assert_eq!(t.lost(), 0, "{}", t.end);
+    assert_eq!(t.end["reason"], "command_exited");
+    assert_eq!(t.end["command_exit_code"], 5);
+    assert_eq!(t.start["probes"], 5);
+    let main_pid = t.start["targets"][0]["pid"].as_u64().unwrap();
+    assert_eq!(t.start["targets"][0]["type"], "command");
+
+    // fib(10): 177 calls, each returned, 10 deep.
+    assert_eq!(t.calls("fib").len(), 177);
+    assert_eq!(t.returns("fib").len(), 177);
+    let deepest = t.check_nesting();
+    assert_eq!(deepest["fib"], 10);
+    let fib10 = t.returns("fib").into_iter().max_by_key(|r| u64_field(r, "duration_ns")).unwrap();
+    assert_eq!(fib10["retval"], 55);
+    assert!(t.calls("fib").iter().all(|c| pid_of(c) == main_pid && c["module"] == calls.to_str().unwrap()));
+
+    // Arguments and return values.
+    let add3 = t.calls("add3");
+    assert_eq!(add3.len(), 1);
+    assert_eq!(args(add3[0])[..3], [1, 2, 3]);
+    assert_eq!(t.returns("add3")[0]["retval"], 6);
+    let mix6 = t.calls("mix6");
+    assert_eq!(args(mix6[0]), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(t.returns("mix6")[0]["retval"], 91);
+
+    // The forked child: 5 calls, in its own process, then exit 7.
+    let forks: Vec<&Value> = t.of_kind("spawn").filter(|e| e["how"] == "fork").collect();
+    assert_eq!(forks.len(), 2, "two children");
+    assert!(forks.iter().all(|f| f["parent_pid"] == main_pid && pid_of(f) == main_pid));
+    let worker_pid = u64_field(forks[0], "child_pid");
+    let victim_pid = u64_field(forks[1], "child_pid");
+    let child_work = t.calls("child_work");
+    assert_eq!(child_work.iter().map(|c| args(c)[0]).collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+    assert!(child_work.iter().all(|c| pid_of(c) == worker_pid));
+    let rets: Vec<u64> = t.returns("child_work").iter().map(|r| u64_field(r, "retval")).collect();
+    assert_eq!(rets, [0, 1, 4, 9, 16]);
+
+    // The thread: 3 calls on a thread of the main process.
+    let threads: Vec<&Value> = t.of_kind("spawn").filter(|e| e["how"] == "thread").collect();
+    assert_eq!(threads.len(), 1);
+    assert_eq!(threads[0]["child_pid"], main_pid);
+    let thread_tid = u64_field(threads[0], "child_tid");
+    assert_ne!(thread_tid, main_pid);
+    let tw = t.calls("thread_work");
+    assert_eq!(tw.len(), 3);
+    assert!(tw.iter().all(|c| pid_of(c) == main_pid && u64_field(c, "tid") == thread_tid));
+    let rets: Vec<u64> = t.returns("thread_work").iter().map(|r| u64_field(r, "retval")).collect();
+    assert_eq!(rets, [100, 101, 102]);
+
+    // The exec that started it all, and how everything ended.
+    let execs: Vec<&Value> = t.of_kind("spawn").filter(|e| e["how"] == "exec").collect();
+    assert_eq!(execs.len(), 1);
+    assert_eq!(execs[0]["filename"], calls.to_str().unwrap());
+    assert_eq!(execs[0]["comm"], "calls");
+    let exits: Vec<(u64, u64, Value, Value, bool)> = t
+        .of_kind("exit")
+        .map(|e| (pid_of(e), u64_field(e, "tid"), e["exit_code"].clone(), e["signal"].clone(), e["thread"] == true))
+        .collect();
+    assert_eq!(
+        exits,
+        vec![
+            (worker_pid, worker_pid, Value::from(7), Value::Null, false),
+            (victim_pid, victim_pid, Value::Null, Value::from(15), false),
+            (main_pid, thread_tid, Value::from(0), Value::Null, true),
+            (main_pid, main_pid, Value::from(5), Value::Null, false),
+        ]
+    );
+    // Only the probed functions appear.
+    let names: BTreeSet<&str> = t.of_kind("call").map(|c| c["function"].as_str().unwrap()).collect();
+    assert_eq!(names, BTreeSet::from(["add3", "child_work", "fib", "mix6", "thread_work"]));
+}
+
+#[test]
+fn rust_fixture_names_are_demangled_and_counts_exact() {
+    let dir = temp_dir();
+    let (run, t) = record(dir.path(), &["-f", "rust_fixture::*", "--", env!("CARGO_BIN_EXE_rust_fixture")]);
+    assert_eq!(run.code(), 4, "{run:?}");
+    assert_eq!(t.lost(), 0);
+    // fib(12): 2 * fib(13) - 1 calls.
+    assert_eq!(t.calls("rust_fixture::fib").len(), 465);
+    assert_eq!(t.returns("rust_fixture::fib").len(), 465);
+    let deepest = t.check_nesting();
+    assert_eq!(deepest["rust_fixture::fib"], 12);
+    let scale: Vec<Vec<u64>> = t.calls("rust_fixture::scale").iter().map(|c| args(c)[..2].to_vec()).collect();
+    assert_eq!(scale, [[10, 3], [20, 3], [30, 3]]);
+    let rets: Vec<u64> = t.returns("rust_fixture::scale").iter().map(|r| u64_field(r, "retval")).collect();
+    assert_eq!(rets, [30, 60, 90]);
+    let worker = t.calls("rust_fixture::worker");
+    assert_eq!(worker.len(), 4);
+    let main_pid = t.start["targets"][0]["pid"].as_u64().unwrap();
+    assert!(worker.iter().all(|w| pid_of(w) == main_pid && u64_field(w, "tid") != main_pid), "worker runs on a thread");
+    let exit = t.of_kind("exit").find(|e| e["thread"] == false).unwrap();
+    assert_eq!(exit["exit_code"], 4);
+}
+
+#[test]
+fn cpp_names_are_demangled() {
+    let dir = temp_dir();
+    let (run, t) = record(dir.path(), &["-f", "shapes::*", "--", fixture("shapes").to_str().unwrap()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.calls("shapes::Circle::area() const").len(), 3);
+    let sides: Vec<u64> = t.calls("shapes::count_sides(int)").iter().map(|c| args(c)[0]).collect();
+    assert_eq!(sides, [3, 4]);
+    t.check_nesting();
+}
+
+#[test]
+fn stripped_binaries_use_dynsym() {
+    let dir = temp_dir();
+    let (run, t) = record(dir.path(), &["-f", "fib", "--", fixture("calls_stripped").to_str().unwrap(), "run", "0"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert!(run.stderr.contains("is stripped: only its exported functions (.dynsym) can be probed"), "{run:?}");
+    assert_eq!(t.calls("fib").len(), 177);
+    assert_eq!(t.returns("fib").len(), 177);
+}
+
+#[test]
+fn without_patterns_every_function_of_the_executable_is_probed() {
+    let dir = temp_dir();
+    let (run, t) = record(dir.path(), &["--", fixture("calls").to_str().unwrap(), "run", "0"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.lost(), 0);
+    assert_eq!(t.calls("fib").len(), 177);
+    assert_eq!(t.calls("main").len(), 1);
+    assert_eq!(t.calls("thread_main").len(), 1);
+    // The entry point gets an entry probe but no return probe.
+    assert_eq!(t.calls("_start").len(), 1);
+    assert_eq!(t.returns("_start").len(), 0);
+    assert!(t.start["probes"].as_u64().unwrap() >= 9, "{}", t.start);
+    // main returns 0 (the exit code given on the command line).
+    assert_eq!(t.returns("main")[0]["retval"], 0);
+}
+
+#[test]
+fn no_follow_leaves_children_alone() {
+    let dir = temp_dir();
+    let (run, t) = record(
+        dir.path(),
+        &["--no-follow", "-f", "child_work", "-f", "fib", "--", fixture("calls").to_str().unwrap(), "run", "0"],
+    );
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.calls("fib").len(), 177);
+    assert_eq!(t.calls("child_work").len(), 0, "the child is not traced");
+    assert_eq!(t.of_kind("spawn").filter(|e| e["how"] == "fork").count(), 2, "forks are still seen");
+    let main_pid = t.start["targets"][0]["pid"].as_u64().unwrap();
+    assert!(t.of_kind("exit").all(|e| pid_of(e) == main_pid), "only the main process's exits");
+    assert_eq!(t.start["follow_children"], false);
+}
+
+#[test]
+fn event_selection() {
+    let dir = temp_dir();
+    let (run, t) =
+        record(dir.path(), &["-e", "call,exit", "-f", "fib", "--", fixture("calls").to_str().unwrap(), "run", "0"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let kinds: BTreeSet<&str> = t.events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, BTreeSet::from(["call", "exit"]));
+    assert_eq!(t.calls("fib").len(), 177);
+    assert_eq!(t.of_kind("exit").count(), 4);
+
+    let (run, t) =
+        record(dir.path(), &["-e", "return", "-f", "fib", "--", fixture("calls").to_str().unwrap(), "run", "0"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.events.len(), 177);
+    // Without call events the durations are unknown.
+    assert!(t.events.iter().all(|e| e["kind"] == "return" && e["duration_ns"].is_null()));
+}
+
+#[test]
+fn non_pie_fixture_with_nop_entries() {
+    let dir = temp_dir();
+    let (run, t) = record(dir.path(), &["-f", "work", "--", fixture("bench").to_str().unwrap(), "1000"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.calls("work").len(), 1000);
+    let rets: Vec<u64> = t.returns("work").iter().map(|r| u64_field(r, "retval")).collect();
+    assert_eq!(rets, (1..=1000).collect::<Vec<u64>>());
+}
+
+#[test]
+fn recursion_past_the_kernel_return_probe_limit_is_reported() {
+    let dir = temp_dir();
+    let (run, t) = record(dir.path(), &["-f", "deep", "--", fixture("calls").to_str().unwrap(), "deep", "100"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.calls("deep").len(), 100);
+    // The kernel keeps at most 64 return probes pending per thread.
+    let returns = t.returns("deep");
+    assert_eq!(returns.len(), 64);
+    assert_eq!(t.end["calls_without_return_probe"], 36);
+    assert!(run.stderr.contains("36 calls were nested more than 64 probed calls deep"), "{run:?}");
+    // deep(k) returns k; the calls 64 deep and shallower, deep(37) to deep(100), got return
+    // probes, and each return is paired with its own call, not with the innermost deep().
+    let retvals: Vec<u64> = returns.iter().map(|r| u64_field(r, "retval")).collect();
+    assert_eq!(retvals, (37..=100).collect::<Vec<u64>>());
+    let call_ts: Vec<u64> = t.calls("deep").iter().map(|c| u64_field(c, "ts")).collect();
+    for (i, r) in returns.iter().enumerate() {
+        // The i-th return belongs to the call at depth 63 - i (0-based).
+        let call = call_ts[63 - i];
+        assert_eq!(u64_field(r, "duration_ns"), u64_field(r, "ts") - call, "return {i}");
+    }
+}
+
+#[test]
+fn attach_to_a_running_process_and_leave_it_running() {
+    let dir = temp_dir();
+    let bg = Background::start(&fixture("calls"), &["loop"]);
+    let pid = bg.pid().to_string();
+    let (run, t) = record(dir.path(), &["-p", &pid, "-f", "tick", "-d", "1"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.end["reason"], "duration");
+    assert_eq!(t.lost(), 0);
+    assert_eq!(t.start["targets"][0]["type"], "process");
+    assert_eq!(t.start["targets"][0]["comm"], "calls");
+    let ticks: Vec<u64> = t.calls("tick").iter().map(|c| args(c)[0]).collect();
+    assert!(ticks.len() >= 50, "a tick every 2 ms for 1 s: {}", ticks.len());
+    // Consecutive: not one call missed.
+    assert!(ticks.windows(2).all(|w| w[1] == w[0] + 1), "{ticks:?}");
+    let returns = t.returns("tick");
+    for r in &returns {
+        assert_eq!(u64_field(r, "retval") % 2, 0);
+    }
+    // Every call seen while traced has its return (but the last, if tracing stopped inside it).
+    assert!(returns.len() + 1 >= ticks.len());
+    // The process outlives the trace and still works.
+    let (code, last) = bg.finish();
+    assert_eq!(code, 0);
+    let total: u64 = last.strip_prefix("ticks ").unwrap().parse().unwrap();
+    assert!(total > *ticks.last().unwrap());
+}
+
+#[test]
+fn a_trace_of_pids_ends_when_they_exit() {
+    let dir = temp_dir();
+    let bg = Background::start(&fixture("calls"), &["loop"]);
+    let pid = bg.pid();
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(700));
+        // SAFETY: kill(2).
+        unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
+    });
+    let (run, t) = record(dir.path(), &["-p", &pid.to_string(), "-f", "tick"]);
+    stopper.join().unwrap();
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.end["reason"], "targets_exited");
+    let exit = t.of_kind("exit").last().expect("the target's exit");
+    assert_eq!(pid_of(exit), pid as u64);
+    assert_eq!(exit["exit_code"], 0);
+    drop(bg);
+}
+
+#[test]
+fn binary_targets_running_and_started_later() {
+    let dir = temp_dir();
+    let calls = fixture("calls");
+    let first = Background::start(&calls, &["loop"]);
+    let second = Background::start(&calls, &["loop"]);
+    let late = std::thread::spawn({
+        let calls = calls.clone();
+        move || {
+            std::thread::sleep(Duration::from_millis(600));
+            let third = Background::start(&calls, &["loop"]);
+            std::thread::sleep(Duration::from_millis(300));
+            let pid = third.pid();
+            let _ = third.finish();
+            pid
+        }
+    });
+    let (run, t) = record(dir.path(), &["-b", calls.to_str().unwrap(), "-f", "tick", "-d", "1.5"]);
+    let third_pid = late.join().unwrap() as u64;
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.lost(), 0);
+    let targets: Vec<u64> = t.start["targets"].as_array().unwrap().iter().filter_map(|x| x["pid"].as_u64()).collect();
+    assert!(targets.contains(&(first.pid() as u64)) && targets.contains(&(second.pid() as u64)), "{}", t.start);
+    for pid in [first.pid() as u64, second.pid() as u64, third_pid] {
+        let ticks: Vec<u64> = t.calls("tick").into_iter().filter(|c| pid_of(c) == pid).map(|c| args(c)[0]).collect();
+        assert!(ticks.len() > 20, "pid {pid}: {} ticks", ticks.len());
+        assert!(ticks.windows(2).all(|w| w[1] == w[0] + 1), "pid {pid}: {ticks:?}");
+    }
+    // The late instance was traced from its exec: its first tick is tick(0).
+    let third_ticks: Vec<u64> =
+        t.calls("tick").into_iter().filter(|c| pid_of(c) == third_pid).map(|c| args(c)[0]).collect();
+    assert_eq!(third_ticks[0], 0);
+    assert!(t.of_kind("spawn").any(|s| s["how"] == "exec" && pid_of(s) == third_pid));
+    assert!(t.of_kind("exit").any(|e| pid_of(e) == third_pid && e["exit_code"] == 0));
+    assert_eq!(first.finish().0, 0);
+    assert_eq!(second.finish().0, 0);
+}
+
+#[test]
+fn chrome_export_of_a_real_trace_is_well_formed() {
+    let dir = temp_dir();
+    let out = dir.path().join("trace.json");
+    let run = tracer_tests::tracer(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "-f",
+        "fib",
+        "-f",
+        "thread_work",
+        "-f",
+        "child_work",
+        "--",
+        fixture("calls").to_str().unwrap(),
+        "run",
+        "0",
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let direct = check_chrome(&out);
+
+    // The same trace recorded as JSON lines and converted gives the same slices.
+    let (_, _) = record(
+        dir.path(),
+        &["-f", "fib", "-f", "thread_work", "-f", "child_work", "--", fixture("calls").to_str().unwrap(), "run", "0"],
+    );
+    let converted = dir.path().join("converted.json");
+    let run = tracer_tests::tracer(&[
+        "export",
+        dir.path().join("trace.jsonl").to_str().unwrap(),
+        "-o",
+        converted.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let exported = check_chrome(&converted);
+    assert_eq!(direct, exported);
+}
+
+/// Checks a Chrome trace's structure and returns the number of slices per name.
+fn check_chrome(path: &Path) -> std::collections::BTreeMap<String, usize> {
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).expect("valid JSON");
+    let events = trace["traceEvents"].as_array().expect("traceEvents");
+    assert!(trace["metadata"]["trace_start"]["probes"].as_u64().is_some());
+    assert_eq!(trace["metadata"]["trace_end"]["lost_events"]["call"], 0);
+    let mut per_thread: std::collections::HashMap<(u64, u64), Vec<(f64, f64)>> = Default::default();
+    let mut counts = std::collections::BTreeMap::new();
+    for e in events {
+        let ph = e["ph"].as_str().expect("ph");
+        assert!(e["pid"].is_u64() && e["tid"].is_u64(), "every event is on a thread: {e}");
+        assert!(e["name"].as_str().is_some_and(|n| !n.is_empty()), "named: {e}");
+        match ph {
+            "X" => {
+                let ts = e["ts"].as_f64().unwrap();
+                let dur = e["dur"].as_f64().unwrap();
+                assert!(dur >= 0.0);
+                per_thread
+                    .entry((e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap()))
+                    .or_default()
+                    .push((ts, ts + dur));
+                *counts.entry(e["name"].as_str().unwrap().to_string()).or_insert(0) += 1;
+            }
+            "i" => assert_eq!(e["s"], "t"),
+            "M" => assert!(e["args"]["name"].is_string()),
+            other => panic!("unexpected phase {other}"),
+        }
+    }
+    // Proper nesting: sorted by start (longest first on ties), each slice lies inside the
+    // enclosing open one or after it.
+    for ((pid, tid), mut slices) in per_thread {
+        slices.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        let mut open: Vec<(f64, f64)> = Vec::new();
+        for s in slices {
+            while open.last().is_some_and(|o| o.1 <= s.0) {
+                open.pop();
+            }
+            if let Some(o) = open.last() {
+                assert!(s.1 <= o.1 + 1e-9, "slice {s:?} overlaps {o:?} on {pid}/{tid}");
+            }
+            open.push(s);
+        }
+    }
+    assert_eq!(counts["fib"], 177);
+    assert_eq!(counts["thread_work"], 3);
+    assert_eq!(counts["child_work"], 5);
+    let names: Vec<&Value> = events.iter().filter(|e| e["name"] == "process_name").collect();
+    assert!(names.iter().any(|n| n["args"]["name"] == "calls"), "process names: {names:?}");
+    counts
+}
