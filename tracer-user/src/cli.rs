@@ -62,7 +62,7 @@ pub struct RecordArgs {
     #[arg(short, long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub duration: Option<Duration>,
     /// Size of the kernel's ring buffer: a power of two, e.g. 32M.
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "32M")]
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "64M")]
     pub buffer_size: u32,
     /// Refuse to probe more functions than this without -f.
     #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
@@ -280,7 +280,7 @@ mod tests {
         };
         assert_eq!(r.events, EventKind::ALL);
         assert_eq!(r.output, PathBuf::from("trace.jsonl"));
-        assert_eq!(r.buffer_size, 32 << 20);
+        assert_eq!(r.buffer_size, 64 << 20);
         assert!(!r.no_follow);
     }
 

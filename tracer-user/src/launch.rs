@@ -76,9 +76,11 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString]) -> Result<StoppedChild, Lau
                 // Close now what exec would close anyway: while this child waits, it must not hold
                 // other threads' close-on-exec descriptors open (another launch's go pipe, say).
                 for fd in 3..max_fd {
-                    if fd != go_read.as_raw_fd()
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags >= 0
+                        && flags & libc::FD_CLOEXEC != 0
+                        && fd != go_read.as_raw_fd()
                         && fd != status_write.as_raw_fd()
-                        && libc::fcntl(fd, libc::F_GETFD) & libc::FD_CLOEXEC != 0
                     {
                         libc::close(fd);
                     }

@@ -20,3 +20,4 @@ pub mod record;
 pub mod sink;
 pub mod symbols;
 pub mod targets;
+pub mod uprobe_multi;

@@ -1,19 +1,23 @@
 //! Loading the eBPF programs into the kernel, attaching them, and the maps user space drives.
 //!
 //! Everything attached lives in [`Kernel`]: dropping it detaches every probe and tracepoint (the
-//! kernel closes the links with their file descriptors), so a target is never left probed.
+//! kernel closes the links with their file descriptors), so a target is never left probed. The
+//! function probes are uprobe-multi links ([`crate::uprobe_multi`]); the rest goes through aya.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    os::fd::OwnedFd,
+    path::{Path, PathBuf},
+};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
-    programs::{
-        RawTracePoint, UProbe,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
-    },
+    programs::RawTracePoint,
 };
 use tracer_common::{Config, InodeKey, lost_slot, names, programs};
+
+use crate::uprobe_multi;
 
 /// The eBPF object, built by `cargo xtask build` and embedded at compile time (see build.rs).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf.o"));
@@ -58,6 +62,11 @@ pub type LostCounts = [u64; lost_slot::COUNT as usize];
 
 /// The loaded programs and their maps.
 pub struct Kernel {
+    /// Uprobe-multi links of the function probes: dropping them detaches the probes.
+    entry_links: Vec<OwnedFd>,
+    return_links: Vec<OwnedFd>,
+    /// The entry and return programs, loaded on first use (see [`crate::uprobe_multi`]).
+    function_programs: Option<(OwnedFd, OwnedFd)>,
     ebpf: Ebpf,
 }
 
@@ -77,8 +86,7 @@ pub fn ensure_tracefs() -> Result<(), LoadError> {
         .map_err(|e| LoadError::Tracefs { path: TRACEFS.to_string(), reason: e.desc().to_string() })
 }
 
-/// Lets the process hold one file descriptor per probe link: each probed function costs four
-/// (a perf event and a link, for entry and for return).
+/// Lets the process hold many file descriptors (aya's maps and programs, and the links).
 pub fn raise_fd_limit(needed: u64) {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return };
@@ -103,19 +111,7 @@ impl Kernel {
             .map_max_entries(names::EVENTS, ring_bytes)
             .load(EBPF_OBJECT)
             .map_err(load_error)?;
-        let mut kernel = Kernel { ebpf };
-        for name in [programs::CALL_ENTRY, programs::CALL_RETURN] {
-            kernel.uprobe(name)?.load().map_err(|e| load_error(format!("{name}: {e}")))?;
-        }
-        Ok(kernel)
-    }
-
-    fn uprobe(&mut self, name: &str) -> Result<&mut UProbe, LoadError> {
-        self.ebpf
-            .program_mut(name)
-            .ok_or_else(|| load_error(format!("program {name} is missing from the eBPF object")))?
-            .try_into()
-            .map_err(load_error)
+        Ok(Kernel { entry_links: Vec::new(), return_links: Vec::new(), function_programs: None, ebpf })
     }
 
     /// Attaches the process-lifecycle programs (always on: they also follow forks).
@@ -142,27 +138,33 @@ impl Kernel {
     }
 
     /// Attaches entry and return probes; returns the probes that failed (others stay attached).
-    pub fn attach_functions(&mut self, probes: &[ProbeSpec]) -> Vec<AttachFailure> {
+    pub fn attach_functions(&mut self, probes: &[ProbeSpec]) -> Result<Vec<AttachFailure>, LoadError> {
+        if probes.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.function_programs.is_none() {
+            let mut fds =
+                uprobe_multi::load_programs(&self.ebpf, EBPF_OBJECT, &[programs::CALL_ENTRY, programs::CALL_RETURN])
+                    .map_err(LoadError::Load)?;
+            let ret = fds.pop().expect("two programs");
+            let entry = fds.pop().expect("two programs");
+            self.function_programs = Some((entry, ret));
+        }
+        let (entry_prog, return_prog) = self.function_programs.as_ref().expect("loaded above");
+        let mut by_file: BTreeMap<&Path, Vec<&ProbeSpec>> = BTreeMap::new();
+        for p in probes {
+            by_file.entry(&p.path).or_default().push(p);
+        }
         let mut failures = Vec::new();
-        for (program, wanted) in [(programs::CALL_RETURN, true), (programs::CALL_ENTRY, false)] {
-            let prog = match self.uprobe(program) {
-                Ok(p) => p,
-                Err(e) => {
-                    failures.extend(probes.iter().map(|p| AttachFailure { cookie: p.cookie, reason: e.to_string() }));
-                    continue;
-                }
-            };
-            for probe in probes.iter().filter(|p| if wanted { p.exit } else { p.entry }) {
-                let point = UProbeAttachPoint {
-                    location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
-                    cookie: Some(probe.cookie),
-                };
-                if let Err(e) = prog.attach(point, &probe.path, UProbeScope::AllProcesses) {
-                    failures.push(AttachFailure { cookie: probe.cookie, reason: error_chain(&e) });
-                }
+        for (path, file_probes) in by_file {
+            for (prog, ret) in [(return_prog, true), (entry_prog, false)] {
+                let batch: Vec<&ProbeSpec> =
+                    file_probes.iter().copied().filter(|p| if ret { p.exit } else { p.entry }).collect();
+                let links = if ret { &mut self.return_links } else { &mut self.entry_links };
+                attach_batch(prog, path, &batch, ret, links, &mut failures);
             }
         }
-        failures
+        Ok(failures)
     }
 
     /// Adds a process to the traced set.
@@ -209,6 +211,49 @@ impl Kernel {
     }
 }
 
+impl Drop for Kernel {
+    /// Entry probes go first: detaching takes a while (an RCU grace period per link), and calls
+    /// made meanwhile must still get their returns.
+    fn drop(&mut self) {
+        self.entry_links.clear();
+        self.return_links.clear();
+    }
+}
+
+/// Attaches a batch of probes in one link; when the kernel refuses the batch (one offset it cannot
+/// probe spoils it all), halves it until the refused probes are found, so that the good ones are
+/// still attached, in few links.
+fn attach_batch(
+    prog: &OwnedFd,
+    path: &Path,
+    batch: &[&ProbeSpec],
+    ret: bool,
+    links: &mut Vec<OwnedFd>,
+    failures: &mut Vec<AttachFailure>,
+) {
+    if batch.is_empty() {
+        return;
+    }
+    let offsets: Vec<u64> = batch.iter().map(|p| p.file_offset).collect();
+    let cookies: Vec<u64> = batch.iter().map(|p| p.cookie).collect();
+    match uprobe_multi::attach(prog, path, &offsets, &cookies, ret) {
+        Ok(link) => links.push(link),
+        Err(e) if batch.len() == 1 => failures.push(AttachFailure {
+            cookie: batch[0].cookie,
+            reason: format!(
+                "{} probe at offset {:#x}: {e}",
+                if ret { "return" } else { "entry" },
+                batch[0].file_offset
+            ),
+        }),
+        Err(_) => {
+            let (left, right) = batch.split_at(batch.len() / 2);
+            attach_batch(prog, path, left, ret, links, failures);
+            attach_batch(prog, path, right, ret, links, failures);
+        }
+    }
+}
+
 /// The kernel's per-CPU lost-event counters.
 pub struct LostCounters {
     map: PerCpuArray<MapData, u64>,
@@ -224,16 +269,4 @@ impl LostCounters {
         }
         counts
     }
-}
-
-/// An error and its causes on one line (aya's attach errors nest the useful `errno`).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }

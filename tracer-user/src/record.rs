@@ -19,7 +19,7 @@ use tracer_common::{Config, RecordKind, kind_bit, lost_slot};
 use crate::{
     assemble::{EventAssembler, FunctionTable, ProbedFunction, lost_slot_name},
     clock::BootClock,
-    drain::{DrainError, RingDrain},
+    drain::{Batch, RingDrain},
     event::{EndReason, EventKind, FORMAT_VERSION, TargetInfo, TraceEnd, TraceStart},
     kernel_btf::{KernelBtf, KernelBtfError},
     launch::{ChildExit, LaunchError, spawn_stopped, try_reap},
@@ -32,10 +32,8 @@ use crate::{
 
 /// Default `--max-probes`.
 pub const DEFAULT_MAX_PROBES: usize = 4096;
-/// Default `--buffer-size`: 32 MiB holds about 400,000 call records.
-pub const DEFAULT_BUFFER_SIZE: u32 = 32 << 20;
-/// Records taken from the ring buffer before the drain yields to the runtime.
-const DRAIN_BATCH: usize = 4096;
+/// Default `--buffer-size`: 64 MiB holds about 700,000 call records: a second of a busy target.
+pub const DEFAULT_BUFFER_SIZE: u32 = 64 << 20;
 /// How often liveness of the targets is checked.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -329,11 +327,11 @@ impl Plan {
             _pad: 0,
             offsets: KernelBtf::load()?.process_offsets()?,
         };
-        raise_fd_limit(probes.len() as u64 * 4);
+        raise_fd_limit(1024);
         ensure_tracefs()?;
         let mut kernel = Kernel::load(&config, options.buffer_size)?;
         kernel.attach_sched()?;
-        let failures = kernel.attach_functions(&probes);
+        let failures = kernel.attach_functions(&probes)?;
         let failed: BTreeSet<u64> = failures.iter().map(|f| f.cookie).collect();
         let attached = probes.iter().filter(|p| !failed.contains(&p.cookie)).count();
         if !probes.is_empty() && attached == 0 {
@@ -450,7 +448,7 @@ impl Recording {
         let Recording {
             mut kernel, ring, lost, mut assembler, clock, start, child_pid, ends_when_empty, duration, ..
         } = self;
-        let mut drain = RingDrain::new(ring)?;
+        let mut drain = RingDrain::spawn(ring)?;
         sink.begin(&start)?;
         let mut written: u64 = 0;
         let mut command_exit: Option<ChildExit> = None;
@@ -460,20 +458,13 @@ impl Recording {
         tokio::pin!(stop);
 
         let reason = loop {
-            let mut write = |bytes: &[u8]| -> std::io::Result<()> {
-                if let Some(e) = assembler.assemble(bytes) {
-                    sink.event(&e)?;
-                    written += 1;
-                }
-                Ok(())
-            };
             tokio::select! {
                 biased;
                 reason = &mut stop => break reason,
                 _ = sleep_until(deadline) => break EndReason::Duration,
-                batch = drain.next_batch(DRAIN_BATCH, &mut write) => match batch {
-                    Ok(_) => {}
-                    Err(DrainError::Io(e)) | Err(DrainError::Sink(e)) => return Err(e.into()),
+                batch = drain.recv() => match batch {
+                    Some(batch) => written += write_batch(&batch, &mut assembler, sink)?,
+                    None => return Err(drain.join().err().unwrap_or_else(|| std::io::Error::other("the ring-buffer drain stopped")).into()),
                 },
                 _ = tick.tick() => {
                     if let Some(pid) = child_pid
@@ -492,18 +483,11 @@ impl Recording {
         // Detach first, so that no record arrives after the final drain.
         let end_ts = clock.now_unix_ns();
         drop(kernel);
-        loop {
-            let n = drain.poll_batch(DRAIN_BATCH, |bytes| -> std::io::Result<()> {
-                if let Some(e) = assembler.assemble(bytes) {
-                    sink.event(&e)?;
-                    written += 1;
-                }
-                Ok(())
-            })?;
-            if n == 0 {
-                break;
-            }
+        drain.finish();
+        while let Some(batch) = drain.recv().await {
+            written += write_batch(&batch, &mut assembler, sink)?;
         }
+        drain.join()?;
         if let Some(pid) = child_pid
             && command_exit.is_none()
         {
@@ -530,6 +514,18 @@ impl Recording {
         let command_still_running = child_pid.filter(|_| command_exit.is_none());
         Ok(Outcome { end, command_exit, command_still_running })
     }
+}
+
+/// Turns a batch of records into events for the sink; returns how many were written.
+fn write_batch(batch: &Batch, assembler: &mut EventAssembler, sink: &mut dyn Sink) -> std::io::Result<u64> {
+    let mut written = 0;
+    for record in batch.records() {
+        if let Some(e) = assembler.assemble(record) {
+            sink.event(&e)?;
+            written += 1;
+        }
+    }
+    Ok(written)
 }
 
 /// Whether any traced process still lives; forgets the ones that are gone (a process that exited

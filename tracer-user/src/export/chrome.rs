@@ -75,7 +75,7 @@ fn micros(ns: i128) -> f64 {
 impl<W: Write> ChromeWriter<W> {
     pub fn new(out: W) -> Self {
         ChromeWriter {
-            out: BufWriter::with_capacity(1 << 16, out),
+            out: BufWriter::with_capacity(1 << 20, out),
             wrote_event: false,
             origin_ns: 0,
             start: None,

@@ -13,7 +13,7 @@ pub struct JsonlWriter<W: Write> {
 
 impl<W: Write> JsonlWriter<W> {
     pub fn new(out: W) -> Self {
-        JsonlWriter { out: BufWriter::with_capacity(1 << 16, out) }
+        JsonlWriter { out: BufWriter::with_capacity(1 << 20, out) }
     }
 
     fn line(&mut self, value: &impl serde::Serialize) -> io::Result<()> {
