@@ -199,6 +199,9 @@ pub struct Config {
     /// 1: the `TARGET_INODES` map has entries (`--binary`), so exec looks the new file up.
     pub has_target_inodes: u32,
     pub _pad: u32,
+    /// Records do not wake the reader up (it polls) until this many bytes wait in the ring: a
+    /// wake-up per record costs the traced program more than the record itself.
+    pub wakeup_bytes: u64,
     pub offsets: KernelOffsets,
 }
 

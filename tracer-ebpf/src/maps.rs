@@ -1,6 +1,7 @@
 //! Maps and configuration shared by every program, and the helpers that write records.
 
 use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
 };
@@ -13,6 +14,7 @@ pub static CONFIG: Config = Config {
     follow_children: 0,
     has_target_inodes: 0,
     _pad: 0,
+    wakeup_bytes: 0,
     offsets: tracer_common::KernelOffsets {
         task_pid: 0,
         task_tgid: 0,
@@ -57,6 +59,18 @@ pub fn enabled(kind: RecordKind) -> bool {
     // SAFETY: see `config`.
     let kinds = unsafe { core::ptr::read_volatile(&raw const CONFIG.enabled_kinds) };
     kinds & kind_bit(kind) != 0
+}
+
+/// Flags for `submit`: wake the reader only once enough is waiting (see `Config::wakeup_bytes`).
+#[inline(always)]
+pub fn submit_flags() -> u64 {
+    // SAFETY: see `config`.
+    let threshold = unsafe { core::ptr::read_volatile(&raw const CONFIG.wakeup_bytes) };
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= threshold {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
 }
 
 #[inline(always)]

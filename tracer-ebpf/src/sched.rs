@@ -11,6 +11,7 @@ use tracer_common::{ExecRecord, ExitRecord, ForkRecord, InodeKey, RecordKind, lo
 
 use crate::maps::{
     EVENTS, TARGET_INODES, TRACED_PIDS, config, count_lost, current_ids, enabled, header, is_traced, read_kernel,
+    submit_flags,
 };
 
 /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`, run by the parent.
@@ -55,7 +56,7 @@ fn try_sched_fork(ctx: &RawTracePointContext) -> Result<i32, i64> {
         // The child's name is its parent's until it execs.
         comm: bpf_get_current_comm().unwrap_or_default(),
     });
-    entry.submit(0);
+    entry.submit(submit_flags());
     Ok(0)
 }
 
@@ -102,7 +103,7 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
             name[0] = 0;
         }
     }
-    entry.submit(0);
+    entry.submit(submit_flags());
     Ok(0)
 }
 
@@ -142,7 +143,7 @@ fn try_sched_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
                     group_dead: group_dead as u32,
                     comm: bpf_get_current_comm().unwrap_or_default(),
                 });
-                entry.submit(0);
+                entry.submit(submit_flags());
             }
             None => count_lost(RecordKind::Exit as u32),
         }

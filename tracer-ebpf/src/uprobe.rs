@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use tracer_common::{CallRecord, RecordKind, ReturnRecord};
 
-use crate::maps::{EVENTS, count_lost, current_ids, header, is_traced};
+use crate::maps::{EVENTS, count_lost, current_ids, header, is_traced, submit_flags};
 
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
@@ -33,7 +33,7 @@ fn try_call_entry(ctx: &ProbeContext) -> Result<u32, i64> {
         cookie,
         args: [arg(0), arg(1), arg(2), arg(3), arg(4), arg(5)],
     });
-    entry.submit(0);
+    entry.submit(submit_flags());
     Ok(0)
 }
 
@@ -54,6 +54,6 @@ fn try_call_return(ctx: &RetProbeContext) -> Result<u32, i64> {
     // SAFETY: as in `try_call_entry`.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     entry.write(ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval: ctx.ret::<u64>() });
-    entry.submit(0);
+    entry.submit(submit_flags());
     Ok(0)
 }

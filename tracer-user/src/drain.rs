@@ -25,9 +25,10 @@ use tokio::sync::mpsc;
 const BATCH_BYTES: usize = 1 << 20;
 /// Most bytes of records waiting in user memory.
 pub const QUEUE_BYTES: usize = 512 << 20;
-/// How long the thread sleeps in `poll` when the ring is empty; the kernel's wake-ups may be
-/// skipped under load, this bounds the delay.
-const POLL_MS: u16 = 20;
+/// How long the thread sleeps in `poll` between passes. The programs wake it only when the ring
+/// fills past a threshold (a wake-up per record would cost the traced program dearly), so this
+/// bounds the delay of a trickle of events.
+const POLL_MS: u16 = 5;
 
 /// Records copied out of the ring buffer, back to back.
 #[derive(Default)]

@@ -325,6 +325,7 @@ impl Plan {
             follow_children: options.follow_children as u32,
             has_target_inodes: !binaries.is_empty() as u32,
             _pad: 0,
+            wakeup_bytes: wakeup_bytes(options.buffer_size),
             offsets: KernelBtf::load()?.process_offsets()?,
         };
         raise_fd_limit(1024);
@@ -514,6 +515,12 @@ impl Recording {
         let command_still_running = child_pid.filter(|_| command_exit.is_none());
         Ok(Outcome { end, command_exit, command_still_running })
     }
+}
+
+/// How full the ring may get before a record wakes the drain (which otherwise polls every few
+/// milliseconds): an eighth, capped at 1 MiB.
+fn wakeup_bytes(ring_bytes: u32) -> u64 {
+    (ring_bytes as u64 / 8).min(1 << 20)
 }
 
 /// Turns a batch of records into events for the sink; returns how many were written.
