@@ -35,10 +35,19 @@ fn main() {
     let bench = out.join("bench");
     run(Command::new(&cc).args(["-no-pie", "-o"]).arg(&bench).arg(&bench_obj));
 
+    let demo = out.join("client_server_demo");
+    run(Command::new(&cc).args(["-O0", "-pthread", "-o"]).arg(&demo).arg(src.join("c/client_server_demo.c")));
+
     let shapes = out.join("shapes");
     run(Command::new(&cxx).args(["-O0", "-o"]).arg(&shapes).arg(src.join("cpp/shapes.cpp")));
 
-    for (name, path) in [("CALLS", &calls), ("CALLS_STRIPPED", &stripped), ("BENCH", &bench), ("SHAPES", &shapes)] {
+    for (name, path) in [
+        ("CALLS", &calls),
+        ("CALLS_STRIPPED", &stripped),
+        ("BENCH", &bench),
+        ("SHAPES", &shapes),
+        ("CLIENT_SERVER_DEMO", &demo),
+    ] {
         println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
     }
 }

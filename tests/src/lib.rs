@@ -29,6 +29,7 @@ pub fn fixture(name: &str) -> PathBuf {
         "calls_stripped" => env!("FIXTURE_CALLS_STRIPPED"),
         "bench" => env!("FIXTURE_BENCH"),
         "shapes" => env!("FIXTURE_SHAPES"),
+        "client_server_demo" => env!("FIXTURE_CLIENT_SERVER_DEMO"),
         other => panic!("no fixture named {other}"),
     })
 }

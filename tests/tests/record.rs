@@ -409,3 +409,16 @@ fn check_chrome(path: &Path) -> std::collections::BTreeMap<String, usize> {
     assert!(names.iter().any(|n| n["args"]["name"] == "calls"), "process names: {names:?}");
     counts
 }
+
+#[test]
+fn executables_without_function_symbols_are_traced_for_process_events() {
+    let dir = temp_dir();
+    // Debian's coreutils are stripped and export no functions.
+    let (run, t) = record(dir.path(), &["--", "true"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert!(run.stderr.contains("has no function symbols: tracing its processes only"), "{run:?}");
+    assert_eq!(t.start["probes"], 0);
+    let kinds: Vec<&str> = t.events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["spawn", "exit"]);
+    assert_eq!(t.events[1]["exit_code"], 0);
+}

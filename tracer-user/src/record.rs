@@ -223,7 +223,16 @@ fn select_functions(
     }
     if options.functions.is_empty() {
         for exe in executables {
-            for i in 0..load(&mut tables, exe)?.functions.len() {
+            let table = match load(&mut tables, exe) {
+                Ok(table) => table,
+                // A stripped executable that exports nothing: still worth tracing its processes.
+                Err(RecordError::Symbols(SymbolError::NoFunctions { path })) => {
+                    warnings.push(format!("{} has no function symbols: tracing its processes only", path.display()));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for i in 0..table.functions.len() {
                 select(&mut selected, exe, i);
             }
         }
