@@ -46,9 +46,9 @@ pub struct RecordArgs {
     /// executable.
     #[arg(short, long = "functions", value_name = "PATTERN")]
     pub functions: Vec<String>,
-    /// Comma list of call,return,spawn,exit.
-    #[arg(short, long, value_name = "LIST", value_delimiter = ',', default_value = "call,return,spawn,exit")]
-    pub events: Vec<EventKind>,
+    /// Comma list of call,return,spawn,exit,ipc (ipc: send,recv,signal).
+    #[arg(short, long, value_name = "LIST", value_delimiter = ',', default_value = "call,return,spawn,exit,ipc", value_parser = EventKind::parse_list_item)]
+    pub events: Vec<Vec<EventKind>>,
     /// Do not follow children (following forks and execs is the default).
     #[arg(long)]
     pub no_follow: bool,
@@ -137,7 +137,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         binaries: args.binaries,
         command: args.command,
         functions: args.functions,
-        events: args.events.into_iter().collect(),
+        events: args.events.into_iter().flatten().collect(),
         follow_children: !args.no_follow,
         duration: args.duration,
         buffer_size: args.buffer_size,
@@ -265,7 +265,7 @@ mod tests {
         assert_eq!(r.pids, [1, 2]);
         assert_eq!(r.binaries, [PathBuf::from("/bin/x")]);
         assert_eq!(r.functions, ["fib", "libc.so.6:malloc"]);
-        assert_eq!(r.events, [EventKind::Call, EventKind::Exit]);
+        assert_eq!(r.events, [vec![EventKind::Call], vec![EventKind::Exit]]);
         assert!(r.no_follow);
         assert_eq!(r.format, Some(Format::Chrome));
         assert_eq!(r.duration, Some(Duration::from_millis(1500)));
@@ -278,7 +278,7 @@ mod tests {
         let Command::Record(r) = Cli::try_parse_from(["tracer", "record", "--", "ls"]).unwrap().command else {
             panic!("record")
         };
-        assert_eq!(r.events, EventKind::ALL);
+        assert_eq!(r.events.concat(), EventKind::ALL);
         assert_eq!(r.output, PathBuf::from("trace.jsonl"));
         assert_eq!(r.buffer_size, 64 << 20);
         assert!(!r.no_follow);

@@ -57,6 +57,115 @@ pub enum EventData {
         thread: bool,
         comm: String,
     },
+    /// Bytes left this thread through a socket or pipe. `ts` is the syscall's entry (the bytes
+    /// cannot have arrived anywhere before it).
+    Send {
+        channel: Channel,
+        fd: i32,
+        /// What the syscall (or this message of `sendmmsg`) actually transferred.
+        bytes: u64,
+        syscall: Syscall,
+        /// Identifies this send; every receive that consumed its bytes names it.
+        flow_id: u64,
+        /// How long the syscall took.
+        syscall_ns: u64,
+    },
+    /// Bytes arrived at this thread through a socket or pipe. `ts` is the syscall's exit (the
+    /// bytes are there from then on).
+    Recv {
+        channel: Channel,
+        fd: i32,
+        bytes: u64,
+        syscall: Syscall,
+        /// The `flow_id`s of the traced sends whose bytes this receive consumed, in stream order
+        /// (empty when none was traced). JSON also has `flow_id`: the first of them, or null.
+        flow_ids: Vec<u64>,
+        syscall_ns: u64,
+    },
+    /// A signal generated for a traced process (`delivered: false`), or delivered to a traced
+    /// thread (`delivered: true`). A generation and its delivery share a `flow_id`.
+    Signal {
+        signal: SignalId,
+        /// The process that sent it (the kernel's own signals name the process they were raised in).
+        sender_pid: u32,
+        target_pid: u32,
+        target_tid: u32,
+        delivered: bool,
+        /// Links a generation to its delivery; `None` for a generation the kernel dropped (the
+        /// signal was already pending or ignored) or a delivery whose generation was not seen.
+        flow_id: Option<u64>,
+    },
+}
+
+/// What an IPC transfer went through. Both ends of a conversation compute the same channel: for
+/// TCP and UDP, `src` is the sending end and `dst` the receiving end, on either side.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Channel {
+    Tcp {
+        src: std::net::SocketAddr,
+        dst: std::net::SocketAddr,
+    },
+    Udp {
+        src: std::net::SocketAddr,
+        dst: std::net::SocketAddr,
+    },
+    /// A Unix stream socket (named or a socketpair). `id` is the smaller inode number of the two
+    /// connected sockets, the same at both ends.
+    UnixStream {
+        id: u64,
+        path: Option<String>,
+    },
+    /// A Unix datagram socket; `id` is the receiving socket's inode number.
+    UnixDgram {
+        id: u64,
+        path: Option<String>,
+    },
+    /// An anonymous pipe; `id` is its inode number.
+    Pipe {
+        id: u64,
+    },
+    /// A named pipe; `id` is its inode number.
+    Fifo {
+        id: u64,
+        path: Option<String>,
+    },
+}
+
+/// The syscalls that move IPC data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Syscall {
+    Read,
+    Write,
+    Readv,
+    Writev,
+    Sendto,
+    Recvfrom,
+    Sendmsg,
+    Recvmsg,
+    Sendmmsg,
+    Recvmmsg,
+}
+
+/// A signal, by number and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SignalId {
+    pub number: i32,
+    pub name: String,
+}
+
+impl SignalId {
+    pub fn new(number: i32) -> SignalId {
+        let name = nix::sys::signal::Signal::try_from(number).map(|s| s.as_str().to_string()).unwrap_or_else(|_| {
+            if number >= libc::SIGRTMIN() {
+                format!("SIGRTMIN+{}", number - libc::SIGRTMIN())
+            } else {
+                format!("SIG{number}")
+            }
+        });
+        SignalId { number, name }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -75,10 +184,23 @@ pub enum EventKind {
     Return,
     Spawn,
     Exit,
+    Send,
+    Recv,
+    Signal,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 4] = [EventKind::Call, EventKind::Return, EventKind::Spawn, EventKind::Exit];
+    pub const ALL: [EventKind; 7] = [
+        EventKind::Call,
+        EventKind::Return,
+        EventKind::Spawn,
+        EventKind::Exit,
+        EventKind::Send,
+        EventKind::Recv,
+        EventKind::Signal,
+    ];
+    /// What `--events ipc` stands for.
+    pub const IPC: [EventKind; 3] = [EventKind::Send, EventKind::Recv, EventKind::Signal];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -86,7 +208,18 @@ impl EventKind {
             EventKind::Return => "return",
             EventKind::Spawn => "spawn",
             EventKind::Exit => "exit",
+            EventKind::Send => "send",
+            EventKind::Recv => "recv",
+            EventKind::Signal => "signal",
         }
+    }
+
+    /// Parses one `--events` item: a kind, or `ipc` for send, recv and signal.
+    pub fn parse_list_item(s: &str) -> Result<Vec<EventKind>, String> {
+        if s == "ipc" {
+            return Ok(EventKind::IPC.to_vec());
+        }
+        s.parse().map(|k| vec![k])
     }
 }
 
@@ -102,7 +235,7 @@ impl std::str::FromStr for EventKind {
     fn from_str(s: &str) -> Result<Self, String> {
         EventKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
             let known: Vec<_> = EventKind::ALL.iter().map(|k| k.name()).collect();
-            format!("unknown event kind '{s}' (known: {})", known.join(", "))
+            format!("unknown event kind '{s}' (known: {}, ipc)", known.join(", "))
         })
     }
 }
@@ -114,6 +247,9 @@ impl EventData {
             EventData::Return { .. } => EventKind::Return,
             EventData::Spawn { .. } => EventKind::Spawn,
             EventData::Exit { .. } => EventKind::Exit,
+            EventData::Send { .. } => EventKind::Send,
+            EventData::Recv { .. } => EventKind::Recv,
+            EventData::Signal { .. } => EventKind::Signal,
         }
     }
 }
@@ -125,6 +261,9 @@ impl Serialize for Event {
             EventData::Return { .. } => 4,
             EventData::Spawn { .. } => 6,
             EventData::Exit { .. } => 4,
+            EventData::Send { .. } => 6,
+            EventData::Recv { .. } => 7,
+            EventData::Signal { .. } => 6,
         };
         let mut s = serializer.serialize_struct("Event", 5 + own_fields)?;
         s.serialize_field("kind", self.data.kind().name())?;
@@ -158,6 +297,31 @@ impl Serialize for Event {
                 s.serialize_field("thread", thread)?;
                 s.serialize_field("comm", comm)?;
             }
+            EventData::Send { channel, fd, bytes, syscall, flow_id, syscall_ns } => {
+                s.serialize_field("channel", channel)?;
+                s.serialize_field("fd", fd)?;
+                s.serialize_field("bytes", bytes)?;
+                s.serialize_field("syscall", syscall)?;
+                s.serialize_field("flow_id", flow_id)?;
+                s.serialize_field("syscall_ns", syscall_ns)?;
+            }
+            EventData::Recv { channel, fd, bytes, syscall, flow_ids, syscall_ns } => {
+                s.serialize_field("channel", channel)?;
+                s.serialize_field("fd", fd)?;
+                s.serialize_field("bytes", bytes)?;
+                s.serialize_field("syscall", syscall)?;
+                s.serialize_field("flow_id", &flow_ids.first())?;
+                s.serialize_field("flow_ids", flow_ids)?;
+                s.serialize_field("syscall_ns", syscall_ns)?;
+            }
+            EventData::Signal { signal, sender_pid, target_pid, target_tid, delivered, flow_id } => {
+                s.serialize_field("signal", signal)?;
+                s.serialize_field("sender_pid", sender_pid)?;
+                s.serialize_field("target_pid", target_pid)?;
+                s.serialize_field("target_tid", target_tid)?;
+                s.serialize_field("delivered", delivered)?;
+                s.serialize_field("flow_id", flow_id)?;
+            }
         }
         s.end()
     }
@@ -173,6 +337,17 @@ pub enum LineKind {
     Return,
     Spawn,
     Exit,
+    Send,
+    Recv,
+    Signal,
+}
+
+/// `signal` is a number in `exit` lines and a `{number, name}` object in `signal` lines.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SignalField {
+    Number(i32),
+    Id(SignalId),
 }
 
 /// Every field any event line can have, borrowed from the line where possible.
@@ -198,8 +373,19 @@ pub struct RawEvent<'a> {
     comm: Option<String>,
     filename: Option<String>,
     exit_code: Option<i32>,
-    signal: Option<i32>,
+    signal: Option<SignalField>,
     thread: Option<bool>,
+    channel: Option<Channel>,
+    fd: Option<i32>,
+    bytes: Option<u64>,
+    syscall: Option<Syscall>,
+    flow_id: Option<u64>,
+    flow_ids: Option<Vec<u64>>,
+    syscall_ns: Option<u64>,
+    sender_pid: Option<u32>,
+    target_pid: Option<u32>,
+    target_tid: Option<u32>,
+    delivered: Option<bool>,
 }
 
 /// Interns the strings that repeat on every line (host, function, module), so that a reader
@@ -252,9 +438,40 @@ impl RawEvent<'_> {
             }
             LineKind::Exit => EventData::Exit {
                 exit_code: self.exit_code,
-                signal: self.signal,
+                signal: match self.signal {
+                    None => None,
+                    Some(SignalField::Number(n)) => Some(n),
+                    Some(SignalField::Id(_)) => return Err("`signal` of an exit is a number".to_string()),
+                },
                 thread: need(self.thread, "thread")?,
                 comm: self.comm.unwrap_or_default(),
+            },
+            LineKind::Send => EventData::Send {
+                channel: need(self.channel, "channel")?,
+                fd: need(self.fd, "fd")?,
+                bytes: need(self.bytes, "bytes")?,
+                syscall: need(self.syscall, "syscall")?,
+                flow_id: need(self.flow_id, "flow_id")?,
+                syscall_ns: self.syscall_ns.unwrap_or(0),
+            },
+            LineKind::Recv => EventData::Recv {
+                channel: need(self.channel, "channel")?,
+                fd: need(self.fd, "fd")?,
+                bytes: need(self.bytes, "bytes")?,
+                syscall: need(self.syscall, "syscall")?,
+                flow_ids: self.flow_ids.unwrap_or_else(|| self.flow_id.into_iter().collect()),
+                syscall_ns: self.syscall_ns.unwrap_or(0),
+            },
+            LineKind::Signal => EventData::Signal {
+                signal: match need(self.signal, "signal")? {
+                    SignalField::Id(id) => id,
+                    SignalField::Number(n) => SignalId::new(n),
+                },
+                sender_pid: need(self.sender_pid, "sender_pid")?,
+                target_pid: need(self.target_pid, "target_pid")?,
+                target_tid: self.target_tid.unwrap_or(0),
+                delivered: need(self.delivered, "delivered")?,
+                flow_id: self.flow_id,
             },
             LineKind::TraceStart | LineKind::TraceEnd => {
                 return Err("trace_start/trace_end is not an event".to_string());
@@ -332,6 +549,23 @@ pub struct TraceEnd {
     /// Exit code of the launched command (128 + signal when killed).
     #[serde(default)]
     pub command_exit_code: Option<i32>,
+    /// How IPC transfers were linked: receives linked to a traced send, receives with none, and
+    /// bytes received without a traced sender.
+    #[serde(default)]
+    pub ipc: IpcStats,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpcStats {
+    pub sends: u64,
+    pub recvs: u64,
+    /// Receives that consumed bytes of at least one traced send.
+    pub linked_recvs: u64,
+    /// Receives whose bytes came from no traced send (the sender is not traced, or wrote before
+    /// tracing started).
+    pub unlinked_recvs: u64,
+    /// Signal generations linked to their delivery.
+    pub linked_signals: u64,
 }
 
 impl TraceEnd {
@@ -440,6 +674,63 @@ mod tests {
     }
 
     #[test]
+    fn ipc_events_round_trip() {
+        let tcp = Channel::Tcp { src: "127.0.0.1:5000".parse().unwrap(), dst: "[::1]:80".parse().unwrap() };
+        let send = event(EventData::Send {
+            channel: tcp.clone(),
+            fd: 3,
+            bytes: 10,
+            syscall: Syscall::Sendto,
+            flow_id: 7,
+            syscall_ns: 1500,
+        });
+        let line = serde_json::to_string(&send).unwrap();
+        assert!(
+            line.contains(r#""channel":{"type":"tcp","src":"127.0.0.1:5000","dst":"[::1]:80"},"fd":3,"bytes":10,"syscall":"sendto","flow_id":7"#),
+            "{line}"
+        );
+        assert_eq!(round_trip(&send), send);
+        let recv = event(EventData::Recv {
+            channel: Channel::UnixStream { id: 99, path: Some("/tmp/s".into()) },
+            fd: 4,
+            bytes: 10,
+            syscall: Syscall::Read,
+            flow_ids: vec![7, 8],
+            syscall_ns: 20,
+        });
+        let line = serde_json::to_string(&recv).unwrap();
+        assert!(line.contains(r#""flow_id":7,"flow_ids":[7,8]"#), "{line}");
+        assert_eq!(round_trip(&recv), recv);
+        let unlinked = event(EventData::Recv {
+            channel: Channel::Pipe { id: 5 },
+            fd: 0,
+            bytes: 1,
+            syscall: Syscall::Readv,
+            flow_ids: vec![],
+            syscall_ns: 0,
+        });
+        assert!(serde_json::to_string(&unlinked).unwrap().contains(r#""flow_id":null,"flow_ids":[]"#));
+        assert_eq!(round_trip(&unlinked), unlinked);
+        let sig = event(EventData::Signal {
+            signal: SignalId::new(10),
+            sender_pid: 1,
+            target_pid: 2,
+            target_tid: 2,
+            delivered: true,
+            flow_id: Some(3),
+        });
+        let line = serde_json::to_string(&sig).unwrap();
+        assert!(line.contains(r#""signal":{"number":10,"name":"SIGUSR1"}"#), "{line}");
+        assert_eq!(round_trip(&sig), sig);
+    }
+
+    #[test]
+    fn signal_names() {
+        assert_eq!(SignalId::new(9).name, "SIGKILL");
+        assert_eq!(SignalId::new(libc::SIGRTMIN() + 2).name, "SIGRTMIN+2");
+    }
+
+    #[test]
     fn missing_fields_are_named() {
         let raw: RawEvent = serde_json::from_str(
             r#"{"kind":"call","ts":1,"host":"h","pid":1,"tid":1,"module":"m","args":[0,0,0,0,0,0]}"#,
@@ -458,6 +749,7 @@ mod tests {
             lost_events: BTreeMap::from([("call".to_string(), 0)]),
             calls_without_return_probe: 0,
             command_exit_code: Some(0),
+            ipc: IpcStats::default(),
         };
         let line = serde_json::to_string(&end).unwrap();
         assert!(line.starts_with(r#"{"kind":"trace_end","ts":5,"reason":"command_exited""#), "{line}");

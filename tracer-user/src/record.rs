@@ -519,6 +519,7 @@ impl Recording {
             lost_events,
             calls_without_return_probe: assembler.calls_without_return_probe(),
             command_exit_code: command_exit.map(ChildExit::shell_code),
+            ipc: Default::default(),
         };
         sink.end(&end)?;
         let command_still_running = child_pid.filter(|_| command_exit.is_none());

@@ -28,6 +28,17 @@ use crate::{
     sink::Sink,
 };
 
+/// Most sends remembered for arrows to receives yet to come; older ones are forgotten first.
+const MAX_REMEMBERED_SENDS: usize = 1 << 20;
+
+/// One end of an arrow: a point on a thread's track.
+#[derive(Clone, Copy)]
+struct FlowEnd {
+    pid: u32,
+    tid: u32,
+    ts: u64,
+}
+
 /// A call waiting for its return.
 struct OpenCall {
     ts: u64,
@@ -39,6 +50,11 @@ struct OpenCall {
 pub struct ChromeWriter<W: Write> {
     out: BufWriter<W>,
     wrote_event: bool,
+    /// Where each send happened, by flow id, for the arrows to its receives.
+    sends: BTreeMap<u64, FlowEnd>,
+    /// Where each signal was generated, by flow id.
+    signals: HashMap<u64, FlowEnd>,
+    next_arrow: u64,
     origin_ns: u64,
     start: Option<TraceStart>,
     open: HashMap<(u32, u32), Vec<OpenCall>>,
@@ -77,6 +93,9 @@ impl<W: Write> ChromeWriter<W> {
         ChromeWriter {
             out: BufWriter::with_capacity(1 << 20, out),
             wrote_event: false,
+            sends: BTreeMap::new(),
+            signals: HashMap::new(),
+            next_arrow: 1,
             origin_ns: 0,
             start: None,
             open: HashMap::new(),
@@ -141,6 +160,35 @@ impl<W: Write> ChromeWriter<W> {
             args,
         };
         self.write(&ev)
+    }
+
+    /// A short slice for a syscall that moved IPC data, `[start, start + dur]`.
+    fn ipc_slice(&mut self, e: &Event, name: &str, start: u64, dur: u64, args: Value) -> io::Result<()> {
+        let ev = TraceEvent {
+            name,
+            cat: "ipc",
+            ph: "X",
+            ts: self.ts(start),
+            dur: Some(micros(dur as i128)),
+            pid: e.pid,
+            tid: e.tid,
+            s: None,
+            args,
+        };
+        self.write(&ev)
+    }
+
+    /// An arrow from `from` to `to`. Each end binds to the slice enclosing its timestamp (the
+    /// middle of the send and receive slices); every arrow gets an id of its own, since a flow id
+    /// may fan out to several receives.
+    fn arrow(&mut self, name: &str, from: FlowEnd, to: FlowEnd) -> io::Result<()> {
+        let id = self.next_arrow;
+        self.next_arrow += 1;
+        let (from_ts, to_ts) = (self.ts(from.ts), self.ts(to.ts));
+        self.write(
+            &json!({"name": name, "cat": "ipc", "ph": "s", "id": id, "pid": from.pid, "tid": from.tid, "ts": from_ts}),
+        )?;
+        self.write(&json!({"name": name, "cat": "ipc", "ph": "f", "bp": "e", "id": id, "pid": to.pid, "tid": to.tid, "ts": to_ts}))
     }
 
     fn name_metadata(&mut self) -> io::Result<()> {
@@ -242,6 +290,48 @@ impl<W: Write> Sink for ChromeWriter<W> {
                 let args = json!({ "exit_code": exit_code, "signal": signal, "thread": thread });
                 self.instant(e, &name, args)?;
             }
+            EventData::Send { channel, fd, bytes, syscall, flow_id, syscall_ns } => {
+                let args =
+                    json!({ "channel": channel, "fd": fd, "bytes": bytes, "syscall": syscall, "flow_id": flow_id });
+                self.ipc_slice(e, &format!("send {bytes} B"), e.ts, *syscall_ns, args)?;
+                if self.sends.len() >= MAX_REMEMBERED_SENDS {
+                    self.sends.pop_first();
+                }
+                self.sends.insert(*flow_id, FlowEnd { pid: e.pid, tid: e.tid, ts: e.ts + syscall_ns / 2 });
+            }
+            EventData::Recv { channel, fd, bytes, syscall, flow_ids, syscall_ns } => {
+                let start = e.ts.saturating_sub(*syscall_ns);
+                let args =
+                    json!({ "channel": channel, "fd": fd, "bytes": bytes, "syscall": syscall, "flow_ids": flow_ids });
+                self.ipc_slice(e, &format!("recv {bytes} B"), start, *syscall_ns, args)?;
+                let to = FlowEnd { pid: e.pid, tid: e.tid, ts: start + syscall_ns / 2 };
+                for id in flow_ids {
+                    if let Some(from) = self.sends.get(id).copied() {
+                        self.arrow("message", from, to)?;
+                    }
+                }
+            }
+            EventData::Signal { signal, sender_pid, target_pid, target_tid, delivered, flow_id } => {
+                let name = format!("{} {}", if *delivered { "deliver" } else { "send" }, signal.name);
+                let args = json!({
+                    "signal": signal, "sender_pid": sender_pid, "target_pid": target_pid,
+                    "target_tid": target_tid, "delivered": delivered, "flow_id": flow_id,
+                });
+                // A zero-length slice (not an instant) so that the arrow has something to bind to.
+                self.ipc_slice(e, &name, e.ts, 0, args)?;
+                let here = FlowEnd { pid: e.pid, tid: e.tid, ts: e.ts };
+                match (flow_id, delivered) {
+                    (Some(id), false) => {
+                        self.signals.insert(*id, here);
+                    }
+                    (Some(id), true) => {
+                        if let Some(from) = self.signals.remove(id) {
+                            self.arrow("signal", from, here)?;
+                        }
+                    }
+                    (None, _) => {}
+                }
+            }
         }
         Ok(())
     }
@@ -286,6 +376,7 @@ pub(crate) mod tests {
             lost_events: [("call".to_string(), 3)].into(),
             calls_without_return_probe: 0,
             command_exit_code: None,
+            ipc: Default::default(),
         }
     }
 

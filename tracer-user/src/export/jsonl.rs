@@ -147,6 +147,7 @@ pub fn replay<R: BufRead>(reader: TraceReader<R>, sink: &mut dyn Sink) -> Result
         lost_events: Default::default(),
         calls_without_return_probe: 0,
         command_exit_code: None,
+        ipc: Default::default(),
     };
     sink.end(&end)?;
     Ok(Replayed { events, end_missing: true })
@@ -207,6 +208,7 @@ mod tests {
             lost_events: [("call".to_string(), 0)].into(),
             calls_without_return_probe: 0,
             command_exit_code: None,
+            ipc: Default::default(),
         };
         let bytes = write_trace(&[call(2), call(3)], Some(&end));
         let text = String::from_utf8(bytes.clone()).unwrap();
