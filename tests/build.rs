@@ -38,6 +38,9 @@ fn main() {
     let demo = out.join("client_server_demo");
     run(Command::new(&cc).args(["-O0", "-pthread", "-o"]).arg(&demo).arg(src.join("c/client_server_demo.c")));
 
+    let ipc = out.join("ipc");
+    run(Command::new(&cc).args(["-O0", "-o"]).arg(&ipc).arg(src.join("c/ipc.c")));
+
     let shapes = out.join("shapes");
     run(Command::new(&cxx).args(["-O0", "-o"]).arg(&shapes).arg(src.join("cpp/shapes.cpp")));
 
@@ -47,6 +50,7 @@ fn main() {
         ("BENCH", &bench),
         ("SHAPES", &shapes),
         ("CLIENT_SERVER_DEMO", &demo),
+        ("IPC", &ipc),
     ] {
         println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
     }

@@ -30,6 +30,7 @@ pub fn fixture(name: &str) -> PathBuf {
         "bench" => env!("FIXTURE_BENCH"),
         "shapes" => env!("FIXTURE_SHAPES"),
         "client_server_demo" => env!("FIXTURE_CLIENT_SERVER_DEMO"),
+        "ipc" => env!("FIXTURE_IPC"),
         other => panic!("no fixture named {other}"),
     })
 }
@@ -197,6 +198,56 @@ pub fn record<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> (Run, Trace) {
     assert!(out.exists(), "no trace written: {run:?}");
     let trace = Trace::load(&out);
     (run, trace)
+}
+
+/// A `tracer record` running in the background, started once it has attached everything.
+pub struct TracerRun {
+    child: Child,
+    stderr: BufReader<std::process::ChildStderr>,
+    startup: String,
+    out: PathBuf,
+}
+
+impl TracerRun {
+    /// Starts `tracer record -o <dir>/trace.jsonl <args>` and returns once it says it is tracing.
+    pub fn start<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> TracerRun {
+        let out = dir.join("trace.jsonl");
+        let mut child = Command::new(tracer_bin())
+            .arg("record")
+            .arg("-o")
+            .arg(&out)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tracer");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut startup = String::new();
+        loop {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).expect("read tracer stderr") == 0 {
+                let _ = child.wait();
+                panic!("tracer exited before tracing: {startup}");
+            }
+            startup.push_str(&line);
+            if line.starts_with("tracer: tracing ") {
+                break;
+            }
+        }
+        TracerRun { child, stderr, startup, out }
+    }
+
+    /// Waits for the tracer to end by itself; returns its run and trace.
+    pub fn finish(mut self) -> (Run, Trace) {
+        let mut rest = String::new();
+        use std::io::Read as _;
+        self.stderr.read_to_string(&mut rest).expect("read tracer stderr");
+        let run = wait_with_timeout(self.child, "tracer");
+        let run = Run { stderr: self.startup + &rest, ..run };
+        let trace = Trace::load(&self.out);
+        (run, trace)
+    }
 }
 
 /// A fixture process running in the background (`calls loop`), killed when dropped.

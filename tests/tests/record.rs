@@ -3,7 +3,7 @@
 use std::{collections::BTreeSet, path::Path, time::Duration};
 
 use serde_json::Value;
-use tracer_tests::{Background, args, fixture, record, temp_dir, u64_field};
+use tracer_tests::{Background, TracerRun, args, fixture, record, temp_dir, u64_field};
 
 fn pid_of(e: &Value) -> u64 {
     u64_field(e, "pid")
@@ -288,19 +288,13 @@ fn binary_targets_running_and_started_later() {
     let calls = fixture("calls");
     let first = Background::start(&calls, &["loop"]);
     let second = Background::start(&calls, &["loop"]);
-    let late = std::thread::spawn({
-        let calls = calls.clone();
-        move || {
-            std::thread::sleep(Duration::from_millis(600));
-            let third = Background::start(&calls, &["loop"]);
-            std::thread::sleep(Duration::from_millis(300));
-            let pid = third.pid();
-            let _ = third.finish();
-            pid
-        }
-    });
-    let (run, t) = record(dir.path(), &["-b", calls.to_str().unwrap(), "-f", "tick", "-d", "1.5"]);
-    let third_pid = late.join().unwrap() as u64;
+    let tracer = TracerRun::start(dir.path(), &["-b", calls.to_str().unwrap(), "-f", "tick", "-d", "1.5"]);
+    // Started after the probes are in place: traced from its exec.
+    let third = Background::start(&calls, &["loop"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let third_pid = third.pid() as u64;
+    assert_eq!(third.finish().0, 0);
+    let (run, t) = tracer.finish();
     assert_eq!(run.code(), 0, "{run:?}");
     assert_eq!(t.lost(), 0);
     let targets: Vec<u64> = t.start["targets"].as_array().unwrap().iter().filter_map(|x| x["pid"].as_u64()).collect();

@@ -2,20 +2,20 @@
 
 use core::{fmt, mem::size_of};
 
-use crate::{CallRecord, ExecRecord, ExitRecord, ForkRecord, RecordHeader, RecordKind, ReturnRecord};
+use crate::{
+    CallRecord, ExecRecord, ExitRecord, ForkRecord, IpcRecord, RecordHeader, RecordKind, ReturnRecord, SignalRecord,
+};
 
 /// One record, copied out of the ring buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "records are decoded one at a time and consumed at once; boxing exec records would allocate"
-)]
 pub enum Record {
     Call(CallRecord),
     Return(ReturnRecord),
     Fork(ForkRecord),
     Exec(ExecRecord),
     Exit(ExitRecord),
+    Ipc(IpcRecord),
+    Signal(SignalRecord),
 }
 
 impl Record {
@@ -26,6 +26,8 @@ impl Record {
             Record::Fork(r) => &r.header,
             Record::Exec(r) => &r.header,
             Record::Exit(r) => &r.header,
+            Record::Ipc(r) => &r.header,
+            Record::Signal(r) => &r.header,
         }
     }
 }
@@ -82,6 +84,8 @@ pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
         RecordKind::Fork => Record::Fork(read(kind, bytes)?),
         RecordKind::Exec => Record::Exec(read(kind, bytes)?),
         RecordKind::Exit => Record::Exit(read(kind, bytes)?),
+        RecordKind::Ipc => Record::Ipc(read(kind, bytes)?),
+        RecordKind::Signal => Record::Signal(read(kind, bytes)?),
     })
 }
 
@@ -125,6 +129,23 @@ mod tests {
         assert_eq!(decode(&bytes_of(&fork)), Ok(Record::Fork(fork)));
         let exit = ExitRecord { header: header(RecordKind::Exit), exit_code: 3 << 8, group_dead: 1, comm: [0; 16] };
         assert_eq!(decode(&bytes_of(&exit)).map(|r| *r.header()), Ok(exit.header));
+        let signal = SignalRecord {
+            header: header(RecordKind::Signal),
+            signal: 10,
+            delivered: 1,
+            target_pid: 3,
+            target_tid: 4,
+            code: 0,
+            si_pid: 2,
+            group: 1,
+            result: 0,
+        };
+        assert_eq!(decode(&bytes_of(&signal)), Ok(Record::Signal(signal)));
+        // SAFETY: an all-zero IpcRecord is a valid value (integers and arrays only).
+        let mut ipc: IpcRecord = unsafe { core::mem::zeroed() };
+        ipc.header = header(RecordKind::Ipc);
+        ipc.bytes = 100;
+        assert_eq!(decode(&bytes_of(&ipc)), Ok(Record::Ipc(ipc)));
     }
 
     #[test]

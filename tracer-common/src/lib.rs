@@ -17,6 +17,8 @@ pub mod names {
     pub const TARGET_INODES: &str = "TARGET_INODES";
     pub const LOST: &str = "LOST";
     pub const CONFIG: &str = "CONFIG";
+    pub const INFLIGHT: &str = "INFLIGHT";
+    pub const STREAMS: &str = "STREAMS";
 }
 
 /// Names of the programs in the eBPF object.
@@ -26,11 +28,19 @@ pub mod programs {
     pub const SCHED_FORK: &str = "sched_fork";
     pub const SCHED_EXEC: &str = "sched_exec";
     pub const SCHED_EXIT: &str = "sched_exit";
+    pub const IPC_SYS_ENTER: &str = "ipc_sys_enter";
+    pub const IPC_SYS_EXIT: &str = "ipc_sys_exit";
+    pub const SIGNAL_GENERATE: &str = "signal_generate";
+    pub const SIGNAL_DELIVER: &str = "signal_deliver";
 
     /// Kernel raw tracepoints (`TP_PROTO` arguments, no tracefs needed) that the sched programs attach to.
     pub const SCHED_FORK_TP: &str = "sched_process_fork";
     pub const SCHED_EXEC_TP: &str = "sched_process_exec";
     pub const SCHED_EXIT_TP: &str = "sched_process_exit";
+    pub const SIGNAL_GENERATE_TP: &str = "signal_generate";
+    pub const SIGNAL_DELIVER_TP: &str = "signal_deliver";
+    pub const SYS_ENTER_TP: &str = "sys_enter";
+    pub const SYS_EXIT_TP: &str = "sys_exit";
 }
 
 /// The kind of a record, as written in [`RecordHeader::kind`]. The discriminant doubles as the slot
@@ -43,11 +53,21 @@ pub enum RecordKind {
     Fork = 3,
     Exec = 4,
     Exit = 5,
+    /// A transfer on a socket or pipe ([`IpcRecord`]).
+    Ipc = 6,
+    Signal = 7,
 }
 
 impl RecordKind {
-    pub const ALL: [RecordKind; 5] =
-        [RecordKind::Call, RecordKind::Return, RecordKind::Fork, RecordKind::Exec, RecordKind::Exit];
+    pub const ALL: [RecordKind; 7] = [
+        RecordKind::Call,
+        RecordKind::Return,
+        RecordKind::Fork,
+        RecordKind::Exec,
+        RecordKind::Exit,
+        RecordKind::Ipc,
+        RecordKind::Signal,
+    ];
 }
 
 impl TryFrom<u32> for RecordKind {
@@ -60,6 +80,8 @@ impl TryFrom<u32> for RecordKind {
             3 => RecordKind::Fork,
             4 => RecordKind::Exec,
             5 => RecordKind::Exit,
+            6 => RecordKind::Ipc,
+            7 => RecordKind::Signal,
             other => return Err(other),
         })
     }
@@ -69,7 +91,11 @@ impl TryFrom<u32> for RecordKind {
 /// [`RecordKind`]; the others count things the kernel side had to give up on.
 pub mod lost_slot {
     /// A traced process forked, but the traced-pid map was full: the child is not traced.
-    pub const UNTRACKED_CHILD: u32 = 14;
+    pub const UNTRACKED_CHILD: u32 = 12;
+    /// A traced IPC syscall could not be remembered between entry and exit (map full).
+    pub const IPC_INFLIGHT: u32 = 13;
+    /// Messages of a `sendmmsg`/`recvmmsg` beyond the first [`super::MAX_MMSG`] (not recorded).
+    pub const IPC_MMSG_BEYOND_LIMIT: u32 = 14;
     /// Number of slots in the `LOST` map.
     pub const COUNT: u32 = 16;
 }
@@ -162,6 +188,215 @@ pub struct ExitRecord {
     pub comm: [u8; COMM_LEN],
 }
 
+/// Messages of one `sendmmsg`/`recvmmsg` recorded, each as its own record.
+pub const MAX_MMSG: u32 = 16;
+/// Payload bytes kept from the start of each datagram, to tell datagrams apart.
+pub const HEAD_LEN: usize = 16;
+/// Bytes of a Unix socket path (`sun_path`).
+pub const UNIX_PATH_LEN: usize = 108;
+
+/// Which way an [`IpcRecord`] moved bytes.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Send = 1,
+    Recv = 2,
+}
+
+impl TryFrom<u32> for Direction {
+    type Error = u32;
+
+    fn try_from(value: u32) -> Result<Self, u32> {
+        match value {
+            1 => Ok(Direction::Send),
+            2 => Ok(Direction::Recv),
+            other => Err(other),
+        }
+    }
+}
+
+/// What kind of kernel object an [`IpcRecord`] went through.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChannelKind {
+    Tcp = 1,
+    Udp = 2,
+    UnixStream = 3,
+    /// Unix datagram and seqpacket sockets.
+    UnixDgram = 4,
+    Pipe = 5,
+    Fifo = 6,
+}
+
+impl TryFrom<u32> for ChannelKind {
+    type Error = u32;
+
+    fn try_from(value: u32) -> Result<Self, u32> {
+        Ok(match value {
+            1 => ChannelKind::Tcp,
+            2 => ChannelKind::Udp,
+            3 => ChannelKind::UnixStream,
+            4 => ChannelKind::UnixDgram,
+            5 => ChannelKind::Pipe,
+            6 => ChannelKind::Fifo,
+            other => return Err(other),
+        })
+    }
+}
+
+/// The syscalls that move IPC data, by x86-64 number.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpcSyscall {
+    Read = 0,
+    Write = 1,
+    Readv = 19,
+    Writev = 20,
+    Sendto = 44,
+    Recvfrom = 45,
+    Sendmsg = 46,
+    Recvmsg = 47,
+    Recvmmsg = 299,
+    Sendmmsg = 307,
+}
+
+impl IpcSyscall {
+    pub const ALL: [IpcSyscall; 10] = [
+        IpcSyscall::Read,
+        IpcSyscall::Write,
+        IpcSyscall::Readv,
+        IpcSyscall::Writev,
+        IpcSyscall::Sendto,
+        IpcSyscall::Recvfrom,
+        IpcSyscall::Sendmsg,
+        IpcSyscall::Recvmsg,
+        IpcSyscall::Recvmmsg,
+        IpcSyscall::Sendmmsg,
+    ];
+
+    pub const fn from_number(nr: u64) -> Option<IpcSyscall> {
+        Some(match nr {
+            0 => IpcSyscall::Read,
+            1 => IpcSyscall::Write,
+            19 => IpcSyscall::Readv,
+            20 => IpcSyscall::Writev,
+            44 => IpcSyscall::Sendto,
+            45 => IpcSyscall::Recvfrom,
+            46 => IpcSyscall::Sendmsg,
+            47 => IpcSyscall::Recvmsg,
+            299 => IpcSyscall::Recvmmsg,
+            307 => IpcSyscall::Sendmmsg,
+            _ => return None,
+        })
+    }
+
+    pub const fn direction(self) -> Direction {
+        match self {
+            IpcSyscall::Write
+            | IpcSyscall::Writev
+            | IpcSyscall::Sendto
+            | IpcSyscall::Sendmsg
+            | IpcSyscall::Sendmmsg => Direction::Send,
+            IpcSyscall::Read
+            | IpcSyscall::Readv
+            | IpcSyscall::Recvfrom
+            | IpcSyscall::Recvmsg
+            | IpcSyscall::Recvmmsg => Direction::Recv,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            IpcSyscall::Read => "read",
+            IpcSyscall::Write => "write",
+            IpcSyscall::Readv => "readv",
+            IpcSyscall::Writev => "writev",
+            IpcSyscall::Sendto => "sendto",
+            IpcSyscall::Recvfrom => "recvfrom",
+            IpcSyscall::Sendmsg => "sendmsg",
+            IpcSyscall::Recvmsg => "recvmsg",
+            IpcSyscall::Recvmmsg => "recvmmsg",
+            IpcSyscall::Sendmmsg => "sendmmsg",
+        }
+    }
+}
+
+/// One data transfer on a socket or pipe by a traced thread: one per syscall that moved bytes, or
+/// one per message of `sendmmsg`/`recvmmsg`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcRecord {
+    /// `ts_boot_ns` is the syscall's entry for a send, its exit for a receive.
+    pub header: RecordHeader,
+    /// A [`Direction`].
+    pub direction: u32,
+    /// A [`ChannelKind`].
+    pub channel: u32,
+    /// An [`IpcSyscall`] number.
+    pub syscall: u32,
+    pub fd: i32,
+    /// Bytes moved (by this message, for the multi-message syscalls).
+    pub bytes: u64,
+    pub syscall_ns: u64,
+    /// Position of the first byte in its stream: the TCP sequence number (32 bits), or for Unix
+    /// streams and pipes the tracer's own count of the bytes that went through.
+    pub stream_pos: u64,
+    /// 1 when `stream_pos` is meaningful.
+    pub pos_valid: u32,
+    /// Which message of `sendmmsg`/`recvmmsg` (0 otherwise).
+    pub msg_index: u32,
+    /// AF_INET or AF_INET6 for TCP/UDP.
+    pub family: u16,
+    pub local_port: u16,
+    pub remote_port: u16,
+    pub _pad: u16,
+    /// IPv4 addresses take the first 4 bytes. For unconnected UDP the remote address is the
+    /// message's (destination of a send, source of a receive); zero when unknown.
+    pub local_addr: [u8; 16],
+    pub remote_addr: [u8; 16],
+    /// Unix sockets: this socket's inode; pipes and FIFOs: the pipe's inode.
+    pub local_ino: u64,
+    /// Unix sockets: the connected peer's inode (0 when not connected).
+    pub peer_ino: u64,
+    /// Unix streams: the kernel's `struct sock` of this end and of its peer. Unlike inodes they
+    /// exist for the whole connection (a server's socket has no inode until `accept`, a closed
+    /// one loses it), so they identify the stream at both ends; user space never writes them out
+    /// as they are.
+    pub local_sk: u64,
+    pub peer_sk: u64,
+    /// The first bytes of the payload (datagrams tell each other apart by them).
+    pub head: [u8; HEAD_LEN],
+    pub head_len: u32,
+    /// Length of `path`, 0 when there is none.
+    pub path_len: u32,
+    /// Unix sockets: a bound address (`sun_path`; abstract names start with a NUL): for streams,
+    /// whichever end is bound; for datagrams, the receiving end's.
+    pub path: [u8; UNIX_PATH_LEN],
+    pub _pad2: [u8; 4],
+}
+
+/// `signal:signal_generate` (a signal sent to, or by, a traced process) and
+/// `signal:signal_deliver` (a signal delivered to a traced thread). The header names the current
+/// thread: the sender at generation, the receiver at delivery.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SignalRecord {
+    pub header: RecordHeader,
+    pub signal: u32,
+    /// 0 at generation, 1 at delivery.
+    pub delivered: u32,
+    pub target_pid: u32,
+    pub target_tid: u32,
+    /// `siginfo.si_code` (0 when the kernel passed no siginfo).
+    pub code: i32,
+    /// `siginfo.si_pid`: the sender, as the receiver sees it (delivery only; 0 if unknown).
+    pub si_pid: u32,
+    /// Generation: 1 for a process-wide signal, 0 for one aimed at a thread.
+    pub group: u32,
+    /// Generation: the kernel's `TRACE_SIGNAL_*` result; 0 means queued for delivery.
+    pub result: u32,
+}
+
 /// Key of the `TARGET_INODES` map: a process that exec's a file with this device and inode
 /// becomes traced (`--binary`).
 #[repr(C)]
@@ -185,6 +420,53 @@ pub struct KernelOffsets {
     pub inode_ino: u32,
     pub inode_sb: u32,
     pub sb_dev: u32,
+    // IPC: from an fd to its file and the object behind it.
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdtable_fd: u32,
+    pub fdtable_max_fds: u32,
+    pub file_private_data: u32,
+    pub inode_mode: u32,
+    pub sb_magic: u32,
+    pub socket_sk: u32,
+    /// Offset of the socket's inode from the `struct socket` (`socket_alloc.vfs_inode`).
+    pub socket_inode: u32,
+    pub sock_family: u32,
+    pub sock_num: u32,
+    pub sock_dport: u32,
+    pub sock_rcv_saddr: u32,
+    pub sock_daddr: u32,
+    pub sock_v6_rcv_saddr: u32,
+    pub sock_v6_daddr: u32,
+    pub sock_type: u32,
+    pub sock_protocol: u32,
+    pub sock_socket: u32,
+    pub sock_receive_queue: u32,
+    pub tcp_write_seq: u32,
+    pub tcp_copied_seq: u32,
+    pub unix_peer: u32,
+    pub unix_addr: u32,
+    pub unix_address_len: u32,
+    pub unix_address_name: u32,
+    pub skb_next: u32,
+    pub skb_len: u32,
+    pub skb_cb: u32,
+    pub unix_skb_consumed: u32,
+    pub pipe_head: u32,
+    pub pipe_tail: u32,
+    pub pipe_ring_size: u32,
+    pub pipe_bufs: u32,
+    pub pipe_buffer_len: u32,
+    pub pipe_buffer_size: u32,
+    pub siginfo_code: u32,
+    pub siginfo_pid: u32,
+    // Syscall arguments in the user registers (`struct pt_regs`).
+    pub regs_di: u32,
+    pub regs_si: u32,
+    pub regs_dx: u32,
+    pub regs_r10: u32,
+    pub regs_r8: u32,
+    pub regs_r9: u32,
     pub _pad: u32,
 }
 

@@ -1,12 +1,18 @@
 //! The tracer's kernel side: one uprobe/uretprobe pair for every probed function (told apart by the
-//! attach cookie) and raw tracepoints for process lifecycle. Every program is a thin wrapper around
+//! attach cookie), raw tracepoints for process lifecycle and signals, and syscall tracepoints for
+//! IPC. Every program is a thin wrapper around
 //! a `try_` function; records go into one ring buffer, and a record that does not fit is counted
 //! in the per-CPU `LOST` array under its kind, never dropped silently.
 #![no_std]
 #![no_main]
+// For `atomic_xadd` (see `ipc::fetch_add`); the eBPF build already needs an unstable `-Z build-std`.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
+mod ipc;
 mod maps;
 mod sched;
+mod signal;
 mod uprobe;
 
 #[cfg(not(test))]

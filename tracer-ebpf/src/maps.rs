@@ -8,26 +8,9 @@ use aya_ebpf::{
 use tracer_common::{Config, InodeKey, RecordKind, kind_bit, lost_slot};
 
 /// Set by user space at load time (`EbpfLoader::override_global`); read-only here.
+// SAFETY: `Config` is integers only; all-zero is a valid value (and is replaced before load).
 #[unsafe(no_mangle)]
-pub static CONFIG: Config = Config {
-    enabled_kinds: 0,
-    follow_children: 0,
-    has_target_inodes: 0,
-    _pad: 0,
-    wakeup_bytes: 0,
-    offsets: tracer_common::KernelOffsets {
-        task_pid: 0,
-        task_tgid: 0,
-        task_exit_code: 0,
-        bprm_file: 0,
-        bprm_filename: 0,
-        file_inode: 0,
-        inode_ino: 0,
-        inode_sb: 0,
-        sb_dev: 0,
-        _pad: 0,
-    },
-};
+pub static CONFIG: Config = unsafe { core::mem::zeroed() };
 
 /// Every record goes here. User space sets the size (`--buffer-size`).
 #[map]
@@ -80,9 +63,14 @@ pub fn is_traced(tgid: u32) -> bool {
 
 #[inline(always)]
 pub fn count_lost(slot: u32) {
+    count_lost_by(slot, 1);
+}
+
+#[inline(always)]
+pub fn count_lost_by(slot: u32, n: u64) {
     if let Some(counter) = LOST.get_ptr_mut(slot) {
         // SAFETY: a per-CPU slot; programs do not migrate while they run.
-        unsafe { *counter += 1 };
+        unsafe { *counter += n };
     }
 }
 

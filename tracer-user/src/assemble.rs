@@ -10,6 +10,7 @@ use tracer_common::{
 
 use crate::{
     call_stack::CallStacks,
+    channels::{ChannelResolver, signal_event},
     clock::BootClock,
     event::{Event, EventData, SpawnHow},
 };
@@ -30,6 +31,7 @@ pub struct EventAssembler {
     clock: BootClock,
     functions: FunctionTable,
     stacks: CallStacks<u64>,
+    channels: ChannelResolver,
     /// Records that could not be decoded or named (counted as lost, reported in `trace_end`).
     pub undecodable: u64,
 }
@@ -47,7 +49,14 @@ pub fn exit_status(raw: u32) -> (Option<i32>, Option<i32>) {
 impl EventAssembler {
     /// `return_probes`: whether return probes are attached (durations are tracked only then).
     pub fn new(host: Arc<str>, clock: BootClock, functions: FunctionTable, return_probes: bool) -> Self {
-        EventAssembler { host, clock, functions, stacks: CallStacks::new(return_probes), undecodable: 0 }
+        EventAssembler {
+            host,
+            clock,
+            functions,
+            stacks: CallStacks::new(return_probes),
+            channels: ChannelResolver::default(),
+            undecodable: 0,
+        }
     }
 
     pub fn calls_without_return_probe(&self) -> u64 {
@@ -100,6 +109,14 @@ impl EventAssembler {
                 let (exit_code, signal) = exit_status(r.exit_code);
                 EventData::Exit { exit_code, signal, thread: r.group_dead == 0, comm: comm(&r.comm) }
             }
+            Record::Ipc(r) => match self.channels.ipc_event(h.pid, &r) {
+                Some(data) => data,
+                None => {
+                    self.undecodable += 1;
+                    return None;
+                }
+            },
+            Record::Signal(r) => signal_event(h.pid, &r),
         };
         Some(Event { ts, host: self.host.clone(), pid: h.pid, tid: h.tid, data })
     }
@@ -113,7 +130,11 @@ pub fn lost_slot_name(slot: u32) -> Option<&'static str> {
         Ok(RecordKind::Return) => "return",
         Ok(RecordKind::Fork | RecordKind::Exec) => "spawn",
         Ok(RecordKind::Exit) => "exit",
+        Ok(RecordKind::Ipc) => "ipc",
+        Ok(RecordKind::Signal) => "signal",
         Err(tracer_common::lost_slot::UNTRACKED_CHILD) => "untraced_children",
+        Err(tracer_common::lost_slot::IPC_INFLIGHT) => "ipc_untracked_syscalls",
+        Err(tracer_common::lost_slot::IPC_MMSG_BEYOND_LIMIT) => "ipc_messages_beyond_limit",
         Err(_) => return None,
     })
 }

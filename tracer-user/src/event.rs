@@ -69,6 +69,11 @@ pub enum EventData {
         flow_id: u64,
         /// How long the syscall took.
         syscall_ns: u64,
+        /// Streams: the position of the first byte (TCP: its 32-bit sequence number; Unix streams
+        /// and pipes: the tracer's byte count). What links a receive to the sends it read.
+        seq: Option<u64>,
+        /// Datagrams: a hash of the length and first payload bytes, which tells datagrams apart.
+        digest: Option<u64>,
     },
     /// Bytes arrived at this thread through a socket or pipe. `ts` is the syscall's exit (the
     /// bytes are there from then on).
@@ -81,6 +86,8 @@ pub enum EventData {
         /// (empty when none was traced). JSON also has `flow_id`: the first of them, or null.
         flow_ids: Vec<u64>,
         syscall_ns: u64,
+        seq: Option<u64>,
+        digest: Option<u64>,
     },
     /// A signal generated for a traced process (`delivered: false`), or delivered to a traced
     /// thread (`delivered: true`). A generation and its delivery share a `flow_id`.
@@ -94,6 +101,10 @@ pub enum EventData {
         /// Links a generation to its delivery; `None` for a generation the kernel dropped (the
         /// signal was already pending or ignored) or a delivery whose generation was not seen.
         flow_id: Option<u64>,
+        /// Generation: aimed at the whole process (any thread may take it), not one thread.
+        group: bool,
+        /// Generation: the kernel queued it for delivery (false: ignored, or already pending).
+        queued: bool,
     },
 }
 
@@ -110,15 +121,19 @@ pub enum Channel {
         src: std::net::SocketAddr,
         dst: std::net::SocketAddr,
     },
-    /// A Unix stream socket (named or a socketpair). `id` is the smaller inode number of the two
-    /// connected sockets, the same at both ends.
+    /// A Unix stream socket (named or a socketpair). `id` names the connection, the same at both
+    /// ends and in both directions; `to` names the receiving socket, which tells the directions
+    /// apart. Both are derived from the kernel's socket objects, stable within one trace.
     UnixStream {
         id: u64,
+        to: u64,
         path: Option<String>,
     },
-    /// A Unix datagram socket; `id` is the receiving socket's inode number.
+    /// A Unix datagram (or seqpacket) socket. A named receiver is known by its `path` at both
+    /// ends (a sender that addresses it by path learns nothing else); an unnamed one (a
+    /// socketpair) by its inode number, `id`.
     UnixDgram {
-        id: u64,
+        id: Option<u64>,
         path: Option<String>,
     },
     /// An anonymous pipe; `id` is its inode number.
@@ -261,9 +276,9 @@ impl Serialize for Event {
             EventData::Return { .. } => 4,
             EventData::Spawn { .. } => 6,
             EventData::Exit { .. } => 4,
-            EventData::Send { .. } => 6,
-            EventData::Recv { .. } => 7,
-            EventData::Signal { .. } => 6,
+            EventData::Send { .. } => 8,
+            EventData::Recv { .. } => 9,
+            EventData::Signal { .. } => 8,
         };
         let mut s = serializer.serialize_struct("Event", 5 + own_fields)?;
         s.serialize_field("kind", self.data.kind().name())?;
@@ -297,15 +312,17 @@ impl Serialize for Event {
                 s.serialize_field("thread", thread)?;
                 s.serialize_field("comm", comm)?;
             }
-            EventData::Send { channel, fd, bytes, syscall, flow_id, syscall_ns } => {
+            EventData::Send { channel, fd, bytes, syscall, flow_id, syscall_ns, seq, digest } => {
                 s.serialize_field("channel", channel)?;
                 s.serialize_field("fd", fd)?;
                 s.serialize_field("bytes", bytes)?;
                 s.serialize_field("syscall", syscall)?;
                 s.serialize_field("flow_id", flow_id)?;
                 s.serialize_field("syscall_ns", syscall_ns)?;
+                s.serialize_field("seq", seq)?;
+                s.serialize_field("digest", digest)?;
             }
-            EventData::Recv { channel, fd, bytes, syscall, flow_ids, syscall_ns } => {
+            EventData::Recv { channel, fd, bytes, syscall, flow_ids, syscall_ns, seq, digest } => {
                 s.serialize_field("channel", channel)?;
                 s.serialize_field("fd", fd)?;
                 s.serialize_field("bytes", bytes)?;
@@ -313,14 +330,18 @@ impl Serialize for Event {
                 s.serialize_field("flow_id", &flow_ids.first())?;
                 s.serialize_field("flow_ids", flow_ids)?;
                 s.serialize_field("syscall_ns", syscall_ns)?;
+                s.serialize_field("seq", seq)?;
+                s.serialize_field("digest", digest)?;
             }
-            EventData::Signal { signal, sender_pid, target_pid, target_tid, delivered, flow_id } => {
+            EventData::Signal { signal, sender_pid, target_pid, target_tid, delivered, flow_id, group, queued } => {
                 s.serialize_field("signal", signal)?;
                 s.serialize_field("sender_pid", sender_pid)?;
                 s.serialize_field("target_pid", target_pid)?;
                 s.serialize_field("target_tid", target_tid)?;
                 s.serialize_field("delivered", delivered)?;
                 s.serialize_field("flow_id", flow_id)?;
+                s.serialize_field("group", group)?;
+                s.serialize_field("queued", queued)?;
             }
         }
         s.end()
@@ -386,6 +407,10 @@ pub struct RawEvent<'a> {
     target_pid: Option<u32>,
     target_tid: Option<u32>,
     delivered: Option<bool>,
+    seq: Option<u64>,
+    digest: Option<u64>,
+    group: Option<bool>,
+    queued: Option<bool>,
 }
 
 /// Interns the strings that repeat on every line (host, function, module), so that a reader
@@ -453,6 +478,8 @@ impl RawEvent<'_> {
                 syscall: need(self.syscall, "syscall")?,
                 flow_id: need(self.flow_id, "flow_id")?,
                 syscall_ns: self.syscall_ns.unwrap_or(0),
+                seq: self.seq,
+                digest: self.digest,
             },
             LineKind::Recv => EventData::Recv {
                 channel: need(self.channel, "channel")?,
@@ -461,6 +488,8 @@ impl RawEvent<'_> {
                 syscall: need(self.syscall, "syscall")?,
                 flow_ids: self.flow_ids.unwrap_or_else(|| self.flow_id.into_iter().collect()),
                 syscall_ns: self.syscall_ns.unwrap_or(0),
+                seq: self.seq,
+                digest: self.digest,
             },
             LineKind::Signal => EventData::Signal {
                 signal: match need(self.signal, "signal")? {
@@ -472,6 +501,8 @@ impl RawEvent<'_> {
                 target_tid: self.target_tid.unwrap_or(0),
                 delivered: need(self.delivered, "delivered")?,
                 flow_id: self.flow_id,
+                group: self.group.unwrap_or(false),
+                queued: self.queued.unwrap_or(true),
             },
             LineKind::TraceStart | LineKind::TraceEnd => {
                 return Err("trace_start/trace_end is not an event".to_string());
@@ -683,6 +714,8 @@ mod tests {
             syscall: Syscall::Sendto,
             flow_id: 7,
             syscall_ns: 1500,
+            seq: Some(1000),
+            digest: None,
         });
         let line = serde_json::to_string(&send).unwrap();
         assert!(
@@ -691,12 +724,14 @@ mod tests {
         );
         assert_eq!(round_trip(&send), send);
         let recv = event(EventData::Recv {
-            channel: Channel::UnixStream { id: 99, path: Some("/tmp/s".into()) },
+            channel: Channel::UnixStream { id: 99, to: 100, path: Some("/tmp/s".into()) },
             fd: 4,
             bytes: 10,
             syscall: Syscall::Read,
             flow_ids: vec![7, 8],
             syscall_ns: 20,
+            seq: Some(5),
+            digest: None,
         });
         let line = serde_json::to_string(&recv).unwrap();
         assert!(line.contains(r#""flow_id":7,"flow_ids":[7,8]"#), "{line}");
@@ -708,6 +743,8 @@ mod tests {
             syscall: Syscall::Readv,
             flow_ids: vec![],
             syscall_ns: 0,
+            seq: None,
+            digest: Some(77),
         });
         assert!(serde_json::to_string(&unlinked).unwrap().contains(r#""flow_id":null,"flow_ids":[]"#));
         assert_eq!(round_trip(&unlinked), unlinked);
@@ -718,6 +755,8 @@ mod tests {
             target_tid: 2,
             delivered: true,
             flow_id: Some(3),
+            group: false,
+            queued: true,
         });
         let line = serde_json::to_string(&sig).unwrap();
         assert!(line.contains(r#""signal":{"number":10,"name":"SIGUSR1"}"#), "{line}");

@@ -118,8 +118,14 @@ impl KernelBtf {
         None
     }
 
-    /// The offsets the process-lifecycle programs need.
-    pub fn process_offsets(&self) -> Result<KernelOffsets, KernelBtfError> {
+    /// Size in bytes of `strukt`.
+    pub fn size_of(&self, strukt: &str) -> Result<u32, KernelBtfError> {
+        Ok(self.find_struct(strukt)?.size() as u32)
+    }
+
+    /// Every offset the eBPF programs read with.
+    pub fn offsets(&self) -> Result<KernelOffsets, KernelBtfError> {
+        let sock = |field: &str| self.offset("sock", field);
         Ok(KernelOffsets {
             task_pid: self.offset("task_struct", "pid")?,
             task_tgid: self.offset("task_struct", "tgid")?,
@@ -130,6 +136,51 @@ impl KernelBtf {
             inode_ino: self.offset("inode", "i_ino")?,
             inode_sb: self.offset("inode", "i_sb")?,
             sb_dev: self.offset("super_block", "s_dev")?,
+            task_files: self.offset("task_struct", "files")?,
+            files_fdt: self.offset("files_struct", "fdt")?,
+            fdtable_fd: self.offset("fdtable", "fd")?,
+            fdtable_max_fds: self.offset("fdtable", "max_fds")?,
+            file_private_data: self.offset("file", "private_data")?,
+            inode_mode: self.offset("inode", "i_mode")?,
+            sb_magic: self.offset("super_block", "s_magic")?,
+            socket_sk: self.offset("socket", "sk")?,
+            // A socket's inode lives next to it: `struct socket_alloc { socket; vfs_inode }`.
+            socket_inode: self.offset("socket_alloc", "vfs_inode")? - self.offset("socket_alloc", "socket")?,
+            sock_family: sock("__sk_common.skc_family")?,
+            sock_num: sock("__sk_common.skc_num")?,
+            sock_dport: sock("__sk_common.skc_dport")?,
+            sock_rcv_saddr: sock("__sk_common.skc_rcv_saddr")?,
+            sock_daddr: sock("__sk_common.skc_daddr")?,
+            sock_v6_rcv_saddr: sock("__sk_common.skc_v6_rcv_saddr")?,
+            sock_v6_daddr: sock("__sk_common.skc_v6_daddr")?,
+            sock_type: sock("sk_type")?,
+            sock_protocol: sock("sk_protocol")?,
+            sock_socket: sock("sk_socket")?,
+            sock_receive_queue: sock("sk_receive_queue")?,
+            tcp_write_seq: self.offset("tcp_sock", "write_seq")?,
+            tcp_copied_seq: self.offset("tcp_sock", "copied_seq")?,
+            unix_peer: self.offset("unix_sock", "peer")?,
+            unix_addr: self.offset("unix_sock", "addr")?,
+            unix_address_len: self.offset("unix_address", "len")?,
+            unix_address_name: self.offset("unix_address", "name")?,
+            skb_next: self.offset("sk_buff", "next")?,
+            skb_len: self.offset("sk_buff", "len")?,
+            skb_cb: self.offset("sk_buff", "cb")?,
+            unix_skb_consumed: self.offset("unix_skb_parms", "consumed")?,
+            pipe_head: self.offset("pipe_inode_info", "head")?,
+            pipe_tail: self.offset("pipe_inode_info", "tail")?,
+            pipe_ring_size: self.offset("pipe_inode_info", "ring_size")?,
+            pipe_bufs: self.offset("pipe_inode_info", "bufs")?,
+            pipe_buffer_len: self.offset("pipe_buffer", "len")?,
+            pipe_buffer_size: self.size_of("pipe_buffer")?,
+            siginfo_code: self.offset("kernel_siginfo", "si_code")?,
+            siginfo_pid: self.offset("kernel_siginfo", "_sifields._kill._pid")?,
+            regs_di: self.offset("pt_regs", "di")?,
+            regs_si: self.offset("pt_regs", "si")?,
+            regs_dx: self.offset("pt_regs", "dx")?,
+            regs_r10: self.offset("pt_regs", "r10")?,
+            regs_r8: self.offset("pt_regs", "r8")?,
+            regs_r9: self.offset("pt_regs", "r9")?,
             _pad: 0,
         })
     }
@@ -141,12 +192,18 @@ mod tests {
 
     /// Reads the BTF of the kernel these tests run on; every kernel the tracer supports has it.
     #[test]
-    fn finds_process_offsets_in_the_running_kernel() {
+    fn finds_every_offset_in_the_running_kernel() {
         let btf = KernelBtf::load().expect("kernel BTF");
-        let o = btf.process_offsets().expect("offsets");
+        let o = btf.offsets().expect("offsets");
         // pid and tgid are adjacent `pid_t`s in every kernel since 2.6.
         assert_eq!(o.task_tgid, o.task_pid + 4, "{o:?}");
         assert!(o.task_exit_code > 0 && o.bprm_file > 0 && o.inode_sb > 0, "{o:?}");
+        // `sock_common` starts `sock`; its address pair comes first, the family after the ports.
+        assert_eq!((o.sock_daddr, o.sock_rcv_saddr), (0, 4), "{o:?}");
+        assert!(o.sock_family > o.sock_num && o.sock_num > o.sock_dport, "{o:?}");
+        // A `pipe_buffer` holds at least a page pointer, offset, length and ops pointer.
+        assert!(o.pipe_buffer_size >= 24, "{o:?}");
+        assert!(o.socket_inode > 0, "{o:?}");
     }
 
     #[test]

@@ -7,15 +7,19 @@
 
 pub mod assemble;
 pub mod call_stack;
+pub mod channels;
 pub mod cli;
 pub mod clock;
 pub mod drain;
 pub mod event;
 pub mod export;
+pub mod flows;
 pub mod kernel_btf;
 pub mod launch;
 pub mod loader;
 pub mod modules;
+pub mod order;
+pub mod pipeline;
 pub mod record;
 pub mod sink;
 pub mod symbols;

@@ -30,8 +30,6 @@ pub enum LoadError {
     Load(String),
     #[error("cannot attach {what}: {reason}")]
     Attach { what: String, reason: String },
-    #[error("cannot mount tracefs at {path}: {reason}")]
-    Tracefs { path: String, reason: String },
     #[error("cannot update the {map} map: {reason}")]
     Map { map: &'static str, reason: String },
 }
@@ -74,18 +72,6 @@ fn load_error(e: impl std::fmt::Display) -> LoadError {
     LoadError::Load(format!("{e:#}"))
 }
 
-/// Where tracefs lives; tracepoint programs need it mounted (a fresh machine may not have it).
-pub const TRACEFS: &str = "/sys/kernel/tracing";
-
-/// Mounts tracefs if it is not mounted yet.
-pub fn ensure_tracefs() -> Result<(), LoadError> {
-    if Path::new(TRACEFS).join("events").is_dir() {
-        return Ok(());
-    }
-    nix::mount::mount(Some("nodev"), TRACEFS, Some("tracefs"), nix::mount::MsFlags::empty(), None::<&str>)
-        .map_err(|e| LoadError::Tracefs { path: TRACEFS.to_string(), reason: e.desc().to_string() })
-}
-
 /// Lets the process hold many file descriptors (aya's maps and programs, and the links).
 pub fn raise_fd_limit(needed: u64) {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
@@ -116,11 +102,15 @@ impl Kernel {
 
     /// Attaches the process-lifecycle programs (always on: they also follow forks).
     pub fn attach_sched(&mut self) -> Result<(), LoadError> {
-        for (program, tracepoint) in [
+        self.attach_raw_tracepoints(&[
             (programs::SCHED_FORK, programs::SCHED_FORK_TP),
             (programs::SCHED_EXEC, programs::SCHED_EXEC_TP),
             (programs::SCHED_EXIT, programs::SCHED_EXIT_TP),
-        ] {
+        ])
+    }
+
+    fn attach_raw_tracepoints(&mut self, pairs: &[(&str, &str)]) -> Result<(), LoadError> {
+        for &(program, tracepoint) in pairs {
             let attach_error = |e: &dyn std::fmt::Display| LoadError::Attach {
                 what: format!("raw tracepoint {tracepoint}"),
                 reason: format!("{e:#}"),
@@ -135,6 +125,22 @@ impl Kernel {
             prog.attach(tracepoint).map_err(|e| attach_error(&e))?;
         }
         Ok(())
+    }
+
+    /// Attaches the IPC programs to syscall entry and exit.
+    pub fn attach_ipc(&mut self) -> Result<(), LoadError> {
+        self.attach_raw_tracepoints(&[
+            (programs::IPC_SYS_ENTER, programs::SYS_ENTER_TP),
+            (programs::IPC_SYS_EXIT, programs::SYS_EXIT_TP),
+        ])
+    }
+
+    /// Attaches the signal programs.
+    pub fn attach_signals(&mut self) -> Result<(), LoadError> {
+        self.attach_raw_tracepoints(&[
+            (programs::SIGNAL_GENERATE, programs::SIGNAL_GENERATE_TP),
+            (programs::SIGNAL_DELIVER, programs::SIGNAL_DELIVER_TP),
+        ])
     }
 
     /// Attaches entry and return probes; returns the probes that failed (others stay attached).
@@ -189,6 +195,23 @@ impl Kernel {
     fn traced_pids_map(&mut self) -> Result<BpfHashMap<&mut MapData, u32, u32>, LoadError> {
         let map = self.ebpf.map_mut(names::TRACED_PIDS).ok_or_else(|| load_error("TRACED_PIDS map is missing"))?;
         BpfHashMap::try_from(map).map_err(load_error)
+    }
+
+    /// Stops recording: no process is traced any more (the probes stay until dropped). Calls
+    /// still open then stay unfinished, rather than their returns arriving without their calls
+    /// while the probes are detached one link at a time.
+    pub fn stop_tracing(&mut self) {
+        for pid in self.traced_pids() {
+            self.untrace_pid(pid);
+        }
+        if let Some(map) = self.ebpf.map_mut(names::TARGET_INODES)
+            && let Ok(mut map) = BpfHashMap::<&mut MapData, InodeKey, u32>::try_from(map)
+        {
+            let keys: Vec<InodeKey> = map.keys().filter_map(Result::ok).collect();
+            for key in keys {
+                let _ = map.remove(&key);
+            }
+        }
     }
 
     /// Makes processes that exec this file traced from their first instruction.

@@ -23,8 +23,10 @@ use crate::{
     event::{EndReason, EventKind, FORMAT_VERSION, TargetInfo, TraceEnd, TraceStart},
     kernel_btf::{KernelBtf, KernelBtfError},
     launch::{ChildExit, LaunchError, spawn_stopped, try_reap},
-    loader::{Kernel, LoadError, LostCounters, ProbeSpec, ensure_tracefs, raise_fd_limit},
+    loader::{Kernel, LoadError, LostCounters, ProbeSpec, raise_fd_limit},
     modules::{ModuleCandidates, ModuleError},
+    order::REORDER_WINDOW_NS,
+    pipeline::EventPipeline,
     sink::Sink,
     symbols::{FunctionPattern, SymbolError, SymbolTable},
     targets::{self, FileId, Process, TargetError},
@@ -329,18 +331,30 @@ impl Plan {
         if events.contains(&EventKind::Exit) {
             enabled_kinds |= kind_bit(RecordKind::Exit);
         }
+        let want_ipc = events.contains(&EventKind::Send) || events.contains(&EventKind::Recv);
+        if want_ipc {
+            enabled_kinds |= kind_bit(RecordKind::Ipc);
+        }
+        if events.contains(&EventKind::Signal) {
+            enabled_kinds |= kind_bit(RecordKind::Signal);
+        }
         let config = Config {
             enabled_kinds,
             follow_children: options.follow_children as u32,
             has_target_inodes: !binaries.is_empty() as u32,
             _pad: 0,
             wakeup_bytes: wakeup_bytes(options.buffer_size),
-            offsets: KernelBtf::load()?.process_offsets()?,
+            offsets: KernelBtf::load()?.offsets()?,
         };
         raise_fd_limit(1024);
-        ensure_tracefs()?;
         let mut kernel = Kernel::load(&config, options.buffer_size)?;
         kernel.attach_sched()?;
+        if want_ipc {
+            kernel.attach_ipc()?;
+        }
+        if events.contains(&EventKind::Signal) {
+            kernel.attach_signals()?;
+        }
         let failures = kernel.attach_functions(&probes)?;
         let failed: BTreeSet<u64> = failures.iter().map(|f| f.cookie).collect();
         let attached = probes.iter().filter(|p| !failed.contains(&p.cookie)).count();
@@ -415,6 +429,7 @@ impl Plan {
             child_pid,
             ends_when_empty: binaries.is_empty(),
             duration: options.duration,
+            kinds: options.events.clone(),
             warnings,
         })
     }
@@ -433,6 +448,7 @@ pub struct Recording {
     /// targets.
     ends_when_empty: bool,
     duration: Option<Duration>,
+    kinds: BTreeSet<EventKind>,
     /// Things found while attaching that do not stop the trace (the plan's are in [`Plan::warnings`]).
     pub warnings: Vec<String>,
 }
@@ -456,11 +472,21 @@ impl Recording {
     /// exit, every traced process exits, the duration elapses, or `stop` resolves.
     pub async fn run(self, sink: &mut dyn Sink, stop: impl Future<Output = EndReason>) -> Result<Outcome, RecordError> {
         let Recording {
-            mut kernel, ring, lost, mut assembler, clock, start, child_pid, ends_when_empty, duration, ..
+            mut kernel,
+            ring,
+            lost,
+            mut assembler,
+            clock,
+            start,
+            child_pid,
+            ends_when_empty,
+            duration,
+            kinds,
+            ..
         } = self;
+        let mut pipeline = EventPipeline::new(kinds);
         let mut drain = RingDrain::spawn(ring)?;
         sink.begin(&start)?;
-        let mut written: u64 = 0;
         let mut command_exit: Option<ChildExit> = None;
         let deadline = duration.map(|d| tokio::time::Instant::now() + d);
         let mut tick = tokio::time::interval(TICK);
@@ -473,10 +499,14 @@ impl Recording {
                 reason = &mut stop => break reason,
                 _ = sleep_until(deadline) => break EndReason::Duration,
                 batch = drain.recv() => match batch {
-                    Some(batch) => written += write_batch(&batch, &mut assembler, sink)?,
+                    Some(batch) => {
+                        push_batch(&batch, &mut assembler, &mut pipeline);
+                        pipeline.flush_ready(sink)?;
+                    }
                     None => return Err(drain.join().err().unwrap_or_else(|| std::io::Error::other("the ring-buffer drain stopped")).into()),
                 },
                 _ = tick.tick() => {
+                    pipeline.flush_older_than(clock.now_unix_ns().saturating_sub(REORDER_WINDOW_NS), sink)?;
                     if let Some(pid) = child_pid
                         && command_exit.is_none()
                     {
@@ -490,14 +520,16 @@ impl Recording {
             }
         };
 
-        // Detach first, so that no record arrives after the final drain.
+        // Stop and detach first, so that no record arrives after the final drain.
         let end_ts = clock.now_unix_ns();
+        kernel.stop_tracing();
         drop(kernel);
         drain.finish();
         while let Some(batch) = drain.recv().await {
-            written += write_batch(&batch, &mut assembler, sink)?;
+            push_batch(&batch, &mut assembler, &mut pipeline);
         }
         drain.join()?;
+        pipeline.flush_all(sink)?;
         if let Some(pid) = child_pid
             && command_exit.is_none()
         {
@@ -515,11 +547,11 @@ impl Recording {
         let end = TraceEnd {
             ts: end_ts,
             reason,
-            events_written: written,
+            events_written: pipeline.written,
             lost_events,
             calls_without_return_probe: assembler.calls_without_return_probe(),
             command_exit_code: command_exit.map(ChildExit::shell_code),
-            ipc: Default::default(),
+            ipc: pipeline.ipc_stats(),
         };
         sink.end(&end)?;
         let command_still_running = child_pid.filter(|_| command_exit.is_none());
@@ -533,16 +565,13 @@ fn wakeup_bytes(ring_bytes: u32) -> u64 {
     (ring_bytes as u64 / 8).min(1 << 20)
 }
 
-/// Turns a batch of records into events for the sink; returns how many were written.
-fn write_batch(batch: &Batch, assembler: &mut EventAssembler, sink: &mut dyn Sink) -> std::io::Result<u64> {
-    let mut written = 0;
+/// Turns a batch of records into events for the pipeline.
+fn push_batch(batch: &Batch, assembler: &mut EventAssembler, pipeline: &mut EventPipeline) {
     for record in batch.records() {
         if let Some(e) = assembler.assemble(record) {
-            sink.event(&e)?;
-            written += 1;
+            pipeline.push(e);
         }
     }
-    Ok(written)
 }
 
 /// Whether any traced process still lives; forgets the ones that are gone (a process that exited

@@ -116,8 +116,9 @@ pub fn build_ebpf(root: &Path) -> Result<()> {
     cmd.current_dir(root)
         .args(["build", "--release", "-p", "tracer-ebpf", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
         .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", linker)
-        // bpf-linker emits BTF from the debug info (aya needs it for the programs' globals).
-        .env("CARGO_ENCODED_RUSTFLAGS", "-Cdebuginfo=2\x1f-Clink-arg=--btf")
+        // bpf-linker emits BTF from the debug info (aya needs it for the programs' globals); BPF v3
+        // has the atomic fetch-and-add the stream counters use (Linux 5.12+).
+        .env("CARGO_ENCODED_RUSTFLAGS", "-Cdebuginfo=2\x1f-Clink-arg=--btf\x1f-Ctarget-cpu=v3")
         // Outer cargo/rustup settings would point the inner cargo at the wrong compiler.
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("CARGO")

@@ -162,11 +162,11 @@ impl<W: Write> ChromeWriter<W> {
         self.write(&ev)
     }
 
-    /// A short slice for a syscall that moved IPC data, `[start, start + dur]`.
+    /// A short slice for a syscall that moved IPC data (or a signal), `[start, start + dur]`.
     fn ipc_slice(&mut self, e: &Event, name: &str, start: u64, dur: u64, args: Value) -> io::Result<()> {
         let ev = TraceEvent {
             name,
-            cat: "ipc",
+            cat: e.data.kind().name(),
             ph: "X",
             ts: self.ts(start),
             dur: Some(micros(dur as i128)),
@@ -290,7 +290,7 @@ impl<W: Write> Sink for ChromeWriter<W> {
                 let args = json!({ "exit_code": exit_code, "signal": signal, "thread": thread });
                 self.instant(e, &name, args)?;
             }
-            EventData::Send { channel, fd, bytes, syscall, flow_id, syscall_ns } => {
+            EventData::Send { channel, fd, bytes, syscall, flow_id, syscall_ns, .. } => {
                 let args =
                     json!({ "channel": channel, "fd": fd, "bytes": bytes, "syscall": syscall, "flow_id": flow_id });
                 self.ipc_slice(e, &format!("send {bytes} B"), e.ts, *syscall_ns, args)?;
@@ -299,7 +299,7 @@ impl<W: Write> Sink for ChromeWriter<W> {
                 }
                 self.sends.insert(*flow_id, FlowEnd { pid: e.pid, tid: e.tid, ts: e.ts + syscall_ns / 2 });
             }
-            EventData::Recv { channel, fd, bytes, syscall, flow_ids, syscall_ns } => {
+            EventData::Recv { channel, fd, bytes, syscall, flow_ids, syscall_ns, .. } => {
                 let start = e.ts.saturating_sub(*syscall_ns);
                 let args =
                     json!({ "channel": channel, "fd": fd, "bytes": bytes, "syscall": syscall, "flow_ids": flow_ids });
@@ -311,8 +311,8 @@ impl<W: Write> Sink for ChromeWriter<W> {
                     }
                 }
             }
-            EventData::Signal { signal, sender_pid, target_pid, target_tid, delivered, flow_id } => {
-                let name = format!("{} {}", if *delivered { "deliver" } else { "send" }, signal.name);
+            EventData::Signal { signal, sender_pid, target_pid, target_tid, delivered, flow_id, .. } => {
+                let name = format!("{} {}", if *delivered { "deliver" } else { "kill" }, signal.name);
                 let args = json!({
                     "signal": signal, "sender_pid": sender_pid, "target_pid": target_pid,
                     "target_tid": target_tid, "delivered": delivered, "flow_id": flow_id,
