@@ -13,7 +13,7 @@ pub fn run(tracer: &Path) -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let jsonl = dir.join("trace.jsonl");
     let chrome = dir.join("trace.json");
-    println!("xtask: tracing {} (a server, 3 clients, 15 requests over TCP)", demo.display());
+    println!("xtask: tracing {} (a server, 3 clients, 15 requests over TCP, results over a pipe)", demo.display());
     run_checked(Command::new(tracer).arg("record").arg("-o").arg(&jsonl).arg("--").arg(&demo))?;
     run_checked(Command::new(tracer).arg("export").arg(&jsonl).arg("-o").arg(&chrome))?;
     summarize(&jsonl)?;
@@ -69,6 +69,11 @@ fn summarize(jsonl: &Path) -> Result<()> {
     for (pid, (comm, status)) in &processes {
         println!("  {pid:>7}  {comm:<20} {status}");
     }
+    let ipc = &end["ipc"];
+    println!(
+        "messages: {} sends, {} receives ({} linked to their sends), {} signals linked",
+        ipc["sends"], ipc["recvs"], ipc["linked_recvs"], ipc["linked_signals"]
+    );
     let mut busiest: Vec<_> = functions.into_iter().collect();
     busiest.sort_by_key(|(_, (_, total))| std::cmp::Reverse(*total));
     println!("functions by total time (calls, total):");
