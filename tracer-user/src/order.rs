@@ -8,10 +8,7 @@
 //! bound the memory; a send that blocks in the kernel for longer than the window may leave the
 //! receives of its first bytes unlinked.
 
-use std::{
-    cmp::{Ordering, Reverse},
-    collections::BinaryHeap,
-};
+use std::collections::VecDeque;
 
 use crate::event::Event;
 
@@ -20,32 +17,11 @@ pub const REORDER_WINDOW_NS: u64 = 250_000_000;
 /// Most events held at once; past it, the oldest leave early.
 pub const MAX_HELD: usize = 1 << 20;
 
-struct Held {
-    ts: u64,
-    arrival: u64,
-    event: Event,
-}
-
-impl PartialEq for Held {
-    fn eq(&self, other: &Self) -> bool {
-        (self.ts, self.arrival) == (other.ts, other.arrival)
-    }
-}
-impl Eq for Held {}
-impl PartialOrd for Held {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Held {
-    fn cmp(&self, other: &Self) -> Ordering {
-        (self.ts, self.arrival).cmp(&(other.ts, other.arrival))
-    }
-}
-
+/// Events sorted by timestamp, ties in arrival order. Records come nearly sorted (only a send,
+/// stamped at its syscall's entry, arrives late), so an event is placed by searching back from the
+/// newest end: almost always one comparison.
 pub struct Reorder {
-    heap: BinaryHeap<Reverse<Held>>,
-    arrivals: u64,
+    held: VecDeque<Event>,
     newest: u64,
     window_ns: u64,
     max_held: usize,
@@ -59,13 +35,14 @@ impl Default for Reorder {
 
 impl Reorder {
     pub fn new(window_ns: u64, max_held: usize) -> Self {
-        Reorder { heap: BinaryHeap::new(), arrivals: 0, newest: 0, window_ns, max_held }
+        Reorder { held: VecDeque::new(), newest: 0, window_ns, max_held }
     }
 
     pub fn push(&mut self, event: Event) {
         self.newest = self.newest.max(event.ts);
-        self.arrivals += 1;
-        self.heap.push(Reverse(Held { ts: event.ts, arrival: self.arrivals, event }));
+        // After every held event with a timestamp not above this one's: ties keep arrival order.
+        let at = self.held.len() - self.held.iter().rev().take_while(|e| e.ts > event.ts).count();
+        self.held.insert(at, event);
     }
 
     /// The oldest event, if the trace has moved a window past it (or too many wait).
@@ -76,25 +53,21 @@ impl Reorder {
     /// The oldest event, if it is older than `cutoff` (or too many wait). With a cutoff from the
     /// clock, events leave even when no newer event comes.
     pub fn pop_older_than(&mut self, cutoff: u64) -> Option<Event> {
-        let Reverse(oldest) = self.heap.peek()?;
-        if oldest.ts < cutoff || self.heap.len() > self.max_held {
-            self.heap.pop().map(|Reverse(h)| h.event)
-        } else {
-            None
-        }
+        let oldest = self.held.front()?;
+        if oldest.ts < cutoff || self.held.len() > self.max_held { self.held.pop_front() } else { None }
     }
 
     /// Every event, oldest first (at the end of a trace).
     pub fn pop_any(&mut self) -> Option<Event> {
-        self.heap.pop().map(|Reverse(h)| h.event)
+        self.held.pop_front()
     }
 
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.held.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.held.is_empty()
     }
 }
 
@@ -127,7 +100,10 @@ mod tests {
         assert_eq!(drain(&mut r), [(20, 2)]);
         r.push(ev(300, 1));
         assert_eq!(drain(&mut r), [(50, 1), (140, 1)]);
-        assert_eq!(std::iter::from_fn(|| r.pop_any()).map(|e| e.ts).collect::<Vec<_>>(), [300]);
+        r.push(ev(250, 2));
+        r.push(ev(260, 3));
+        r.push(ev(255, 4));
+        assert_eq!(std::iter::from_fn(|| r.pop_any()).map(|e| e.ts).collect::<Vec<_>>(), [250, 255, 260, 300]);
     }
 
     #[test]
