@@ -10,6 +10,7 @@ pub mod call_stack;
 pub mod channels;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod drain;
 pub mod event;
 pub mod export;

@@ -1,0 +1,198 @@
+//! The agent/collector protocol: length-prefixed postcard frames over TCP (or TLS).
+//!
+//! A frame is a little-endian `u32` length, then that many bytes of one postcard-encoded
+//! [`Message`]. Frames are bounded by [`MAX_FRAME`]; a frame that is too large, truncated, or does
+//! not decode closes that connection with the reason, and nothing else.
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+
+use super::wire::EventBatch;
+
+/// Version of this protocol; both ends must speak the same.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The largest frame either end accepts.
+pub const MAX_FRAME: usize = 8 << 20;
+
+pub type Nonce = [u8; 32];
+pub type Proof = [u8; 32];
+
+/// What to trace on one agent: the options of `tracer record`, for that host.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceRequest {
+    pub pids: Vec<u32>,
+    pub binaries: Vec<String>,
+    /// A command to launch, program first (empty: none).
+    pub command: Vec<String>,
+    pub functions: Vec<String>,
+    /// Event kinds, by name (`call`, `return`, ...).
+    pub events: Vec<String>,
+    pub follow_children: bool,
+    pub buffer_size: u32,
+    pub max_probes: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// Collector → agent, first: the collector's challenge to the agent.
+    Hello { version: u32, nonce: Nonce },
+    /// Agent → collector: the agent's answer (`None` without a shared secret), its own challenge,
+    /// and who it is.
+    Challenge { version: u32, proof: Option<Proof>, nonce: Nonce, host: String },
+    /// Collector → agent: the collector's answer.
+    Answer { proof: Option<Proof> },
+    /// Agent → collector: authenticated.
+    Welcome,
+    /// Either way: the connection is refused, and why.
+    Refused { reason: String },
+
+    /// Collector → agent: answer at once with your clock (clock offset estimation).
+    ClockProbe { id: u32 },
+    /// Agent → collector: the agent's clock when it answered, in its Unix nanoseconds.
+    ClockEcho { id: u32, agent_ns: u64 },
+
+    /// Collector → agent: start tracing.
+    Start { trace_id: u64, request: TraceRequest },
+    /// Agent → collector: tracing; the trace's first line (JSON).
+    Started { trace_id: u64, trace_start: String },
+    /// Agent → collector: the trace could not start (one sentence).
+    Failed { trace_id: u64, error: String },
+    /// Agent → collector: events, numbered.
+    Events(EventBatch),
+    /// Agent → collector: events the agent had to drop (its buffer overflowed while no collector
+    /// was connected): sequence numbers `first_seq..first_seq + count`.
+    Gap { first_seq: u64, count: u64 },
+    /// Collector → agent: everything before `next_seq` is safely received.
+    Ack { next_seq: u64 },
+    /// Collector → agent: stop tracing.
+    Stop { trace_id: u64 },
+    /// Agent → collector: the trace is over; its last line (JSON) and how many events it had.
+    Ended { trace_id: u64, trace_end: String, total_events: u64 },
+    /// Collector → agent, after reconnecting: carry on with the trace from `next_seq`.
+    Resume { trace_id: u64, next_seq: u64 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("the peer closed the connection")]
+    Closed,
+    #[error("frame of {0} bytes is larger than the limit ({MAX_FRAME})")]
+    TooLarge(usize),
+    #[error("frame is truncated (the connection ended inside it)")]
+    Truncated,
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+    #[error("connection error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Reads one message.
+pub async fn read_message<R: AsyncRead + Unpin>(r: &mut R) -> Result<Message, FrameError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => FrameError::Truncated,
+        _ => e.into(),
+    })?;
+    decode(&body)
+}
+
+/// Decodes one frame's body; trailing bytes are malformed too.
+pub fn decode(body: &[u8]) -> Result<Message, FrameError> {
+    let (message, rest) = postcard::take_from_bytes(body).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(FrameError::Malformed(format!("{} bytes after the message", rest.len())));
+    }
+    Ok(message)
+}
+
+/// Encodes one message as a frame.
+pub fn encode(message: &Message) -> Result<Vec<u8>, FrameError> {
+    let body = postcard::to_stdvec(message).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    if body.len() > MAX_FRAME {
+        return Err(FrameError::TooLarge(body.len()));
+    }
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&body);
+    Ok(frame)
+}
+
+/// Writes one message.
+pub async fn write_message<W: AsyncWrite + Unpin>(w: &mut W, message: &Message) -> Result<(), FrameError> {
+    w.write_all(&encode(message)?).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn round_trip(m: &Message) -> Message {
+        let mut buf = Vec::new();
+        write_message(&mut buf, m).await.unwrap();
+        read_message(&mut &buf[..]).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn messages_round_trip() {
+        for m in [
+            Message::Hello { version: PROTOCOL_VERSION, nonce: [7; 32] },
+            Message::Challenge { version: 1, proof: Some([1; 32]), nonce: [2; 32], host: "a".into() },
+            Message::Start {
+                trace_id: 9,
+                request: TraceRequest { pids: vec![1], events: vec!["call".into()], ..Default::default() },
+            },
+            Message::Gap { first_seq: 10, count: 5 },
+            Message::Ended { trace_id: 9, trace_end: "{}".into(), total_events: 3 },
+        ] {
+            assert_eq!(round_trip(&m).await, m);
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_frames_are_named() {
+        let closed = read_message(&mut &[][..]).await.unwrap_err();
+        assert!(matches!(closed, FrameError::Closed), "{closed}");
+        let mut huge = Vec::new();
+        huge.extend_from_slice(&(MAX_FRAME as u32 + 1).to_le_bytes());
+        let err = read_message(&mut &huge[..]).await.unwrap_err();
+        assert_eq!(err.to_string(), format!("frame of {} bytes is larger than the limit ({MAX_FRAME})", MAX_FRAME + 1));
+        let mut cut = encode(&Message::Welcome).unwrap();
+        cut[0] = 10;
+        assert!(matches!(read_message(&mut &cut[..]).await, Err(FrameError::Truncated)));
+        let garbage = [3u8, 0, 0, 0, 0xff, 0xff, 0xff];
+        assert!(matches!(read_message(&mut &garbage[..]).await, Err(FrameError::Malformed(_))));
+        let mut trailing = encode(&Message::Welcome).unwrap();
+        trailing[0] += 1;
+        trailing.push(0);
+        assert!(matches!(read_message(&mut &trailing[..]).await, Err(FrameError::Malformed(_))));
+    }
+
+    /// Any bytes at all decode to a message or to an error: never a panic, never a hang.
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for len in 0..2000 {
+            let bytes: Vec<u8> = (0..len % 97)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect();
+            let _ = decode(&bytes);
+        }
+    }
+}
