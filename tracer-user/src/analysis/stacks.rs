@@ -129,28 +129,41 @@ impl StackCollector {
 }
 
 /// Folded stacks (`proc;frame;frame value`, one line per stack with self time): what inferno,
-/// flamegraph.pl and speedscope read. A stack's value is its node's time minus its children's.
-/// `;` inside a name would split it into frames, so it becomes `:`.
-pub fn folded_lines(roots: &[FlameNode]) -> Vec<String> {
-    fn walk(node: &FlameNode, prefix: &str, out: &mut Vec<String>) {
-        let path = if prefix.is_empty() {
-            node.name.replace(';', ":")
-        } else {
-            format!("{prefix};{}", node.name.replace(';', ":"))
-        };
+/// flamegraph.pl and speedscope read. Calls `line` with each line (without its newline), depth
+/// first, children by name; a stack's value is its node's time minus its children's. `;` inside a
+/// name would split it into frames, so it becomes `:`.
+pub fn for_each_folded_line<E>(roots: &[FlameNode], line: &mut dyn FnMut(&str) -> Result<(), E>) -> Result<(), E> {
+    fn walk<E>(node: &FlameNode, path: &mut String, line: &mut dyn FnMut(&str) -> Result<(), E>) -> Result<(), E> {
+        let len = path.len();
+        if !path.is_empty() {
+            path.push(';');
+        }
+        path.push_str(&node.name.replace(';', ":"));
         let children: u64 = node.children.iter().map(|c| c.value).sum();
         let own = node.value.saturating_sub(children);
         if own > 0 {
-            out.push(format!("{path} {own}"));
+            let at = path.len();
+            path.push_str(&format!(" {own}"));
+            line(path)?;
+            path.truncate(at);
         }
         for c in &node.children {
-            walk(c, &path, out);
+            walk(c, path, line)?;
         }
+        path.truncate(len);
+        Ok(())
     }
+    let mut path = String::new();
+    roots.iter().try_for_each(|root| walk(root, &mut path, line))
+}
+
+/// All folded lines, in the order [`for_each_folded_line`] gives them.
+pub fn folded_lines(roots: &[FlameNode]) -> Vec<String> {
     let mut out = Vec::new();
-    for root in roots {
-        walk(root, "", &mut out);
-    }
+    let _ = for_each_folded_line::<()>(roots, &mut |l| {
+        out.push(l.to_string());
+        Ok(())
+    });
     out
 }
 

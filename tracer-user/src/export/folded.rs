@@ -3,12 +3,9 @@
 
 use std::io::{self, Write};
 
-use crate::analysis::stacks::{FlameNode, folded_lines};
+use crate::analysis::stacks::{FlameNode, for_each_folded_line};
 
-/// Writes the stacks under these roots, one line each.
+/// Writes the stacks under these roots, one line each, as it walks them.
 pub fn write(roots: &[FlameNode], out: &mut dyn Write) -> io::Result<()> {
-    for line in folded_lines(roots) {
-        writeln!(out, "{line}")?;
-    }
-    Ok(())
+    for_each_folded_line(roots, &mut |line| writeln!(out, "{line}"))
 }
