@@ -16,7 +16,7 @@
 //! memory without bound: a call made deeper is not tracked, and its time stays in the call at the
 //! cap (a flame graph shows it folded into that frame).
 
-use std::{collections::HashMap, sync::Arc};
+use std::{collections::HashMap, io, sync::Arc};
 
 use crate::event::{Event, EventData, SpawnHow};
 
@@ -188,6 +188,36 @@ impl CallTracker {
             thread.close_above(pid, tid, 0, ts, Ending::TracingStopped, on);
         }
     }
+}
+
+/// Something that turns call slices into output, owning the tracker that makes them.
+pub trait CallSink {
+    fn tracker(&mut self) -> &mut CallTracker;
+    /// Hears of a call that begins or ends. After an error, nothing more is heard.
+    fn on_call(&mut self, c: CallEvent) -> io::Result<()>;
+}
+
+/// Follows one event with the sink's tracker, handing the sink what begins and ends.
+pub fn follow_event(sink: &mut impl CallSink, e: &Event) -> io::Result<()> {
+    follow(sink, |tracker, on| tracker.event(e, on))
+}
+
+/// Ends every open call at `ts` (tracing stopped), handing the sink the slices.
+pub fn follow_end(sink: &mut impl CallSink, ts: u64) -> io::Result<()> {
+    follow(sink, |tracker, on| tracker.finish(ts, on))
+}
+
+fn follow<S: CallSink>(sink: &mut S, step: impl FnOnce(&mut CallTracker, &mut dyn FnMut(CallEvent))) -> io::Result<()> {
+    // The tracker is moved out for the step, so that the callback can borrow the sink.
+    let mut tracker = std::mem::take(sink.tracker());
+    let mut result = Ok(());
+    step(&mut tracker, &mut |c| {
+        if result.is_ok() {
+            result = sink.on_call(c);
+        }
+    });
+    *sink.tracker() = tracker;
+    result
 }
 
 struct Return<'a> {

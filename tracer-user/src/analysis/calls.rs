@@ -13,7 +13,7 @@ use std::{
 use globset::GlobMatcher;
 
 use super::{
-    call_tree::{CallEvent, CallTracker, Ending, Slice},
+    call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Slice},
     processes::ProcessNames,
     stats::human_ns,
 };
@@ -54,8 +54,6 @@ pub struct CallPrinter<W: Write> {
     /// Lines waiting for their outermost shown call to end, per thread.
     pending: HashMap<(u32, u32), Vec<Line>>,
     last_thread: Option<(u32, u32)>,
-    /// An error from a write made inside the tracker's callback.
-    error: Option<io::Error>,
 }
 
 impl<W: Write> CallPrinter<W> {
@@ -68,7 +66,6 @@ impl<W: Write> CallPrinter<W> {
             origin: 0,
             pending: HashMap::new(),
             last_thread: None,
-            error: None,
         }
     }
 
@@ -81,33 +78,6 @@ impl<W: Write> CallPrinter<W> {
             .map(|f| &f.function)
             .chain([&slice.frame.function])
             .position(|f| pattern.is_match(f.as_ref()))
-    }
-
-    fn on_call(&mut self, c: CallEvent) {
-        let CallEvent::End(slice) = c else { return };
-        if self.filter.pid.is_some_and(|p| p != slice.pid) || self.filter.tid.is_some_and(|t| t != slice.tid) {
-            return;
-        }
-        let Some(base) = self.shown_from(&slice) else { return };
-        let depth = slice.depth() - base;
-        if slice.duration() < self.filter.min_duration_ns || self.filter.max_depth.is_some_and(|max| depth > max) {
-            return;
-        }
-        let key = (slice.pid, slice.tid);
-        let line = Line {
-            start: slice.frame.start,
-            depth,
-            function: slice.frame.function.clone(),
-            duration: slice.duration(),
-            ending: slice.ending,
-        };
-        self.pending.entry(key).or_default().push(line);
-        if depth == 0 {
-            let lines = self.pending.remove(&key).unwrap_or_default();
-            if let Err(e) = self.write_tree(key, lines) {
-                self.error.get_or_insert(e);
-            }
-        }
     }
 
     fn write_tree(&mut self, (pid, tid): (u32, u32), mut lines: Vec<Line>) -> io::Result<()> {
@@ -138,9 +108,37 @@ impl<W: Write> CallPrinter<W> {
         }
         Ok(())
     }
+}
 
-    fn take_error(&mut self) -> io::Result<()> {
-        self.error.take().map_or(Ok(()), Err)
+impl<W: Write> CallSink for CallPrinter<W> {
+    fn tracker(&mut self) -> &mut CallTracker {
+        &mut self.tracker
+    }
+
+    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
+        let CallEvent::End(slice) = c else { return Ok(()) };
+        if self.filter.pid.is_some_and(|p| p != slice.pid) || self.filter.tid.is_some_and(|t| t != slice.tid) {
+            return Ok(());
+        }
+        let Some(base) = self.shown_from(&slice) else { return Ok(()) };
+        let depth = slice.depth() - base;
+        if slice.duration() < self.filter.min_duration_ns || self.filter.max_depth.is_some_and(|max| depth > max) {
+            return Ok(());
+        }
+        let key = (slice.pid, slice.tid);
+        let line = Line {
+            start: slice.frame.start,
+            depth,
+            function: slice.frame.function.clone(),
+            duration: slice.duration(),
+            ending: slice.ending,
+        };
+        self.pending.entry(key).or_default().push(line);
+        if depth == 0 {
+            let lines = self.pending.remove(&key).unwrap_or_default();
+            self.write_tree(key, lines)?;
+        }
+        Ok(())
     }
 }
 
@@ -153,16 +151,11 @@ impl<W: Write> Sink for CallPrinter<W> {
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
         self.names.event(e);
-        let mut tracker = std::mem::take(&mut self.tracker);
-        tracker.event(e, &mut |c| self.on_call(c));
-        self.tracker = tracker;
-        self.take_error()
+        call_tree::follow_event(self, e)
     }
 
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        let mut tracker = std::mem::take(&mut self.tracker);
-        tracker.finish(end.ts, &mut |c| self.on_call(c));
-        self.take_error()?;
+        call_tree::follow_end(self, end.ts)?;
         self.out.flush()
     }
 }

@@ -12,13 +12,14 @@
 
 use std::{
     collections::{HashMap, HashSet},
+    io,
     sync::Arc,
 };
 
 use serde::Serialize;
 
 use super::{
-    call_tree::{CallEvent, CallTracker, Ending},
+    call_tree::{self, CallEvent, CallSink, CallTracker, Ending},
     processes::ProcessNames,
 };
 use crate::event::{Event, TraceEnd, TraceStart};
@@ -64,45 +65,17 @@ impl StackCollector {
 
     pub fn event(&mut self, e: &Event) {
         self.names.event(e);
-        let mut tracker = std::mem::take(&mut self.tracker);
-        tracker.event(e, &mut |c| self.on_call(c));
-        self.tracker = tracker;
+        let _infallible = call_tree::follow_event(self, e);
     }
 
     /// Ends the calls still open at the trace's end; returns the flame graph roots, one per process,
     /// by total time descending (children by name).
     pub fn finish(&mut self, end: &TraceEnd) -> Vec<FlameNode> {
-        let mut tracker = std::mem::take(&mut self.tracker);
-        tracker.finish(end.ts, &mut |c| self.on_call(c));
+        let _infallible = call_tree::follow_end(self, end.ts);
         let mut roots: Vec<(u32, usize)> =
             self.roots.iter().filter(|(pid, _)| self.returned.contains(pid)).map(|(p, n)| (*p, *n)).collect();
         roots.sort_by_key(|&(pid, node)| (std::cmp::Reverse(self.nodes[node].value), pid));
         roots.into_iter().map(|(pid, node)| self.flame_node(node, self.names.label(pid))).collect()
-    }
-
-    fn on_call(&mut self, c: CallEvent) {
-        let CallEvent::End(slice) = c else { return };
-        if matches!(slice.ending, Ending::Returned { .. }) {
-            self.returned.insert(slice.pid);
-        }
-        let duration = slice.duration();
-        let root = match self.roots.get(&slice.pid) {
-            Some(&root) => root,
-            None => {
-                let root = self.new_node("".into());
-                self.roots.insert(slice.pid, root);
-                root
-            }
-        };
-        // Only outermost calls add to the process: the others are inside them.
-        if slice.depth() == 0 {
-            self.nodes[root].value += duration;
-        }
-        let mut node = root;
-        for f in slice.callers.iter().map(|f| &f.function).chain([&slice.frame.function]) {
-            node = self.child(node, f);
-        }
-        self.nodes[node].value += duration;
     }
 
     fn new_node(&mut self, name: Arc<str>) -> usize {
@@ -125,6 +98,38 @@ impl StackCollector {
             self.nodes[node].children.iter().map(|&c| self.flame_node(c, self.nodes[c].name.to_string())).collect();
         children.sort_by(|a, b| a.name.cmp(&b.name));
         FlameNode { name, value: self.nodes[node].value, children }
+    }
+}
+
+impl CallSink for StackCollector {
+    fn tracker(&mut self) -> &mut CallTracker {
+        &mut self.tracker
+    }
+
+    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
+        let CallEvent::End(slice) = c else { return Ok(()) };
+        if matches!(slice.ending, Ending::Returned { .. }) {
+            self.returned.insert(slice.pid);
+        }
+        let duration = slice.duration();
+        let root = match self.roots.get(&slice.pid) {
+            Some(&root) => root,
+            None => {
+                let root = self.new_node("".into());
+                self.roots.insert(slice.pid, root);
+                root
+            }
+        };
+        // Only outermost calls add to the process: the others are inside them.
+        if slice.depth() == 0 {
+            self.nodes[root].value += duration;
+        }
+        let mut node = root;
+        for f in slice.callers.iter().map(|f| &f.function).chain([&slice.frame.function]) {
+            node = self.child(node, f);
+        }
+        self.nodes[node].value += duration;
+        Ok(())
     }
 }
 

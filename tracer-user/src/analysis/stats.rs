@@ -18,7 +18,7 @@ use std::{
 use serde::Serialize;
 
 use super::{
-    call_tree::{CallEvent, CallTracker, Ending},
+    call_tree::{self, CallEvent, CallSink, CallTracker, Ending},
     percentile::Percentiles,
     processes::ProcessNames,
 };
@@ -128,22 +128,6 @@ impl ReportBuilder {
         self.report.as_ref()
     }
 
-    fn on_call(&mut self, c: CallEvent) {
-        let CallEvent::End(slice) = c else { return };
-        let key = (self.by_process.then_some(slice.pid), slice.frame.function.clone());
-        let acc = self.functions.entry(key).or_default();
-        let duration = slice.duration();
-        acc.min = if acc.calls == 0 { duration } else { acc.min.min(duration) };
-        acc.max = acc.max.max(duration);
-        acc.calls += 1;
-        acc.total += duration;
-        acc.self_ns += slice.self_ns();
-        acc.durations.add(duration);
-        if !matches!(slice.ending, Ending::Returned { .. }) {
-            acc.unfinished += 1;
-        }
-    }
-
     fn process(&mut self, pid: u32, ts: u64) -> &mut ProcessStats {
         self.processes.entry(pid).or_insert_with(|| ProcessStats { pid, start_ns: ts, ..ProcessStats::default() })
     }
@@ -182,6 +166,29 @@ impl ReportBuilder {
     }
 }
 
+impl CallSink for ReportBuilder {
+    fn tracker(&mut self) -> &mut CallTracker {
+        &mut self.tracker
+    }
+
+    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
+        let CallEvent::End(slice) = c else { return Ok(()) };
+        let key = (self.by_process.then_some(slice.pid), slice.frame.function.clone());
+        let acc = self.functions.entry(key).or_default();
+        let duration = slice.duration();
+        acc.min = if acc.calls == 0 { duration } else { acc.min.min(duration) };
+        acc.max = acc.max.max(duration);
+        acc.calls += 1;
+        acc.total += duration;
+        acc.self_ns += slice.self_ns();
+        acc.durations.add(duration);
+        if !matches!(slice.ending, Ending::Returned { .. }) {
+            acc.unfinished += 1;
+        }
+        Ok(())
+    }
+}
+
 impl Sink for ReportBuilder {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
         self.names.begin(start);
@@ -197,9 +204,7 @@ impl Sink for ReportBuilder {
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
         self.names.event(e);
-        let mut tracker = std::mem::take(&mut self.tracker);
-        tracker.event(e, &mut |c| self.on_call(c));
-        self.tracker = tracker;
+        call_tree::follow_event(self, e)?;
         self.process(e.pid, e.ts);
         match &e.data {
             EventData::Spawn { child_pid, how: SpawnHow::Fork, .. } => {
@@ -223,8 +228,7 @@ impl Sink for ReportBuilder {
     }
 
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        let mut tracker = std::mem::take(&mut self.tracker);
-        tracker.finish(end.ts, &mut |c| self.on_call(c));
+        call_tree::follow_end(self, end.ts)?;
         self.report = Some(self.build(end));
         Ok(())
     }

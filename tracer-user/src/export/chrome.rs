@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use super::{MAX_REMEMBERED_SENDS, lifecycle_name};
 use crate::{
-    analysis::call_tree::{CallEvent, CallTracker, Slice},
+    analysis::call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Slice},
     event::{Event, EventData, SpawnHow, TargetInfo, TraceEnd, TraceStart},
     sink::Sink,
 };
@@ -49,8 +49,6 @@ pub struct ChromeWriter<W: Write> {
     origin_ns: u64,
     start: Option<TraceStart>,
     calls: CallTracker,
-    /// An error from a write made inside the call tracker's callback.
-    error: Option<io::Error>,
     process_names: BTreeMap<u32, String>,
     thread_names: BTreeMap<(u32, u32), String>,
 }
@@ -92,7 +90,6 @@ impl<W: Write> ChromeWriter<W> {
             origin_ns: 0,
             start: None,
             calls: CallTracker::default(),
-            error: None,
             process_names: BTreeMap::new(),
             thread_names: BTreeMap::new(),
         }
@@ -120,15 +117,13 @@ impl<W: Write> ChromeWriter<W> {
                 args.insert(format!("arg{i}"), register(*a));
             }
         }
-        match slice.ending.unfinished_reason() {
-            None => {
-                if let crate::analysis::call_tree::Ending::Returned { retval } = slice.ending {
-                    args.insert("retval".into(), register(retval));
-                }
+        match slice.ending {
+            Ending::Returned { retval } => {
+                args.insert("retval".into(), register(retval));
             }
-            Some(why) => {
+            unfinished => {
                 args.insert("unfinished".into(), json!(true));
-                args.insert("why".into(), json!(why));
+                args.insert("why".into(), json!(unfinished.unfinished_reason()));
             }
         }
         let ev = TraceEvent {
@@ -143,25 +138,6 @@ impl<W: Write> ChromeWriter<W> {
             args: Value::Object(args),
         };
         self.write(&ev)
-    }
-
-    /// Follows calls and returns; writes the slices that end.
-    fn track_calls(&mut self, e: Option<&Event>, end_ts: u64) -> io::Result<()> {
-        let mut calls = std::mem::take(&mut self.calls);
-        let mut on = |c: CallEvent| {
-            if let CallEvent::End(slice) = c
-                && self.error.is_none()
-                && let Err(err) = self.slice(&slice)
-            {
-                self.error = Some(err);
-            }
-        };
-        match e {
-            Some(e) => calls.event(e, &mut on),
-            None => calls.finish(end_ts, &mut on),
-        }
-        self.calls = calls;
-        self.error.take().map_or(Ok(()), Err)
     }
 
     fn instant(&mut self, e: &Event, name: &str, args: Value) -> io::Result<()> {
@@ -221,6 +197,19 @@ impl<W: Write> ChromeWriter<W> {
     }
 }
 
+impl<W: Write> CallSink for ChromeWriter<W> {
+    fn tracker(&mut self) -> &mut CallTracker {
+        &mut self.calls
+    }
+
+    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
+        match c {
+            CallEvent::Begin { .. } => Ok(()),
+            CallEvent::End(slice) => self.slice(&slice),
+        }
+    }
+}
+
 impl<W: Write> Sink for ChromeWriter<W> {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
         self.origin_ns = start.ts;
@@ -244,7 +233,7 @@ impl<W: Write> Sink for ChromeWriter<W> {
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
         // Calls and returns make slices; an exit or exec ends the calls still open.
-        self.track_calls(Some(e), 0)?;
+        call_tree::follow_event(self, e)?;
         match &e.data {
             EventData::Call { .. } | EventData::Return { .. } => {}
             EventData::Spawn { parent_pid, child_pid, child_tid, how, comm, filename } => {
@@ -326,7 +315,7 @@ impl<W: Write> Sink for ChromeWriter<W> {
     }
 
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        self.track_calls(None, end.ts)?;
+        call_tree::follow_end(self, end.ts)?;
         self.name_metadata()?;
         self.out.write_all(b"\n],\"displayTimeUnit\":\"ns\",\"metadata\":")?;
         serde_json::to_writer(&mut self.out, &json!({ "trace_start": self.start, "trace_end": end }))?;

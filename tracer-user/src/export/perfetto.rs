@@ -28,7 +28,7 @@ use prost::Message as _;
 use super::{MAX_REMEMBERED_SENDS, lifecycle_name};
 use crate::{
     analysis::{
-        call_tree::{CallEvent, CallTracker, Ending, Frame},
+        call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Frame},
         processes::ProcessNames,
     },
     event::{Event, EventData, SpawnHow, TraceEnd, TraceStart},
@@ -78,6 +78,18 @@ enum Arg {
     Str(String),
 }
 
+/// What a track event says besides where and when.
+#[derive(Default)]
+struct Mark<'a> {
+    name: Option<String>,
+    category: &'a str,
+    args: Vec<(&'a str, Arg)>,
+    /// Flows that start here.
+    flows: Vec<u64>,
+    /// Flows that end here.
+    terminating_flows: Vec<u64>,
+}
+
 pub struct PerfettoWriter<W: Write> {
     out: BufWriter<W>,
     buf: Vec<u8>,
@@ -91,7 +103,6 @@ pub struct PerfettoWriter<W: Write> {
     /// The Perfetto flow of each signal generation, by the trace's flow id.
     signals: HashMap<u64, u64>,
     next_flow: u64,
-    error: Option<io::Error>,
 }
 
 impl<W: Write> PerfettoWriter<W> {
@@ -108,7 +119,6 @@ impl<W: Write> PerfettoWriter<W> {
             sends: BTreeMap::new(),
             signals: HashMap::new(),
             next_flow: 1,
-            error: None,
         }
     }
 
@@ -166,19 +176,10 @@ impl<W: Write> PerfettoWriter<W> {
         Ok(thread_track(pid, tid))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn track_event(
-        &mut self,
-        (pid, tid): (u32, u32),
-        ts: u64,
-        kind: track_event::Type,
-        name: Option<String>,
-        category: &str,
-        args: Vec<(&str, Arg)>,
-        flows: (Vec<u64>, Vec<u64>),
-    ) -> io::Result<()> {
+    fn track_event(&mut self, (pid, tid): (u32, u32), ts: u64, kind: track_event::Type, mark: Mark) -> io::Result<()> {
         let track = self.thread(pid, tid)?;
-        let debug_annotations = args
+        let debug_annotations = mark
+            .args
             .into_iter()
             .map(|(name, value)| DebugAnnotation {
                 name_field: Some(debug_annotation::NameField::Name(name.to_string())),
@@ -189,12 +190,12 @@ impl<W: Write> PerfettoWriter<W> {
             })
             .collect();
         let event = TrackEvent {
-            categories: if name.is_some() { vec![category.to_string()] } else { vec![] },
-            name_field: name.map(track_event::NameField::Name),
+            categories: if mark.category.is_empty() { vec![] } else { vec![mark.category.to_string()] },
+            name_field: mark.name.map(track_event::NameField::Name),
             r#type: Some(kind as i32),
             track_uuid: Some(track),
-            flow_ids: flows.0,
-            terminating_flow_ids: flows.1,
+            flow_ids: mark.flows,
+            terminating_flow_ids: mark.terminating_flows,
             debug_annotations,
             ..TrackEvent::default()
         };
@@ -212,8 +213,25 @@ impl<W: Write> PerfettoWriter<W> {
                     .map(|(a, n)| (n, Arg::Uint(*a))),
             );
         }
-        let name = Some(frame.function.to_string());
-        self.track_event((pid, tid), frame.start, track_event::Type::SliceBegin, name, "call", args, Default::default())
+        let mark = Mark { name: Some(frame.function.to_string()), category: "call", args, ..Mark::default() };
+        self.track_event((pid, tid), frame.start, track_event::Type::SliceBegin, mark)
+    }
+
+    /// A slice `[start, end]` for a syscall that moved IPC data.
+    fn ipc_slice(&mut self, e: &Event, (start, end): (u64, u64), mark: Mark) -> io::Result<()> {
+        self.track_event((e.pid, e.tid), start, track_event::Type::SliceBegin, Mark { category: "ipc", ..mark })?;
+        self.track_event((e.pid, e.tid), end, track_event::Type::SliceEnd, Mark::default())
+    }
+
+    fn new_flow(&mut self) -> u64 {
+        self.next_flow += 1;
+        self.next_flow - 1
+    }
+}
+
+impl<W: Write> CallSink for PerfettoWriter<W> {
+    fn tracker(&mut self) -> &mut CallTracker {
+        &mut self.calls
     }
 
     fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
@@ -228,60 +246,24 @@ impl<W: Write> PerfettoWriter<W> {
                     Ending::Returned { retval } => vec![("retval", Arg::Uint(retval))],
                     other => vec![("unfinished", Arg::Str(other.unfinished_reason().unwrap_or_default().to_string()))],
                 };
-                let (pid, tid) = (slice.pid, slice.tid);
                 self.track_event(
-                    (pid, tid),
+                    (slice.pid, slice.tid),
                     slice.end,
                     track_event::Type::SliceEnd,
-                    None,
-                    "call",
-                    args,
-                    Default::default(),
+                    Mark { args, ..Mark::default() },
                 )
             }
         }
     }
-
-    /// Follows calls and returns (or ends them all, at `end_ts`) and writes their slices.
-    fn track_calls(&mut self, e: Option<&Event>, end_ts: u64) -> io::Result<()> {
-        let mut calls = std::mem::take(&mut self.calls);
-        let mut on = |c: CallEvent| {
-            if self.error.is_none()
-                && let Err(err) = self.on_call(c)
-            {
-                self.error = Some(err);
-            }
-        };
-        match e {
-            Some(e) => calls.event(e, &mut on),
-            None => calls.finish(end_ts, &mut on),
-        }
-        self.calls = calls;
-        self.error.take().map_or(Ok(()), Err)
-    }
-
-    /// A slice `[start, end]` for a syscall that moved IPC data.
-    fn ipc_slice(
-        &mut self,
-        e: &Event,
-        name: String,
-        (start, end): (u64, u64),
-        args: Vec<(&str, Arg)>,
-        flows: (Vec<u64>, Vec<u64>),
-    ) -> io::Result<()> {
-        let thread = (e.pid, e.tid);
-        self.track_event(thread, start, track_event::Type::SliceBegin, Some(name), "ipc", args, flows)?;
-        self.track_event(thread, end, track_event::Type::SliceEnd, None, "ipc", vec![], Default::default())
-    }
-
-    fn new_flow(&mut self) -> u64 {
-        self.next_flow += 1;
-        self.next_flow - 1
-    }
 }
 
-fn channel_arg(channel: &crate::event::Channel) -> Arg {
-    Arg::Str(serde_json::to_string(channel).unwrap_or_default())
+/// A value as the JSON lines trace writes it: a name as itself, anything else as JSON.
+fn serde_arg(value: &impl serde::Serialize) -> Arg {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => Arg::Str(s),
+        Ok(other) => Arg::Str(other.to_string()),
+        Err(e) => Arg::Str(format!("({e})")),
+    }
 }
 
 impl<W: Write> Sink for PerfettoWriter<W> {
@@ -300,7 +282,7 @@ impl<W: Write> Sink for PerfettoWriter<W> {
         if let EventData::Spawn { child_pid, child_tid, how: SpawnHow::Thread, comm, .. } = &e.data {
             self.thread_names.insert((*child_pid, *child_tid), comm.clone());
         }
-        self.track_calls(Some(e), 0)?;
+        call_tree::follow_event(self, e)?;
         match &e.data {
             EventData::Call { .. } | EventData::Return { .. } => Ok(()),
             EventData::Spawn { .. } | EventData::Exit { .. } => {
@@ -315,15 +297,8 @@ impl<W: Write> Sink for PerfettoWriter<W> {
                     }
                     _ => vec![],
                 };
-                self.track_event(
-                    (e.pid, e.tid),
-                    e.ts,
-                    track_event::Type::Instant,
-                    name,
-                    category,
-                    args,
-                    Default::default(),
-                )
+                let mark = Mark { name, category, args, ..Mark::default() };
+                self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
             }
             EventData::Send { channel, fd, bytes, syscall, flow_id, syscall_ns } => {
                 let flow = self.new_flow();
@@ -333,13 +308,14 @@ impl<W: Write> Sink for PerfettoWriter<W> {
                 let from = SentFrom { pid: e.pid, tid: e.tid, ts: e.ts + syscall_ns / 2, flow, consumed: false };
                 self.sends.insert(*flow_id, from);
                 let args = vec![
-                    ("channel", channel_arg(channel)),
+                    ("channel", serde_arg(channel)),
                     ("fd", Arg::Uint(*fd as u64)),
                     ("bytes", Arg::Uint(*bytes)),
-                    ("syscall", Arg::Str(format!("{syscall:?}").to_lowercase())),
+                    ("syscall", serde_arg(syscall)),
                     ("flow_id", Arg::Uint(*flow_id)),
                 ];
-                self.ipc_slice(e, format!("send {bytes} B"), (e.ts, e.ts + syscall_ns), args, (vec![flow], vec![]))
+                let mark = Mark { name: Some(format!("send {bytes} B")), args, flows: vec![flow], ..Mark::default() };
+                self.ipc_slice(e, (e.ts, e.ts + syscall_ns), mark)
             }
             EventData::Recv { channel, fd, bytes, syscall, flow_ids, syscall_ns } => {
                 let mut ending = Vec::new();
@@ -354,29 +330,22 @@ impl<W: Write> Sink for PerfettoWriter<W> {
                     let from = *from;
                     let flow = self.new_flow();
                     let name = Some("send (more bytes read)".to_string());
-                    let flows = (vec![flow], vec![]);
-                    self.track_event(
-                        (from.pid, from.tid),
-                        from.ts,
-                        track_event::Type::Instant,
-                        name,
-                        "ipc",
-                        vec![],
-                        flows,
-                    )?;
+                    let mark = Mark { name, category: "ipc", flows: vec![flow], ..Mark::default() };
+                    self.track_event((from.pid, from.tid), from.ts, track_event::Type::Instant, mark)?;
                     ending.push(flow);
                 }
                 let args = vec![
-                    ("channel", channel_arg(channel)),
+                    ("channel", serde_arg(channel)),
                     ("fd", Arg::Uint(*fd as u64)),
                     ("bytes", Arg::Uint(*bytes)),
-                    ("syscall", Arg::Str(format!("{syscall:?}").to_lowercase())),
+                    ("syscall", serde_arg(syscall)),
                 ];
-                let span = (e.ts.saturating_sub(*syscall_ns), e.ts);
-                self.ipc_slice(e, format!("recv {bytes} B"), span, args, (vec![], ending))
+                let name = Some(format!("recv {bytes} B"));
+                let mark = Mark { name, args, terminating_flows: ending, ..Mark::default() };
+                self.ipc_slice(e, (e.ts.saturating_sub(*syscall_ns), e.ts), mark)
             }
             EventData::Signal { signal, sender_pid, target_pid, target_tid, delivered, flow_id } => {
-                let flows = match (flow_id, delivered) {
+                let (flows, terminating_flows) = match (flow_id, delivered) {
                     (Some(id), false) => {
                         let flow = self.new_flow();
                         self.signals.insert(*id, flow);
@@ -391,13 +360,14 @@ impl<W: Write> Sink for PerfettoWriter<W> {
                     ("target_pid", Arg::Uint((*target_pid).into())),
                     ("target_tid", Arg::Uint((*target_tid).into())),
                 ];
-                self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, name, "signal", args, flows)
+                let mark = Mark { name, category: "signal", args, flows, terminating_flows };
+                self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
             }
         }
     }
 
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        self.track_calls(None, end.ts)?;
+        call_tree::follow_end(self, end.ts)?;
         self.out.flush()
     }
 }
