@@ -297,19 +297,40 @@ fn export(args: ExportArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// Whether an error is standard output closing early (`tracer report t.jsonl | head`): not a failure.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        let io = match cause.downcast_ref::<jsonl::ReadError>() {
+            Some(jsonl::ReadError::Io(io)) => Some(io),
+            _ => cause.downcast_ref::<std::io::Error>(),
+        };
+        io.is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Runs a command that writes to standard output; a reader that stops reading ends it quietly.
+fn to_stdout(run: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<i32> {
+    match run() {
+        Err(e) if !is_broken_pipe(&e) => Err(e),
+        _ => Ok(0),
+    }
+}
+
 fn report(args: ReportArgs) -> anyhow::Result<i32> {
     let mut builder = ReportBuilder::new(args.by_process);
     replay(&args.input, open_trace(&args.input)?, &mut builder)?;
-    let mut report = builder.report().context("the trace has no end")?.clone();
+    let mut report = builder.into_report().context("the trace has no end")?;
     stats::sort_functions(&mut report.functions, args.sort);
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
-    } else {
-        stats::write_table(&report, &mut out)?;
-    }
-    Ok(0)
+    to_stdout(|| {
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            serde_json::to_writer_pretty(&mut out, &report)?;
+            writeln!(out)?;
+        } else {
+            stats::write_table(&report, &mut out)?;
+        }
+        Ok(())
+    })
 }
 
 fn calls(args: CallsArgs) -> anyhow::Result<i32> {
@@ -330,8 +351,7 @@ fn calls(args: CallsArgs) -> anyhow::Result<i32> {
     };
     let trace = open_trace(&args.input)?;
     let mut printer = CallPrinter::new(std::io::BufWriter::new(std::io::stdout().lock()), filter);
-    replay(&args.input, trace, &mut printer)?;
-    Ok(0)
+    to_stdout(|| replay(&args.input, trace, &mut printer).map(|_| ()))
 }
 
 #[cfg(test)]

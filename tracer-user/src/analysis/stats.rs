@@ -23,7 +23,7 @@ use super::{
     processes::ProcessNames,
 };
 use crate::{
-    event::{Event, EventData, SpawnHow, TraceEnd, TraceStart},
+    event::{Event, EventData, SpawnHow, TargetInfo, TraceEnd, TraceStart},
     sink::Sink,
 };
 
@@ -114,7 +114,6 @@ pub struct ReportBuilder {
     names: ProcessNames,
     functions: HashMap<(Option<u32>, Arc<str>), Accumulator>,
     processes: BTreeMap<u32, ProcessStats>,
-    trace_start: u64,
     report: Option<Report>,
 }
 
@@ -124,8 +123,8 @@ impl ReportBuilder {
     }
 
     /// The report, once the trace has ended.
-    pub fn report(&self) -> Option<&Report> {
-        self.report.as_ref()
+    pub fn into_report(self) -> Option<Report> {
+        self.report
     }
 
     fn process(&mut self, pid: u32, ts: u64) -> &mut ProcessStats {
@@ -192,10 +191,9 @@ impl CallSink for ReportBuilder {
 impl Sink for ReportBuilder {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
         self.names.begin(start);
-        self.trace_start = start.ts;
         for pid in start.targets.iter().filter_map(|t| match t {
-            crate::event::TargetInfo::Process { pid, .. } | crate::event::TargetInfo::Command { pid, .. } => Some(*pid),
-            crate::event::TargetInfo::Binary { .. } => None,
+            TargetInfo::Process { pid, .. } | TargetInfo::Command { pid, .. } => Some(*pid),
+            TargetInfo::Binary { .. } => None,
         }) {
             self.process(pid, start.ts);
         }
@@ -372,7 +370,7 @@ mod tests {
             b.event(e).unwrap();
         }
         b.end(&end(end_ts)).unwrap();
-        b.report().unwrap().clone()
+        b.into_report().unwrap()
     }
 
     fn fork(ts: u64, child: u32) -> Event {
