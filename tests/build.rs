@@ -1,4 +1,6 @@
-//! Compiles the C and C++ fixtures; their paths reach the tests as `FIXTURE_*` variables.
+//! Compiles the C and C++ fixtures (their paths reach the tests as `FIXTURE_*` variables), and the
+//! Perfetto protos that `tracer` writes with (`tracer-user/proto/`), so that the tests decode its
+//! Perfetto traces with the published definitions rather than with the tracer's own code.
 
 use std::{
     path::{Path, PathBuf},
@@ -41,6 +43,9 @@ fn main() {
     let ipc = out.join("ipc");
     run(Command::new(&cc).args(["-O0", "-o"]).arg(&ipc).arg(src.join("c/ipc.c")));
 
+    let timing = out.join("timing");
+    run(Command::new(&cc).args(["-O0", "-pthread", "-o"]).arg(&timing).arg(src.join("c/timing.c")));
+
     let shapes = out.join("shapes");
     run(Command::new(&cxx).args(["-O0", "-o"]).arg(&shapes).arg(src.join("cpp/shapes.cpp")));
 
@@ -51,7 +56,15 @@ fn main() {
         ("SHAPES", &shapes),
         ("CLIENT_SERVER_DEMO", &demo),
         ("IPC", &ipc),
+        ("TIMING", &timing),
     ] {
         println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
     }
+
+    println!("cargo::rerun-if-changed=../tracer-user/proto");
+    let descriptors = protox::compile(["protos/perfetto/trace/trace.proto"], ["../tracer-user/proto"])
+        .unwrap_or_else(|e| panic!("cannot compile the Perfetto protos: {e:?}"));
+    prost_build::Config::new()
+        .compile_fds(descriptors)
+        .unwrap_or_else(|e| panic!("cannot generate Rust for the Perfetto protos: {e}"));
 }

@@ -1,13 +1,18 @@
-//! Embeds the eBPF object that `cargo xtask build` built and named in `TRACER_EBPF_OBJECT`.
+//! Embeds the eBPF object that `cargo xtask build` built and named in `TRACER_EBPF_OBJECT`, and
+//! generates the Perfetto trace types from the vendored `.proto` files.
 //!
-//! Without it (a plain `cargo build`, `cargo clippy`, `cargo test` of the pure-logic modules) an
-//! empty object is embedded and `tracer record` says how to build properly.
+//! Without the object (a plain `cargo build`, `cargo clippy`, `cargo test` of the pure-logic
+//! modules) an empty one is embedded and `tracer record` says how to build properly.
+//!
+//! The protos are compiled by `protox`, a protobuf compiler in Rust, so that no `protoc` has to be
+//! installed; `prost-build` turns the descriptors into Rust.
 
 use std::{env, fs, path::PathBuf};
 
 fn main() {
     println!("cargo::rerun-if-env-changed=TRACER_EBPF_OBJECT");
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("tracer-ebpf.o");
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let out = out_dir.join("tracer-ebpf.o");
     match env::var_os("TRACER_EBPF_OBJECT") {
         Some(path) => {
             let path = PathBuf::from(path);
@@ -16,4 +21,11 @@ fn main() {
         }
         None => fs::write(&out, []).expect("write an empty eBPF object"),
     }
+
+    println!("cargo::rerun-if-changed=proto");
+    let descriptors = protox::compile(["protos/perfetto/trace/trace.proto"], ["proto"])
+        .unwrap_or_else(|e| panic!("cannot compile the Perfetto protos: {e:?}"));
+    prost_build::Config::new()
+        .compile_fds(descriptors)
+        .unwrap_or_else(|e| panic!("cannot generate Rust for the Perfetto protos: {e}"));
 }

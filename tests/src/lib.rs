@@ -22,6 +22,12 @@ pub fn tracer_bin() -> PathBuf {
     PathBuf::from(path)
 }
 
+/// Perfetto's trace types, generated from the protos `tracer` writes with (see build.rs).
+#[allow(clippy::all, missing_docs)]
+pub mod perfetto {
+    include!(concat!(env!("OUT_DIR"), "/perfetto.protos.rs"));
+}
+
 /// A compiled C/C++ fixture (see build.rs).
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(match name {
@@ -31,6 +37,7 @@ pub fn fixture(name: &str) -> PathBuf {
         "shapes" => env!("FIXTURE_SHAPES"),
         "client_server_demo" => env!("FIXTURE_CLIENT_SERVER_DEMO"),
         "ipc" => env!("FIXTURE_IPC"),
+        "timing" => env!("FIXTURE_TIMING"),
         other => panic!("no fixture named {other}"),
     })
 }

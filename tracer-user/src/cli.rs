@@ -13,9 +13,14 @@ use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
 
 use crate::{
+    analysis::{
+        calls::{CallFilter, CallPrinter},
+        stats::{self, ReportBuilder, SortColumn},
+    },
     event::{EndReason, EventKind, TraceEnd},
     export::{Format, jsonl},
     record::{self, RecordOptions},
+    sink::Sink,
 };
 
 #[derive(Debug, Parser)]
@@ -31,6 +36,10 @@ pub enum Command {
     Record(RecordArgs),
     /// Convert a recorded JSON lines trace to another format.
     Export(ExportArgs),
+    /// Time per function (calls, total, self, percentiles) and what each process did.
+    Report(ReportArgs),
+    /// Each thread's calls in order, as an indented tree with start times and durations.
+    Calls(CallsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -55,7 +64,8 @@ pub struct RecordArgs {
     /// Output file ('-' for standard output); the format comes from --format or the extension.
     #[arg(short, long, value_name = "PATH", default_value = "trace.jsonl")]
     pub output: PathBuf,
-    /// Output format (default: from the output's extension: .jsonl, .json).
+    /// Output format (default: from the output's extension: .jsonl, .json, .flame.json, .folded,
+    /// .svg, .pftrace).
     #[arg(long, value_enum, value_name = "FMT")]
     pub format: Option<Format>,
     /// Stop after this many seconds.
@@ -84,6 +94,56 @@ pub struct ExportArgs {
     pub format: Option<Format>,
 }
 
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A JSON lines trace written by `tracer record`.
+    pub input: PathBuf,
+    /// One row per process and function.
+    #[arg(long)]
+    pub by_process: bool,
+    /// Sort the function table by this column (numbers biggest first).
+    #[arg(long, value_enum, value_name = "COLUMN", default_value = "total")]
+    pub sort: SortColumn,
+    /// Write the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CallsArgs {
+    /// A JSON lines trace written by `tracer record`.
+    pub input: PathBuf,
+    /// Only this process.
+    #[arg(short, long, value_name = "PID")]
+    pub pid: Option<u32>,
+    /// Only this thread.
+    #[arg(short, long, value_name = "TID")]
+    pub tid: Option<u32>,
+    /// Only calls of functions matching this glob, with their callees.
+    #[arg(short, long = "function", value_name = "PATTERN")]
+    pub function: Option<String>,
+    /// Hide calls shorter than this, e.g. 500ns, 20us, 1.5ms, 2s (a bare number is nanoseconds).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_ns, default_value = "0")]
+    pub min_duration: u64,
+    /// Show calls at most this many levels below the outermost call shown (0: only those).
+    #[arg(long, value_name = "N")]
+    pub max_depth: Option<usize>,
+}
+
+fn parse_duration_ns(s: &str) -> Result<u64, String> {
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let scale = match unit.trim() {
+        "" | "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        other => return Err(format!("'{other}' is not a unit of time (ns, us, ms, s)")),
+    };
+    let value: f64 = number.parse().map_err(|_| format!("'{s}' is not a duration"))?;
+    Ok((value * scale).round() as u64)
+}
+
 fn parse_seconds(s: &str) -> Result<Duration, String> {
     let secs: f64 = s.parse().map_err(|_| format!("'{s}' is not a number of seconds"))?;
     Duration::try_from_secs_f64(secs).map_err(|_| format!("'{s}' is not a positive number of seconds"))
@@ -99,6 +159,8 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Record(args) => record(args),
         Command::Export(args) => export(args),
+        Command::Report(args) => report(args),
+        Command::Calls(args) => calls(args),
     }
 }
 
@@ -112,7 +174,10 @@ fn output_format(path: &Path, format: Option<Format>) -> anyhow::Result<Format> 
     }
     match Format::from_path(path) {
         Some(f) => Ok(f),
-        None => bail!("cannot tell the output format from '{}'; add --format (jsonl or chrome)", path.display()),
+        None => bail!(
+            "cannot tell the output format from '{}'; add --format (jsonl, chrome, flamegraph, folded, svg or perfetto)",
+            path.display()
+        ),
     }
 }
 
@@ -157,7 +222,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         eprintln!(
             "tracer: tracing {} function(s); writing {} to {}",
             recording.trace_start().probes,
-            format_name(format),
+            format.describe(),
             describe_output(&args.output)
         );
         let stop = async {
@@ -177,13 +242,6 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
             _ => 0,
         })
     })
-}
-
-fn format_name(format: Format) -> &'static str {
-    match format {
-        Format::Jsonl => "JSON lines",
-        Format::Chrome => "a Chrome trace",
-    }
 }
 
 fn print_warnings(warnings: &[String]) {
@@ -212,18 +270,88 @@ fn print_summary(end: &TraceEnd, output: &Path) {
     }
 }
 
+type Trace = jsonl::TraceReader<BufReader<File>>;
+
+/// Opens a recorded trace (before any output is created, so that a wrong path costs nothing).
+fn open_trace(input: &Path) -> anyhow::Result<Trace> {
+    let file = File::open(input).with_context(|| format!("cannot read {}", input.display()))?;
+    Ok(jsonl::TraceReader::new(BufReader::with_capacity(1 << 20, file)))
+}
+
+/// Replays a recorded trace into a sink, saying on stderr if it was cut short.
+fn replay(input: &Path, trace: Trace, sink: &mut dyn Sink) -> anyhow::Result<jsonl::Replayed> {
+    let replayed = jsonl::replay(trace, sink).with_context(|| format!("{} is not a valid trace", input.display()))?;
+    if replayed.end_missing {
+        eprintln!("tracer: warning: {} has no trace_end line: it was cut short", input.display());
+    }
+    Ok(replayed)
+}
+
 fn export(args: ExportArgs) -> anyhow::Result<i32> {
     let format = output_format(&args.output, args.format)?;
-    let input = File::open(&args.input).with_context(|| format!("cannot read {}", args.input.display()))?;
+    let trace = open_trace(&args.input)?;
     let out = open_output(&args.output)?;
     let mut sink = format.sink(out);
-    let replayed = jsonl::replay(jsonl::TraceReader::new(BufReader::new(input)), &mut *sink)
-        .with_context(|| format!("{} is not a valid trace", args.input.display()))?;
-    if replayed.end_missing {
-        eprintln!("tracer: warning: {} has no trace_end line: it was cut short", args.input.display());
-    }
+    let replayed = replay(&args.input, trace, &mut *sink)?;
     eprintln!("tracer: {} events written to {}", replayed.events, describe_output(&args.output));
     Ok(0)
+}
+
+/// Whether an error is standard output closing early (`tracer report t.jsonl | head`): not a failure.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        let io = match cause.downcast_ref::<jsonl::ReadError>() {
+            Some(jsonl::ReadError::Io(io)) => Some(io),
+            _ => cause.downcast_ref::<std::io::Error>(),
+        };
+        io.is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Runs a command that writes to standard output; a reader that stops reading ends it quietly.
+fn to_stdout(run: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<i32> {
+    match run() {
+        Err(e) if !is_broken_pipe(&e) => Err(e),
+        _ => Ok(0),
+    }
+}
+
+fn report(args: ReportArgs) -> anyhow::Result<i32> {
+    let mut builder = ReportBuilder::new(args.by_process);
+    replay(&args.input, open_trace(&args.input)?, &mut builder)?;
+    let mut report = builder.into_report().context("the trace has no end")?;
+    stats::sort_functions(&mut report.functions, args.sort);
+    to_stdout(|| {
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            serde_json::to_writer_pretty(&mut out, &report)?;
+            writeln!(out)?;
+        } else {
+            stats::write_table(&report, &mut out)?;
+        }
+        Ok(())
+    })
+}
+
+fn calls(args: CallsArgs) -> anyhow::Result<i32> {
+    let function = match &args.function {
+        Some(pattern) => Some(
+            globset::Glob::new(pattern)
+                .with_context(|| format!("'{pattern}' is not a valid function pattern"))?
+                .compile_matcher(),
+        ),
+        None => None,
+    };
+    let filter = CallFilter {
+        pid: args.pid,
+        tid: args.tid,
+        function,
+        min_duration_ns: args.min_duration,
+        max_depth: args.max_depth,
+    };
+    let trace = open_trace(&args.input)?;
+    let mut printer = CallPrinter::new(std::io::BufWriter::new(std::io::stdout().lock()), filter);
+    to_stdout(|| replay(&args.input, trace, &mut printer).map(|_| ()))
 }
 
 #[cfg(test)]
@@ -302,6 +430,9 @@ mod tests {
         assert_eq!(output_format(Path::new("a.txt"), Some(Format::Jsonl)).unwrap(), Format::Jsonl);
         assert_eq!(output_format(Path::new("-"), None).unwrap(), Format::Jsonl);
         let err = output_format(Path::new("a.txt"), None).unwrap_err().to_string();
-        assert_eq!(err, "cannot tell the output format from 'a.txt'; add --format (jsonl or chrome)");
+        assert_eq!(
+            err,
+            "cannot tell the output format from 'a.txt'; add --format (jsonl, chrome, flamegraph, folded, svg or perfetto)"
+        );
     }
 }

@@ -3,8 +3,10 @@
 //! The path of an event: [`targets`] and [`symbols`] decide what to probe, [`loader`] attaches the
 //! eBPF programs, [`drain`] reads the ring buffer, [`assemble`] turns records into [`event::Event`]s
 //! on the Unix clock ([`clock`]), and a [`sink::Sink`] (a file format from [`export`], a channel, a
-//! callback) takes them. [`record`] ties these together; [`cli`] is the command line.
+//! callback) takes them. [`record`] ties these together; [`cli`] is the command line. [`analysis`]
+//! turns a trace into call slices, flame graphs, reports and call sequences.
 
+pub mod analysis;
 pub mod assemble;
 pub mod call_stack;
 pub mod channels;

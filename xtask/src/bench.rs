@@ -93,7 +93,26 @@ fn trace_end(path: &Path) -> Result<(u64, u64)> {
     Ok((lost, end["events_written"].as_u64().unwrap_or(0)))
 }
 
-pub fn run(tracer: &Path) -> Result<()> {
+/// The parts of the benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// What tracing costs the traced program (root).
+    Overhead,
+    /// How fast the exporters and `tracer report` read a 10-million-event trace.
+    Export,
+}
+
+pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
+    if only != Some(Part::Export) {
+        overhead(tracer)?;
+    }
+    if only != Some(Part::Overhead) {
+        crate::bench_export::run(tracer)?;
+    }
+    Ok(())
+}
+
+fn overhead(tracer: &Path) -> Result<()> {
     let bench = fixture("bench")?;
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;

@@ -5,6 +5,7 @@
 //! `RUSTC_BOOTSTRAP=1`. Everything else builds with the ordinary stable toolchain.
 
 mod bench;
+mod bench_export;
 mod demo;
 mod toolchain;
 
@@ -40,8 +41,13 @@ enum Task {
         #[arg(long)]
         filter: Option<String>,
     },
-    /// Measure the tracer's overhead and throughput; prints a table for the README.
-    Bench,
+    /// Measure the tracer's overhead and throughput, and the exporters' speed and memory; prints
+    /// tables for the README.
+    Bench {
+        /// Run only this part.
+        #[arg(long, value_enum)]
+        only: Option<bench::Part>,
+    },
     /// Trace the bundled demo workload into a Chrome trace for the Perfetto UI.
     Demo,
 }
@@ -65,10 +71,10 @@ fn run(cli: Cli) -> Result<()> {
             run_as_root(&tracer, &args)
         }
         Task::Test { filter } => test(filter.as_deref()),
-        Task::Bench => {
+        Task::Bench { only } => {
             toolchain::setup()?;
             let tracer = build()?;
-            bench::run(&tracer)
+            bench::run(&tracer, only)
         }
         Task::Demo => {
             toolchain::setup()?;

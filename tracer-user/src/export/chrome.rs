@@ -1,10 +1,11 @@
 //! Chrome's Trace Event Format (JSON object form), as the Perfetto UI, chrome://tracing and
 //! speedscope read it.
 //!
-//! - Each call is a complete (`X`) slice on its thread, written when it returns; its start is the
-//!   return's timestamp minus the recorded duration, so recursion pairs exactly as recorded.
-//! - A call that never returned ends when its caller returns, or at the end of the trace, and is
-//!   marked `unfinished` in its args.
+//! - Each call is a complete (`X`) slice on its thread, written when it ends, as
+//!   [`crate::analysis::call_tree`] reconstructs it (a return's start is its timestamp minus the
+//!   recorded duration, so recursion pairs exactly as recorded).
+//! - A call that never returned ends when its caller returns, its thread exits or execs, or at the
+//!   end of the trace, and is marked `unfinished` in its args, with why.
 //! - Spawns and exits are thread-scoped instant events carrying their fields as args.
 //! - Process and thread names (`comm`) are metadata events; the trace's start and end lines
 //!   (targets, lost events, ...) are the top-level `metadata`.
@@ -17,19 +18,17 @@
 use std::{
     collections::{BTreeMap, HashMap},
     io::{self, BufWriter, Write},
-    sync::Arc,
 };
 
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::{MAX_REMEMBERED_SENDS, lifecycle_name};
 use crate::{
+    analysis::call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Slice},
     event::{Event, EventData, SpawnHow, TargetInfo, TraceEnd, TraceStart},
     sink::Sink,
 };
-
-/// Most sends remembered for arrows to receives yet to come; older ones are forgotten first.
-const MAX_REMEMBERED_SENDS: usize = 1 << 20;
 
 /// One end of an arrow: a point on a thread's track.
 #[derive(Clone, Copy)]
@@ -37,14 +36,6 @@ struct FlowEnd {
     pid: u32,
     tid: u32,
     ts: u64,
-}
-
-/// A call waiting for its return.
-struct OpenCall {
-    ts: u64,
-    function: Arc<str>,
-    module: Arc<str>,
-    args: [u64; 6],
 }
 
 pub struct ChromeWriter<W: Write> {
@@ -57,7 +48,7 @@ pub struct ChromeWriter<W: Write> {
     next_arrow: u64,
     origin_ns: u64,
     start: Option<TraceStart>,
-    open: HashMap<(u32, u32), Vec<OpenCall>>,
+    calls: CallTracker,
     process_names: BTreeMap<u32, String>,
     thread_names: BTreeMap<(u32, u32), String>,
 }
@@ -98,7 +89,7 @@ impl<W: Write> ChromeWriter<W> {
             next_arrow: 1,
             origin_ns: 0,
             start: None,
-            open: HashMap::new(),
+            calls: CallTracker::default(),
             process_names: BTreeMap::new(),
             thread_names: BTreeMap::new(),
         }
@@ -117,34 +108,36 @@ impl<W: Write> ChromeWriter<W> {
         Ok(())
     }
 
-    fn slice(&mut self, pid: u32, tid: u32, call: &OpenCall, end_ns: u64, extra: Value) -> io::Result<()> {
-        let mut args = json!({ "module": &*call.module });
-        for (i, a) in call.args.iter().enumerate() {
-            args[format!("arg{i}")] = register(*a);
+    fn slice(&mut self, slice: &Slice) -> io::Result<()> {
+        let call = slice.frame;
+        let mut args = serde_json::Map::new();
+        args.insert("module".into(), json!(&*call.module));
+        if slice.call_seen {
+            for (i, a) in call.args.iter().enumerate() {
+                args.insert(format!("arg{i}"), register(*a));
+            }
         }
-        if let (Value::Object(args), Value::Object(extra)) = (&mut args, extra) {
-            args.extend(extra);
+        match slice.ending {
+            Ending::Returned { retval } => {
+                args.insert("retval".into(), register(retval));
+            }
+            unfinished => {
+                args.insert("unfinished".into(), json!(true));
+                args.insert("why".into(), json!(unfinished.unfinished_reason()));
+            }
         }
         let ev = TraceEvent {
             name: &call.function,
             cat: "call",
             ph: "X",
-            ts: self.ts(call.ts),
-            dur: Some(micros(end_ns.saturating_sub(call.ts) as i128)),
-            pid,
-            tid,
+            ts: self.ts(call.start),
+            dur: Some(micros(slice.duration() as i128)),
+            pid: slice.pid,
+            tid: slice.tid,
             s: None,
-            args,
+            args: Value::Object(args),
         };
         self.write(&ev)
-    }
-
-    /// Ends, as unfinished at `end_ns`, the open calls of a thread that started at or after `from_ns`.
-    fn close_unfinished(&mut self, pid: u32, tid: u32, from_ns: u64, end_ns: u64, why: &str) -> io::Result<()> {
-        while let Some(top) = self.open.get_mut(&(pid, tid)).and_then(|s| s.pop_if(|c| c.ts >= from_ns)) {
-            self.slice(pid, tid, &top, end_ns, json!({ "unfinished": true, "why": why }))?;
-        }
-        Ok(())
     }
 
     fn instant(&mut self, e: &Event, name: &str, args: Value) -> io::Result<()> {
@@ -204,6 +197,19 @@ impl<W: Write> ChromeWriter<W> {
     }
 }
 
+impl<W: Write> CallSink for ChromeWriter<W> {
+    fn tracker(&mut self) -> &mut CallTracker {
+        &mut self.calls
+    }
+
+    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
+        match c {
+            CallEvent::Begin { .. } => Ok(()),
+            CallEvent::End(slice) => self.slice(&slice),
+        }
+    }
+}
+
 impl<W: Write> Sink for ChromeWriter<W> {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
         self.origin_ns = start.ts;
@@ -226,26 +232,10 @@ impl<W: Write> Sink for ChromeWriter<W> {
     }
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
+        // Calls and returns make slices; an exit or exec ends the calls still open.
+        call_tree::follow_event(self, e)?;
         match &e.data {
-            EventData::Call { function, module, args } => {
-                let call = OpenCall { ts: e.ts, function: function.clone(), module: module.clone(), args: *args };
-                self.open.entry((e.pid, e.tid)).or_default().push(call);
-            }
-            EventData::Return { function, retval, duration_ns, .. } => {
-                // Without a duration the call was not seen: there is no slice to draw.
-                let Some(duration) = duration_ns else { return Ok(()) };
-                let start_ns = e.ts.saturating_sub(*duration);
-                // Calls that began inside this one and are still open never returned.
-                self.close_unfinished(e.pid, e.tid, start_ns + 1, e.ts, "no return event")?;
-                let stack = self.open.entry((e.pid, e.tid)).or_default();
-                let call = match stack.pop_if(|c| c.ts == start_ns && c.function == *function) {
-                    Some(call) => call,
-                    // The call line is not in this trace (a filtered or cut trace): the duration
-                    // still places the slice.
-                    None => OpenCall { ts: start_ns, function: function.clone(), module: "".into(), args: [0; 6] },
-                };
-                self.slice(e.pid, e.tid, &call, e.ts, json!({ "retval": register(*retval) }))?;
-            }
+            EventData::Call { .. } | EventData::Return { .. } => {}
             EventData::Spawn { parent_pid, child_pid, child_tid, how, comm, filename } => {
                 match how {
                     SpawnHow::Fork => {
@@ -260,11 +250,7 @@ impl<W: Write> Sink for ChromeWriter<W> {
                         self.thread_names.insert((e.pid, e.tid), comm.clone());
                     }
                 }
-                let name = match how {
-                    SpawnHow::Fork => format!("fork {child_pid}"),
-                    SpawnHow::Thread => format!("thread {child_tid}"),
-                    SpawnHow::Exec => format!("exec {}", filename.as_deref().unwrap_or(comm)),
-                };
+                let name = lifecycle_name(&e.data).unwrap_or_default();
                 let args = json!({
                     "parent_pid": parent_pid, "child_pid": child_pid, "child_tid": child_tid,
                     "how": how, "comm": comm, "filename": filename,
@@ -272,21 +258,13 @@ impl<W: Write> Sink for ChromeWriter<W> {
                 self.instant(e, &name, args)?;
             }
             EventData::Exit { exit_code, signal, thread, comm } => {
-                // Calls still open on an exiting thread never return.
-                self.close_unfinished(e.pid, e.tid, 0, e.ts, "thread exited")?;
-                self.open.remove(&(e.pid, e.tid));
                 if !comm.is_empty() {
                     self.thread_names.entry((e.pid, e.tid)).or_insert_with(|| comm.clone());
                     if !thread {
                         self.process_names.entry(e.pid).or_insert_with(|| comm.clone());
                     }
                 }
-                let name = match (exit_code, signal) {
-                    (_, Some(sig)) => format!("killed by signal {sig}"),
-                    (Some(code), None) => format!("exit {code}"),
-                    (None, None) => "exit".to_string(),
-                };
-                let name = if *thread { format!("thread {name}") } else { name };
+                let name = lifecycle_name(&e.data).unwrap_or_default();
                 let args = json!({ "exit_code": exit_code, "signal": signal, "thread": thread });
                 self.instant(e, &name, args)?;
             }
@@ -337,10 +315,7 @@ impl<W: Write> Sink for ChromeWriter<W> {
     }
 
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        let threads: Vec<(u32, u32)> = self.open.keys().copied().collect();
-        for (pid, tid) in threads {
-            self.close_unfinished(pid, tid, 0, end.ts, "tracing stopped")?;
-        }
+        call_tree::follow_end(self, end.ts)?;
         self.name_metadata()?;
         self.out.write_all(b"\n],\"displayTimeUnit\":\"ns\",\"metadata\":")?;
         serde_json::to_writer(&mut self.out, &json!({ "trace_start": self.start, "trace_end": end }))?;

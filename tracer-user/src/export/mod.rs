@@ -1,11 +1,21 @@
 //! File formats a trace can be written in, chosen by name or by the output's extension.
 
 pub mod chrome;
+pub mod flame;
+pub mod folded;
 pub mod jsonl;
+pub mod perfetto;
+pub mod svg;
 
 use std::{io::Write, path::Path};
 
-use crate::sink::Sink;
+use crate::{
+    event::{EventData, SpawnHow},
+    sink::Sink,
+};
+
+/// Most sends remembered for links to receives yet to come; older ones are forgotten first.
+pub(crate) const MAX_REMEMBERED_SENDS: usize = 1 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -13,18 +23,42 @@ pub enum Format {
     Jsonl,
     /// Chrome/Perfetto Trace Event Format, JSON object form (`.json`).
     Chrome,
+    /// Flame graph data: a JSON tree of time per call stack and process (`.flame.json`).
+    Flamegraph,
+    /// Folded stacks for inferno, flamegraph.pl and speedscope (`.folded`).
+    Folded,
+    /// An interactive flame graph (`.svg`).
+    Svg,
+    /// Perfetto's native protobuf trace (`.pftrace`).
+    Perfetto,
 }
 
 impl Format {
     /// The format an output path's extension implies.
     pub fn from_path(path: &Path) -> Option<Format> {
         let name = path.file_name()?.to_string_lossy().to_lowercase();
-        if name.ends_with(".jsonl") {
-            Some(Format::Jsonl)
-        } else if name.ends_with(".json") {
-            Some(Format::Chrome)
-        } else {
-            None
+        // Longest suffix first: `.flame.json` is not a Chrome trace.
+        [
+            (".flame.json", Format::Flamegraph),
+            (".jsonl", Format::Jsonl),
+            (".json", Format::Chrome),
+            (".folded", Format::Folded),
+            (".svg", Format::Svg),
+            (".pftrace", Format::Perfetto),
+        ]
+        .into_iter()
+        .find_map(|(ext, format)| name.ends_with(ext).then_some(format))
+    }
+
+    /// What the format is, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Format::Jsonl => "JSON lines",
+            Format::Chrome => "a Chrome trace",
+            Format::Flamegraph => "flame graph data",
+            Format::Folded => "folded stacks",
+            Format::Svg => "a flame graph SVG",
+            Format::Perfetto => "a Perfetto trace",
         }
     }
 
@@ -33,8 +67,32 @@ impl Format {
         match self {
             Format::Jsonl => Box::new(jsonl::JsonlWriter::new(out)),
             Format::Chrome => Box::new(chrome::ChromeWriter::new(out)),
+            Format::Flamegraph => Box::new(flame::StackSink::new(out, flame::write)),
+            Format::Folded => Box::new(flame::StackSink::new(out, folded::write)),
+            Format::Svg => Box::new(flame::StackSink::new(out, svg::write)),
+            Format::Perfetto => Box::new(perfetto::PerfettoWriter::new(out)),
         }
     }
+}
+
+/// The name of the instant that marks a spawn or an exit on a timeline.
+pub(crate) fn lifecycle_name(data: &EventData) -> Option<String> {
+    Some(match data {
+        EventData::Spawn { child_pid, child_tid, how, comm, filename, .. } => match how {
+            SpawnHow::Fork => format!("fork {child_pid}"),
+            SpawnHow::Thread => format!("thread {child_tid}"),
+            SpawnHow::Exec => format!("exec {}", filename.as_deref().unwrap_or(comm)),
+        },
+        EventData::Exit { exit_code, signal, thread, .. } => {
+            let name = match (exit_code, signal) {
+                (_, Some(sig)) => format!("killed by signal {sig}"),
+                (Some(code), None) => format!("exit {code}"),
+                (None, None) => "exit".to_string(),
+            };
+            if *thread { format!("thread {name}") } else { name }
+        }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -45,6 +103,10 @@ mod tests {
     fn formats_follow_extensions() {
         assert_eq!(Format::from_path(Path::new("a/trace.jsonl")), Some(Format::Jsonl));
         assert_eq!(Format::from_path(Path::new("trace.JSON")), Some(Format::Chrome));
+        assert_eq!(Format::from_path(Path::new("trace.flame.json")), Some(Format::Flamegraph));
+        assert_eq!(Format::from_path(Path::new("trace.folded")), Some(Format::Folded));
+        assert_eq!(Format::from_path(Path::new("trace.svg")), Some(Format::Svg));
+        assert_eq!(Format::from_path(Path::new("trace.pftrace")), Some(Format::Perfetto));
         assert_eq!(Format::from_path(Path::new("trace.txt")), None);
         assert_eq!(Format::from_path(Path::new("trace")), None);
     }

@@ -1,0 +1,563 @@
+//! `tracer report`: time per function and what each process did, from one pass over a trace.
+//!
+//! Per function (or per process and function): calls, total (inclusive) time, self time (total
+//! minus the time in traced callees), mean, min, percentiles and max of the calls' durations, and
+//! how many of the calls did not return (they are counted up to when they ended: see
+//! [`super::call_tree`]). A recursive function's total counts each level, as profilers do.
+//! Per process: lifetime, how it ended, children forked, threads started, IPC bytes.
+//!
+//! Memory grows with the number of functions and processes, not with the number of events (see
+//! [`super::percentile`] for how durations are summarised).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{self, Write},
+    sync::Arc,
+};
+
+use serde::Serialize;
+
+use super::{
+    call_tree::{self, CallEvent, CallSink, CallTracker, Ending},
+    percentile::Percentiles,
+    processes::ProcessNames,
+};
+use crate::{
+    event::{Event, EventData, SpawnHow, TargetInfo, TraceEnd, TraceStart},
+    sink::Sink,
+};
+
+/// The columns a function table can be sorted by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SortColumn {
+    Function,
+    Process,
+    Calls,
+    Total,
+    #[value(name = "self")]
+    SelfTime,
+    Mean,
+    Min,
+    P50,
+    P90,
+    P99,
+    Max,
+    Unfinished,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct FunctionStats {
+    pub function: String,
+    /// Set with `--by-process`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+    pub calls: u64,
+    pub total_ns: u64,
+    pub self_ns: u64,
+    pub mean_ns: u64,
+    pub min_ns: u64,
+    pub p50_ns: u64,
+    pub p90_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+    /// Calls that did not return (ended by their caller's return, an exit, an exec or the stop).
+    pub unfinished: u64,
+    /// Whether the percentiles are exact (else within 1%, see `analysis::percentile`).
+    pub exact_percentiles: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ProcessStats {
+    pub pid: u32,
+    pub name: Option<String>,
+    /// When it was forked (or first seen), Unix ns.
+    pub start_ns: u64,
+    /// When it exited, Unix ns; `None` if it outlived the trace.
+    pub end_ns: Option<u64>,
+    /// From its start to its exit, or to the end of the trace.
+    pub lifetime_ns: u64,
+    pub exit_code: Option<i32>,
+    /// The signal that killed it.
+    pub signal: Option<i32>,
+    /// Processes it forked.
+    pub children: u64,
+    /// Threads it started.
+    pub threads: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Report {
+    pub functions: Vec<FunctionStats>,
+    pub processes: Vec<ProcessStats>,
+}
+
+#[derive(Debug, Default)]
+struct Accumulator {
+    calls: u64,
+    total: u64,
+    self_ns: u64,
+    min: u64,
+    max: u64,
+    unfinished: u64,
+    durations: Percentiles,
+}
+
+/// Builds a [`Report`] from a trace's events; a [`Sink`], so it reads a trace in one pass.
+#[derive(Debug, Default)]
+pub struct ReportBuilder {
+    by_process: bool,
+    tracker: CallTracker,
+    names: ProcessNames,
+    functions: HashMap<(Option<u32>, Arc<str>), Accumulator>,
+    processes: BTreeMap<u32, ProcessStats>,
+    report: Option<Report>,
+}
+
+impl ReportBuilder {
+    pub fn new(by_process: bool) -> Self {
+        ReportBuilder { by_process, ..ReportBuilder::default() }
+    }
+
+    /// The report, once the trace has ended.
+    pub fn into_report(self) -> Option<Report> {
+        self.report
+    }
+
+    fn process(&mut self, pid: u32, ts: u64) -> &mut ProcessStats {
+        self.processes.entry(pid).or_insert_with(|| ProcessStats { pid, start_ns: ts, ..ProcessStats::default() })
+    }
+
+    fn build(&mut self, end: &TraceEnd) -> Report {
+        let mut functions: Vec<FunctionStats> = self
+            .functions
+            .drain()
+            .map(|((pid, function), mut acc)| FunctionStats {
+                function: function.to_string(),
+                pid,
+                process: pid.and_then(|p| self.names.get(p).map(str::to_string)),
+                calls: acc.calls,
+                total_ns: acc.total,
+                self_ns: acc.self_ns,
+                mean_ns: acc.total / acc.calls.max(1),
+                min_ns: acc.min,
+                p50_ns: acc.durations.quantile(0.50).unwrap_or(0),
+                p90_ns: acc.durations.quantile(0.90).unwrap_or(0),
+                p99_ns: acc.durations.quantile(0.99).unwrap_or(0),
+                max_ns: acc.max,
+                unfinished: acc.unfinished,
+                exact_percentiles: acc.durations.is_exact(),
+            })
+            .collect();
+        sort_functions(&mut functions, SortColumn::Total);
+        let processes = std::mem::take(&mut self.processes)
+            .into_values()
+            .map(|mut p| {
+                p.name = self.names.get(p.pid).map(str::to_string);
+                p.lifetime_ns = p.end_ns.unwrap_or(end.ts.max(p.start_ns)).saturating_sub(p.start_ns);
+                p
+            })
+            .collect();
+        Report { functions, processes }
+    }
+}
+
+impl CallSink for ReportBuilder {
+    fn tracker(&mut self) -> &mut CallTracker {
+        &mut self.tracker
+    }
+
+    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
+        let CallEvent::End(slice) = c else { return Ok(()) };
+        let key = (self.by_process.then_some(slice.pid), slice.frame.function.clone());
+        let acc = self.functions.entry(key).or_default();
+        let duration = slice.duration();
+        acc.min = if acc.calls == 0 { duration } else { acc.min.min(duration) };
+        acc.max = acc.max.max(duration);
+        acc.calls += 1;
+        acc.total += duration;
+        acc.self_ns += slice.self_ns();
+        acc.durations.add(duration);
+        if !matches!(slice.ending, Ending::Returned { .. }) {
+            acc.unfinished += 1;
+        }
+        Ok(())
+    }
+}
+
+impl Sink for ReportBuilder {
+    fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+        self.names.begin(start);
+        for pid in start.targets.iter().filter_map(|t| match t {
+            TargetInfo::Process { pid, .. } | TargetInfo::Command { pid, .. } => Some(*pid),
+            TargetInfo::Binary { .. } => None,
+        }) {
+            self.process(pid, start.ts);
+        }
+        Ok(())
+    }
+
+    fn event(&mut self, e: &Event) -> io::Result<()> {
+        self.names.event(e);
+        call_tree::follow_event(self, e)?;
+        self.process(e.pid, e.ts);
+        match &e.data {
+            EventData::Spawn { child_pid, how: SpawnHow::Fork, .. } => {
+                self.process(e.pid, e.ts).children += 1;
+                // The child exists from its fork on, whatever it did first.
+                let child = self.process(*child_pid, e.ts);
+                child.start_ns = child.start_ns.min(e.ts);
+            }
+            EventData::Spawn { how: SpawnHow::Thread, .. } => self.process(e.pid, e.ts).threads += 1,
+            EventData::Exit { exit_code, signal, thread: false, .. } => {
+                let p = self.process(e.pid, e.ts);
+                p.end_ns = Some(e.ts);
+                p.exit_code = *exit_code;
+                p.signal = *signal;
+            }
+            EventData::Send { bytes, .. } => self.process(e.pid, e.ts).bytes_sent += bytes,
+            EventData::Recv { bytes, .. } => self.process(e.pid, e.ts).bytes_received += bytes,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
+        call_tree::follow_end(self, end.ts)?;
+        self.report = Some(self.build(end));
+        Ok(())
+    }
+}
+
+/// Sorts a function table: names ascending, numbers descending (biggest first), ties by name.
+pub fn sort_functions(functions: &mut [FunctionStats], by: SortColumn) {
+    let key = |f: &FunctionStats| -> u64 {
+        match by {
+            SortColumn::Function | SortColumn::Process => 0,
+            SortColumn::Calls => f.calls,
+            SortColumn::Total => f.total_ns,
+            SortColumn::SelfTime => f.self_ns,
+            SortColumn::Mean => f.mean_ns,
+            SortColumn::Min => f.min_ns,
+            SortColumn::P50 => f.p50_ns,
+            SortColumn::P90 => f.p90_ns,
+            SortColumn::P99 => f.p99_ns,
+            SortColumn::Max => f.max_ns,
+            SortColumn::Unfinished => f.unfinished,
+        }
+    };
+    functions.sort_by(|a, b| match by {
+        SortColumn::Process => a.pid.cmp(&b.pid).then_with(|| a.function.cmp(&b.function)),
+        _ => key(b).cmp(&key(a)).then_with(|| a.function.cmp(&b.function)).then_with(|| a.pid.cmp(&b.pid)),
+    });
+}
+
+/// A duration for people: three significant digits and a unit.
+pub fn human_ns(ns: u64) -> String {
+    let (value, unit) = match ns {
+        0..1_000 => return format!("{ns} ns"),
+        1_000..1_000_000 => (ns as f64 / 1e3, "µs"),
+        1_000_000..1_000_000_000 => (ns as f64 / 1e6, "ms"),
+        _ => (ns as f64 / 1e9, "s"),
+    };
+    let decimals = if value >= 100.0 {
+        0
+    } else if value >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{value:.decimals$} {unit}")
+}
+
+/// Writes the report as aligned text tables.
+pub fn write_table(report: &Report, out: &mut dyn Write) -> io::Result<()> {
+    let by_process = report.functions.iter().any(|f| f.pid.is_some());
+    let mut header: Vec<&str> = Vec::new();
+    if by_process {
+        header.push("process");
+    }
+    header.extend(["function", "calls", "total", "self", "mean", "min", "p50", "p90", "p99", "max", "unfinished"]);
+    let rows: Vec<Vec<String>> = report
+        .functions
+        .iter()
+        .map(|f| {
+            let mut row = Vec::new();
+            if let Some(pid) = f.pid {
+                row.push(match &f.process {
+                    Some(name) => format!("{name} ({pid})"),
+                    None => format!("pid {pid}"),
+                });
+            }
+            row.push(f.function.clone());
+            row.push(f.calls.to_string());
+            for ns in [f.total_ns, f.self_ns, f.mean_ns, f.min_ns, f.p50_ns, f.p90_ns, f.p99_ns, f.max_ns] {
+                row.push(human_ns(ns));
+            }
+            row.push(f.unfinished.to_string());
+            row
+        })
+        .collect();
+    writeln!(out, "Functions")?;
+    write_aligned(&header, &rows, if by_process { 2 } else { 1 }, out)?;
+
+    let header = ["pid", "process", "lifetime", "ended", "children", "threads", "bytes sent", "bytes received"];
+    let rows: Vec<Vec<String>> = report
+        .processes
+        .iter()
+        .map(|p| {
+            let ended = match (p.end_ns, p.exit_code, p.signal) {
+                (None, _, _) => "running".to_string(),
+                (Some(_), _, Some(sig)) => format!("signal {sig}"),
+                (Some(_), Some(code), None) => format!("exit {code}"),
+                (Some(_), None, None) => "exited".to_string(),
+            };
+            vec![
+                p.pid.to_string(),
+                p.name.clone().unwrap_or_default(),
+                human_ns(p.lifetime_ns),
+                ended,
+                p.children.to_string(),
+                p.threads.to_string(),
+                p.bytes_sent.to_string(),
+                p.bytes_received.to_string(),
+            ]
+        })
+        .collect();
+    writeln!(out, "\nProcesses")?;
+    write_aligned(&header, &rows, 2, out)
+}
+
+/// Columns padded to their widest cell: the first `left` columns left-aligned, numbers right.
+fn write_aligned(header: &[&str], rows: &[Vec<String>], left: usize, out: &mut dyn Write) -> io::Result<()> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| -> String {
+        let padded: Vec<String> = cells
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (cell, &w))| if i < left { format!("{cell:<w$}") } else { format!("{cell:>w$}") })
+            .collect();
+        padded.join("  ").trim_end().to_string()
+    };
+    writeln!(out, "{}", line(&mut header.iter().copied()))?;
+    for row in rows {
+        writeln!(out, "{}", line(&mut row.iter().map(String::as_str)))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        analysis::call_tree::tests::{call, ev, ret},
+        event::Channel,
+        export::chrome::tests::{end, start},
+    };
+
+    fn report(by_process: bool, events: &[Event], end_ts: u64) -> Report {
+        let mut b = ReportBuilder::new(by_process);
+        b.begin(&start(0)).unwrap();
+        for e in events {
+            b.event(e).unwrap();
+        }
+        b.end(&end(end_ts)).unwrap();
+        b.into_report().unwrap()
+    }
+
+    fn fork(ts: u64, child: u32) -> Event {
+        ev(
+            ts,
+            1,
+            1,
+            EventData::Spawn {
+                parent_pid: 1,
+                child_pid: child,
+                child_tid: child,
+                how: SpawnHow::Fork,
+                comm: "app".into(),
+                filename: None,
+            },
+        )
+    }
+
+    #[test]
+    fn functions_have_totals_self_time_and_percentiles() {
+        let r = report(
+            false,
+            &[
+                call(100, 1, "main"),
+                call(200, 1, "work"),
+                ret(300, 1, "work", Some(100)),
+                call(400, 1, "work"),
+                ret(700, 1, "work", Some(300)),
+                call(800, 1, "open"),
+            ],
+            1000,
+        );
+        let main = FunctionStats {
+            function: "main".into(),
+            calls: 1,
+            total_ns: 900,
+            self_ns: 300,
+            mean_ns: 900,
+            min_ns: 900,
+            p50_ns: 900,
+            p90_ns: 900,
+            p99_ns: 900,
+            max_ns: 900,
+            unfinished: 1,
+            exact_percentiles: true,
+            ..FunctionStats::default()
+        };
+        let work = FunctionStats {
+            function: "work".into(),
+            calls: 2,
+            total_ns: 400,
+            self_ns: 400,
+            mean_ns: 200,
+            min_ns: 100,
+            p50_ns: 100,
+            p90_ns: 300,
+            p99_ns: 300,
+            max_ns: 300,
+            unfinished: 0,
+            exact_percentiles: true,
+            ..FunctionStats::default()
+        };
+        let open = FunctionStats {
+            function: "open".into(),
+            calls: 1,
+            total_ns: 200,
+            self_ns: 200,
+            mean_ns: 200,
+            min_ns: 200,
+            p50_ns: 200,
+            p90_ns: 200,
+            p99_ns: 200,
+            max_ns: 200,
+            unfinished: 1,
+            exact_percentiles: true,
+            ..FunctionStats::default()
+        };
+        assert_eq!(r.functions, vec![main, work, open]);
+    }
+
+    #[test]
+    fn by_process_and_sorting() {
+        let other = |ts, data| ev(ts, 2, 2, data);
+        let mut r = report(
+            true,
+            &[
+                call(100, 1, "f"),
+                ret(200, 1, "f", Some(100)),
+                other(100, EventData::Call { function: "f".into(), module: "m".into(), args: [0; 6] }),
+                other(
+                    400,
+                    EventData::Return { function: "f".into(), module: "m".into(), retval: 0, duration_ns: Some(300) },
+                ),
+            ],
+            1000,
+        );
+        let rows: Vec<(Option<u32>, Option<&str>, u64)> =
+            r.functions.iter().map(|f| (f.pid, f.process.as_deref(), f.total_ns)).collect();
+        assert_eq!(rows, [(Some(2), None, 300), (Some(1), Some("app"), 100)]);
+        sort_functions(&mut r.functions, SortColumn::Process);
+        assert_eq!(r.functions[0].pid, Some(1));
+        let mut text = Vec::new();
+        write_table(&r, &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.starts_with("Functions\nprocess  function  calls"), "{text}");
+        assert!(text.contains("\napp (1)  f             1  100 ns"), "{text}");
+    }
+
+    #[test]
+    fn processes_have_lifetimes_exits_children_and_bytes() {
+        let channel = Channel::Pipe { id: 9 };
+        let r = report(
+            false,
+            &[
+                fork(100, 2),
+                ev(
+                    150,
+                    1,
+                    1,
+                    EventData::Send {
+                        channel: channel.clone(),
+                        fd: 4,
+                        bytes: 10,
+                        syscall: crate::event::Syscall::Write,
+                        flow_id: 1,
+                        syscall_ns: 5,
+                        seq: None,
+                        digest: None,
+                    },
+                ),
+                ev(
+                    160,
+                    2,
+                    2,
+                    EventData::Recv {
+                        channel,
+                        fd: 3,
+                        bytes: 10,
+                        syscall: crate::event::Syscall::Read,
+                        flow_ids: vec![1],
+                        syscall_ns: 5,
+                        seq: None,
+                        digest: None,
+                    },
+                ),
+                ev(300, 2, 2, EventData::Exit { exit_code: Some(7), signal: None, thread: false, comm: "kid".into() }),
+                fork(400, 3),
+                ev(500, 3, 3, EventData::Exit { exit_code: None, signal: Some(15), thread: false, comm: "app".into() }),
+            ],
+            1000,
+        );
+        let p = |pid: u32| r.processes.iter().find(|p| p.pid == pid).unwrap().clone();
+        assert_eq!(r.processes.len(), 3);
+        assert_eq!(
+            p(1),
+            ProcessStats {
+                pid: 1,
+                name: Some("app".into()),
+                start_ns: 0,
+                end_ns: None,
+                lifetime_ns: 1000,
+                children: 2,
+                bytes_sent: 10,
+                ..ProcessStats::default()
+            }
+        );
+        assert_eq!(
+            p(2),
+            ProcessStats {
+                pid: 2,
+                name: Some("kid".into()),
+                start_ns: 100,
+                end_ns: Some(300),
+                lifetime_ns: 200,
+                exit_code: Some(7),
+                bytes_received: 10,
+                ..ProcessStats::default()
+            }
+        );
+        assert_eq!((p(3).signal, p(3).lifetime_ns), (Some(15), 100));
+    }
+
+    #[test]
+    fn human_durations() {
+        assert_eq!(human_ns(999), "999 ns");
+        assert_eq!(human_ns(1_234), "1.23 µs");
+        assert_eq!(human_ns(12_345_678), "12.3 ms");
+        assert_eq!(human_ns(123_456_789_000), "123 s");
+    }
+}

@@ -1,0 +1,550 @@
+//! Perfetto's native trace format (`.pftrace`): protobuf `TracePacket`s with `TrackEvent`s, from
+//! the published proto definitions (vendored in `proto/`, compiled by `build.rs`).
+//!
+//! - A track per process, and under it a track per thread (`TrackDescriptor`s with the process's
+//!   and thread's names, emitted when first used and again when a process is renamed by exec).
+//! - Each call is a slice on its thread's track: `SLICE_BEGIN` when it is called, `SLICE_END` when
+//!   it ends as [`crate::analysis::call_tree`] reconstructs it. Arguments and the module go on the
+//!   begin, the return value (or why it did not return) on the end.
+//! - Spawns and exits are instants on the thread's track.
+//! - A send and a receive are slices spanning their syscall, linked by a flow with an explicit id:
+//!   the send lists it in `flow_ids`, the receive in `terminating_flow_ids`. A send whose bytes
+//!   reached several receives gets one flow per receive (a flow has one end); the extra ones start
+//!   from an instant on the send. A signal's generation and delivery are instants linked the same
+//!   way.
+//!
+//! Timestamps are the trace's (Unix nanoseconds) on Perfetto's default clock; Perfetto shows them
+//! from the first event. Every packet is on one sequence. A file is a `Trace`: written one
+//! single-packet `Trace` at a time, which is the same bytes (repeated fields concatenate), so
+//! memory is bounded by the open calls and remembered sends, not by the trace.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    io::{self, BufWriter, Write},
+};
+
+use prost::Message as _;
+
+use super::{MAX_REMEMBERED_SENDS, lifecycle_name};
+use crate::{
+    analysis::{
+        call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Frame},
+        processes::ProcessNames,
+    },
+    event::{Event, EventData, SpawnHow, TraceEnd, TraceStart},
+    sink::Sink,
+};
+
+/// The Rust types of the vendored Perfetto protos.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod protos {
+    include!(concat!(env!("OUT_DIR"), "/perfetto.protos.rs"));
+}
+
+use protos::{
+    DebugAnnotation, ProcessDescriptor, ThreadDescriptor, Trace, TracePacket, TrackDescriptor, TrackEvent,
+    debug_annotation, trace_packet, track_event,
+};
+
+/// The packet sequence every packet is on.
+const SEQUENCE_ID: u32 = 1;
+
+/// The track of a process.
+pub fn process_track(pid: u32) -> u64 {
+    1 << 63 | u64::from(pid)
+}
+
+/// The track of a thread (pids and tids are below 2^22, so the two kinds never collide).
+pub fn thread_track(pid: u32, tid: u32) -> u64 {
+    u64::from(pid) << 32 | u64::from(tid)
+}
+
+/// Where a traced send happened, for the flows to its receives.
+#[derive(Clone, Copy)]
+struct SentFrom {
+    pid: u32,
+    tid: u32,
+    /// The middle of the send's slice.
+    ts: u64,
+    /// The Perfetto flow its slice starts.
+    flow: u64,
+    /// Whether a receive already ended that flow.
+    consumed: bool,
+}
+
+/// A debug annotation's value.
+enum Arg {
+    Uint(u64),
+    Str(String),
+}
+
+/// What a track event says besides where and when.
+#[derive(Default)]
+struct Mark<'a> {
+    name: Option<String>,
+    category: &'a str,
+    args: Vec<(&'a str, Arg)>,
+    /// Flows that start here.
+    flows: Vec<u64>,
+    /// Flows that end here.
+    terminating_flows: Vec<u64>,
+}
+
+pub struct PerfettoWriter<W: Write> {
+    out: BufWriter<W>,
+    buf: Vec<u8>,
+    first_packet: bool,
+    calls: CallTracker,
+    names: ProcessNames,
+    thread_names: HashMap<(u32, u32), String>,
+    processes_declared: HashSet<u32>,
+    threads_declared: HashSet<(u32, u32)>,
+    sends: BTreeMap<u64, SentFrom>,
+    /// The Perfetto flow of each signal generation, by the trace's flow id.
+    signals: HashMap<u64, u64>,
+    next_flow: u64,
+}
+
+impl<W: Write> PerfettoWriter<W> {
+    pub fn new(out: W) -> Self {
+        PerfettoWriter {
+            out: BufWriter::with_capacity(1 << 20, out),
+            buf: Vec::new(),
+            first_packet: true,
+            calls: CallTracker::default(),
+            names: ProcessNames::default(),
+            thread_names: HashMap::new(),
+            processes_declared: HashSet::new(),
+            threads_declared: HashSet::new(),
+            sends: BTreeMap::new(),
+            signals: HashMap::new(),
+            next_flow: 1,
+        }
+    }
+
+    fn packet(&mut self, timestamp: Option<u64>, data: trace_packet::Data) -> io::Result<()> {
+        let packet = TracePacket {
+            timestamp,
+            data: Some(data),
+            optional_trusted_packet_sequence_id: Some(
+                trace_packet::OptionalTrustedPacketSequenceId::TrustedPacketSequenceId(SEQUENCE_ID),
+            ),
+            sequence_flags: self.first_packet.then_some(trace_packet::SequenceFlags::SeqIncrementalStateCleared as u32),
+            ..TracePacket::default()
+        };
+        self.first_packet = false;
+        self.buf.clear();
+        Trace { packet: vec![packet] }.encode(&mut self.buf).map_err(io::Error::other)?;
+        self.out.write_all(&self.buf)
+    }
+
+    fn declare_process(&mut self, pid: u32) -> io::Result<()> {
+        self.processes_declared.insert(pid);
+        let track = TrackDescriptor {
+            uuid: Some(process_track(pid)),
+            process: Some(ProcessDescriptor {
+                pid: Some(pid as i32),
+                process_name: self.names.get(pid).map(str::to_string),
+                ..ProcessDescriptor::default()
+            }),
+            ..TrackDescriptor::default()
+        };
+        self.packet(None, trace_packet::Data::TrackDescriptor(track))
+    }
+
+    /// Declares the thread's track (and its process's) before its first event.
+    fn thread(&mut self, pid: u32, tid: u32) -> io::Result<u64> {
+        if !self.threads_declared.contains(&(pid, tid)) {
+            if !self.processes_declared.contains(&pid) {
+                self.declare_process(pid)?;
+            }
+            self.threads_declared.insert((pid, tid));
+            let name = self.thread_names.get(&(pid, tid)).cloned().or_else(|| self.names.get(pid).map(str::to_string));
+            let track = TrackDescriptor {
+                uuid: Some(thread_track(pid, tid)),
+                parent_uuid: Some(process_track(pid)),
+                thread: Some(ThreadDescriptor {
+                    pid: Some(pid as i32),
+                    tid: Some(tid as i32),
+                    thread_name: name,
+                    ..ThreadDescriptor::default()
+                }),
+                ..TrackDescriptor::default()
+            };
+            self.packet(None, trace_packet::Data::TrackDescriptor(track))?;
+        }
+        Ok(thread_track(pid, tid))
+    }
+
+    fn track_event(&mut self, (pid, tid): (u32, u32), ts: u64, kind: track_event::Type, mark: Mark) -> io::Result<()> {
+        let track = self.thread(pid, tid)?;
+        let debug_annotations = mark
+            .args
+            .into_iter()
+            .map(|(name, value)| DebugAnnotation {
+                name_field: Some(debug_annotation::NameField::Name(name.to_string())),
+                value: Some(match value {
+                    Arg::Uint(v) => debug_annotation::Value::UintValue(v),
+                    Arg::Str(s) => debug_annotation::Value::StringValue(s),
+                }),
+            })
+            .collect();
+        let event = TrackEvent {
+            categories: if mark.category.is_empty() { vec![] } else { vec![mark.category.to_string()] },
+            name_field: mark.name.map(track_event::NameField::Name),
+            r#type: Some(kind as i32),
+            track_uuid: Some(track),
+            flow_ids: mark.flows,
+            terminating_flow_ids: mark.terminating_flows,
+            debug_annotations,
+            ..TrackEvent::default()
+        };
+        self.packet(Some(ts), trace_packet::Data::TrackEvent(event))
+    }
+
+    fn begin_call(&mut self, pid: u32, tid: u32, frame: &Frame, call_seen: bool) -> io::Result<()> {
+        let mut args = vec![("module", Arg::Str(frame.module.to_string()))];
+        if call_seen {
+            args.extend(
+                frame
+                    .args
+                    .iter()
+                    .zip(["arg0", "arg1", "arg2", "arg3", "arg4", "arg5"])
+                    .map(|(a, n)| (n, Arg::Uint(*a))),
+            );
+        }
+        let mark = Mark { name: Some(frame.function.to_string()), category: "call", args, ..Mark::default() };
+        self.track_event((pid, tid), frame.start, track_event::Type::SliceBegin, mark)
+    }
+
+    /// A slice `[start, end]` for a syscall that moved IPC data.
+    fn ipc_slice(&mut self, e: &Event, (start, end): (u64, u64), mark: Mark) -> io::Result<()> {
+        self.track_event((e.pid, e.tid), start, track_event::Type::SliceBegin, Mark { category: "ipc", ..mark })?;
+        self.track_event((e.pid, e.tid), end, track_event::Type::SliceEnd, Mark::default())
+    }
+
+    fn new_flow(&mut self) -> u64 {
+        self.next_flow += 1;
+        self.next_flow - 1
+    }
+}
+
+impl<W: Write> CallSink for PerfettoWriter<W> {
+    fn tracker(&mut self) -> &mut CallTracker {
+        &mut self.calls
+    }
+
+    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
+        match c {
+            CallEvent::Begin { pid, tid, frame, .. } => self.begin_call(pid, tid, frame, true),
+            CallEvent::End(slice) => {
+                if !slice.call_seen {
+                    // Its call line is missing: the slice begins where the return's duration says.
+                    self.begin_call(slice.pid, slice.tid, slice.frame, false)?;
+                }
+                let args = match slice.ending {
+                    Ending::Returned { retval } => vec![("retval", Arg::Uint(retval))],
+                    other => vec![("unfinished", Arg::Str(other.unfinished_reason().unwrap_or_default().to_string()))],
+                };
+                self.track_event(
+                    (slice.pid, slice.tid),
+                    slice.end,
+                    track_event::Type::SliceEnd,
+                    Mark { args, ..Mark::default() },
+                )
+            }
+        }
+    }
+}
+
+/// A value as the JSON lines trace writes it: a name as itself, anything else as JSON.
+fn serde_arg(value: &impl serde::Serialize) -> Arg {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => Arg::Str(s),
+        Ok(other) => Arg::Str(other.to_string()),
+        Err(e) => Arg::Str(format!("({e})")),
+    }
+}
+
+impl<W: Write> Sink for PerfettoWriter<W> {
+    fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+        self.names.begin(start);
+        Ok(())
+    }
+
+    fn event(&mut self, e: &Event) -> io::Result<()> {
+        if let Some(pid) = self.names.event(e)
+            && self.processes_declared.contains(&pid)
+        {
+            // Renamed by exec: the track takes the new name.
+            self.declare_process(pid)?;
+        }
+        if let EventData::Spawn { child_pid, child_tid, how: SpawnHow::Thread, comm, .. } = &e.data {
+            self.thread_names.insert((*child_pid, *child_tid), comm.clone());
+        }
+        call_tree::follow_event(self, e)?;
+        match &e.data {
+            EventData::Call { .. } | EventData::Return { .. } => Ok(()),
+            EventData::Spawn { .. } | EventData::Exit { .. } => {
+                let name = lifecycle_name(&e.data);
+                let category = e.data.kind().name();
+                let args = match &e.data {
+                    EventData::Spawn { child_pid, child_tid, .. } => {
+                        vec![
+                            ("child_pid", Arg::Uint((*child_pid).into())),
+                            ("child_tid", Arg::Uint((*child_tid).into())),
+                        ]
+                    }
+                    _ => vec![],
+                };
+                let mark = Mark { name, category, args, ..Mark::default() };
+                self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
+            }
+            EventData::Send { channel, fd, bytes, syscall, flow_id, syscall_ns, .. } => {
+                let flow = self.new_flow();
+                if self.sends.len() >= MAX_REMEMBERED_SENDS {
+                    self.sends.pop_first();
+                }
+                let from = SentFrom { pid: e.pid, tid: e.tid, ts: e.ts + syscall_ns / 2, flow, consumed: false };
+                self.sends.insert(*flow_id, from);
+                let args = vec![
+                    ("channel", serde_arg(channel)),
+                    ("fd", Arg::Uint(*fd as u64)),
+                    ("bytes", Arg::Uint(*bytes)),
+                    ("syscall", serde_arg(syscall)),
+                    ("flow_id", Arg::Uint(*flow_id)),
+                ];
+                let mark = Mark { name: Some(format!("send {bytes} B")), args, flows: vec![flow], ..Mark::default() };
+                self.ipc_slice(e, (e.ts, e.ts + syscall_ns), mark)
+            }
+            EventData::Recv { channel, fd, bytes, syscall, flow_ids, syscall_ns, .. } => {
+                let mut ending = Vec::new();
+                for id in flow_ids {
+                    let Some(from) = self.sends.get_mut(id) else { continue };
+                    if !from.consumed {
+                        from.consumed = true;
+                        ending.push(from.flow);
+                        continue;
+                    }
+                    // The send's flow already ended at an earlier receive: a new one from the send.
+                    let from = *from;
+                    let flow = self.new_flow();
+                    let name = Some("send (more bytes read)".to_string());
+                    let mark = Mark { name, category: "ipc", flows: vec![flow], ..Mark::default() };
+                    self.track_event((from.pid, from.tid), from.ts, track_event::Type::Instant, mark)?;
+                    ending.push(flow);
+                }
+                let args = vec![
+                    ("channel", serde_arg(channel)),
+                    ("fd", Arg::Uint(*fd as u64)),
+                    ("bytes", Arg::Uint(*bytes)),
+                    ("syscall", serde_arg(syscall)),
+                ];
+                let name = Some(format!("recv {bytes} B"));
+                let mark = Mark { name, args, terminating_flows: ending, ..Mark::default() };
+                self.ipc_slice(e, (e.ts.saturating_sub(*syscall_ns), e.ts), mark)
+            }
+            EventData::Signal { signal, sender_pid, target_pid, target_tid, delivered, flow_id, .. } => {
+                let (flows, terminating_flows) = match (flow_id, delivered) {
+                    (Some(id), false) => {
+                        let flow = self.new_flow();
+                        self.signals.insert(*id, flow);
+                        (vec![flow], vec![])
+                    }
+                    (Some(id), true) => (vec![], self.signals.remove(id).into_iter().collect()),
+                    (None, _) => Default::default(),
+                };
+                let name = Some(format!("{} {}", if *delivered { "deliver" } else { "send" }, signal.name));
+                let args = vec![
+                    ("sender_pid", Arg::Uint((*sender_pid).into())),
+                    ("target_pid", Arg::Uint((*target_pid).into())),
+                    ("target_tid", Arg::Uint((*target_tid).into())),
+                ];
+                let mark = Mark { name, category: "signal", args, flows, terminating_flows };
+                self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
+            }
+        }
+    }
+
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
+        call_tree::follow_end(self, end.ts)?;
+        self.out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        analysis::call_tree::tests::{call, ev, ret},
+        event::{Channel, SignalId, Syscall},
+        export::chrome::tests::{end, start},
+    };
+
+    fn export(events: &[Event], end_ts: u64) -> Vec<TracePacket> {
+        let mut out = Vec::new();
+        let mut w = PerfettoWriter::new(&mut out);
+        w.begin(&start(0)).unwrap();
+        for e in events {
+            w.event(e).unwrap();
+        }
+        w.end(&end(end_ts)).unwrap();
+        drop(w);
+        Trace::decode(&out[..]).expect("a Trace").packet
+    }
+
+    /// (ts, track, type, name, flow_ids, terminating_flow_ids) of each track event.
+    type Row = (u64, u64, track_event::Type, String, Vec<u64>, Vec<u64>);
+
+    fn events(packets: &[TracePacket]) -> Vec<Row> {
+        packets
+            .iter()
+            .filter_map(|p| match &p.data {
+                Some(trace_packet::Data::TrackEvent(e)) => Some((
+                    p.timestamp.unwrap(),
+                    e.track_uuid.unwrap(),
+                    e.r#type(),
+                    match &e.name_field {
+                        Some(track_event::NameField::Name(n)) => n.clone(),
+                        _ => String::new(),
+                    },
+                    e.flow_ids.clone(),
+                    e.terminating_flow_ids.clone(),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn tracks(packets: &[TracePacket]) -> Vec<TrackDescriptor> {
+        packets
+            .iter()
+            .filter_map(|p| match &p.data {
+                Some(trace_packet::Data::TrackDescriptor(t)) => Some(t.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn calls_are_slices_on_thread_tracks_under_process_tracks() {
+        use track_event::Type::{SliceBegin as B, SliceEnd as E};
+        let packets = export(
+            &[
+                call(100, 1, "main"),
+                call(200, 2, "work"),
+                ret(300, 2, "work", Some(100)),
+                ret(250, 1, "lost_call", Some(50)),
+            ],
+            1000,
+        );
+        assert!(packets.iter().all(|p| p.optional_trusted_packet_sequence_id.is_some()));
+        assert_eq!(packets[0].sequence_flags, Some(1), "the first packet clears the incremental state");
+        let t = tracks(&packets);
+        assert_eq!(t.len(), 3, "one process, two threads: {t:?}");
+        assert_eq!(t[0].uuid, Some(process_track(1)));
+        assert_eq!(t[0].process.as_ref().unwrap().process_name.as_deref(), Some("app"));
+        for (track, tid) in [(&t[1], 1), (&t[2], 2)] {
+            assert_eq!(track.uuid, Some(thread_track(1, tid)));
+            assert_eq!(track.parent_uuid, Some(process_track(1)));
+            assert_eq!(track.thread.as_ref().unwrap().tid, Some(tid as i32));
+        }
+        let (t1, t2) = (thread_track(1, 1), thread_track(1, 2));
+        let none = Vec::<u64>::new;
+        assert_eq!(
+            events(&packets),
+            vec![
+                (100, t1, B, "main".into(), none(), none()),
+                (200, t2, B, "work".into(), none(), none()),
+                (300, t2, E, "".into(), none(), none()),
+                (200, t1, B, "lost_call".into(), none(), none()),
+                (250, t1, E, "".into(), none(), none()),
+                (1000, t1, E, "".into(), none(), none()),
+            ]
+        );
+        let Some(trace_packet::Data::TrackEvent(main_end)) = &packets.last().unwrap().data else { panic!("an event") };
+        assert_eq!(
+            main_end.debug_annotations[0].value,
+            Some(debug_annotation::Value::StringValue("tracing stopped".into())),
+            "{main_end:?}"
+        );
+    }
+
+    #[test]
+    fn ipc_and_signals_are_flows_with_explicit_ids() {
+        use track_event::Type::{Instant as I, SliceBegin as B, SliceEnd as E};
+        let pipe = Channel::Pipe { id: 3 };
+        let send = |ts, flow_id| {
+            ev(
+                ts,
+                1,
+                1,
+                EventData::Send {
+                    channel: pipe.clone(),
+                    fd: 4,
+                    bytes: 8,
+                    syscall: Syscall::Write,
+                    flow_id,
+                    syscall_ns: 10,
+                    seq: None,
+                    digest: None,
+                },
+            )
+        };
+        let recv = |ts, flow_ids: Vec<u64>| {
+            ev(
+                ts,
+                2,
+                2,
+                EventData::Recv {
+                    channel: pipe.clone(),
+                    fd: 3,
+                    bytes: 4,
+                    syscall: Syscall::Read,
+                    flow_ids,
+                    syscall_ns: 10,
+                    seq: None,
+                    digest: None,
+                },
+            )
+        };
+        let signal = |ts, pid, delivered| {
+            ev(
+                ts,
+                pid,
+                pid,
+                EventData::Signal {
+                    signal: SignalId::new(10),
+                    sender_pid: 1,
+                    target_pid: 2,
+                    target_tid: 2,
+                    delivered,
+                    flow_id: Some(77),
+                    group: false,
+                    queued: true,
+                },
+            )
+        };
+        let packets = export(
+            &[send(100, 55), recv(200, vec![55]), recv(300, vec![55, 99]), signal(400, 1, false), signal(500, 2, true)],
+            1000,
+        );
+        let (t1, t2) = (thread_track(1, 1), thread_track(2, 2));
+        let none = Vec::<u64>::new;
+        assert_eq!(
+            events(&packets),
+            vec![
+                (100, t1, B, "send 8 B".into(), vec![1], none()),
+                (110, t1, E, "".into(), none(), none()),
+                (190, t2, B, "recv 4 B".into(), none(), vec![1]),
+                (200, t2, E, "".into(), none(), none()),
+                // The second receive of the same send: a flow of its own, from the send.
+                (105, t1, I, "send (more bytes read)".into(), vec![2], none()),
+                (290, t2, B, "recv 4 B".into(), none(), vec![2]),
+                (300, t2, E, "".into(), none(), none()),
+                (400, t1, I, "send SIGUSR1".into(), vec![3], none()),
+                (500, t2, I, "deliver SIGUSR1".into(), none(), vec![3]),
+            ]
+        );
+    }
+}
