@@ -535,6 +535,27 @@ pub struct TraceStart {
     /// Event kinds recorded.
     pub events: Vec<EventKind>,
     pub follow_children: bool,
+    /// A trace merged from several hosts: each host, its clock correction and its targets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostInfo>,
+}
+
+/// One host of a merged trace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub name: String,
+    /// Subtracted from the host's timestamps (its clock minus the collector's), nanoseconds.
+    pub offset_ns: i64,
+    /// Half the width of the interval the offset is known to lie in, after message links.
+    pub uncertainty_ns: u64,
+    /// The same, from the round trips alone.
+    pub round_trip_uncertainty_ns: u64,
+    /// How fast the host's clock ran against the collector's, parts per million.
+    pub drift_ppm: f64,
+    pub events: u64,
+    /// Events the agent dropped while its collector was away.
+    pub lost_in_transit: u64,
+    pub targets: Vec<TargetInfo>,
 }
 
 /// How event timestamps were made.
@@ -616,8 +637,10 @@ pub enum EndReason {
     Duration,
     /// SIGINT.
     Interrupted,
-    /// SIGTERM.
+    /// SIGTERM (for an agent: shut down, or its collector went away).
     Terminated,
+    /// The collector stopped it.
+    Stopped,
     /// The input ended (a trace converted from a file without a `trace_end`).
     InputEnded,
 }
@@ -630,6 +653,7 @@ impl fmt::Display for EndReason {
             EndReason::Duration => "the duration elapsed",
             EndReason::Interrupted => "interrupted",
             EndReason::Terminated => "terminated",
+            EndReason::Stopped => "stopped by the collector",
             EndReason::InputEnded => "the input ended",
         })
     }

@@ -412,6 +412,7 @@ impl Plan {
             probes: attached,
             events: events.iter().copied().collect(),
             follow_children: options.follow_children,
+            hosts: vec![],
         };
         let return_probes = probes.iter().any(|p| p.exit);
         let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes);

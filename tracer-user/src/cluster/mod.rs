@@ -1,7 +1,11 @@
 //! Several hosts, one timeline: an agent on each host records, a collector starts the same trace on
 //! all of them, streams their events, corrects their clocks and links messages across hosts.
 
+pub mod agent;
 pub mod auth;
 pub mod clock_sync;
+pub mod merge;
+pub mod outbox;
 pub mod protocol;
+pub mod tls;
 pub mod wire;

@@ -340,6 +340,7 @@ pub(crate) mod tests {
             probes: 2,
             events: EventKind::ALL.to_vec(),
             follow_children: true,
+            hosts: vec![],
         }
     }
 

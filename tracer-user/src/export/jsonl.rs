@@ -169,6 +169,7 @@ mod tests {
             probes: 1,
             events: EventKind::ALL.to_vec(),
             follow_children: true,
+            hosts: vec![],
         }
     }
 
