@@ -13,6 +13,8 @@ use std::{
 
 use serde_json::Value;
 
+pub mod netns;
+
 /// No tracer run in these tests should take longer; past it, the run is killed and the test fails.
 const TIMEOUT: Duration = Duration::from_secs(60);
 

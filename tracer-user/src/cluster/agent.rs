@@ -196,8 +196,10 @@ async fn handshake(agent: &Agent, stream: &mut Box<dyn tls::Transport>) -> Resul
     let proof = agent.opts.secret.as_ref().map(|s| s.prove(auth::AGENT, &theirs, &ours));
     let challenge = Message::Challenge { version, proof, nonce: ours, host: agent.opts.host.clone() };
     write_message(stream, &challenge).await.map_err(|e| e.to_string())?;
-    let Message::Answer { proof } = read_message(stream).await.map_err(|e| e.to_string())? else {
-        return Err("it did not answer the challenge".to_string());
+    let proof = match read_message(stream).await.map_err(|e| e.to_string())? {
+        Message::Answer { proof } => proof,
+        Message::Refused { reason } => return Err(format!("the collector refused: {reason}")),
+        _ => return Err("it did not answer the challenge".to_string()),
     };
     if let Some(secret) = &agent.opts.secret {
         let good = proof.is_some_and(|p| secret.verify(auth::COLLECTOR, &ours, &theirs, &p));

@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod auth;
 pub mod clock_sync;
+pub mod collector;
 pub mod merge;
 pub mod outbox;
 pub mod protocol;

@@ -3,6 +3,7 @@
 pub mod chrome;
 pub mod flame;
 pub mod folded;
+pub mod hosts;
 pub mod jsonl;
 pub mod perfetto;
 pub mod svg;
@@ -62,15 +63,17 @@ impl Format {
         }
     }
 
-    /// A sink writing this format to `out`.
+    /// A sink writing this format to `out`. The visual formats group a multi-host trace's
+    /// processes by host ([`hosts::HostGrouping`]).
     pub fn sink<W: Write + Send + 'static>(self, out: W) -> Box<dyn Sink + Send> {
+        use hosts::HostGrouping;
         match self {
             Format::Jsonl => Box::new(jsonl::JsonlWriter::new(out)),
-            Format::Chrome => Box::new(chrome::ChromeWriter::new(out)),
-            Format::Flamegraph => Box::new(flame::StackSink::new(out, flame::write)),
-            Format::Folded => Box::new(flame::StackSink::new(out, folded::write)),
-            Format::Svg => Box::new(flame::StackSink::new(out, svg::write)),
-            Format::Perfetto => Box::new(perfetto::PerfettoWriter::new(out)),
+            Format::Chrome => Box::new(HostGrouping::new(chrome::ChromeWriter::new(out))),
+            Format::Flamegraph => Box::new(HostGrouping::new(flame::StackSink::new(out, flame::write))),
+            Format::Folded => Box::new(HostGrouping::new(flame::StackSink::new(out, folded::write))),
+            Format::Svg => Box::new(HostGrouping::new(flame::StackSink::new(out, svg::write))),
+            Format::Perfetto => Box::new(HostGrouping::new(perfetto::PerfettoWriter::new(out))),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The `tracer` command line. `main.rs` parses it and calls [`run`]; everything a user sees on
 //! stderr (warnings, the summary, errors) is written here, never by the library.
 
+mod cluster;
+
 use std::{
     ffi::OsString,
     fs::File,
@@ -40,6 +42,10 @@ pub enum Command {
     Report(ReportArgs),
     /// Each thread's calls in order, as an indented tree with start times and durations.
     Calls(CallsArgs),
+    /// Wait for a collector and trace for it on this host.
+    Agent(cluster::AgentArgs),
+    /// Trace on several hosts at once through their agents, and merge into one timeline.
+    Collect(cluster::CollectArgs),
 }
 
 #[derive(Debug, Args)]
@@ -144,12 +150,12 @@ fn parse_duration_ns(s: &str) -> Result<u64, String> {
     Ok((value * scale).round() as u64)
 }
 
-fn parse_seconds(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {
     let secs: f64 = s.parse().map_err(|_| format!("'{s}' is not a number of seconds"))?;
     Duration::try_from_secs_f64(secs).map_err(|_| format!("'{s}' is not a positive number of seconds"))
 }
 
-fn parse_bytes(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u32, String> {
     let n = parse_size::Config::new().with_binary().parse_size(s).map_err(|e| format!("'{s}' is not a size ({e})"))?;
     u32::try_from(n).map_err(|_| format!("'{s}' is more than 4 GiB"))
 }
@@ -161,11 +167,13 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Export(args) => export(args),
         Command::Report(args) => report(args),
         Command::Calls(args) => calls(args),
+        Command::Agent(args) => cluster::agent(args),
+        Command::Collect(args) => cluster::collect(args),
     }
 }
 
 /// The format for an output path: `--format`, else the extension.
-fn output_format(path: &Path, format: Option<Format>) -> anyhow::Result<Format> {
+pub(crate) fn output_format(path: &Path, format: Option<Format>) -> anyhow::Result<Format> {
     if let Some(f) = format {
         return Ok(f);
     }
@@ -182,7 +190,7 @@ fn output_format(path: &Path, format: Option<Format>) -> anyhow::Result<Format> 
 }
 
 /// Opens the output (before anything is attached, so that an unwritable path costs nothing).
-fn open_output(path: &Path) -> anyhow::Result<Box<dyn Write + Send>> {
+pub(crate) fn open_output(path: &Path) -> anyhow::Result<Box<dyn Write + Send>> {
     if path == Path::new("-") {
         return Ok(Box::new(std::io::stdout()));
     }
@@ -190,7 +198,7 @@ fn open_output(path: &Path) -> anyhow::Result<Box<dyn Write + Send>> {
     Ok(Box::new(file))
 }
 
-fn describe_output(path: &Path) -> String {
+pub(crate) fn describe_output(path: &Path) -> String {
     if path == Path::new("-") { "standard output".to_string() } else { path.display().to_string() }
 }
 
@@ -251,7 +259,7 @@ fn print_warnings(warnings: &[String]) {
 }
 
 /// The end of a trace on stderr: how many events, why it ended, and anything lost.
-fn print_summary(end: &TraceEnd, output: &Path) {
+pub(crate) fn print_summary(end: &TraceEnd, output: &Path) {
     eprintln!("tracer: {} events written to {} ({})", end.events_written, describe_output(output), end.reason);
     let lost = end.total_lost();
     if lost > 0 {

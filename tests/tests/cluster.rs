@@ -1,0 +1,479 @@
+//! Several hosts, one timeline: agents in network namespaces (made and removed by each test), a
+//! collector in the root namespace, a client on one host talking TCP to a server on another.
+
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::{BufRead as _, BufReader, Write as _},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tracer_tests::{Run, Trace, fixture, netns::Network, temp_dir, tracer, tracer_bin, u64_field, wait_with_timeout};
+
+const PORT: u16 = 7070;
+
+/// An agent running in a host's namespace, its stderr in a file.
+struct Agent {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn start(net: &Network, host: usize, name: &str, dir: &Path, extra: &[&str]) -> Agent {
+        let log = dir.join(format!("agent-{name}.log"));
+        let child = net
+            .command(host, &tracer_bin())
+            .args(["agent", "--listen", &format!("{}:{PORT}", net.hosts[host].addr), "--name", name])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).unwrap())
+            .spawn()
+            .expect("start agent");
+        let agent = Agent { child, log };
+        agent.wait_for_log("listening on");
+        agent
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (up to 20 s) for a line containing `text` in the agent's log.
+    fn wait_for_log(&self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.log().contains(text) {
+            assert!(Instant::now() < deadline, "agent never logged {text:?}: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our child (`ip netns exec` execs the agent, so it is the agent).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn secret(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join(format!("secret-{text}"));
+    std::fs::write(&path, format!("{text}\n")).unwrap();
+    path
+}
+
+fn agent_arg(net: &Network, host: usize, name: &str) -> String {
+    format!("{name}={}:{PORT}", net.hosts[host].addr)
+}
+
+fn transfers<'a>(t: &'a Trace, host: &str, kind: &'a str) -> Vec<&'a Value> {
+    t.of_kind(kind).filter(|e| e["host"] == host).collect()
+}
+
+fn sizes(events: &[&Value]) -> Vec<u64> {
+    events.iter().map(|e| u64_field(e, "bytes")).collect()
+}
+
+/// Checks that each receive is linked to the send at the same index, and never precedes it.
+fn check_links(sends: &[&Value], recvs: &[&Value]) {
+    assert_eq!(sends.len(), recvs.len());
+    for (s, r) in sends.iter().zip(recvs) {
+        assert_eq!(r["flow_ids"], Value::from(vec![s["flow_id"].clone()]), "send {s}\nrecv {r}");
+        assert!(u64_field(r, "ts") >= u64_field(s, "ts"), "a receive precedes its send:\n{s}\n{r}");
+    }
+}
+
+#[test]
+fn three_hosts_one_timeline_with_cross_host_links_and_skew_removed() {
+    let dir = temp_dir();
+    let net = Network::new(3);
+    let s = secret(dir.path(), "swordfish");
+    let s = s.to_str().unwrap();
+    let _a = Agent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
+    let _b = Agent::start(&net, 1, "b", dir.path(), &["--secret-file", s, "--test-clock-skew-ns", "5000000"]);
+    let _c = Agent::start(&net, 2, "c", dir.path(), &["--secret-file", s, "--test-clock-skew-ns", "-3000000"]);
+    let ipc = fixture("ipc");
+    let ipc = ipc.to_str().unwrap();
+    let server = net.hosts[1].addr;
+    let out = dir.path().join("merged.jsonl");
+    let run = tracer(&[
+        "collect",
+        "--agent",
+        &agent_arg(&net, 0, "a"),
+        "--agent",
+        &agent_arg(&net, 1, "b"),
+        "--agent",
+        &agent_arg(&net, 2, "c"),
+        "--secret-file",
+        s,
+        "-e",
+        "ipc,spawn,exit",
+        "-c",
+        &format!("b:sh -c '{ipc} serve {server} 7001 & {ipc} serve {server} 7002 & wait'"),
+        "-c",
+        &format!("a:{ipc} connect {server} 7001"),
+        "-c",
+        &format!("c:{ipc} connect {server} 7002"),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let t = Trace::load(&out);
+    assert_eq!(t.lost(), 0, "{}", t.end);
+    assert_eq!(t.end["reason"], "targets_exited");
+
+    // One time order across hosts.
+    let ts: Vec<u64> = t.events.iter().map(|e| u64_field(e, "ts")).collect();
+    assert!(ts.windows(2).all(|w| w[0] <= w[1]), "merged events are in time order");
+    let hosts: BTreeMap<String, usize> = t.events.iter().fold(BTreeMap::new(), |mut m, e| {
+        *m.entry(e["host"].as_str().unwrap().to_string()).or_default() += 1;
+        m
+    });
+    assert_eq!(hosts.keys().collect::<Vec<_>>(), ["a", "b", "c"]);
+    let infos = t.start["hosts"].as_array().expect("hosts in trace_start");
+    for info in infos {
+        assert_eq!(u64_field(info, "events") as usize, hosts[info["name"].as_str().unwrap()], "{info}");
+    }
+
+    // Exact transfers per host, and every cross-host link.
+    for client in ["a", "c"] {
+        let port = if client == "a" { ":7001" } else { ":7002" };
+        let requests = transfers(&t, client, "send");
+        let answers = transfers(&t, client, "recv");
+        assert_eq!(sizes(&requests), [100; 5], "{client}");
+        assert_eq!(sizes(&answers), [200; 5], "{client}");
+        let served: Vec<&Value> = transfers(&t, "b", "recv")
+            .into_iter()
+            .filter(|r| r["channel"]["dst"].as_str().unwrap().ends_with(port))
+            .collect();
+        let replies: Vec<&Value> = transfers(&t, "b", "send")
+            .into_iter()
+            .filter(|r| r["channel"]["src"].as_str().unwrap().ends_with(port))
+            .collect();
+        assert_eq!(sizes(&served), [100; 5]);
+        assert_eq!(sizes(&replies), [200; 5]);
+        check_links(&requests, &served);
+        check_links(&replies, &answers);
+        assert!(requests.iter().all(|r| r["channel"]["dst"] == format!("{server}{port}")));
+    }
+    assert_eq!(t.end["ipc"]["linked_recvs"], 20);
+
+    // The skew was found and removed: within the round trips' bound, tighter with the links.
+    let info = |name: &str| infos.iter().find(|h| h["name"] == name).unwrap();
+    for (name, skew) in [("a", 0i64), ("b", 5_000_000), ("c", -3_000_000)] {
+        let h = info(name);
+        let offset = h["offset_ns"].as_i64().unwrap();
+        let bound = h["round_trip_uncertainty_ns"].as_i64().unwrap();
+        assert!((offset - skew).abs() <= bound, "host {name}: offset {offset}, skew {skew}, bound {bound}");
+        assert!(h["uncertainty_ns"].as_i64().unwrap() <= bound, "{h}");
+    }
+
+    // The Chrome export groups each host's processes under its name, with distinct ids.
+    let chrome = dir.path().join("merged.json");
+    let run = tracer(&["export", out.to_str().unwrap(), "-o", chrome.to_str().unwrap()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&chrome).unwrap()).unwrap();
+    let names: Vec<(u64, String)> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .map(|e| (u64_field(e, "pid"), e["args"]["name"].as_str().unwrap().to_string()))
+        .collect();
+    for host in ["a", "b", "c"] {
+        assert!(names.iter().any(|(_, n)| n.starts_with(&format!("{host}: "))), "{names:?}");
+    }
+    let mut pids: Vec<u64> = names.iter().map(|(p, _)| *p).collect();
+    pids.sort();
+    pids.dedup();
+    assert_eq!(pids.len(), names.len(), "one name per process: {names:?}");
+    let arrows = trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "s").count();
+    assert!(arrows >= 20, "{arrows} arrows");
+}
+
+#[test]
+fn authentication_is_required_and_checked() {
+    let dir = temp_dir();
+    let net = Network::new(1);
+    let good = secret(dir.path(), "swordfish");
+    let wrong = secret(dir.path(), "tuna");
+    let agent = Agent::start(&net, 0, "a", dir.path(), &["--secret-file", good.to_str().unwrap()]);
+    let ipc = fixture("ipc");
+    let collect = |extra: &[&str]| {
+        let mut args = vec!["collect".to_string(), "--agent".into(), agent_arg(&net, 0, "a")];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend([
+            "-c".into(),
+            format!("a:{} pipe", ipc.display()),
+            "-o".into(),
+            dir.path().join("t.jsonl").display().to_string(),
+        ]);
+        tracer(&args)
+    };
+    collect(&["--secret-file", wrong.to_str().unwrap()])
+        .assert_error("agent a: authentication failed: the secrets differ (give both sides the same --secret-file)");
+    collect(&[]).assert_error("agent a has a secret configured: give the collector the same --secret-file");
+    let log = agent.log();
+    assert!(log.contains("the collector refused: authentication failed: the secrets differ"), "{log}");
+    assert!(log.contains("the collector refused: authentication failed: the collector has no secret"), "{log}");
+    assert!(!log.contains("started"), "nothing was traced: {log}");
+    // And a collector with the right secret whose answer the agent rejects is refused by the
+    // agent: covered by the agent's own check (unit test of `auth`).
+
+    // An agent will not listen off loopback without a secret.
+    let run = wait_with_timeout(
+        net.command(0, &tracer_bin())
+            .args(["agent", "--listen", &format!("{}:7071", net.hosts[0].addr)])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        "agent",
+    );
+    run.assert_error(&format!("refusing to listen on {}:7071 without authentication", net.hosts[0].addr));
+}
+
+/// A `tracer collect` in the background, returned once it is tracing.
+fn collect_in_background(args: &[String]) -> (Child, BufReader<std::process::ChildStderr>, String) {
+    let mut child = Command::new(tracer_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start collector");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "collector ended before tracing: {seen}");
+        seen.push_str(&line);
+        if line.starts_with("tracer: tracing on") {
+            return (child, stderr, seen);
+        }
+    }
+}
+
+fn finish(child: Child, mut stderr: BufReader<std::process::ChildStderr>, seen: String) -> Run {
+    let mut rest = String::new();
+    use std::io::Read as _;
+    stderr.read_to_string(&mut rest).unwrap();
+    let run = wait_with_timeout(child, "collector");
+    Run { stderr: seen + &rest, ..run }
+}
+
+#[test]
+fn a_dropped_link_is_resumed_without_loss_or_duplicates() {
+    let dir = temp_dir();
+    let net = Network::new(2);
+    let s = secret(dir.path(), "swordfish");
+    let s = s.to_str().unwrap();
+    let _a = Agent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
+    let _b = Agent::start(&net, 1, "b", dir.path(), &["--secret-file", s]);
+    let ipc = fixture("ipc");
+    let server = net.hosts[1].addr;
+    let out = dir.path().join("merged.jsonl");
+    let args: Vec<String> = [
+        "collect",
+        "--agent",
+        &agent_arg(&net, 0, "a"),
+        "--agent",
+        &agent_arg(&net, 1, "b"),
+        "--secret-file",
+        s,
+        "-e",
+        "ipc,spawn,exit",
+        "-c",
+        &format!("b:{} serve {server} 7001", ipc.display()),
+        // A request every 800 ms: host a keeps working while it is cut off.
+        "-c",
+        &format!("a:{} connect {server} 7001 800", ipc.display()),
+        "-o",
+        out.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (child, stderr, seen) = collect_in_background(&args);
+    std::thread::sleep(Duration::from_millis(500));
+    net.set_link(0, false);
+    // Longer than the collector waits for a silent agent (3 s).
+    std::thread::sleep(Duration::from_secs(5));
+    net.set_link(0, true);
+    let run = finish(child, stderr, seen);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert!(run.stderr.contains("connection to a lost"), "the drop was noticed: {run:?}");
+    assert!(run.stderr.contains("reconnected to a"), "{run:?}");
+    let t = Trace::load(&out);
+    assert_eq!(t.lost(), 0, "{}", t.end);
+    assert_eq!(t.end["lost_events"]["in_transit"], 0);
+    let requests = transfers(&t, "a", "send");
+    let answers = transfers(&t, "a", "recv");
+    assert_eq!(sizes(&requests), [100; 5], "nothing lost, nothing twice");
+    assert_eq!(sizes(&answers), [200; 5]);
+    check_links(&requests, &transfers(&t, "b", "recv"));
+    check_links(&transfers(&t, "b", "send"), &answers);
+    let a_info = t.start["hosts"].as_array().unwrap().iter().find(|h| h["name"] == "a").unwrap();
+    assert_eq!(u64_field(a_info, "events") as usize, t.events.iter().filter(|e| e["host"] == "a").count());
+}
+
+#[test]
+fn garbage_and_oversized_frames_close_only_their_connection() {
+    let dir = temp_dir();
+    let net = Network::new(1);
+    let s = secret(dir.path(), "swordfish");
+    let agent = Agent::start(&net, 0, "a", dir.path(), &["--secret-file", s.to_str().unwrap()]);
+    let calls = fixture("calls");
+    let out = dir.path().join("t.jsonl");
+    let args: Vec<String> = [
+        "collect",
+        "--agent",
+        &agent_arg(&net, 0, "a"),
+        "--secret-file",
+        s.to_str().unwrap(),
+        "-f",
+        "tick",
+        "-c",
+        &format!("a:{} loop", calls.display()),
+        "-d",
+        "2",
+        "-o",
+        out.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (child, stderr, seen) = collect_in_background(&args);
+    let addr = (net.hosts[0].addr, PORT);
+    let mut oversized = TcpStream::connect(addr).unwrap();
+    oversized.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    let mut garbage = TcpStream::connect(addr).unwrap();
+    garbage.write_all(&[5, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff]).unwrap();
+    let mut truncated = TcpStream::connect(addr).unwrap();
+    truncated.write_all(&[100, 0, 0, 0, 1, 2]).unwrap();
+    drop(truncated);
+    agent.wait_for_log("larger than the limit");
+    agent.wait_for_log("malformed frame");
+    agent.wait_for_log("truncated");
+    let run = finish(child, stderr, seen);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let t = Trace::load(&out);
+    assert_eq!(t.end["reason"], "duration");
+    let ticks: Vec<u64> = t.calls("tick").iter().map(|c| c["args"][0].as_u64().unwrap()).collect();
+    assert!(ticks.len() > 100, "the trace went on: {} ticks", ticks.len());
+    assert!(ticks.windows(2).all(|w| w[1] == w[0] + 1), "and lost nothing");
+}
+
+#[test]
+fn an_orphaned_trace_is_stopped_and_its_target_keeps_running() {
+    let dir = temp_dir();
+    let net = Network::new(1);
+    let s = secret(dir.path(), "swordfish");
+    let agent =
+        Agent::start(&net, 0, "a", dir.path(), &["--secret-file", s.to_str().unwrap(), "--orphan-timeout", "2"]);
+    let calls = fixture("calls");
+    let args: Vec<String> = [
+        "collect",
+        "--agent",
+        &agent_arg(&net, 0, "a"),
+        "--secret-file",
+        s.to_str().unwrap(),
+        "-f",
+        "tick",
+        "-c",
+        &format!("a:{} loop", calls.display()),
+        "-o",
+        dir.path().join("t.jsonl").to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (mut child, _stderr, _) = collect_in_background(&args);
+    agent.wait_for_log("trace");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    agent.wait_for_log("stopping the trace and detaching");
+    agent.wait_for_log("ended");
+    // The target still runs, untraced.
+    let pid = String::from_utf8(
+        Command::new("pgrep").args(["-f", &format!("{} loop", calls.display())]).output().unwrap().stdout,
+    )
+    .unwrap();
+    let pid: i32 = pid.lines().next().expect("the target is still running").parse().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    assert!(!stat.contains(") Z "), "not a zombie: {stat}");
+    // SAFETY: kill(2).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+#[test]
+fn tls_protects_links_that_leave_the_machine() {
+    let dir = temp_dir();
+    let net = Network::new(1);
+    let addr = net.hosts[0].addr;
+    let cert = rcgen::generate_simple_self_signed(vec![addr.to_string()]).unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
+    let s = secret(dir.path(), "swordfish");
+    let _agent = Agent::start(
+        &net,
+        0,
+        "a",
+        dir.path(),
+        &[
+            "--secret-file",
+            s.to_str().unwrap(),
+            "--tls-cert",
+            cert_path.to_str().unwrap(),
+            "--tls-key",
+            key_path.to_str().unwrap(),
+        ],
+    );
+    let ipc = fixture("ipc");
+    let out = dir.path().join("t.jsonl");
+    let run = tracer(&[
+        "collect",
+        "--agent",
+        &agent_arg(&net, 0, "a"),
+        "--secret-file",
+        s.to_str().unwrap(),
+        "--tls-ca",
+        cert_path.to_str().unwrap(),
+        "-e",
+        "ipc",
+        "-c",
+        &format!("a:{} pipe", ipc.display()),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let t = Trace::load(&out);
+    assert_eq!(sizes(&transfers(&t, "a", "recv")), [300, 300, 300, 124]);
+    // Without TLS the agent's TLS port makes no sense to the collector.
+    let run = tracer(&[
+        "collect",
+        "--agent",
+        &agent_arg(&net, 0, "a"),
+        "--secret-file",
+        s.to_str().unwrap(),
+        "-c",
+        &format!("a:{} pipe", ipc.display()),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    run.assert_error("agent a:");
+}

@@ -1,0 +1,287 @@
+//! `tracer agent` and `tracer collect`.
+
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+
+use super::{describe_output, open_output, output_format, parse_bytes, parse_seconds, print_summary};
+use crate::{
+    cluster::{
+        agent::{self, AgentOptions},
+        auth::Secret,
+        collector::{AgentSpec, ClientOptions, Cluster},
+        protocol::TraceRequest,
+        tls,
+    },
+    event::{EndReason, EventKind},
+    export::Format,
+    record,
+};
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Address to wait for a collector on; anything but loopback needs --secret-file.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// File holding the secret shared with the collector (challenge-response; it never crosses
+    /// the wire).
+    #[arg(long, value_name = "PATH")]
+    pub secret_file: Option<PathBuf>,
+    /// TLS certificate chain (PEM) to present to collectors.
+    #[arg(long, value_name = "PATH", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The host name events carry (default: this machine's).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Stop a trace (and detach its probes) after this long without a collector.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, default_value = "30")]
+    pub orphan_timeout: Duration,
+    /// Events kept for a collector that is away; older ones are dropped and counted as lost.
+    #[arg(long, value_name = "N", default_value_t = 2_000_000)]
+    pub buffer_events: usize,
+    /// FOR TESTS: pretend this host's clock is ahead by this many nanoseconds.
+    #[arg(long, value_name = "NS", default_value_t = 0, allow_negative_numbers = true)]
+    pub test_clock_skew_ns: i64,
+}
+
+#[derive(Debug, Args)]
+pub struct CollectArgs {
+    /// An agent to trace on, as NAME=HOST:PORT (repeatable).
+    #[arg(long = "agent", value_name = "NAME=ADDR", required = true)]
+    pub agents: Vec<AgentSpec>,
+    /// Trace this process on that host (repeatable).
+    #[arg(short, long = "pid", value_name = "NAME:PID")]
+    pub pids: Vec<String>,
+    /// Trace every process that runs this executable on that host (repeatable).
+    #[arg(short, long = "binary", value_name = "NAME:PATH")]
+    pub binaries: Vec<String>,
+    /// Launch and trace this command on that host, e.g. 'web:./server --port 80' (repeatable).
+    #[arg(short, long = "command", value_name = "NAME:COMMAND")]
+    pub commands: Vec<String>,
+    /// Functions to probe on every host (repeatable), as for `record`.
+    #[arg(short, long = "functions", value_name = "PATTERN")]
+    pub functions: Vec<String>,
+    /// Comma list of call,return,spawn,exit,ipc.
+    #[arg(short, long, value_name = "LIST", value_delimiter = ',', default_value = "call,return,spawn,exit,ipc", value_parser = EventKind::parse_list_item)]
+    pub events: Vec<Vec<EventKind>>,
+    /// Do not follow children.
+    #[arg(long)]
+    pub no_follow: bool,
+    /// Output file; the format comes from --format or the extension.
+    #[arg(short, long, value_name = "PATH", default_value = "merged.jsonl")]
+    pub output: PathBuf,
+    #[arg(long, value_enum, value_name = "FMT")]
+    pub format: Option<Format>,
+    /// Stop after this many seconds.
+    #[arg(short, long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub duration: Option<Duration>,
+    /// Kernel ring buffer on each host.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "64M")]
+    pub buffer_size: u32,
+    #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
+    pub max_probes: usize,
+    /// File holding the secret shared with the agents.
+    #[arg(long, value_name = "PATH")]
+    pub secret_file: Option<PathBuf>,
+    /// Connect over TLS, trusting this certificate authority (PEM).
+    #[arg(long, value_name = "PATH")]
+    pub tls_ca: Option<PathBuf>,
+    /// The name in the agents' certificates (default: the host part of each address).
+    #[arg(long, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
+}
+
+pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
+    record::check_root()?;
+    let secret = args.secret_file.as_deref().map(Secret::from_file).transpose()?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        _ => None,
+    };
+    let options = AgentOptions {
+        listen: args.listen,
+        secret,
+        tls,
+        host: args.name.unwrap_or_else(record::host_name),
+        test_clock_skew_ns: args.test_clock_skew_ns,
+        orphan_timeout: args.orphan_timeout,
+        max_buffered: args.buffer_events,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let shutdown = async {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        };
+        agent::serve(options, shutdown).await?;
+        Ok(0)
+    })
+}
+
+/// Splits `NAME:VALUE` and checks the name is one of the agents.
+fn per_host<'a>(what: &str, item: &'a str, agents: &[AgentSpec]) -> anyhow::Result<(String, &'a str)> {
+    let Some((name, value)) = item.split_once(':') else { bail!("{what} '{item}' is not NAME:VALUE") };
+    if !agents.iter().any(|a| a.name == name) {
+        bail!("{what} '{item}' names no --agent called {name}");
+    }
+    Ok((name.to_string(), value))
+}
+
+/// One request per agent, from the per-host targets and the shared options.
+fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
+    let events: Vec<String> = args.events.iter().flatten().map(|k| k.name().to_string()).collect();
+    let mut requests: BTreeMap<String, TraceRequest> = args
+        .agents
+        .iter()
+        .map(|a| {
+            let request = TraceRequest {
+                functions: args.functions.clone(),
+                events: events.clone(),
+                follow_children: !args.no_follow,
+                buffer_size: args.buffer_size,
+                max_probes: args.max_probes as u32,
+                ..Default::default()
+            };
+            (a.name.clone(), request)
+        })
+        .collect();
+    for item in &args.pids {
+        let (name, pid) = per_host("--pid", item, &args.agents)?;
+        let pid = pid.parse().with_context(|| format!("--pid '{item}': '{pid}' is not a process id"))?;
+        requests.get_mut(&name).expect("checked").pids.push(pid);
+    }
+    for item in &args.binaries {
+        let (name, path) = per_host("--binary", item, &args.agents)?;
+        requests.get_mut(&name).expect("checked").binaries.push(path.to_string());
+    }
+    for item in &args.commands {
+        let (name, command) = per_host("--command", item, &args.agents)?;
+        let words = shell_words::split(command).with_context(|| format!("--command '{item}' does not parse"))?;
+        let request = requests.get_mut(&name).expect("checked");
+        if !request.command.is_empty() {
+            bail!("--command: host {name} already has a command to launch");
+        }
+        request.command = words;
+    }
+    for (name, r) in &requests {
+        if r.pids.is_empty() && r.binaries.is_empty() && r.command.is_empty() {
+            bail!("agent {name} has nothing to trace: give -p {name}:PID, -b {name}:PATH or -c {name}:COMMAND");
+        }
+    }
+    Ok(requests.into_iter().collect())
+}
+
+pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
+    let format = output_format(&args.output, args.format)?;
+    let requests = requests(&args)?;
+    let secret = args.secret_file.as_deref().map(Secret::from_file).transpose()?;
+    let tls = args.tls_ca.as_deref().map(tls::connector).transpose()?;
+    let options = ClientOptions { secret, tls, tls_server_name: args.tls_server_name.clone(), ..Default::default() };
+    let out = open_output(&args.output)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let cluster = Cluster::connect(args.agents.clone(), options).await?;
+        let trace = cluster.start(requests).await?;
+        eprintln!(
+            "tracer: tracing on {} hosts; writing {} to {}",
+            args.agents.len(),
+            format.describe(),
+            describe_output(&args.output)
+        );
+        let deadline = async {
+            match args.duration {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let reason = tokio::select! {
+            _ = interrupt.recv() => EndReason::Interrupted,
+            _ = terminate.recv() => EndReason::Terminated,
+            _ = deadline => EndReason::Duration,
+            _ = trace.finished() => EndReason::TargetsExited,
+        };
+        let stopping = std::time::Instant::now();
+        let merged = trace.stop_because(reason).await?;
+        let mut sink = format.sink(out);
+        merged.write(&mut *sink)?;
+        eprintln!(
+            "tracer: stopped, merged and wrote {} events from {} hosts in {:.3} s",
+            merged.events.len(),
+            merged.start.hosts.len(),
+            stopping.elapsed().as_secs_f64()
+        );
+        for host in &merged.start.hosts {
+            eprintln!(
+                "tracer: host {}: {} events, clock offset {} ns ± {} ns (± {} ns from round trips alone)",
+                host.name, host.events, host.offset_ns, host.uncertainty_ns, host.round_trip_uncertainty_ns
+            );
+        }
+        print_summary(&merged.end, &args.output);
+        Ok(0)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn collect_args(args: &[&str]) -> CollectArgs {
+        let mut all = vec!["tracer", "collect"];
+        all.extend(args);
+        let Command::Collect(c) = Cli::try_parse_from(all).unwrap().command else { panic!("collect") };
+        c
+    }
+
+    #[test]
+    fn targets_go_to_their_hosts() {
+        let args = collect_args(&[
+            "--agent",
+            "a=10.0.0.1:7070",
+            "--agent",
+            "b=10.0.0.2:7070",
+            "-p",
+            "a:12",
+            "-b",
+            "b:/bin/srv",
+            "-c",
+            "a:./client --n 5",
+            "-f",
+            "fib",
+            "-e",
+            "call,ipc",
+        ]);
+        let r = requests(&args).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].0, "a");
+        assert_eq!(r[0].1.pids, [12]);
+        assert_eq!(r[0].1.command, ["./client", "--n", "5"]);
+        assert_eq!(r[1].1.binaries, ["/bin/srv"]);
+        assert_eq!(r[1].1.functions, ["fib"]);
+        assert_eq!(r[1].1.events, ["call", "send", "recv", "signal"]);
+    }
+
+    #[test]
+    fn every_host_needs_a_target_and_targets_need_a_host() {
+        let err = requests(&collect_args(&["--agent", "a=1.2.3.4:5", "--agent", "b=1.2.3.5:5", "-p", "a:1"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("agent b has nothing to trace"), "{err}");
+        let err = requests(&collect_args(&["--agent", "a=1.2.3.4:5", "-p", "c:1"])).unwrap_err().to_string();
+        assert_eq!(err, "--pid 'c:1' names no --agent called c");
+        assert!(requests(&collect_args(&["--agent", "a=1.2.3.4:5", "-p", "a:x"])).is_err());
+    }
+}

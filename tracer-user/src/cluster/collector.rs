@@ -1,0 +1,717 @@
+//! The collector side, and the library API for multi-host traces.
+//!
+//! A [`Cluster`] holds authenticated connections to agents. [`Cluster::start`] starts one trace
+//! on a set of hosts and returns a [`ClusterTrace`]: events arrive as they are recorded (to
+//! [`ClusterTrace::events_so_far`], to channels from [`ClusterTrace::subscribe`], and to
+//! callbacks from [`ClusterTrace::on_event`]); [`ClusterTrace::stop`] stops every host at once and
+//! returns the [`MergedTrace`]: clocks corrected, cross-host messages linked, one time order.
+//!
+//! Each agent connection is served by a task that measures the agent's clock every second,
+//! acknowledges what it received, and reconnects and resumes if the connection drops.
+//!
+//! ```no_run
+//! use tracer_user::cluster::{
+//!     collector::{AgentSpec, ClientOptions, Cluster},
+//!     protocol::TraceRequest,
+//! };
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let agents = vec!["web=10.0.0.1:7070".parse::<AgentSpec>()?, "db=10.0.0.2:7070".parse()?];
+//! let cluster = Cluster::connect(agents, ClientOptions::default()).await?;
+//! let request = TraceRequest { pids: vec![4121], events: vec!["ipc".into()], ..Default::default() };
+//! let trace = cluster.start(vec![("web".into(), request.clone()), ("db".into(), request)]).await?;
+//! let mut live = trace.subscribe();
+//! tokio::spawn(async move {
+//!     while let Some(event) = live.recv().await {
+//!         println!("{} {} {:?}", event.host, event.pid, event.data.kind());
+//!     }
+//! });
+//! tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+//! println!("trace {} has {} events so far", trace.id(), trace.events_so_far().len());
+//! let merged = trace.stop().await?;
+//! merged.export_chrome(std::path::Path::new("merged.json"))?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Tracing one command on one host:
+//!
+//! ```no_run
+//! # use tracer_user::cluster::{collector::{AgentSpec, ClientOptions, Cluster}, protocol::TraceRequest};
+//! # async fn example(cluster: Cluster) -> Result<(), Box<dyn std::error::Error>> {
+//! let request = TraceRequest { functions: vec!["handle_*".into()], ..Default::default() };
+//! let (status, events) = cluster.trace_command("web", vec!["./client".into(), "--once".into()], request).await?;
+//! println!("exit code {status:?}, {} events", events.len());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    str::FromStr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    net::TcpStream,
+    sync::{Notify, mpsc, oneshot},
+};
+use tokio_rustls::TlsConnector;
+
+use super::{
+    auth::{self, Secret},
+    clock_sync::ClockSample,
+    merge::{HostTrace, MergedTrace, merge},
+    protocol::{Message, PROTOCOL_VERSION, TraceRequest, read_message, write_message},
+    tls::{self, Transport},
+    wire::Decoder,
+};
+use crate::{
+    clock::BootClock,
+    event::{EndReason, Event, EventKind, FORMAT_VERSION, TraceEnd, TraceStart},
+    export::Format,
+};
+
+/// An agent to connect to: `NAME=HOST:PORT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentSpec {
+    pub name: String,
+    pub addr: String,
+}
+
+impl FromStr for AgentSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<AgentSpec, String> {
+        match s.split_once('=') {
+            Some((name, addr)) if !name.is_empty() && addr.contains(':') => {
+                Ok(AgentSpec { name: name.to_string(), addr: addr.to_string() })
+            }
+            _ => Err(format!("'{s}' is not NAME=HOST:PORT")),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct ClientOptions {
+    pub secret: Option<Secret>,
+    /// TLS to every agent; the agent's certificate must name the host part of its address (or
+    /// `tls_server_name`).
+    pub tls: Option<TlsConnector>,
+    pub tls_server_name: Option<String>,
+    /// How long to keep trying to reach an agent whose connection dropped.
+    pub reconnect_for: Duration,
+    /// An agent that sends nothing for this long (it answers a clock probe every second) is taken
+    /// for disconnected.
+    pub silence: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            secret: None,
+            tls: None,
+            tls_server_name: None,
+            reconnect_for: Duration::from_secs(60),
+            silence: Duration::from_secs(3),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cannot reach agent {agent} at {addr}: {reason}")]
+    Connect { agent: String, addr: String, reason: String },
+    #[error("agent {agent} refused the connection: {reason}")]
+    Refused { agent: String, reason: String },
+    #[error("agent {agent}: authentication failed: the secrets differ (give both sides the same --secret-file)")]
+    AgentNotAuthenticated { agent: String },
+    #[error("agent {agent} has a secret configured: give the collector the same --secret-file")]
+    SecretNeeded { agent: String },
+    #[error("no agent named {0}")]
+    NoSuchAgent(String),
+    #[error("agent {agent} could not start tracing: {error}")]
+    StartFailed { agent: String, error: String },
+    #[error("agent {agent}: {reason}")]
+    Protocol { agent: String, reason: String },
+    #[error("writing the trace failed: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// Everything one host has sent for the current trace.
+#[derive(Default)]
+struct HostState {
+    host: String,
+    samples: Vec<ClockSample>,
+    trace_id: Option<u64>,
+    start: Option<TraceStart>,
+    end: Option<TraceEnd>,
+    /// Events the agent says it produced (known once it ended).
+    total: Option<u64>,
+    events: Vec<Event>,
+    next_seq: u64,
+    lost_in_transit: u64,
+    failure: Option<String>,
+}
+
+impl HostState {
+    fn finished(&self) -> bool {
+        self.failure.is_some() || self.total.is_some_and(|t| self.next_seq >= t)
+    }
+}
+
+type Callback = Arc<dyn Fn(&Event) + Send + Sync>;
+
+struct Shared {
+    hosts: Vec<Mutex<HostState>>,
+    subscribers: Mutex<Vec<mpsc::UnboundedSender<Event>>>,
+    callbacks: Mutex<Vec<Callback>>,
+    changed: Notify,
+    clock: BootClock,
+}
+
+enum Command {
+    Start { trace_id: u64, request: TraceRequest, reply: oneshot::Sender<Result<(), String>> },
+    Stop { trace_id: u64 },
+}
+
+struct AgentHandle {
+    spec: AgentSpec,
+    commands: mpsc::Sender<Command>,
+}
+
+/// Connections to a set of agents.
+pub struct Cluster {
+    agents: Vec<AgentHandle>,
+    shared: Arc<Shared>,
+    next_trace: AtomicU64,
+}
+
+/// One authenticated connection, ready for messages.
+struct Connection {
+    stream: Box<dyn Transport>,
+    host: String,
+}
+
+fn log(message: impl std::fmt::Display) {
+    eprintln!("tracer collect: {message}");
+}
+
+/// Connects to an agent and authenticates both ways.
+async fn connect(spec: &AgentSpec, options: &ClientOptions) -> Result<Connection, ClusterError> {
+    let unreachable =
+        |reason: String| ClusterError::Connect { agent: spec.name.clone(), addr: spec.addr.clone(), reason };
+    let tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(&spec.addr))
+        .await
+        .map_err(|_| unreachable("timed out".to_string()))?
+        .map_err(|e| unreachable(e.to_string()))?;
+    let _ = tcp.set_nodelay(true);
+    let server_name = options.tls_server_name.clone().unwrap_or_else(|| {
+        spec.addr.rsplit_once(':').map_or(spec.addr.clone(), |(h, _)| h.trim_matches(['[', ']']).to_string())
+    });
+    let mut stream =
+        tls::connect(options.tls.as_ref(), &server_name, tcp).await.map_err(|e| unreachable(e.to_string()))?;
+    let protocol =
+        |e: super::protocol::FrameError| ClusterError::Protocol { agent: spec.name.clone(), reason: e.to_string() };
+    let ours = auth::nonce();
+    write_message(&mut stream, &Message::Hello { version: PROTOCOL_VERSION, nonce: ours }).await.map_err(protocol)?;
+    let (proof, theirs, host) = match read_message(&mut stream).await.map_err(protocol)? {
+        Message::Challenge { proof, nonce, host, .. } => (proof, nonce, host),
+        Message::Refused { reason } => return Err(ClusterError::Refused { agent: spec.name.clone(), reason }),
+        other => {
+            return Err(ClusterError::Protocol { agent: spec.name.clone(), reason: format!("unexpected {other:?}") });
+        }
+    };
+    let answer = match (&options.secret, proof) {
+        (Some(secret), Some(p)) if secret.verify(auth::AGENT, &ours, &theirs, &p) => {
+            Some(secret.prove(auth::COLLECTOR, &theirs, &ours))
+        }
+        (Some(_), _) => {
+            let reason = "authentication failed: the secrets differ".to_string();
+            let _ = write_message(&mut stream, &Message::Refused { reason }).await;
+            return Err(ClusterError::AgentNotAuthenticated { agent: spec.name.clone() });
+        }
+        (None, Some(_)) => {
+            let reason = "authentication failed: the collector has no secret".to_string();
+            let _ = write_message(&mut stream, &Message::Refused { reason }).await;
+            return Err(ClusterError::SecretNeeded { agent: spec.name.clone() });
+        }
+        (None, None) => None,
+    };
+    write_message(&mut stream, &Message::Answer { proof: answer }).await.map_err(protocol)?;
+    match read_message(&mut stream).await.map_err(protocol)? {
+        Message::Welcome => Ok(Connection { stream, host }),
+        Message::Refused { reason } => Err(ClusterError::Refused { agent: spec.name.clone(), reason }),
+        other => Err(ClusterError::Protocol { agent: spec.name.clone(), reason: format!("unexpected {other:?}") }),
+    }
+}
+
+/// Round trips before the first trace: the tightest gives the offset.
+const FIRST_PROBES: u32 = 16;
+
+/// Measures an agent's clock a few times on a fresh connection.
+async fn probe_clock(
+    conn: &mut Connection,
+    clock: &BootClock,
+) -> Result<Vec<ClockSample>, super::protocol::FrameError> {
+    let mut samples = Vec::new();
+    for id in 0..FIRST_PROBES {
+        let t0 = clock.now_unix_ns();
+        write_message(&mut conn.stream, &Message::ClockProbe { id }).await?;
+        if let Message::ClockEcho { id: echoed, agent_ns } = read_message(&mut conn.stream).await?
+            && echoed == id
+        {
+            samples.push(ClockSample { t0, t1: clock.now_unix_ns(), agent_ns });
+        }
+    }
+    Ok(samples)
+}
+
+impl Cluster {
+    /// Connects to every agent, authenticates, and measures its clock. Fails if any agent cannot
+    /// be reached or authenticated.
+    pub async fn connect(agents: Vec<AgentSpec>, options: ClientOptions) -> Result<Cluster, ClusterError> {
+        let clock = BootClock::calibrate();
+        let mut connections = Vec::new();
+        for spec in &agents {
+            let mut conn = connect(spec, &options).await?;
+            let samples = probe_clock(&mut conn, &clock)
+                .await
+                .map_err(|e| ClusterError::Protocol { agent: spec.name.clone(), reason: e.to_string() })?;
+            connections.push((conn, samples));
+        }
+        let shared = Arc::new(Shared {
+            hosts: connections
+                .iter()
+                .map(|(c, samples)| {
+                    Mutex::new(HostState { host: c.host.clone(), samples: samples.clone(), ..Default::default() })
+                })
+                .collect(),
+            subscribers: Mutex::new(Vec::new()),
+            callbacks: Mutex::new(Vec::new()),
+            changed: Notify::new(),
+            clock,
+        });
+        let mut handles = Vec::new();
+        for (index, ((conn, _), spec)) in connections.into_iter().zip(agents).enumerate() {
+            let (tx, rx) = mpsc::channel(16);
+            tokio::spawn(agent_task(index, spec.clone(), options.clone(), shared.clone(), rx, conn));
+            handles.push(AgentHandle { spec, commands: tx });
+        }
+        Ok(Cluster { agents: handles, shared, next_trace: AtomicU64::new(1) })
+    }
+
+    /// The agents' names, as given to [`Cluster::connect`].
+    pub fn agents(&self) -> Vec<String> {
+        self.agents.iter().map(|a| a.spec.name.clone()).collect()
+    }
+
+    fn index(&self, agent: &str) -> Result<usize, ClusterError> {
+        self.agents
+            .iter()
+            .position(|a| a.spec.name == agent)
+            .ok_or_else(|| ClusterError::NoSuchAgent(agent.to_string()))
+    }
+
+    /// Starts one trace: each named agent with its own request (use [`Cluster::agents`] for all).
+    /// If any agent cannot start, those that did are stopped again.
+    pub async fn start(&self, requests: Vec<(String, TraceRequest)>) -> Result<ClusterTrace, ClusterError> {
+        let trace_id = self.next_trace.fetch_add(1, Ordering::Relaxed) ^ (std::process::id() as u64) << 32;
+        let mut indexes = Vec::new();
+        for (agent, _) in &requests {
+            indexes.push(self.index(agent)?);
+        }
+        for &i in &indexes {
+            let mut h = self.shared.hosts[i].lock().unwrap();
+            let samples = std::mem::take(&mut h.samples);
+            let host = std::mem::take(&mut h.host);
+            *h = HostState { host, samples, trace_id: Some(trace_id), ..Default::default() };
+        }
+        let mut started: Vec<usize> = Vec::new();
+        for ((agent, request), &i) in requests.into_iter().zip(&indexes) {
+            let (reply, answer) = oneshot::channel();
+            let command = Command::Start { trace_id, request, reply };
+            let result = match self.agents[i].commands.send(command).await {
+                Ok(()) => answer.await.unwrap_or_else(|_| Err("the connection to the agent was lost".to_string())),
+                Err(_) => Err("the connection to the agent was lost".to_string()),
+            };
+            if let Err(error) = result {
+                for &j in &started {
+                    let _ = self.agents[j].commands.send(Command::Stop { trace_id }).await;
+                }
+                return Err(ClusterError::StartFailed { agent, error });
+            }
+            started.push(i);
+        }
+        let commands = indexes.iter().map(|&i| self.agents[i].commands.clone()).collect();
+        Ok(ClusterTrace { id: trace_id, hosts: indexes, shared: self.shared.clone(), commands })
+    }
+
+    /// Runs `command` on one agent's host, traced, and returns its exit code (128 + signal if
+    /// killed; `None` if it is unknown) with the events it caused.
+    pub async fn trace_command(
+        &self,
+        agent: &str,
+        command: Vec<String>,
+        mut request: TraceRequest,
+    ) -> Result<(Option<i32>, Vec<Event>), ClusterError> {
+        request.command = command;
+        let trace = self.start(vec![(agent.to_string(), request)]).await?;
+        trace.finished().await;
+        let exit = trace.shared.hosts[trace.hosts[0]].lock().unwrap().end.as_ref().and_then(|e| e.command_exit_code);
+        let merged = trace.stop().await?;
+        Ok((exit, merged.events))
+    }
+}
+
+/// A trace running on several hosts.
+pub struct ClusterTrace {
+    id: u64,
+    hosts: Vec<usize>,
+    shared: Arc<Shared>,
+    commands: Vec<mpsc::Sender<Command>>,
+}
+
+impl ClusterTrace {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Every event received so far, on the collector's clock (as measured so far) and in one time
+    /// order. Flows are linked only in [`ClusterTrace::stop`]'s result.
+    pub fn events_so_far(&self) -> Vec<Event> {
+        self.snapshot(EndReason::InputEnded).events
+    }
+
+    /// The trace so far, merged: clocks corrected, flows linked.
+    pub fn snapshot(&self, reason: EndReason) -> MergedTrace {
+        let hosts: Vec<HostTrace> = self
+            .hosts
+            .iter()
+            .map(|&i| {
+                let h = self.shared.hosts[i].lock().unwrap();
+                HostTrace {
+                    host: h.host.clone(),
+                    samples: h.samples.clone(),
+                    start: h.start.clone(),
+                    end: h.end.clone(),
+                    events: h.events.clone(),
+                    lost_in_transit: h.lost_in_transit,
+                }
+            })
+            .collect();
+        let kinds = hosts
+            .iter()
+            .filter_map(|h| h.start.as_ref())
+            .flat_map(|s| s.events.clone())
+            .collect::<std::collections::BTreeSet<EventKind>>();
+        let collector = TraceStart {
+            format_version: FORMAT_VERSION,
+            host: crate::record::host_name(),
+            tracer_version: env!("CARGO_PKG_VERSION").to_string(),
+            ts: self.shared.clock.now_unix_ns(),
+            clock: self.shared.clock.info(),
+            targets: Vec::new(),
+            probes: 0,
+            events: kinds.into_iter().collect(),
+            follow_children: hosts.iter().filter_map(|h| h.start.as_ref()).any(|s| s.follow_children),
+            hosts: Vec::new(),
+        };
+        merge(hosts, &collector, reason)
+    }
+
+    /// Events as they arrive (host clock, unlinked), from now on.
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Event> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.shared.subscribers.lock().unwrap().push(tx);
+        rx
+    }
+
+    /// Calls `f` with every event as it arrives, from now on.
+    pub fn on_event(&self, f: impl Fn(&Event) + Send + Sync + 'static) {
+        self.shared.callbacks.lock().unwrap().push(Arc::new(f));
+    }
+
+    /// Whether every host's trace has ended (its targets are gone, or it failed).
+    pub fn is_finished(&self) -> bool {
+        self.hosts.iter().all(|&i| self.shared.hosts[i].lock().unwrap().finished())
+    }
+
+    /// Waits until every host's trace has ended by itself.
+    pub async fn finished(&self) {
+        loop {
+            let notified = self.shared.changed.notified();
+            if self.is_finished() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Stops every host, waits for their last events, and merges.
+    pub async fn stop(self) -> Result<MergedTrace, ClusterError> {
+        self.stop_because(EndReason::Stopped).await
+    }
+
+    /// Like [`ClusterTrace::stop`], naming why in the merged trace's end.
+    pub async fn stop_because(self, reason: EndReason) -> Result<MergedTrace, ClusterError> {
+        let ended_by_itself = self.is_finished();
+        for c in &self.commands {
+            let _ = c.send(Command::Stop { trace_id: self.id }).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(60), self.finished()).await;
+        for &i in &self.hosts {
+            let h = self.shared.hosts[i].lock().unwrap();
+            if let Some(failure) = &h.failure {
+                log(format_args!("host {}: {failure}", h.host));
+            }
+        }
+        let reason = if ended_by_itself { EndReason::TargetsExited } else { reason };
+        Ok(self.snapshot(reason))
+    }
+}
+
+impl MergedTrace {
+    /// Writes the merged trace as a Chrome trace.
+    pub fn export_chrome(&self, path: &Path) -> Result<(), ClusterError> {
+        self.export(path, Format::Chrome)
+    }
+
+    /// Writes the merged trace in any format `record` writes.
+    pub fn export(&self, path: &Path, format: Format) -> Result<(), ClusterError> {
+        let mut sink = format.sink(std::fs::File::create(path)?);
+        self.write(&mut *sink)?;
+        Ok(())
+    }
+}
+
+/// Serves one agent: the connection, and reconnections.
+async fn agent_task(
+    index: usize,
+    spec: AgentSpec,
+    options: ClientOptions,
+    shared: Arc<Shared>,
+    mut commands: mpsc::Receiver<Command>,
+    first: Connection,
+) {
+    let mut connection = Some(first);
+    loop {
+        let conn = match connection.take() {
+            Some(c) => c,
+            None => match reconnect(&spec, &options).await {
+                Some(c) => c,
+                None => {
+                    let mut h = shared.hosts[index].lock().unwrap();
+                    if h.trace_id.is_some() && !h.finished() {
+                        h.failure = Some(format!("lost for more than {:?}", options.reconnect_for));
+                    }
+                    drop(h);
+                    shared.changed.notify_waiters();
+                    return;
+                }
+            },
+        };
+        match session(index, &options, &shared, &mut commands, conn).await {
+            Ok(()) => return,
+            Err(reason) => {
+                log(format_args!("connection to {} lost ({reason}); reconnecting", spec.name));
+            }
+        }
+    }
+}
+
+async fn reconnect(spec: &AgentSpec, options: &ClientOptions) -> Option<Connection> {
+    let deadline = Instant::now() + options.reconnect_for;
+    while Instant::now() < deadline {
+        match connect(spec, options).await {
+            Ok(c) => {
+                log(format_args!("reconnected to {}", spec.name));
+                return Some(c);
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    None
+}
+
+/// One connection's life: commands out, events in, clock probes and acks every so often.
+/// `Ok` when the cluster is gone; `Err(reason)` when the connection dropped.
+async fn session(
+    index: usize,
+    options: &ClientOptions,
+    shared: &Arc<Shared>,
+    commands: &mut mpsc::Receiver<Command>,
+    conn: Connection,
+) -> Result<(), String> {
+    let host: Arc<str> = Arc::from(conn.host.as_str());
+    let (mut reader, mut writer) = tokio::io::split(conn.stream);
+    let (tx, mut incoming) = mpsc::channel(256);
+    let reading = tokio::spawn(async move {
+        loop {
+            let message = read_message(&mut reader).await;
+            let failed = message.is_err();
+            if tx.send(message).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    let result = async {
+        let mut decoder = Decoder::default();
+        let mut pending_start: Option<oneshot::Sender<Result<(), String>>> = None;
+        let mut probes: HashMap<u32, u64> = HashMap::new();
+        let mut next_probe = 1_000u32;
+        let mut acked = 0;
+        // Carry on with a trace the previous connection was streaming.
+        let resume = {
+            let h = shared.hosts[index].lock().unwrap();
+            // Only a trace the agent confirmed (a start in flight is answered on this connection).
+            match h.trace_id {
+                Some(trace_id) if h.start.is_some() && !h.finished() => {
+                    Some(Message::Resume { trace_id, next_seq: h.next_seq })
+                }
+                _ => None,
+            }
+        };
+        if let Some(resume) = resume {
+            write_message(&mut writer, &resume).await.map_err(|e| e.to_string())?;
+        }
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut ticks = 0u64;
+        let mut last_heard = Instant::now();
+        loop {
+            tokio::select! {
+                command = commands.recv() => match command {
+                    None => return Ok(()),
+                    Some(Command::Start { trace_id, request, reply }) => {
+                        pending_start = Some(reply);
+                        write_message(&mut writer, &Message::Start { trace_id, request }).await.map_err(|e| e.to_string())?;
+                    }
+                    Some(Command::Stop { trace_id }) => {
+                        write_message(&mut writer, &Message::Stop { trace_id }).await.map_err(|e| e.to_string())?;
+                    }
+                },
+                message = incoming.recv() => {
+                    let message = message.ok_or("connection closed")?.map_err(|e| e.to_string())?;
+                    last_heard = Instant::now();
+                    match message {
+                        Message::ClockEcho { id, agent_ns } => {
+                            if let Some(t0) = probes.remove(&id) {
+                                let sample = ClockSample { t0, t1: shared.clock.now_unix_ns(), agent_ns };
+                                shared.hosts[index].lock().unwrap().samples.push(sample);
+                            }
+                        }
+                        Message::Started { trace_id, trace_start } => {
+                            let start: Option<TraceStart> = serde_json::from_str(&trace_start).ok();
+                            let mut h = shared.hosts[index].lock().unwrap();
+                            if h.trace_id == Some(trace_id) {
+                                h.start = start;
+                            }
+                            drop(h);
+                            decoder.reset();
+                            if let Some(reply) = pending_start.take() {
+                                let _ = reply.send(Ok(()));
+                            }
+                        }
+                        Message::Failed { error, .. } => {
+                            match pending_start.take() {
+                                Some(reply) => {
+                                    let _ = reply.send(Err(error));
+                                }
+                                None => shared.hosts[index].lock().unwrap().failure = Some(error),
+                            }
+                            shared.changed.notify_waiters();
+                        }
+                        Message::Events(batch) => {
+                            let first_seq = batch.first_seq;
+                            let events = decoder.events(&host, batch).map_err(|e| e.to_string())?;
+                            let mut h = shared.hosts[index].lock().unwrap();
+                            // A resumed connection may repeat what was received but not yet acked.
+                            let skip = h.next_seq.saturating_sub(first_seq) as usize;
+                            if first_seq > h.next_seq {
+                                return Err(format!("events {}..{} are missing", h.next_seq, first_seq));
+                            }
+                            let fresh: Vec<Event> = events.into_iter().skip(skip).collect();
+                            h.next_seq += fresh.len() as u64;
+                            drop(h);
+                            deliver(shared, &fresh);
+                            shared.hosts[index].lock().unwrap().events.extend(fresh);
+                        }
+                        Message::Gap { first_seq, count } => {
+                            let mut h = shared.hosts[index].lock().unwrap();
+                            if first_seq == h.next_seq {
+                                h.lost_in_transit += count;
+                                h.next_seq += count;
+                            }
+                        }
+                        Message::Ended { trace_id, trace_end, total_events } => {
+                            let mut h = shared.hosts[index].lock().unwrap();
+                            if h.trace_id == Some(trace_id) {
+                                h.end = serde_json::from_str(&trace_end).ok();
+                                h.total = Some(total_events);
+                            }
+                            drop(h);
+                            shared.changed.notify_waiters();
+                        }
+                        Message::Refused { reason } => return Err(format!("refused: {reason}")),
+                        other => return Err(format!("unexpected {other:?}")),
+                    }
+                    shared.changed.notify_waiters();
+                },
+                _ = tick.tick() => {
+                    ticks += 1;
+                    if last_heard.elapsed() > options.silence {
+                        return Err(format!("silent for {:?}", options.silence));
+                    }
+                    let next_seq = shared.hosts[index].lock().unwrap().next_seq;
+                    if next_seq != acked {
+                        write_message(&mut writer, &Message::Ack { next_seq }).await.map_err(|e| e.to_string())?;
+                        acked = next_seq;
+                    }
+                    if ticks.is_multiple_of(10) {
+                        next_probe = next_probe.wrapping_add(1);
+                        probes.insert(next_probe, shared.clock.now_unix_ns());
+                        write_message(&mut writer, &Message::ClockProbe { id: next_probe }).await.map_err(|e| e.to_string())?;
+                    }
+                },
+            }
+        }
+    }
+    .await;
+    reading.abort();
+    result
+}
+
+/// Passes fresh events to subscribers and callbacks.
+fn deliver(shared: &Shared, events: &[Event]) {
+    let mut subscribers = shared.subscribers.lock().unwrap();
+    subscribers.retain(|s| events.iter().all(|e| s.send(e.clone()).is_ok()));
+    drop(subscribers);
+    let callbacks: Vec<Callback> = shared.callbacks.lock().unwrap().clone();
+    for f in callbacks {
+        for e in events {
+            f(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_specs() {
+        assert_eq!(
+            "web=10.0.0.1:7070".parse::<AgentSpec>(),
+            Ok(AgentSpec { name: "web".into(), addr: "10.0.0.1:7070".into() })
+        );
+        assert_eq!("db=[::1]:7070".parse::<AgentSpec>().unwrap().addr, "[::1]:7070");
+        assert!("web".parse::<AgentSpec>().is_err());
+        assert!("=1.2.3.4:5".parse::<AgentSpec>().is_err());
+        assert!("web=host".parse::<AgentSpec>().is_err());
+    }
+}
