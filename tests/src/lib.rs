@@ -221,10 +221,15 @@ impl TracerRun {
     /// Starts `tracer record -o <dir>/trace.jsonl <args>` and returns once it says it is tracing.
     pub fn start<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> TracerRun {
         let out = dir.join("trace.jsonl");
+        let mut all: Vec<&OsStr> = vec![OsStr::new("record"), OsStr::new("-o"), out.as_os_str()];
+        all.extend(args.iter().map(AsRef::as_ref));
+        TracerRun::spawn(&all, out.clone())
+    }
+
+    /// Starts `tracer <args>` (which writes the trace to `out`) and returns once it says it is
+    /// tracing.
+    pub fn spawn<S: AsRef<OsStr>>(args: &[S], out: PathBuf) -> TracerRun {
         let mut child = Command::new(tracer_bin())
-            .arg("record")
-            .arg("-o")
-            .arg(&out)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -245,6 +250,12 @@ impl TracerRun {
             }
         }
         TracerRun { child, stderr, startup, out }
+    }
+
+    /// Kills the tracer (as if it crashed).
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Waits for the tracer to end by itself; returns its run and trace.

@@ -4,7 +4,7 @@
 use std::{
     collections::BTreeMap,
     fs::File,
-    io::{BufRead as _, BufReader, Write as _},
+    io::Write as _,
     net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -12,7 +12,9 @@ use std::{
 };
 
 use serde_json::Value;
-use tracer_tests::{Run, Trace, fixture, netns::Network, temp_dir, tracer, tracer_bin, u64_field, wait_with_timeout};
+use tracer_tests::{
+    Trace, TracerRun, fixture, netns::Network, temp_dir, tracer, tracer_bin, u64_field, wait_with_timeout,
+};
 
 const PORT: u16 = 7070;
 
@@ -246,35 +248,6 @@ fn authentication_is_required_and_checked() {
     run.assert_error(&format!("refusing to listen on {}:7071 without authentication", net.hosts[0].addr));
 }
 
-/// A `tracer collect` in the background, returned once it is tracing.
-fn collect_in_background(args: &[String]) -> (Child, BufReader<std::process::ChildStderr>, String) {
-    let mut child = Command::new(tracer_bin())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start collector");
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "collector ended before tracing: {seen}");
-        seen.push_str(&line);
-        if line.starts_with("tracer: tracing on") {
-            return (child, stderr, seen);
-        }
-    }
-}
-
-fn finish(child: Child, mut stderr: BufReader<std::process::ChildStderr>, seen: String) -> Run {
-    let mut rest = String::new();
-    use std::io::Read as _;
-    stderr.read_to_string(&mut rest).unwrap();
-    let run = wait_with_timeout(child, "collector");
-    Run { stderr: seen + &rest, ..run }
-}
-
 #[test]
 fn a_dropped_link_is_resumed_without_loss_or_duplicates() {
     let dir = temp_dir();
@@ -307,17 +280,16 @@ fn a_dropped_link_is_resumed_without_loss_or_duplicates() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let (child, stderr, seen) = collect_in_background(&args);
+    let collector = TracerRun::spawn(&args, out.clone());
     std::thread::sleep(Duration::from_millis(500));
     net.set_link(0, false);
     // Longer than the collector waits for a silent agent (3 s).
     std::thread::sleep(Duration::from_secs(5));
     net.set_link(0, true);
-    let run = finish(child, stderr, seen);
+    let (run, t) = collector.finish();
     assert_eq!(run.code(), 0, "{run:?}");
     assert!(run.stderr.contains("connection to a lost"), "the drop was noticed: {run:?}");
     assert!(run.stderr.contains("reconnected to a"), "{run:?}");
-    let t = Trace::load(&out);
     assert_eq!(t.lost(), 0, "{}", t.end);
     assert_eq!(t.end["lost_events"]["in_transit"], 0);
     let requests = transfers(&t, "a", "send");
@@ -356,7 +328,7 @@ fn garbage_and_oversized_frames_close_only_their_connection() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let (child, stderr, seen) = collect_in_background(&args);
+    let collector = TracerRun::spawn(&args, out.clone());
     let addr = (net.hosts[0].addr, PORT);
     let mut oversized = TcpStream::connect(addr).unwrap();
     oversized.write_all(&u32::MAX.to_le_bytes()).unwrap();
@@ -368,9 +340,8 @@ fn garbage_and_oversized_frames_close_only_their_connection() {
     agent.wait_for_log("larger than the limit");
     agent.wait_for_log("malformed frame");
     agent.wait_for_log("truncated");
-    let run = finish(child, stderr, seen);
+    let (run, t) = collector.finish();
     assert_eq!(run.code(), 0, "{run:?}");
-    let t = Trace::load(&out);
     assert_eq!(t.end["reason"], "duration");
     let ticks: Vec<u64> = t.calls("tick").iter().map(|c| c["args"][0].as_u64().unwrap()).collect();
     assert!(ticks.len() > 100, "the trace went on: {} ticks", ticks.len());
@@ -401,10 +372,9 @@ fn an_orphaned_trace_is_stopped_and_its_target_keeps_running() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let (mut child, _stderr, _) = collect_in_background(&args);
+    let collector = TracerRun::spawn(&args, dir.path().join("t.jsonl"));
     agent.wait_for_log("trace");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    collector.kill();
     agent.wait_for_log("stopping the trace and detaching");
     agent.wait_for_log("ended");
     // The target still runs, untraced.
