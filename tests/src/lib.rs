@@ -315,6 +315,16 @@ impl Drop for Background {
     }
 }
 
+/// The pid of a running process whose command line (arguments separated and ended by NUL, as
+/// in `/proc/PID/cmdline`) satisfies `matches`.
+pub fn find_process(matches: impl Fn(&str) -> bool) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.filter_map(Result::ok).find_map(|entry| {
+        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        matches(&String::from_utf8_lossy(&cmdline)).then_some(pid)
+    })
+}
+
 /// The integer arguments of a call event.
 pub fn args(e: &Value) -> Vec<u64> {
     e["args"].as_array().expect("args").iter().map(|a| a.as_u64().unwrap()).collect()

@@ -7,7 +7,7 @@ use std::{
     io::Write as _,
     net::TcpStream,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
@@ -378,11 +378,8 @@ fn an_orphaned_trace_is_stopped_and_its_target_keeps_running() {
     agent.wait_for_log("stopping the trace and detaching");
     agent.wait_for_log("ended");
     // The target still runs, untraced.
-    let pid = String::from_utf8(
-        Command::new("pgrep").args(["-f", &format!("{} loop", calls.display())]).output().unwrap().stdout,
-    )
-    .unwrap();
-    let pid: i32 = pid.lines().next().expect("the target is still running").parse().unwrap();
+    let cmdline = format!("{}\0loop\0", calls.display());
+    let pid = tracer_tests::find_process(|line| line == cmdline).expect("the target is still running");
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     assert!(!stat.contains(") Z "), "not a zombie: {stat}");
     // SAFETY: kill(2).

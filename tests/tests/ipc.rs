@@ -267,7 +267,8 @@ fn backlog(kind: &str) {
     let pids: Vec<&str> = line.split_whitespace().skip(1).collect();
     let (parent, child) = (pids[0].to_string(), pids[1].to_string());
     let tracer = TracerRun::start(dir.path(), &["-e", "ipc", "-p", &parent, "-p", &child]);
-    assert!(Command::new("kill").args(["-USR1", &child]).status().unwrap().success());
+    // SAFETY: kill(2).
+    assert_eq!(unsafe { libc::kill(child.parse().unwrap(), libc::SIGUSR1) }, 0);
     let (run, t) = tracer.finish();
     assert!(fixture.wait().unwrap().success());
     assert_eq!(run.code(), 0, "{run:?}");
