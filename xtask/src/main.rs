@@ -50,6 +50,15 @@ enum Task {
     },
     /// Trace the bundled demo workload into a Chrome trace for the Perfetto UI.
     Demo,
+    /// Fuzz the decoders of untrusted input (network frames, trace files, kernel records) with
+    /// libFuzzer; needs a nightly toolchain (installs cargo-fuzz if missing).
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Only this target (frame, trace_line, record).
+        target: Option<String>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -81,6 +90,7 @@ fn run(cli: Cli) -> Result<()> {
             let tracer = build()?;
             demo::run(&tracer)
         }
+        Task::Fuzz { seconds, target } => fuzz(seconds, target.as_deref()),
     }
 }
 
@@ -133,6 +143,36 @@ fn run_as_root(tracer: &Path, args: &[String]) -> Result<()> {
     };
     let status = cmd.args(args).status().context("cannot run tracer")?;
     std::process::exit(status.code().unwrap_or(1));
+}
+
+fn fuzz(seconds: u64, only: Option<&str>) -> Result<()> {
+    let nightly = |args: &[&str]| {
+        let mut c = Command::new("rustup");
+        c.args(["run", "nightly", "cargo"]).args(args).current_dir(root()).env_remove("RUSTUP_TOOLCHAIN");
+        c
+    };
+    if !nightly(&["fuzz", "--version"]).output().is_ok_and(|o| o.status.success()) {
+        println!("xtask: installing cargo-fuzz");
+        run_checked(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).args([
+            "install",
+            "cargo-fuzz",
+            "--locked",
+        ]))?;
+    }
+    for target in ["frame", "trace_line", "record"].into_iter().filter(|t| only.is_none_or(|o| o == *t)) {
+        println!("xtask: fuzzing {target} for {seconds} s");
+        run_checked(&mut nightly(&[
+            "fuzz",
+            "run",
+            "--fuzz-dir",
+            "fuzz",
+            target,
+            "--",
+            &format!("-max_total_time={seconds}"),
+        ]))
+        .with_context(|| format!("fuzz target {target} found a failure (see fuzz/artifacts/{target})"))?;
+    }
+    Ok(())
 }
 
 fn test(filter: Option<&str>) -> Result<()> {
