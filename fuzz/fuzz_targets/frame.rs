@@ -3,7 +3,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracer_user::cluster::{protocol::{Message, decode}, wire::Decoder};
+use tracer_user::cluster::{
+    protocol::{Message, decode},
+    wire::Decoder,
+};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(Message::Events(batch)) = decode(data) {

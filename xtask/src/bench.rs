@@ -100,14 +100,20 @@ pub enum Part {
     Overhead,
     /// How fast the exporters and `tracer report` read a 10-million-event trace.
     Export,
+    /// How fast a collector takes events from agents, and merges them (root).
+    Cluster,
 }
 
 pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
-    if only != Some(Part::Export) {
+    let wanted = |part| only.is_none_or(|o| o == part);
+    if wanted(Part::Overhead) {
         overhead(tracer)?;
     }
-    if only != Some(Part::Overhead) {
+    if wanted(Part::Export) {
         crate::bench_export::run(tracer)?;
+    }
+    if wanted(Part::Cluster) {
+        crate::bench_cluster::run(tracer)?;
     }
     Ok(())
 }

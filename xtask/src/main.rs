@@ -5,6 +5,7 @@
 //! `RUSTC_BOOTSTRAP=1`. Everything else builds with the ordinary stable toolchain.
 
 mod bench;
+mod bench_cluster;
 mod bench_export;
 mod demo;
 mod toolchain;

@@ -211,16 +211,15 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
             _ = deadline => EndReason::Duration,
             _ = trace.finished() => EndReason::TargetsExited,
         };
-        let stopping = std::time::Instant::now();
         let merged = trace.stop_because(reason).await?;
+        for (host, events, seconds) in trace.ingest() {
+            eprintln!(
+                "tracer: host {host}: received {events} events in {seconds:.3} s ({:.0} events/s)",
+                events as f64 / seconds.max(1e-9)
+            );
+        }
         let mut sink = format.sink(out);
         merged.write(&mut *sink)?;
-        eprintln!(
-            "tracer: stopped, merged and wrote {} events from {} hosts in {:.3} s",
-            merged.events.len(),
-            merged.start.hosts.len(),
-            stopping.elapsed().as_secs_f64()
-        );
         for host in &merged.start.hosts {
             eprintln!(
                 "tracer: host {}: {} events, clock offset {} ns ± {} ns (± {} ns from round trips alone)",

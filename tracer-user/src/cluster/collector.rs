@@ -157,6 +157,9 @@ struct HostState {
     next_seq: u64,
     lost_in_transit: u64,
     failure: Option<String>,
+    /// When the first and the latest events arrived (ingest rate).
+    first_arrival: Option<Instant>,
+    last_arrival: Option<Instant>,
 }
 
 impl HostState {
@@ -390,17 +393,22 @@ impl ClusterTrace {
 
     /// The trace so far, merged: clocks corrected, flows linked.
     pub fn snapshot(&self, reason: EndReason) -> MergedTrace {
+        self.merged(reason, |events| events.clone())
+    }
+
+    /// Merges what the hosts sent, taking each host's events with `take`.
+    fn merged(&self, reason: EndReason, take: impl Fn(&mut Vec<Event>) -> Vec<Event>) -> MergedTrace {
         let hosts: Vec<HostTrace> = self
             .hosts
             .iter()
             .map(|&i| {
-                let h = self.shared.hosts[i].lock().unwrap();
+                let mut h = self.shared.hosts[i].lock().unwrap();
                 HostTrace {
                     host: h.host.clone(),
                     samples: h.samples.clone(),
                     start: h.start.clone(),
                     end: h.end.clone(),
-                    events: h.events.clone(),
+                    events: take(&mut h.events),
                     lost_in_transit: h.lost_in_transit,
                 }
             })
@@ -437,6 +445,22 @@ impl ClusterTrace {
         self.shared.callbacks.lock().unwrap().push(Arc::new(f));
     }
 
+    /// Per host: its name, the events received, and the seconds between the first and the last
+    /// arrival.
+    pub fn ingest(&self) -> Vec<(String, u64, f64)> {
+        self.hosts
+            .iter()
+            .map(|&i| {
+                let h = self.shared.hosts[i].lock().unwrap();
+                let seconds = match (h.first_arrival, h.last_arrival) {
+                    (Some(a), Some(b)) => (b - a).as_secs_f64(),
+                    _ => 0.0,
+                };
+                (h.host.clone(), h.next_seq - h.lost_in_transit, seconds)
+            })
+            .collect()
+    }
+
     /// Whether every host's trace has ended (its targets are gone, or it failed).
     pub fn is_finished(&self) -> bool {
         self.hosts.iter().all(|&i| self.shared.hosts[i].lock().unwrap().finished())
@@ -453,13 +477,14 @@ impl ClusterTrace {
         }
     }
 
-    /// Stops every host, waits for their last events, and merges.
-    pub async fn stop(self) -> Result<MergedTrace, ClusterError> {
+    /// Stops every host, waits for their last events, and merges (the events move into the
+    /// result: [`ClusterTrace::events_so_far`] is empty afterwards).
+    pub async fn stop(&self) -> Result<MergedTrace, ClusterError> {
         self.stop_because(EndReason::Stopped).await
     }
 
     /// Like [`ClusterTrace::stop`], naming why in the merged trace's end.
-    pub async fn stop_because(self, reason: EndReason) -> Result<MergedTrace, ClusterError> {
+    pub async fn stop_because(&self, reason: EndReason) -> Result<MergedTrace, ClusterError> {
         let ended_by_itself = self.is_finished();
         for c in &self.commands {
             let _ = c.send(Command::Stop { trace_id: self.id }).await;
@@ -472,7 +497,17 @@ impl ClusterTrace {
             }
         }
         let reason = if ended_by_itself { EndReason::TargetsExited } else { reason };
-        Ok(self.snapshot(reason))
+        let merging = Instant::now();
+        // The trace is over: its events move into the merge instead of being copied.
+        let merged = self.merged(reason, std::mem::take);
+        let seconds = merging.elapsed().as_secs_f64();
+        log(format_args!(
+            "merged {} events from {} hosts in {seconds:.3} s ({:.0} events/s)",
+            merged.events.len(),
+            self.hosts.len(),
+            merged.events.len() as f64 / seconds.max(1e-9)
+        ));
+        Ok(merged)
     }
 }
 
@@ -637,6 +672,9 @@ async fn session(
                             }
                             let fresh: Vec<Event> = events.into_iter().skip(skip).collect();
                             h.next_seq += fresh.len() as u64;
+                            let now = Instant::now();
+                            h.first_arrival.get_or_insert(now);
+                            h.last_arrival = Some(now);
                             drop(h);
                             deliver(shared, &fresh);
                             shared.hosts[index].lock().unwrap().events.extend(fresh);

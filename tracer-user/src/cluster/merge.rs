@@ -48,12 +48,13 @@ fn without_drift(model: &ClockModel, ts: u64) -> i64 {
 }
 
 /// Merges hosts' traces. `collector` describes the merged trace (its host name, clock, version).
-pub fn merge(hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReason) -> MergedTrace {
+pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReason) -> MergedTrace {
     let models: Vec<ClockModel> = hosts.iter().map(|h| estimate(&h.samples).unwrap_or(ClockModel::ZERO)).collect();
+    let counts: Vec<u64> = hosts.iter().map(|h| h.events.len() as u64).collect();
 
     // Link first: positions and digests, not timestamps, decide the links, so clock errors
     // cannot hide one. Every send is registered before any receive looks for it.
-    let mut per_host: Vec<Vec<Event>> = hosts.iter().map(|h| h.events.clone()).collect();
+    let mut per_host: Vec<Vec<Event>> = hosts.iter_mut().map(|h| std::mem::take(&mut h.events)).collect();
     let mut matcher = FlowMatcher::default();
     for events in per_host.iter_mut() {
         for e in events.iter_mut().filter(|e| matches!(e.data, EventData::Send { .. })) {
@@ -112,7 +113,7 @@ pub fn merge(hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReason) -
             uncertainty_ns: refined.uncertainties[h],
             round_trip_uncertainty_ns: models[h].uncertainty_ns,
             drift_ppm: models[h].drift * 1e6,
-            events: t.events.len() as u64,
+            events: counts[h],
             lost_in_transit: t.lost_in_transit,
             targets: t.start.as_ref().map(|s| s.targets.clone()).unwrap_or_default(),
         })
