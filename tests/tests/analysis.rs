@@ -410,3 +410,40 @@ fn perfetto_flows_link_sends_to_receives_and_signals() {
     let writer = descriptors(&packets).iter().find(|t| t.thread.as_ref().is_some_and(|t| t.pid() == 1)).unwrap().uuid();
     assert!(starts.values().all(|(_, track)| *track == writer) && ends.values().all(|(_, track)| *track != writer));
 }
+
+#[test]
+fn perfetto_flows_from_a_real_ipc_trace() {
+    // The pipe fixture: 4 writes of 256 bytes read as 300, 300, 300, 124: seven links.
+    let dir = temp_dir();
+    let out = dir.path().join("pipe.pftrace");
+    let ipc = fixture("ipc");
+    let run = tracer_tests::tracer(&[
+        "record",
+        "-e",
+        "ipc",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        ipc.to_str().unwrap(),
+        "pipe",
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let packets = decode(&out);
+    let events = track_events(&packets);
+    let mut starts = BTreeMap::new();
+    let mut ends = BTreeMap::new();
+    for (_, e) in &events {
+        for id in &e.flow_ids {
+            assert!(starts.insert(*id, e.track_uuid()).is_none(), "flow {id} starts twice");
+        }
+        for id in &e.terminating_flow_ids {
+            assert!(ends.insert(*id, e.track_uuid()).is_none(), "flow {id} ends twice");
+        }
+    }
+    assert_eq!(starts.len(), 7, "{starts:?}");
+    assert_eq!(starts.keys().collect::<Vec<_>>(), ends.keys().collect::<Vec<_>>());
+    // From the writing child to the reading parent.
+    assert!(starts.iter().all(|(id, from)| ends[id] != *from));
+    let names: Vec<&str> = events.iter().map(|(_, e)| name(e)).filter(|n| n.starts_with("recv")).collect();
+    assert_eq!(names, ["recv 300 B", "recv 300 B", "recv 300 B", "recv 124 B"]);
+}

@@ -98,3 +98,94 @@ impl<S: Sink> Sink for HostGrouping<S> {
         self.inner.end(end)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        event::{ClockInfo, EndReason, EventKind, HostInfo, SpawnHow},
+        sink::CallbackSink,
+    };
+
+    fn start(hosts: &[&str]) -> TraceStart {
+        TraceStart {
+            format_version: 1,
+            host: "collector".into(),
+            tracer_version: "0".into(),
+            ts: 0,
+            clock: ClockInfo { source: "test".into(), offset_ns: 0, uncertainty_ns: 0 },
+            targets: vec![],
+            probes: 0,
+            events: EventKind::ALL.to_vec(),
+            follow_children: true,
+            hosts: hosts
+                .iter()
+                .map(|h| HostInfo {
+                    name: h.to_string(),
+                    offset_ns: 0,
+                    uncertainty_ns: 0,
+                    round_trip_uncertainty_ns: 0,
+                    drift_ppm: 0.0,
+                    events: 0,
+                    lost_in_transit: 0,
+                    targets: vec![TargetInfo::Process { pid: 10, comm: "srv".into(), exe: "/srv".into() }],
+                })
+                .collect(),
+        }
+    }
+
+    fn spawn(host: &str) -> Event {
+        Event {
+            ts: 1,
+            host: host.into(),
+            pid: 10,
+            tid: 10,
+            data: EventData::Spawn {
+                parent_pid: 10,
+                child_pid: 11,
+                child_tid: 11,
+                how: SpawnHow::Fork,
+                comm: "srv".into(),
+                filename: None,
+            },
+        }
+    }
+
+    /// Runs events through the grouping into a collecting sink.
+    fn group(start: &TraceStart, events: &[Event]) -> Vec<Event> {
+        let mut seen = Vec::new();
+        {
+            let mut g = HostGrouping::new(CallbackSink::new(|e: &Event| seen.push(e.clone())));
+            g.begin(start).unwrap();
+            for e in events {
+                g.event(e).unwrap();
+            }
+            g.end(&TraceEnd {
+                ts: 2,
+                reason: EndReason::Stopped,
+                events_written: 0,
+                lost_events: Default::default(),
+                calls_without_return_probe: 0,
+                command_exit_code: None,
+                ipc: Default::default(),
+            })
+            .unwrap();
+        }
+        seen
+    }
+
+    #[test]
+    fn hosts_get_their_own_pid_ranges_and_names() {
+        let out = group(&start(&["a", "b"]), &[spawn("a"), spawn("b")]);
+        let ids: Vec<(u32, u32)> = out.iter().map(|e| (e.pid, e.tid)).collect();
+        assert_eq!(ids, [(10, 10), (PID_SPACE + 10, PID_SPACE + 10)]);
+        let EventData::Spawn { child_pid, comm, .. } = &out[1].data else { panic!() };
+        assert_eq!((*child_pid, comm.as_str()), (PID_SPACE + 11, "b: srv"));
+    }
+
+    #[test]
+    fn one_host_passes_through() {
+        let e = spawn("a");
+        assert_eq!(group(&start(&["a"]), std::slice::from_ref(&e)), [e]);
+    }
+}
