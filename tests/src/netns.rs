@@ -37,8 +37,9 @@ pub struct Host {
 
 impl Network {
     pub fn new(hosts: usize) -> Network {
-        // Distinct per test process and per network, small enough for interface names.
-        let id = (std::process::id() % 100) * 2 + NEXT.fetch_add(1, Ordering::Relaxed) % 2 + 100;
+        // Distinct per test process and between consecutive networks (tests run one at a time), and
+        // in 100..=227: one octet of an address, three digits of an interface name.
+        let id = 100 + (std::process::id() % 64) * 2 + NEXT.fetch_add(1, Ordering::Relaxed) % 2;
         let bridge = format!("trc{id}br");
         ip_quiet(&["link", "del", &bridge]);
         ip(&["link", "add", &bridge, "type", "bridge"]);

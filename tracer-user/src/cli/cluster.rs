@@ -74,6 +74,7 @@ pub struct CollectArgs {
     /// Output file; the format comes from --format or the extension.
     #[arg(short, long, value_name = "PATH", default_value = "merged.jsonl")]
     pub output: PathBuf,
+    /// Output format (default: from the output's extension), as for `record`.
     #[arg(long, value_enum, value_name = "FMT")]
     pub format: Option<Format>,
     /// Stop after this many seconds.
@@ -82,6 +83,7 @@ pub struct CollectArgs {
     /// Kernel ring buffer on each host.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "64M")]
     pub buffer_size: u32,
+    /// Refuse to probe more functions than this on a host without -f.
     #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
     pub max_probes: usize,
     /// File holding the secret shared with the agents.

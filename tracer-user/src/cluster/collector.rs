@@ -20,16 +20,26 @@
 //! let cluster = Cluster::connect(agents, ClientOptions::default()).await?;
 //! let request = TraceRequest { pids: vec![4121], events: vec!["ipc".into()], ..Default::default() };
 //! let trace = cluster.start(vec![("web".into(), request.clone()), ("db".into(), request)]).await?;
+//! // or, the same request on every connected agent: cluster.start_all(request).await?
 //! let mut live = trace.subscribe();
 //! tokio::spawn(async move {
 //!     while let Some(event) = live.recv().await {
 //!         println!("{} {} {:?}", event.host, event.pid, event.data.kind());
 //!     }
 //! });
+//! let sends = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+//! let counter = sends.clone();
+//! let callback = trace.on_event(move |event| {
+//!     if event.data.kind() == tracer_user::event::EventKind::Send {
+//!         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+//!     }
+//! });
 //! tokio::time::sleep(std::time::Duration::from_secs(5)).await;
 //! println!("trace {} has {} events so far", trace.id(), trace.events_so_far().len());
 //! let merged = trace.stop().await?;
 //! merged.export_chrome(std::path::Path::new("merged.json"))?;
+//! callback.join().unwrap(); // the trace is stopped: the callback has seen every event
+//! println!("{} sends", sends.load(std::sync::atomic::Ordering::Relaxed));
 //! # Ok(())
 //! # }
 //! ```
@@ -168,12 +178,15 @@ impl HostState {
     }
 }
 
-type Callback = Arc<dyn Fn(&Event) + Send + Sync>;
+/// A receiver of one trace's events as they arrive.
+struct Subscriber {
+    trace_id: u64,
+    events: mpsc::UnboundedSender<Event>,
+}
 
 struct Shared {
     hosts: Vec<Mutex<HostState>>,
-    subscribers: Mutex<Vec<mpsc::UnboundedSender<Event>>>,
-    callbacks: Mutex<Vec<Callback>>,
+    subscribers: Mutex<Vec<Subscriber>>,
     changed: Notify,
     clock: BootClock,
 }
@@ -296,7 +309,6 @@ impl Cluster {
                 })
                 .collect(),
             subscribers: Mutex::new(Vec::new()),
-            callbacks: Mutex::new(Vec::new()),
             changed: Notify::new(),
             clock,
         });
@@ -355,6 +367,11 @@ impl Cluster {
         Ok(ClusterTrace { id: trace_id, hosts: indexes, shared: self.shared.clone(), commands })
     }
 
+    /// Starts one trace with the same request on every connected agent.
+    pub async fn start_all(&self, request: TraceRequest) -> Result<ClusterTrace, ClusterError> {
+        self.start(self.agents().into_iter().map(|agent| (agent, request.clone())).collect()).await
+    }
+
     /// Runs `command` on one agent's host, traced, and returns its exit code (128 + signal if
     /// killed; `None` if it is unknown) with the events it caused.
     pub async fn trace_command(
@@ -381,6 +398,7 @@ pub struct ClusterTrace {
 }
 
 impl ClusterTrace {
+    /// This trace's id, unique per collector process; agents tag everything they send with it.
     pub fn id(&self) -> u64 {
         self.id
     }
@@ -433,16 +451,32 @@ impl ClusterTrace {
         merge(hosts, &collector, reason)
     }
 
-    /// Events as they arrive (host clock, unlinked), from now on.
+    /// Every event of this trace as it arrives (on its host's clock, flows not yet linked): first
+    /// those received so far, then the rest. The channel closes when the trace is stopped.
     pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = mpsc::unbounded_channel();
-        self.shared.subscribers.lock().unwrap().push(tx);
+        // Holding the trace's hosts (in index order, as everywhere) while replaying and
+        // registering: no batch can arrive in between, so nothing is missed or sent twice.
+        let mut indexes = self.hosts.clone();
+        indexes.sort_unstable();
+        let hosts: Vec<_> = indexes.iter().map(|&i| self.shared.hosts[i].lock().unwrap()).collect();
+        for e in hosts.iter().flat_map(|h| &h.events) {
+            let _ = tx.send(e.clone());
+        }
+        self.shared.subscribers.lock().unwrap().push(Subscriber { trace_id: self.id, events: tx });
         rx
     }
 
-    /// Calls `f` with every event as it arrives, from now on.
-    pub fn on_event(&self, f: impl Fn(&Event) + Send + Sync + 'static) {
-        self.shared.callbacks.lock().unwrap().push(Arc::new(f));
+    /// Calls `f` with every event of this trace, as [`ClusterTrace::subscribe`] delivers them, on a
+    /// thread of its own. The thread ends once the trace is stopped and `f` has seen every event:
+    /// join it to wait for that.
+    pub fn on_event(&self, mut f: impl FnMut(&Event) + Send + 'static) -> std::thread::JoinHandle<()> {
+        let mut events = self.subscribe();
+        std::thread::spawn(move || {
+            while let Some(e) = events.blocking_recv() {
+                f(&e);
+            }
+        })
     }
 
     /// Per host: its name, the events received, and the seconds between the first and the last
@@ -500,6 +534,8 @@ impl ClusterTrace {
         let merging = Instant::now();
         // The trace is over: its events move into the merge instead of being copied.
         let merged = self.merged(reason, std::mem::take);
+        // Closes this trace's subscriptions.
+        self.shared.subscribers.lock().unwrap().retain(|s| s.trace_id != self.id);
         let seconds = merging.elapsed().as_secs_f64();
         log(format_args!(
             "merged {} events from {} hosts in {seconds:.3} s ({:.0} events/s)",
@@ -675,9 +711,11 @@ async fn session(
                             let now = Instant::now();
                             h.first_arrival.get_or_insert(now);
                             h.last_arrival = Some(now);
-                            drop(h);
-                            deliver(shared, &fresh);
-                            shared.hosts[index].lock().unwrap().events.extend(fresh);
+                            // Still holding the host: see `ClusterTrace::subscribe`.
+                            if let Some(trace_id) = h.trace_id {
+                                deliver(shared, trace_id, &fresh);
+                            }
+                            h.events.extend(fresh);
                         }
                         Message::Gap { first_seq, count } => {
                             let mut h = shared.hosts[index].lock().unwrap();
@@ -724,17 +762,13 @@ async fn session(
     result
 }
 
-/// Passes fresh events to subscribers and callbacks.
-fn deliver(shared: &Shared, events: &[Event]) {
-    let mut subscribers = shared.subscribers.lock().unwrap();
-    subscribers.retain(|s| events.iter().all(|e| s.send(e.clone()).is_ok()));
-    drop(subscribers);
-    let callbacks: Vec<Callback> = shared.callbacks.lock().unwrap().clone();
-    for f in callbacks {
-        for e in events {
-            f(e);
-        }
-    }
+/// Passes fresh events of a trace to its subscribers; drops those that hung up.
+fn deliver(shared: &Shared, trace_id: u64, events: &[Event]) {
+    shared
+        .subscribers
+        .lock()
+        .unwrap()
+        .retain(|s| s.trace_id != trace_id || events.iter().all(|e| s.events.send(e.clone()).is_ok()));
 }
 
 #[cfg(test)]

@@ -17,8 +17,10 @@ pub const MAX_FRAME: usize = 8 << 20;
 pub type Nonce = [u8; 32];
 pub type Proof = [u8; 32];
 
-/// What to trace on one agent: the options of `tracer record`, for that host.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What to trace on one agent: the options of `tracer record`, for that host. Empty lists and
+/// zeros mean `record`'s defaults (every event kind, the default buffer and probe limit); the
+/// default request follows children, as `record` does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceRequest {
     pub pids: Vec<u32>,
     pub binaries: Vec<String>,
@@ -30,6 +32,21 @@ pub struct TraceRequest {
     pub follow_children: bool,
     pub buffer_size: u32,
     pub max_probes: u32,
+}
+
+impl Default for TraceRequest {
+    fn default() -> Self {
+        TraceRequest {
+            pids: Vec::new(),
+            binaries: Vec::new(),
+            command: Vec::new(),
+            functions: Vec::new(),
+            events: Vec::new(),
+            follow_children: true,
+            buffer_size: 0,
+            max_probes: 0,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
