@@ -1,6 +1,7 @@
-//! `cargo xtask demo`: trace the bundled client/server workload and say where the trace went.
+//! `cargo xtask demo`: trace the bundled client/server workload, export it to every visual format,
+//! print `tracer report` of it, and say where the files went.
 
-use std::{collections::BTreeMap, path::Path, process::Command};
+use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, Result};
 use serde_json::Value;
@@ -12,73 +13,34 @@ pub fn run(tracer: &Path) -> Result<()> {
     let dir = root().join("target/demo");
     std::fs::create_dir_all(&dir)?;
     let jsonl = dir.join("trace.jsonl");
-    let chrome = dir.join("trace.json");
     println!("xtask: tracing {} (a server, 3 clients, 15 requests over TCP, results over a pipe)", demo.display());
     run_checked(Command::new(tracer).arg("record").arg("-o").arg(&jsonl).arg("--").arg(&demo))?;
-    run_checked(Command::new(tracer).arg("export").arg(&jsonl).arg("-o").arg(&chrome))?;
-    summarize(&jsonl)?;
+    let exports = ["trace.json", "trace.pftrace", "trace.svg", "trace.folded"].map(|name| dir.join(name));
+    for out in &exports {
+        run_checked(Command::new(tracer).arg("export").arg(&jsonl).arg("-o").arg(out))?;
+    }
     println!();
-    println!("Chrome trace: {}", chrome.display());
-    println!("  open it at https://ui.perfetto.dev (\"Open trace file\") or https://www.speedscope.app");
-    println!("JSON lines:   {}", jsonl.display());
-    println!("  e.g. jq -c 'select(.kind == \"spawn\")' {}", jsonl.display());
+    run_checked(Command::new(tracer).arg("report").arg(&jsonl))?;
+    println!();
+    println!("{}", messages(&jsonl)?);
+    println!();
+    println!("JSON lines:       {}   (jq -c 'select(.kind == \"recv\")' …)", jsonl.display());
+    println!("Chrome trace:     {}   (ui.perfetto.dev, speedscope.app)", exports[0].display());
+    println!("Perfetto trace:   {}   (ui.perfetto.dev: slices, and arrows send → receive)", exports[1].display());
+    println!("flame graph:      {}   (a browser)", exports[2].display());
+    println!("folded stacks:    {}   (speedscope, inferno, flamegraph.pl)", exports[3].display());
+    println!("call tree:        {} calls {}", tracer.display(), jsonl.display());
     Ok(())
 }
 
-/// A short account of the trace: processes, and the busiest functions.
-fn summarize(jsonl: &Path) -> Result<()> {
+/// The trace's IPC link statistics, from its `trace_end` line.
+fn messages(jsonl: &Path) -> Result<String> {
     let text = std::fs::read_to_string(jsonl)?;
-    let lines: Vec<Value> = text.lines().map(serde_json::from_str).collect::<Result<_, _>>().context("parse trace")?;
-    let end = lines.last().context("empty trace")?;
-    let mut kinds: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut functions: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    let mut processes: BTreeMap<u64, (String, String)> = BTreeMap::new();
-    for e in &lines[1..lines.len() - 1] {
-        let kind = e["kind"].as_str().unwrap_or("?");
-        *kinds.entry(kind).or_default() += 1;
-        match kind {
-            "return" => {
-                let f = functions.entry(e["function"].as_str().unwrap_or("?")).or_default();
-                f.0 += 1;
-                f.1 += e["duration_ns"].as_u64().unwrap_or(0);
-            }
-            "spawn" if e["how"] != "thread" => {
-                let pid = e["child_pid"].as_u64().unwrap_or(0);
-                processes.entry(pid).or_default().0 = e["comm"].as_str().unwrap_or("").to_string();
-            }
-            "exit" if e["thread"] == false => {
-                let status = match (&e["exit_code"], &e["signal"]) {
-                    (Value::Number(c), _) => format!("exit {c}"),
-                    (_, Value::Number(s)) => format!("killed by signal {s}"),
-                    _ => "exit".to_string(),
-                };
-                processes.entry(e["pid"].as_u64().unwrap_or(0)).or_default().1 = status;
-            }
-            _ => {}
-        }
-    }
-    println!();
-    println!(
-        "{} events ({}), ended: {}; lost: {}",
-        end["events_written"],
-        kinds.iter().map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", "),
-        end["reason"],
-        end["lost_events"]
-    );
-    println!("processes:");
-    for (pid, (comm, status)) in &processes {
-        println!("  {pid:>7}  {comm:<20} {status}");
-    }
+    let end: Value = serde_json::from_str(text.lines().last().context("empty trace")?).context("parse trace_end")?;
     let ipc = &end["ipc"];
-    println!(
-        "messages: {} sends, {} receives ({} linked to their sends), {} signals linked",
+    let lost: u64 = end["lost_events"].as_object().into_iter().flatten().filter_map(|(_, n)| n.as_u64()).sum();
+    Ok(format!(
+        "Messages: {} sends, {} receives ({} linked to their sends), {} signals linked; events lost: {lost}",
         ipc["sends"], ipc["recvs"], ipc["linked_recvs"], ipc["linked_signals"]
-    );
-    let mut busiest: Vec<_> = functions.into_iter().collect();
-    busiest.sort_by_key(|(_, (_, total))| std::cmp::Reverse(*total));
-    println!("functions by total time (calls, total):");
-    for (name, (calls, total)) in busiest.iter().take(8) {
-        println!("  {name:<20} {calls:>6} calls  {:>10.3} ms", *total as f64 / 1e6);
-    }
-    Ok(())
+    ))
 }
