@@ -4,8 +4,8 @@
 //! A synthetic trace of [`EVENTS`] events is generated once (kept in `target/bench/`): two
 //! processes of two threads each, serving requests whose calls nest up to 6 deep over 40
 //! functions (each function calls up to three others, or itself: about 10^5 distinct stacks), with
-//! sends and receives between the processes. Each tool is run on it once; peak memory is the child's maximum resident set
-//! (`wait4`'s `ru_maxrss`).
+//! sends and receives between the processes. Each tool is run on it once; peak memory is the tool's
+//! maximum resident set (`wait4`'s `ru_maxrss`, taken by `xtask peak-rss`).
 
 use std::{
     fs::File,
@@ -158,27 +158,48 @@ fn generate(path: &Path) -> Result<()> {
 }
 
 /// Runs a command to completion; returns its wall time and peak resident memory in KiB.
-fn run_measured(cmd: &mut Command) -> Result<(Duration, u64)> {
+///
+/// The command runs under `xtask peak-rss`, a fresh process: a child forked straight from this one
+/// would report this process's own peak (the kernel carries the parent's high-water mark over the
+/// `exec`), and the overhead benchmark may have made that large.
+fn run_measured(cmd: &Command) -> Result<(Duration, u64)> {
     let start = Instant::now();
-    let child =
-        cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().with_context(|| format!("cannot run {cmd:?}"))?;
+    let output = Command::new(std::env::current_exe()?)
+        .arg("peak-rss")
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .stderr(Stdio::piped())
+        .output()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    let wall = start.elapsed();
+    if !output.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let kib = String::from_utf8_lossy(&output.stdout).trim().parse().context("peak-rss printed no number")?;
+    Ok((wall, kib))
+}
+
+/// `xtask peak-rss COMMAND...`: runs the command, prints its peak resident memory in KiB, and
+/// fails if it did.
+pub fn peak_rss(command: &[String]) -> Result<()> {
+    let child = Command::new(&command[0])
+        .args(&command[1..])
+        .stdout(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot run {}", command[0]))?;
     let pid = child.id() as libc::pid_t;
     let mut status = 0;
     // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: wait4 on our own child, with valid pointers.
     if unsafe { libc::wait4(pid, &mut status, 0, &mut usage) } != pid {
-        bail!("cannot wait for {cmd:?}: {}", std::io::Error::last_os_error());
+        bail!("cannot wait for {}: {}", command[0], std::io::Error::last_os_error());
     }
-    let wall = start.elapsed();
     if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        let mut stderr = String::new();
-        if let Some(mut pipe) = child.stderr {
-            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
-        }
-        bail!("{cmd:?} failed: {stderr}");
+        bail!("{} failed (wait status {status})", command[0]);
     }
-    Ok((wall, usage.ru_maxrss as u64))
+    println!("{}", usage.ru_maxrss);
+    Ok(())
 }
 
 pub fn run(tracer: &Path) -> Result<()> {
@@ -212,8 +233,8 @@ pub fn run(tracer: &Path) -> Result<()> {
     let mut report_json = Command::new(tracer);
     report_json.arg("report").arg("--by-process").arg("--json").arg(&trace);
     runs.push(("tracer report --by-process --json".to_string(), report_json));
-    for (what, mut cmd) in runs {
-        let (wall, rss_kib) = run_measured(&mut cmd)?;
+    for (what, cmd) in runs {
+        let (wall, rss_kib) = run_measured(&cmd)?;
         println!(
             "| `{what}` | {:.1} s | {:.2} M | {:.0} MiB |",
             wall.as_secs_f64(),

@@ -60,6 +60,13 @@ enum Task {
         /// Only this target (frame, trace_line, record).
         target: Option<String>,
     },
+    /// Run a command (its standard output discarded) and print its peak resident memory in KiB
+    /// (used by `bench`: a fresh process, so no memory of the caller's is counted).
+    #[command(hide = true)]
+    PeakRss {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -92,6 +99,7 @@ fn run(cli: Cli) -> Result<()> {
             demo::run(&tracer)
         }
         Task::Fuzz { seconds, target } => fuzz(seconds, target.as_deref()),
+        Task::PeakRss { command } => bench_export::peak_rss(&command),
     }
 }
 
