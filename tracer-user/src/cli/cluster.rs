@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration}
 use anyhow::{Context as _, bail};
 use clap::Args;
 
-use super::{describe_output, open_output, output_format, parse_bytes, parse_seconds, print_summary};
+use super::{TraceOptions, describe_output, open_output, output_format, parse_seconds, print_summary, stop_signal};
 use crate::{
     cluster::{
         agent::{self, AgentOptions},
@@ -14,8 +14,7 @@ use crate::{
         protocol::TraceRequest,
         tls,
     },
-    event::{EndReason, EventKind},
-    export::Format,
+    event::EndReason,
     record,
 };
 
@@ -62,30 +61,12 @@ pub struct CollectArgs {
     /// Launch and trace this command on that host, e.g. 'web:./server --port 80' (repeatable).
     #[arg(short, long = "command", value_name = "NAME:COMMAND")]
     pub commands: Vec<String>,
-    /// Functions to probe on every host (repeatable), as for `record`.
-    #[arg(short, long = "functions", value_name = "PATTERN")]
-    pub functions: Vec<String>,
-    /// Comma list of call,return,spawn,exit,ipc.
-    #[arg(short, long, value_name = "LIST", value_delimiter = ',', default_value = "call,return,spawn,exit,ipc", value_parser = EventKind::parse_list_item)]
-    pub events: Vec<Vec<EventKind>>,
-    /// Do not follow children.
-    #[arg(long)]
-    pub no_follow: bool,
+    /// Functions, events and limits, as for `record`, on every host.
+    #[command(flatten)]
+    pub trace: TraceOptions,
     /// Output file; the format comes from --format or the extension.
     #[arg(short, long, value_name = "PATH", default_value = "merged.jsonl")]
     pub output: PathBuf,
-    /// Output format (default: from the output's extension), as for `record`.
-    #[arg(long, value_enum, value_name = "FMT")]
-    pub format: Option<Format>,
-    /// Stop after this many seconds.
-    #[arg(short, long, value_name = "SECONDS", value_parser = parse_seconds)]
-    pub duration: Option<Duration>,
-    /// Kernel ring buffer on each host.
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "64M")]
-    pub buffer_size: u32,
-    /// Refuse to probe more functions than this on a host without -f.
-    #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
-    pub max_probes: usize,
     /// File holding the secret shared with the agents.
     #[arg(long, value_name = "PATH")]
     pub secret_file: Option<PathBuf>,
@@ -116,15 +97,11 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
-        let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let shutdown = async {
-            tokio::select! {
-                _ = interrupt.recv() => {}
-                _ = terminate.recv() => {}
-            }
-        };
-        agent::serve(options, shutdown).await?;
+        let shutdown = stop_signal()?;
+        agent::serve(options, async {
+            shutdown.await;
+        })
+        .await?;
         Ok(0)
     })
 }
@@ -140,17 +117,17 @@ fn per_host<'a>(what: &str, item: &'a str, agents: &[AgentSpec]) -> anyhow::Resu
 
 /// One request per agent, from the per-host targets and the shared options.
 fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
-    let events: Vec<String> = args.events.iter().flatten().map(|k| k.name().to_string()).collect();
+    let events: Vec<String> = args.trace.event_kinds().iter().map(|k| k.name().to_string()).collect();
     let mut requests: BTreeMap<String, TraceRequest> = args
         .agents
         .iter()
         .map(|a| {
             let request = TraceRequest {
-                functions: args.functions.clone(),
+                functions: args.trace.functions.clone(),
                 events: events.clone(),
-                follow_children: !args.no_follow,
-                buffer_size: args.buffer_size,
-                max_probes: args.max_probes as u32,
+                follow_children: !args.trace.no_follow,
+                buffer_size: args.trace.buffer_size,
+                max_probes: args.trace.max_probes as u32,
                 ..Default::default()
             };
             (a.name.clone(), request)
@@ -183,7 +160,7 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
 }
 
 pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
-    let format = output_format(&args.output, args.format)?;
+    let format = output_format(&args.output, args.trace.format)?;
     let requests = requests(&args)?;
     let secret = args.secret_file.as_deref().map(Secret::from_file).transpose()?;
     let tls = args.tls_ca.as_deref().map(tls::connector).transpose()?;
@@ -191,8 +168,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
     let out = open_output(&args.output)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let stop = stop_signal()?;
         let cluster = Cluster::connect(args.agents.clone(), options).await?;
         let trace = cluster.start(requests).await?;
         eprintln!(
@@ -202,14 +178,13 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
             describe_output(&args.output)
         );
         let deadline = async {
-            match args.duration {
+            match args.trace.duration {
                 Some(d) => tokio::time::sleep(d).await,
                 None => std::future::pending().await,
             }
         };
         let reason = tokio::select! {
-            _ = interrupt.recv() => EndReason::Interrupted,
-            _ = terminate.recv() => EndReason::Terminated,
+            reason = stop => reason,
             _ = deadline => EndReason::Duration,
             _ = trace.finished() => EndReason::TargetsExited,
         };

@@ -4,6 +4,7 @@
 mod cluster;
 
 use std::{
+    collections::BTreeSet,
     ffi::OsString,
     fs::File,
     io::{BufReader, Write},
@@ -56,6 +57,19 @@ pub struct RecordArgs {
     /// Trace every process that runs this executable, now or later (repeatable).
     #[arg(short, long = "binary", value_name = "PATH")]
     pub binaries: Vec<PathBuf>,
+    #[command(flatten)]
+    pub trace: TraceOptions,
+    /// Output file ('-' for standard output); the format comes from --format or the extension.
+    #[arg(short, long, value_name = "PATH", default_value = "trace.jsonl")]
+    pub output: PathBuf,
+    /// The command to launch and trace, after `--`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// What to record and how: the options `record` and `collect` share.
+#[derive(Debug, Args)]
+pub struct TraceOptions {
     /// Functions to probe (repeatable): a glob over demangled names, optionally prefixed by a
     /// module, e.g. 'fib', 'app::*', 'libc.so.6:malloc'. Default: every function of the main
     /// executable.
@@ -67,9 +81,6 @@ pub struct RecordArgs {
     /// Do not follow children (following forks and execs is the default).
     #[arg(long)]
     pub no_follow: bool,
-    /// Output file ('-' for standard output); the format comes from --format or the extension.
-    #[arg(short, long, value_name = "PATH", default_value = "trace.jsonl")]
-    pub output: PathBuf,
     /// Output format (default: from the output's extension: .jsonl, .json, .flame.json, .folded,
     /// .svg, .pftrace).
     #[arg(long, value_enum, value_name = "FMT")]
@@ -83,9 +94,13 @@ pub struct RecordArgs {
     /// Refuse to probe more functions than this without -f.
     #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
     pub max_probes: usize,
-    /// The command to launch and trace, after `--`.
-    #[arg(last = true, value_name = "COMMAND")]
-    pub command: Vec<OsString>,
+}
+
+impl TraceOptions {
+    /// The event kinds asked for (`ipc` stands for send, recv and signal).
+    pub fn event_kinds(&self) -> BTreeSet<EventKind> {
+        self.events.iter().flatten().copied().collect()
+    }
 }
 
 #[derive(Debug, Args)]
@@ -160,6 +175,20 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u32, String> {
     u32::try_from(n).map_err(|_| format!("'{s}' is more than 4 GiB"))
 }
 
+/// Resolves on SIGINT or SIGTERM, saying which. The handlers are installed at once (inside a
+/// runtime), so that a signal arriving before the future is awaited is not lost.
+pub(crate) fn stop_signal() -> anyhow::Result<impl Future<Output = EndReason>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => EndReason::Interrupted,
+            _ = terminate.recv() => EndReason::Terminated,
+        }
+    })
+}
+
 /// Runs a parsed command line; returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
@@ -204,23 +233,22 @@ pub(crate) fn describe_output(path: &Path) -> String {
 
 fn record(args: RecordArgs) -> anyhow::Result<i32> {
     record::check_root()?;
-    let format = output_format(&args.output, args.format)?;
+    let format = output_format(&args.output, args.trace.format)?;
     let options = RecordOptions {
         pids: args.pids,
         binaries: args.binaries,
         command: args.command,
-        functions: args.functions,
-        events: args.events.into_iter().flatten().collect(),
-        follow_children: !args.no_follow,
-        duration: args.duration,
-        buffer_size: args.buffer_size,
-        max_probes: args.max_probes,
+        events: args.trace.event_kinds(),
+        functions: args.trace.functions,
+        follow_children: !args.trace.no_follow,
+        duration: args.trace.duration,
+        buffer_size: args.trace.buffer_size,
+        max_probes: args.trace.max_probes,
         ..RecordOptions::default()
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let stop = stop_signal()?;
         let plan = record::plan(options)?;
         let out = open_output(&args.output)?;
         print_warnings(&plan.warnings);
@@ -233,12 +261,6 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
             format.describe(),
             describe_output(&args.output)
         );
-        let stop = async {
-            tokio::select! {
-                _ = interrupt.recv() => EndReason::Interrupted,
-                _ = terminate.recv() => EndReason::Terminated,
-            }
-        };
         let outcome = recording.run(&mut *sink, stop).await?;
         print_summary(&outcome.end, &args.output);
         if let Some(pid) = outcome.command_still_running {
@@ -400,12 +422,12 @@ mod tests {
         let Command::Record(r) = cli.command else { panic!("record") };
         assert_eq!(r.pids, [1, 2]);
         assert_eq!(r.binaries, [PathBuf::from("/bin/x")]);
-        assert_eq!(r.functions, ["fib", "libc.so.6:malloc"]);
-        assert_eq!(r.events, [vec![EventKind::Call], vec![EventKind::Exit]]);
-        assert!(r.no_follow);
-        assert_eq!(r.format, Some(Format::Chrome));
-        assert_eq!(r.duration, Some(Duration::from_millis(1500)));
-        assert_eq!(r.buffer_size, 64 << 20);
+        assert_eq!(r.trace.functions, ["fib", "libc.so.6:malloc"]);
+        assert_eq!(r.trace.event_kinds(), BTreeSet::from([EventKind::Call, EventKind::Exit]));
+        assert!(r.trace.no_follow);
+        assert_eq!(r.trace.format, Some(Format::Chrome));
+        assert_eq!(r.trace.duration, Some(Duration::from_millis(1500)));
+        assert_eq!(r.trace.buffer_size, 64 << 20);
         assert_eq!(r.command, [OsString::from("prog"), OsString::from("--flag")]);
     }
 
@@ -414,10 +436,10 @@ mod tests {
         let Command::Record(r) = Cli::try_parse_from(["tracer", "record", "--", "ls"]).unwrap().command else {
             panic!("record")
         };
-        assert_eq!(r.events.concat(), EventKind::ALL);
+        assert_eq!(r.trace.events.concat(), EventKind::ALL);
         assert_eq!(r.output, PathBuf::from("trace.jsonl"));
-        assert_eq!(r.buffer_size, 64 << 20);
-        assert!(!r.no_follow);
+        assert_eq!(r.trace.buffer_size, 64 << 20);
+        assert!(!r.trace.no_follow);
     }
 
     #[test]
