@@ -621,6 +621,20 @@ pub struct IpcStats {
 }
 
 impl TraceEnd {
+    /// An end with nothing lost and no statistics, for a trace whose recorder wrote none (it was
+    /// cut off, or failed).
+    pub fn new(ts: u64, reason: EndReason, events_written: u64) -> TraceEnd {
+        TraceEnd {
+            ts,
+            reason,
+            events_written,
+            lost_events: BTreeMap::new(),
+            calls_without_return_probe: 0,
+            command_exit_code: None,
+            ipc: IpcStats::default(),
+        }
+    }
+
     pub fn total_lost(&self) -> u64 {
         self.lost_events.values().sum()
     }
@@ -656,6 +670,35 @@ impl fmt::Display for EndReason {
             EndReason::Stopped => "stopped by the collector",
             EndReason::InputEnded => "the input ended",
         })
+    }
+}
+
+/// A trace's first and last lines for unit tests: host `h`, one target (`app`, pid 1, running
+/// `/bin/app`), every event kind.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    pub fn start(ts: u64) -> TraceStart {
+        TraceStart {
+            format_version: FORMAT_VERSION,
+            host: "h".into(),
+            tracer_version: "0".into(),
+            ts,
+            clock: ClockInfo { source: "test".into(), offset_ns: 0, uncertainty_ns: 0 },
+            targets: vec![TargetInfo::Process { pid: 1, comm: "app".into(), exe: "/bin/app".into() }],
+            probes: 2,
+            events: EventKind::ALL.to_vec(),
+            follow_children: true,
+            hosts: vec![],
+        }
+    }
+
+    /// Ends with three lost calls, so that exports show that they carry the losses.
+    pub fn end(ts: u64) -> TraceEnd {
+        let mut end = TraceEnd::new(ts, EndReason::TargetsExited, 0);
+        end.lost_events.insert("call".to_string(), 3);
+        end
     }
 }
 

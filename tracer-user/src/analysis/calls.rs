@@ -165,7 +165,7 @@ mod tests {
     use super::*;
     use crate::{
         analysis::call_tree::tests::{call, ret},
-        export::chrome::tests::{end, start},
+        event::fixtures::{end, start},
     };
 
     fn print(filter: CallFilter, events: &[Event]) -> String {

@@ -65,7 +65,7 @@ mod tests {
     #[test]
     fn names_follow_targets_forks_execs_and_exits() {
         let mut names = ProcessNames::default();
-        let mut start = crate::export::chrome::tests::start(0);
+        let mut start = crate::event::fixtures::start(0);
         start.targets =
             vec![TargetInfo::Command { pid: 1, argv: vec![], exe: "/usr/bin/a_very_long_program_name".into() }];
         names.begin(&start);

@@ -182,11 +182,11 @@ mod tests {
 
     fn flame(max_depth: usize, events: &[Event], end_ts: u64) -> Vec<FlameNode> {
         let mut c = StackCollector::new(CallTracker::new(max_depth));
-        c.begin(&crate::export::chrome::tests::start(0));
+        c.begin(&crate::event::fixtures::start(0));
         for e in events {
             c.event(e);
         }
-        c.finish(&crate::export::chrome::tests::end(end_ts))
+        c.finish(&crate::event::fixtures::end(end_ts))
     }
 
     fn node(name: &str, value: u64, children: Vec<FlameNode>) -> FlameNode {

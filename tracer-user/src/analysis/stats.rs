@@ -360,7 +360,7 @@ mod tests {
     use crate::{
         analysis::call_tree::tests::{call, ev, ret},
         event::Channel,
-        export::chrome::tests::{end, start},
+        event::fixtures::{end, start},
     };
 
     fn report(by_process: bool, events: &[Event], end_ts: u64) -> Report {

@@ -476,15 +476,7 @@ fn start_trace(agent: &Rc<Agent>, trace_id: u64, request: TraceRequest) -> Resul
             Err(e) => {
                 log(format_args!("trace {trace_id} failed: {e}"));
                 // The collector still gets an end, so that it stops waiting.
-                let end = TraceEnd {
-                    ts: agent.now_ns(),
-                    reason: EndReason::Terminated,
-                    events_written: 0,
-                    lost_events: Default::default(),
-                    calls_without_return_probe: 0,
-                    command_exit_code: None,
-                    ipc: Default::default(),
-                };
+                let end = TraceEnd::new(agent.now_ns(), EndReason::Terminated, 0);
                 let total = agent.slot.borrow().as_ref().map_or(0, |s| s.outbox.next_seq());
                 if let (Ok(json), Some(slot)) = (serde_json::to_string(&end), agent.slot.borrow_mut().as_mut()) {
                     slot.end = Some((json, total));

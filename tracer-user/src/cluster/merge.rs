@@ -163,21 +163,13 @@ pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReaso
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Channel, ClockInfo, EventKind, Syscall};
+    use crate::event::{Channel, Syscall};
 
     fn collector() -> TraceStart {
-        TraceStart {
-            format_version: 1,
-            host: "collector".into(),
-            tracer_version: "0".into(),
-            ts: 0,
-            clock: ClockInfo { source: "test".into(), offset_ns: 0, uncertainty_ns: 0 },
-            targets: vec![],
-            probes: 0,
-            events: EventKind::ALL.to_vec(),
-            follow_children: true,
-            hosts: vec![],
-        }
+        let mut start = crate::event::fixtures::start(0);
+        start.host = "collector".into();
+        start.targets.clear();
+        start
     }
 
     fn tcp(src: &str, dst: &str) -> Channel {

@@ -325,36 +325,9 @@ impl<W: Write> Sink for ChromeWriter<W> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::event::{ClockInfo, EndReason, EventKind};
-
-    pub fn start(ts: u64) -> TraceStart {
-        TraceStart {
-            format_version: 1,
-            host: "h".into(),
-            tracer_version: "0".into(),
-            ts,
-            clock: ClockInfo { source: "test".into(), offset_ns: 0, uncertainty_ns: 0 },
-            targets: vec![TargetInfo::Process { pid: 1, comm: "app".into(), exe: "/bin/app".into() }],
-            probes: 2,
-            events: EventKind::ALL.to_vec(),
-            follow_children: true,
-            hosts: vec![],
-        }
-    }
-
-    pub fn end(ts: u64) -> TraceEnd {
-        TraceEnd {
-            ts,
-            reason: EndReason::TargetsExited,
-            events_written: 0,
-            lost_events: [("call".to_string(), 3)].into(),
-            calls_without_return_probe: 0,
-            command_exit_code: None,
-            ipc: Default::default(),
-        }
-    }
+    use crate::event::fixtures::{end, start};
 
     fn ev(ts: u64, tid: u32, data: EventData) -> Event {
         Event { ts, host: "h".into(), pid: 1, tid, data }

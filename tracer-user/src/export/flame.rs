@@ -58,7 +58,7 @@ mod tests {
     use super::*;
     use crate::{
         analysis::call_tree::tests::{call, ret},
-        export::chrome::tests::{end, start},
+        event::fixtures::{end, start},
     };
 
     #[test]

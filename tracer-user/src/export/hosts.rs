@@ -103,21 +103,14 @@ impl<S: Sink> Sink for HostGrouping<S> {
 mod tests {
     use super::*;
     use crate::{
-        event::{ClockInfo, EndReason, EventKind, HostInfo, SpawnHow},
+        event::{EndReason, HostInfo, SpawnHow},
         sink::CallbackSink,
     };
 
     fn start(hosts: &[&str]) -> TraceStart {
         TraceStart {
-            format_version: 1,
             host: "collector".into(),
-            tracer_version: "0".into(),
-            ts: 0,
-            clock: ClockInfo { source: "test".into(), offset_ns: 0, uncertainty_ns: 0 },
             targets: vec![],
-            probes: 0,
-            events: EventKind::ALL.to_vec(),
-            follow_children: true,
             hosts: hosts
                 .iter()
                 .map(|h| HostInfo {
@@ -131,6 +124,7 @@ mod tests {
                     targets: vec![TargetInfo::Process { pid: 10, comm: "srv".into(), exe: "/srv".into() }],
                 })
                 .collect(),
+            ..crate::event::fixtures::start(0)
         }
     }
 

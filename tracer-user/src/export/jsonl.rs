@@ -140,37 +140,17 @@ pub fn replay<R: BufRead>(reader: TraceReader<R>, sink: &mut dyn Sink) -> Result
             }
         }
     }
-    let end = TraceEnd {
-        ts: last_ts,
-        reason: EndReason::InputEnded,
-        events_written: events,
-        lost_events: Default::default(),
-        calls_without_return_probe: 0,
-        command_exit_code: None,
-        ipc: Default::default(),
-    };
-    sink.end(&end)?;
+    sink.end(&TraceEnd::new(last_ts, EndReason::InputEnded, events))?;
     Ok(Replayed { events, end_missing: true })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{ClockInfo, EventData, EventKind};
+    use crate::event::EventData;
 
-    pub(crate) fn start() -> TraceStart {
-        TraceStart {
-            format_version: crate::event::FORMAT_VERSION,
-            host: "h".into(),
-            tracer_version: "0".into(),
-            ts: 1_000,
-            clock: ClockInfo { source: "test".into(), offset_ns: 0, uncertainty_ns: 0 },
-            targets: vec![],
-            probes: 1,
-            events: EventKind::ALL.to_vec(),
-            follow_children: true,
-            hosts: vec![],
-        }
+    fn start() -> TraceStart {
+        crate::event::fixtures::start(1_000)
     }
 
     fn call(ts: u64) -> Event {

@@ -377,8 +377,8 @@ mod tests {
     use super::*;
     use crate::{
         analysis::call_tree::tests::{call, ev, ret},
+        event::fixtures::{end, start},
         event::{Channel, SignalId, Syscall},
-        export::chrome::tests::{end, start},
     };
 
     fn export(events: &[Event], end_ts: u64) -> Vec<TracePacket> {
