@@ -89,12 +89,26 @@ fn sizes(events: &[&Value]) -> Vec<u64> {
     events.iter().map(|e| u64_field(e, "bytes")).collect()
 }
 
+/// Checks the clock correction of hosts that share one physical clock: no drift is invented and
+/// the message links agree with the round trips.
+fn check_clocks(t: &Trace) {
+    assert!(!t.start["clock"]["source"].as_str().unwrap().contains("contradict"), "{}", t.start["clock"]);
+    for h in t.start["hosts"].as_array().unwrap() {
+        assert_eq!(h["drift_ppm"], 0.0, "{h}");
+    }
+}
+
 /// Checks that each receive is linked to the send at the same index, and never precedes it.
-fn check_links(sends: &[&Value], recvs: &[&Value]) {
+fn check_links(t: &Trace, sends: &[&Value], recvs: &[&Value]) {
     assert_eq!(sends.len(), recvs.len());
     for (s, r) in sends.iter().zip(recvs) {
         assert_eq!(r["flow_ids"], Value::from(vec![s["flow_id"].clone()]), "send {s}\nrecv {r}");
-        assert!(u64_field(r, "ts") >= u64_field(s, "ts"), "a receive precedes its send:\n{s}\n{r}");
+        assert!(
+            u64_field(r, "ts") >= u64_field(s, "ts"),
+            "a receive precedes its send:\n{s}\n{r}\nclocks: {} {}",
+            t.start["clock"],
+            t.start["hosts"]
+        );
     }
 }
 
@@ -167,13 +181,14 @@ fn three_hosts_one_timeline_with_cross_host_links_and_skew_removed() {
             .collect();
         assert_eq!(sizes(&served), [100; 5]);
         assert_eq!(sizes(&replies), [200; 5]);
-        check_links(&requests, &served);
-        check_links(&replies, &answers);
+        check_links(&t, &requests, &served);
+        check_links(&t, &replies, &answers);
         assert!(requests.iter().all(|r| r["channel"]["dst"] == format!("{server}{port}")));
     }
     assert_eq!(t.end["ipc"]["linked_recvs"], 20);
 
-    // The skew was found and removed: within the round trips' bound, tighter with the links.
+    // The skew was found and removed: within the round trips' bound, and no looser with the links.
+    check_clocks(&t);
     let info = |name: &str| infos.iter().find(|h| h["name"] == name).unwrap();
     for (name, skew) in [("a", 0i64), ("b", 5_000_000), ("c", -3_000_000)] {
         let h = info(name);
@@ -296,8 +311,9 @@ fn a_dropped_link_is_resumed_without_loss_or_duplicates() {
     let answers = transfers(&t, "a", "recv");
     assert_eq!(sizes(&requests), [100; 5], "nothing lost, nothing twice");
     assert_eq!(sizes(&answers), [200; 5]);
-    check_links(&requests, &transfers(&t, "b", "recv"));
-    check_links(&transfers(&t, "b", "send"), &answers);
+    check_links(&t, &requests, &transfers(&t, "b", "recv"));
+    check_links(&t, &transfers(&t, "b", "send"), &answers);
+    check_clocks(&t);
     let a_info = t.start["hosts"].as_array().unwrap().iter().find(|h| h["name"] == "a").unwrap();
     assert_eq!(u64_field(a_info, "events") as usize, t.events.iter().filter(|e| e["host"] == "a").count());
 }

@@ -1,9 +1,9 @@
 //! How far each agent's clock is from the collector's, from round trips and from causality.
 //!
 //! A round trip bounds the offset exactly: the agent read its clock between the collector's send
-//! (`t0`) and receive (`t1`), so `agent - t1 <= offset <= agent - t0`. The tightest round trips
-//! give the tightest bounds; repeated over a long trace, the best sample of each window gives the
-//! drift. Then causality narrows it further: a message received on host B cannot have arrived
+//! (`t0`) and receive (`t1`), so `agent - t1 <= offset <= agent - t0`. Over a trace the offset is
+//! a line (a constant plus drift) through all those intervals: the short round trips pin it, the
+//! long ones (a link that stalled) hardly constrain it. Then causality narrows it further: a message received on host B cannot have arrived
 //! before it left host A, so every link bounds `offset(B) - offset(A)`; the bounds are propagated
 //! across hosts and each offset is fixed as close to its round-trip estimate as they allow.
 
@@ -57,43 +57,76 @@ impl ClockModel {
     }
 }
 
-/// Samples further apart than this are compared for drift.
-const DRIFT_WINDOW_NS: u64 = 1_000_000_000;
+/// Round trips are thinned to the best of each window of at least this long...
+const WINDOW_NS: u64 = 1_000_000_000;
+/// ...and at most this many windows over the trace, so that the pairwise drift bounds stay cheap
+/// on long traces.
+const MAX_WINDOWS: u64 = 1_000;
+/// No real clock drifts faster than this (crystals are specified to about 100 ppm, and NTP slews by
+/// at most 500 ppm): a drift beyond it means the round trips are not measuring a clock.
+const MAX_DRIFT: f64 = 500e-6;
 
 /// The offset model of an agent from its round trips (at least one).
+///
+/// Each round trip bounds the offset at its time exactly, so the model is a line through every
+/// sample's interval. No drift is assumed unless the intervals rule a constant offset out; then
+/// the drift is the middle of those that fit every interval. The offset is the middle of what the
+/// intervals leave at that drift, which is never looser than the best single round trip. If no
+/// plausible line fits, the best round trip alone is used.
 pub fn estimate(samples: &[ClockSample]) -> Option<ClockModel> {
-    let best = samples.iter().min_by_key(|s| s.round_trip())?;
-    // The best sample of each window; a line through them gives the drift.
-    let mut windows: Vec<ClockSample> = Vec::new();
-    let mut sorted = samples.to_vec();
-    sorted.sort_by_key(|s| s.t0);
-    for s in sorted {
-        match windows.last_mut() {
-            Some(w) if s.t0 < w.t0 / DRIFT_WINDOW_NS * DRIFT_WINDOW_NS + DRIFT_WINDOW_NS => {
-                if s.round_trip() < w.round_trip() {
-                    *w = s;
-                }
+    let best = *samples.iter().min_by_key(|s| s.round_trip())?;
+    let kept = thin(samples);
+    let x = |s: &ClockSample| s.agent_ns as f64 - best.agent_ns as f64;
+    // Pairwise: a line through both intervals has a slope in [b_min, b_max].
+    let (mut b_min, mut b_max) = (-MAX_DRIFT, MAX_DRIFT);
+    for (i, p) in kept.iter().enumerate() {
+        for q in &kept[i + 1..] {
+            let (p, q) = if x(p) <= x(q) { (p, q) } else { (q, p) };
+            let dx = x(q) - x(p);
+            if dx > 0.0 {
+                let ((p_lo, p_hi), (q_lo, q_hi)) = (p.bounds(), q.bounds());
+                b_min = b_min.max((q_lo - p_hi) as f64 / dx);
+                b_max = b_max.min((q_hi - p_lo) as f64 / dx);
             }
-            _ => windows.push(s),
         }
     }
-    let drift = if windows.len() >= 3 {
-        let n = windows.len() as f64;
-        let xs: Vec<f64> = windows.iter().map(|w| w.agent_ns as f64 - best.agent_ns as f64).collect();
-        let ys: Vec<f64> = windows.iter().map(|w| (w.midpoint_offset() - best.midpoint_offset()) as f64).collect();
-        let (mx, my) = (xs.iter().sum::<f64>() / n, ys.iter().sum::<f64>() / n);
-        let var: f64 = xs.iter().map(|x| (x - mx) * (x - mx)).sum();
-        let cov: f64 = xs.iter().zip(&ys).map(|(x, y)| (x - mx) * (y - my)).sum();
-        if var > 0.0 { cov / var } else { 0.0 }
-    } else {
-        0.0
-    };
-    Some(ClockModel {
+    let single = ClockModel {
         offset_ns: best.midpoint_offset(),
-        drift,
+        drift: 0.0,
         at_ns: best.agent_ns,
         uncertainty_ns: best.round_trip().div_ceil(2),
+    };
+    if b_min > b_max {
+        return Some(single);
+    }
+    let drift = if b_min <= 0.0 && 0.0 <= b_max { 0.0 } else { (b_min + b_max) / 2.0 };
+    // The offset at `best`'s time that every interval allows, at that drift.
+    let lo = kept.iter().map(|s| s.bounds().0 as f64 - drift * x(s)).fold(f64::NEG_INFINITY, f64::max);
+    let hi = kept.iter().map(|s| s.bounds().1 as f64 - drift * x(s)).fold(f64::INFINITY, f64::min);
+    if lo > hi {
+        return Some(single);
+    }
+    Some(ClockModel {
+        offset_ns: ((lo + hi) / 2.0).round() as i64,
+        drift,
+        at_ns: best.agent_ns,
+        uncertainty_ns: ((hi - lo) / 2.0).ceil() as u64,
     })
+}
+
+/// The best (shortest) round trip of each window, in time order.
+fn thin(samples: &[ClockSample]) -> Vec<ClockSample> {
+    let first = samples.iter().map(|s| s.t0).min().unwrap_or(0);
+    let span = samples.iter().map(|s| s.t0).max().unwrap_or(0) - first;
+    let window = WINDOW_NS.max(span / MAX_WINDOWS + 1);
+    let mut best: std::collections::BTreeMap<u64, ClockSample> = std::collections::BTreeMap::new();
+    for s in samples {
+        let w = best.entry((s.t0 - first) / window).or_insert(*s);
+        if s.round_trip() < w.round_trip() {
+            *w = *s;
+        }
+    }
+    best.into_values().collect()
 }
 
 /// A message from host `from` (sent at `sent`) received on host `to` (at `received`), both on
@@ -207,6 +240,32 @@ mod tests {
         assert!((m.drift - 50e-6).abs() < 1e-7, "{m:?}");
         let t = samples[9].agent_ns;
         assert!((m.offset_at(t) - (1_000_000 + 9 * 50_000)).abs() < 100, "{}", m.offset_at(t));
+    }
+
+    #[test]
+    fn no_drift_is_invented_from_noisy_round_trips() {
+        // One clock (offset 3 µs), probed once a second for 8 s with round trips of 8 µs, except
+        // while the link was down: those answers came back seconds late, read early or late.
+        let mut samples: Vec<ClockSample> = (0..8).map(|s| sample(s * 1_000_000_000, 8_000, 3_000)).collect();
+        samples[3] = ClockSample { t0: 3_000_000_000, t1: 5_500_000_000, agent_ns: 3_000_100_000 };
+        samples[4] = ClockSample { t0: 4_000_000_000, t1: 5_500_000_000, agent_ns: 5_499_900_000 };
+        let m = estimate(&samples).unwrap();
+        assert_eq!(m.drift, 0.0, "{m:?}");
+        assert!((m.offset_ns - 3_000).abs() <= 4_000 && m.uncertainty_ns <= 4_000, "{m:?}");
+        // The interval holds the truth at every sample.
+        for s in samples {
+            let (lo, hi) = s.bounds();
+            assert!(lo <= m.offset_at(s.agent_ns) + m.uncertainty_ns as i64, "{s:?} {m:?}");
+            assert!(m.offset_at(s.agent_ns) - m.uncertainty_ns as i64 <= hi, "{s:?} {m:?}");
+        }
+    }
+
+    #[test]
+    fn many_round_trips_are_thinned_to_one_per_window() {
+        // Two days of samples, one a second: at most MAX_WINDOWS (+1) are compared.
+        let samples: Vec<ClockSample> = (0..172_800).map(|s| sample(s * 1_000_000_000, 8_000 + s % 7, 0)).collect();
+        assert!(thin(&samples).len() <= MAX_WINDOWS as usize + 1);
+        assert_eq!(estimate(&samples).unwrap().drift, 0.0);
     }
 
     #[test]
