@@ -43,47 +43,51 @@ pub mod programs {
     pub const SYS_EXIT_TP: &str = "sys_exit";
 }
 
-/// The kind of a record, as written in [`RecordHeader::kind`]. The discriminant doubles as the slot
-/// of the per-CPU lost-event counters.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum RecordKind {
-    Call = 1,
-    Return = 2,
-    Fork = 3,
-    Exec = 4,
-    Exit = 5,
-    /// A transfer on a socket or pipe ([`IpcRecord`]).
-    Ipc = 6,
-    Signal = 7,
+/// Declares a `#[repr(u32)]` enum whose numbers cross the kernel/user boundary, with the checked
+/// conversion back from a number (`from_u32`, and `TryFrom<u32>` giving the unknown number as the
+/// error) generated from the same list, so that the two cannot disagree.
+macro_rules! numbered_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident { $($(#[$variant_meta:meta])* $variant:ident = $number:literal,)+ }
+    ) => {
+        $(#[$meta])*
+        #[repr(u32)]
+        pub enum $name { $($(#[$variant_meta])* $variant = $number,)+ }
+
+        impl $name {
+            /// The variant with this number, if any.
+            pub const fn from_u32(number: u32) -> Option<$name> {
+                match number {
+                    $($number => Some($name::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl TryFrom<u32> for $name {
+            type Error = u32;
+
+            fn try_from(number: u32) -> Result<Self, u32> {
+                Self::from_u32(number).ok_or(number)
+            }
+        }
+    };
 }
 
-impl RecordKind {
-    pub const ALL: [RecordKind; 7] = [
-        RecordKind::Call,
-        RecordKind::Return,
-        RecordKind::Fork,
-        RecordKind::Exec,
-        RecordKind::Exit,
-        RecordKind::Ipc,
-        RecordKind::Signal,
-    ];
-}
-
-impl TryFrom<u32> for RecordKind {
-    type Error = u32;
-
-    fn try_from(value: u32) -> Result<Self, u32> {
-        Ok(match value {
-            1 => RecordKind::Call,
-            2 => RecordKind::Return,
-            3 => RecordKind::Fork,
-            4 => RecordKind::Exec,
-            5 => RecordKind::Exit,
-            6 => RecordKind::Ipc,
-            7 => RecordKind::Signal,
-            other => return Err(other),
-        })
+numbered_enum! {
+    /// The kind of a record, as written in [`RecordHeader::kind`]. The discriminant doubles as the
+    /// slot of the per-CPU lost-event counters.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum RecordKind {
+        Call = 1,
+        Return = 2,
+        Fork = 3,
+        Exec = 4,
+        Exit = 5,
+        /// A transfer on a socket or pipe ([`IpcRecord`]).
+        Ipc = 6,
+        Signal = 7,
     }
 }
 
@@ -195,99 +199,50 @@ pub const HEAD_LEN: usize = 16;
 /// Bytes of a Unix socket path (`sun_path`).
 pub const UNIX_PATH_LEN: usize = 108;
 
-/// Which way an [`IpcRecord`] moved bytes.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Direction {
-    Send = 1,
-    Recv = 2,
-}
-
-impl TryFrom<u32> for Direction {
-    type Error = u32;
-
-    fn try_from(value: u32) -> Result<Self, u32> {
-        match value {
-            1 => Ok(Direction::Send),
-            2 => Ok(Direction::Recv),
-            other => Err(other),
-        }
+numbered_enum! {
+    /// Which way an [`IpcRecord`] moved bytes.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Direction {
+        Send = 1,
+        Recv = 2,
     }
 }
 
-/// What kind of kernel object an [`IpcRecord`] went through.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChannelKind {
-    Tcp = 1,
-    Udp = 2,
-    UnixStream = 3,
-    /// Unix datagram and seqpacket sockets.
-    UnixDgram = 4,
-    Pipe = 5,
-    Fifo = 6,
-}
-
-impl TryFrom<u32> for ChannelKind {
-    type Error = u32;
-
-    fn try_from(value: u32) -> Result<Self, u32> {
-        Ok(match value {
-            1 => ChannelKind::Tcp,
-            2 => ChannelKind::Udp,
-            3 => ChannelKind::UnixStream,
-            4 => ChannelKind::UnixDgram,
-            5 => ChannelKind::Pipe,
-            6 => ChannelKind::Fifo,
-            other => return Err(other),
-        })
+numbered_enum! {
+    /// What kind of kernel object an [`IpcRecord`] went through.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum ChannelKind {
+        Tcp = 1,
+        Udp = 2,
+        UnixStream = 3,
+        /// Unix datagram and seqpacket sockets.
+        UnixDgram = 4,
+        Pipe = 5,
+        Fifo = 6,
     }
 }
 
-/// The syscalls that move IPC data, by x86-64 number.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IpcSyscall {
-    Read = 0,
-    Write = 1,
-    Readv = 19,
-    Writev = 20,
-    Sendto = 44,
-    Recvfrom = 45,
-    Sendmsg = 46,
-    Recvmsg = 47,
-    Recvmmsg = 299,
-    Sendmmsg = 307,
+numbered_enum! {
+    /// The syscalls that move IPC data, by x86-64 number.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum IpcSyscall {
+        Read = 0,
+        Write = 1,
+        Readv = 19,
+        Writev = 20,
+        Sendto = 44,
+        Recvfrom = 45,
+        Sendmsg = 46,
+        Recvmsg = 47,
+        Recvmmsg = 299,
+        Sendmmsg = 307,
+    }
 }
 
 impl IpcSyscall {
-    pub const ALL: [IpcSyscall; 10] = [
-        IpcSyscall::Read,
-        IpcSyscall::Write,
-        IpcSyscall::Readv,
-        IpcSyscall::Writev,
-        IpcSyscall::Sendto,
-        IpcSyscall::Recvfrom,
-        IpcSyscall::Sendmsg,
-        IpcSyscall::Recvmsg,
-        IpcSyscall::Recvmmsg,
-        IpcSyscall::Sendmmsg,
-    ];
-
+    /// The IPC syscall with this number (as the syscall tracepoints give it), if it is one.
     pub const fn from_number(nr: u64) -> Option<IpcSyscall> {
-        Some(match nr {
-            0 => IpcSyscall::Read,
-            1 => IpcSyscall::Write,
-            19 => IpcSyscall::Readv,
-            20 => IpcSyscall::Writev,
-            44 => IpcSyscall::Sendto,
-            45 => IpcSyscall::Recvfrom,
-            46 => IpcSyscall::Sendmsg,
-            47 => IpcSyscall::Recvmsg,
-            299 => IpcSyscall::Recvmmsg,
-            307 => IpcSyscall::Sendmmsg,
-            _ => return None,
-        })
+        if nr > u32::MAX as u64 { None } else { IpcSyscall::from_u32(nr as u32) }
     }
 
     pub const fn direction(self) -> Direction {
@@ -460,14 +415,11 @@ pub struct KernelOffsets {
     pub pipe_buffer_size: u32,
     pub siginfo_code: u32,
     pub siginfo_pid: u32,
-    // Syscall arguments in the user registers (`struct pt_regs`).
+    // The syscall arguments the IPC programs use (the first, second and fifth), in the user
+    // registers (`struct pt_regs`).
     pub regs_di: u32,
     pub regs_si: u32,
-    pub regs_dx: u32,
-    pub regs_r10: u32,
     pub regs_r8: u32,
-    pub regs_r9: u32,
-    pub _pad: u32,
 }
 
 /// Read-only configuration of the eBPF programs, set by user space at load time.

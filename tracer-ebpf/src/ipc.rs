@@ -26,7 +26,8 @@ use tracer_common::{
 };
 
 use crate::maps::{
-    EVENTS, config, count_lost, count_lost_by, current_ids, enabled, header, is_traced, read_kernel, submit_flags,
+    EVENTS, config, count_lost, count_lost_by, current_ids, enabled, header_at, is_traced, now, read_kernel,
+    submit_flags,
 };
 
 const S_IFMT: u32 = 0o170000;
@@ -60,7 +61,12 @@ const MAX_QUEUED_SKBS: u32 = 64;
 pub struct InFlight {
     nr: u32,
     channel: u32,
-    args: [u64; 6],
+    /// The syscall's first argument: the file descriptor.
+    fd: u64,
+    /// Its second: the buffer, the `iovec` array, the `msghdr` or the `mmsghdr` array.
+    data: u64,
+    /// Its fifth: `sendto`'s and `recvfrom`'s `struct sockaddr`.
+    addr: u64,
     entry_ts: u64,
     /// The `struct sock` (sockets) or `struct pipe_inode_info` (pipes).
     object: u64,
@@ -86,11 +92,6 @@ pub static INFLIGHT: HashMap<u32, InFlight> = HashMap::with_max_entries(16384, 0
 
 #[map]
 pub static STREAMS: LruHashMap<u64, StreamPos> = LruHashMap::with_max_entries(65536, 0);
-
-fn now() -> u64 {
-    // SAFETY: a helper without preconditions.
-    unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_boot_ns() }
-}
 
 fn read_user<T>(addr: u64) -> Result<T, i64> {
     // SAFETY: `bpf_probe_read_user` checks the address; a bad pointer is an error, not a fault.
@@ -157,13 +158,14 @@ fn unix_queued(sk: *const u8, o: &KernelOffsets) -> Option<u64> {
     None
 }
 
-/// Starts counting a stream's bytes, if not counting yet.
+/// Starts counting a stream's bytes, if not counting yet: `queued` (what the stream holds now)
+/// runs only then, since it walks the kernel's queue.
 #[inline(always)]
-fn init_stream(key: u64, queued: Option<u64>) {
+fn init_stream(key: u64, queued: impl FnOnce() -> Option<u64>) {
     if STREAMS.get_ptr(key).is_some() {
         return;
     }
-    let pos = match queued {
+    let pos = match queued() {
         Some(q) => StreamPos { written: q, read: 0, valid: 1 },
         None => StreamPos { written: 0, read: 0, valid: 0 },
     };
@@ -214,17 +216,12 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Result<i32, i64> {
     }
     let cfg = config();
     let o = &cfg.offsets;
-    // The syscall's arguments, from the user registers (x86-64: di, si, dx, r10, r8, r9).
+    // The arguments used, from the user registers (x86-64: di, si, dx, r10, r8, r9).
     let regs: *const u8 = ctx.arg(0);
-    let args = [
-        read_kernel::<u64>(regs, o.regs_di)?,
-        read_kernel::<u64>(regs, o.regs_si)?,
-        read_kernel::<u64>(regs, o.regs_dx)?,
-        read_kernel::<u64>(regs, o.regs_r10)?,
-        read_kernel::<u64>(regs, o.regs_r8)?,
-        read_kernel::<u64>(regs, o.regs_r9)?,
-    ];
-    let file = fd_file(args[0] as i32, o)?;
+    let fd: u64 = read_kernel(regs, o.regs_di)?;
+    let data: u64 = read_kernel(regs, o.regs_si)?;
+    let addr: u64 = read_kernel(regs, o.regs_r8)?;
+    let file = fd_file(fd as i32, o)?;
     let inode: *const u8 = read_kernel(file, o.file_inode)?;
     let mode: u16 = read_kernel(inode, o.inode_mode)?;
     let ino: u64 = read_kernel(inode, o.inode_ino)?;
@@ -234,7 +231,7 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Result<i32, i64> {
             let pipe: *const u8 = read_kernel(file, o.file_private_data)?;
             let sb: *const u8 = read_kernel(inode, o.inode_sb)?;
             let magic: u64 = read_kernel(sb, o.sb_magic)?;
-            init_stream(pipe as u64, pipe_queued(pipe, o));
+            init_stream(pipe as u64, || pipe_queued(pipe, o));
             let kind = if magic == PIPEFS_MAGIC { ChannelKind::Pipe } else { ChannelKind::Fifo };
             (kind, pipe as u64, pipe as u64)
         }
@@ -253,7 +250,7 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Result<i32, i64> {
                     // Positions count the bytes of one direction, kept by its receiving socket.
                     let receiver: *const u8 = if send { read_kernel(sk, o.unix_peer)? } else { sk };
                     if !receiver.is_null() {
-                        init_stream(receiver as u64, unix_queued(receiver, o));
+                        init_stream(receiver as u64, || unix_queued(receiver, o));
                     }
                     (ChannelKind::UnixStream, sk as u64, receiver as u64)
                 }
@@ -264,7 +261,8 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Result<i32, i64> {
         // Regular files, terminals, eventfds...: not IPC.
         _ => return Ok(0),
     };
-    let state = InFlight { nr: nr as u32, channel: channel as u32, args, entry_ts: now(), object, stream, ino };
+    let state =
+        InFlight { nr: nr as u32, channel: channel as u32, fd, data, addr, entry_ts: now(), object, stream, ino };
     if INFLIGHT.insert(tid, state, 0).is_err() {
         count_lost(lost_slot::IPC_INFLIGHT);
     }
@@ -287,7 +285,7 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
     if ret <= 0 {
         return Ok(0);
     }
-    let Some(syscall) = IpcSyscall::from_number(state.nr as u64) else { return Ok(0) };
+    let Some(syscall) = IpcSyscall::from_u32(state.nr) else { return Ok(0) };
     let exit_ts = now();
     match syscall {
         IpcSyscall::Sendmmsg | IpcSyscall::Recvmmsg => {
@@ -312,7 +310,7 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
             exit_ts,
             bytes: ret as u64,
             index: 0,
-            msghdr: state.args[1],
+            msghdr: state.data,
         }),
         _ => emit(&Transfer { state: &state, syscall, tgid, tid, exit_ts, bytes: ret as u64, index: 0, msghdr: 0 }),
     }
@@ -323,7 +321,7 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
 extern "C" fn emit_message(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` is the `Transfer` that `try_sys_exit` passed to `bpf_loop`.
     let t = unsafe { &mut *ctx.cast::<Transfer>() };
-    let hdr = t.state.args[1] + index * MMSGHDR_SIZE;
+    let hdr = t.state.data + index * MMSGHDR_SIZE;
     let Ok(len) = read_user::<u32>(hdr + MMSGHDR_LEN) else { return 1 };
     t.bytes = len as u64;
     t.index = index as u32;
@@ -363,8 +361,8 @@ fn socket_ino(sk: *const u8, o: &KernelOffsets) -> u64 {
 #[inline(always)]
 fn payload(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> u64 {
     match syscall {
-        IpcSyscall::Read | IpcSyscall::Write | IpcSyscall::Sendto | IpcSyscall::Recvfrom => state.args[1],
-        IpcSyscall::Readv | IpcSyscall::Writev => read_user(state.args[1]).unwrap_or(0),
+        IpcSyscall::Read | IpcSyscall::Write | IpcSyscall::Sendto | IpcSyscall::Recvfrom => state.data,
+        IpcSyscall::Readv | IpcSyscall::Writev => read_user(state.data).unwrap_or(0),
         _ => {
             let iov: u64 = read_user(msghdr + MSGHDR_IOV).unwrap_or(0);
             if iov == 0 { 0 } else { read_user(iov).unwrap_or(0) }
@@ -376,7 +374,7 @@ fn payload(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> u64 {
 #[inline(always)]
 fn message_address(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> u64 {
     match syscall {
-        IpcSyscall::Sendto | IpcSyscall::Recvfrom => state.args[4],
+        IpcSyscall::Sendto | IpcSyscall::Recvfrom => state.addr,
         IpcSyscall::Sendmsg | IpcSyscall::Recvmsg | IpcSyscall::Sendmmsg | IpcSyscall::Recvmmsg => {
             read_user(msghdr + MSGHDR_NAME).unwrap_or(0)
         }
@@ -425,15 +423,13 @@ fn emit(t: &Transfer) {
         ptr.write_bytes(0, 1);
         &mut *ptr
     };
-    let mut h = header(RecordKind::Ipc, tgid, tid);
     // A send is stamped at its entry, a receive at its exit: bytes cannot arrive before they
     // leave, so a linked receive never precedes its send.
-    h.ts_boot_ns = if send { state.entry_ts } else { exit_ts };
-    r.header = h;
+    r.header = header_at(RecordKind::Ipc, tgid, tid, if send { state.entry_ts } else { exit_ts });
     r.direction = if send { Direction::Send as u32 } else { Direction::Recv as u32 };
     r.channel = state.channel;
     r.syscall = state.nr;
-    r.fd = state.args[0] as i32;
+    r.fd = state.fd as i32;
     r.bytes = bytes;
     r.syscall_ns = exit_ts.saturating_sub(state.entry_ts);
     r.msg_index = index;

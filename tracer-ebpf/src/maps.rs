@@ -30,26 +30,25 @@ pub static TARGET_INODES: HashMap<InodeKey, u32> = HashMap::with_max_entries(64,
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost_slot::COUNT, 0);
 
+/// The configuration, read in place (it is a few hundred bytes: too much to copy onto the BPF
+/// stack in every program).
 #[inline(always)]
-pub fn config() -> Config {
-    // SAFETY: a plain read of a global that user space fixed before load; `read_volatile` keeps the
-    // compiler from folding the all-zero initialiser into the code.
-    unsafe { core::ptr::read_volatile(&raw const CONFIG) }
+pub fn config() -> &'static Config {
+    // SAFETY: a global that user space fixed before load. The address goes through
+    // `read_volatile`, so the compiler cannot tell which object it points to and fold the all-zero
+    // initialiser into the field reads.
+    unsafe { &*core::ptr::read_volatile(&(&raw const CONFIG)) }
 }
 
 #[inline(always)]
 pub fn enabled(kind: RecordKind) -> bool {
-    // SAFETY: see `config`.
-    let kinds = unsafe { core::ptr::read_volatile(&raw const CONFIG.enabled_kinds) };
-    kinds & kind_bit(kind) != 0
+    config().enabled_kinds & kind_bit(kind) != 0
 }
 
 /// Flags for `submit`: wake the reader only once enough is waiting (see `Config::wakeup_bytes`).
 #[inline(always)]
 pub fn submit_flags() -> u64 {
-    // SAFETY: see `config`.
-    let threshold = unsafe { core::ptr::read_volatile(&raw const CONFIG.wakeup_bytes) };
-    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= threshold {
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= config().wakeup_bytes {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
@@ -81,16 +80,23 @@ pub fn current_ids() -> (u32, u32) {
     ((pid_tgid >> 32) as u32, pid_tgid as u32)
 }
 
+/// The clock every record is stamped with (`CLOCK_BOOTTIME`).
+#[inline(always)]
+pub fn now() -> u64 {
+    // SAFETY: a helper without preconditions.
+    unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_boot_ns() }
+}
+
+/// A record header stamped now.
 #[inline(always)]
 pub fn header(kind: RecordKind, tgid: u32, tid: u32) -> tracer_common::RecordHeader {
-    tracer_common::RecordHeader {
-        kind: kind as u32,
-        _pad: 0,
-        // SAFETY: a helper without preconditions.
-        ts_boot_ns: unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_boot_ns() },
-        pid: tgid,
-        tid,
-    }
+    header_at(kind, tgid, tid, now())
+}
+
+/// A record header stamped `ts_boot_ns`.
+#[inline(always)]
+pub fn header_at(kind: RecordKind, tgid: u32, tid: u32, ts_boot_ns: u64) -> tracer_common::RecordHeader {
+    tracer_common::RecordHeader { kind: kind as u32, _pad: 0, ts_boot_ns, pid: tgid, tid }
 }
 
 /// Reads a `T` at `base + offset` in kernel memory.

@@ -33,7 +33,7 @@ fn try_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
         return Ok(0);
     }
     let (tgid, tid) = current_ids();
-    let o = config().offsets;
+    let o = &config().offsets;
     let task: *const u8 = ctx.arg(2);
     let target_pid: i32 = read_kernel(task, o.task_tgid)?;
     let target_tid: i32 = read_kernel(task, o.task_pid)?;
@@ -67,7 +67,7 @@ fn try_deliver(ctx: &RawTracePointContext) -> Result<i32, i64> {
     if !is_traced(tgid) || !enabled(RecordKind::Signal) {
         return Ok(0);
     }
-    let o = config().offsets;
+    let o = &config().offsets;
     let (code, si_pid) = match siginfo(ctx.arg(1)) {
         Some(info) => (
             read_kernel::<i32>(info, o.siginfo_code).unwrap_or(0),

@@ -115,7 +115,7 @@ impl ChannelResolver {
     pub fn ipc_event(&mut self, pid: u32, r: &IpcRecord) -> Option<EventData> {
         let direction = Direction::try_from(r.direction).ok()?;
         let kind = ChannelKind::try_from(r.channel).ok()?;
-        let syscall: Syscall = IpcSyscall::from_number(r.syscall as u64)?.into();
+        let syscall: Syscall = IpcSyscall::from_u32(r.syscall)?.into();
         let send = direction == Direction::Send;
         let mut digest_of = None;
         let channel = match kind {

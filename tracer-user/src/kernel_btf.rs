@@ -177,11 +177,7 @@ impl KernelBtf {
             siginfo_pid: self.offset("kernel_siginfo", "_sifields._kill._pid")?,
             regs_di: self.offset("pt_regs", "di")?,
             regs_si: self.offset("pt_regs", "si")?,
-            regs_dx: self.offset("pt_regs", "dx")?,
-            regs_r10: self.offset("pt_regs", "r10")?,
             regs_r8: self.offset("pt_regs", "r8")?,
-            regs_r9: self.offset("pt_regs", "r9")?,
-            _pad: 0,
         })
     }
 }

@@ -362,8 +362,7 @@ async fn send_pending<W: tokio::io::AsyncWrite + Unpin>(
             }
             let n = pending.events.len() as u64;
             if n > 0 {
-                let events: Vec<Event> = pending.events.into_iter().cloned().collect();
-                frames.push(Message::Events(encoder.batch(pending.first_seq, &events)));
+                frames.push(Message::Events(encoder.batch(pending.first_seq, pending.events)));
             }
             from = pending.first_seq + n;
             let all_sent = from == slot.outbox.next_seq();
@@ -476,12 +475,7 @@ fn start_trace(agent: &Rc<Agent>, trace_id: u64, request: TraceRequest) -> Resul
             Err(e) => {
                 log(format_args!("trace {trace_id} failed: {e}"));
                 // The collector still gets an end, so that it stops waiting.
-                let end = TraceEnd::new(agent.now_ns(), EndReason::Terminated, 0);
-                let total = agent.slot.borrow().as_ref().map_or(0, |s| s.outbox.next_seq());
-                if let (Ok(json), Some(slot)) = (serde_json::to_string(&end), agent.slot.borrow_mut().as_mut()) {
-                    slot.end = Some((json, total));
-                }
-                agent.bump();
+                let _ = sink.end(&TraceEnd::new(agent.clock.now_unix_ns(), EndReason::Terminated, 0));
             }
         }
     });

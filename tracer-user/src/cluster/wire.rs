@@ -145,10 +145,10 @@ impl Encoder {
 
     /// Encodes events as a batch starting at `first_seq`. Flow ids are not sent: the collector
     /// links flows across hosts itself.
-    pub fn batch(&mut self, first_seq: u64, events: &[Event]) -> EventBatch {
+    pub fn batch<'a>(&mut self, first_seq: u64, events: impl IntoIterator<Item = &'a Event>) -> EventBatch {
         let mut strings = Vec::new();
         let events = events
-            .iter()
+            .into_iter()
             .map(|e| WireEvent {
                 ts: e.ts,
                 pid: e.pid,
