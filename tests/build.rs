@@ -49,6 +49,41 @@ fn main() {
     let shapes = out.join("shapes");
     run(Command::new(&cxx).args(["-O0", "-o"]).arg(&shapes).arg(src.join("cpp/shapes.cpp")));
 
+    // USDT probes made with <sys/sdt.h>: at -O0 their arguments are in memory (-N(%rbp)), at -O2
+    // in registers and as sym(%rip).
+    let sdt = |name: &str, opt: &str| {
+        let path = out.join(name);
+        run(Command::new(&cc)
+            .args([opt, "-Wall", "-o"])
+            .arg(&path)
+            .arg(src.join("c/sdt_probes.c"))
+            .arg(src.join("c/sdt_gated.c")));
+        path
+    };
+    let sdt_o0 = sdt("sdt_probes_o0", "-O0");
+    let sdt_o2 = sdt("sdt_probes_o2", "-O2");
+
+    // Program events through the C header, as C and as C++.
+    let include = Path::new("../tracer-events/include");
+    println!("cargo::rerun-if-changed=../tracer-events/include");
+    let events_c = out.join("events_c");
+    run(Command::new(&cc)
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(include)
+        .arg("-o")
+        .arg(&events_c)
+        .arg(src.join("c/events.c")));
+    let events_cxx = out.join("events_cxx");
+    run(Command::new(&cxx)
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-x", "c++", "-I"])
+        .arg(include)
+        .arg("-o")
+        .arg(&events_cxx)
+        .arg(src.join("c/events.c")));
+
+    let throws = out.join("throws");
+    run(Command::new(&cxx).args(["-O2", "-o"]).arg(&throws).arg(src.join("cpp/throws.cpp")));
+
     for (name, path) in [
         ("CALLS", &calls),
         ("CALLS_STRIPPED", &stripped),
@@ -57,6 +92,11 @@ fn main() {
         ("CLIENT_SERVER_DEMO", &demo),
         ("IPC", &ipc),
         ("TIMING", &timing),
+        ("SDT_PROBES_O0", &sdt_o0),
+        ("SDT_PROBES_O2", &sdt_o2),
+        ("EVENTS_C", &events_c),
+        ("EVENTS_CXX", &events_cxx),
+        ("THROWS", &throws),
     ] {
         println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
     }

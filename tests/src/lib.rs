@@ -40,6 +40,11 @@ pub fn fixture(name: &str) -> PathBuf {
         "client_server_demo" => env!("FIXTURE_CLIENT_SERVER_DEMO"),
         "ipc" => env!("FIXTURE_IPC"),
         "timing" => env!("FIXTURE_TIMING"),
+        "sdt_probes_o0" => env!("FIXTURE_SDT_PROBES_O0"),
+        "sdt_probes_o2" => env!("FIXTURE_SDT_PROBES_O2"),
+        "events_c" => env!("FIXTURE_EVENTS_C"),
+        "events_cxx" => env!("FIXTURE_EVENTS_CXX"),
+        "throws" => env!("FIXTURE_THROWS"),
         other => panic!("no fixture named {other}"),
     })
 }

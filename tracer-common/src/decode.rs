@@ -4,11 +4,12 @@ use core::{fmt, mem::size_of};
 
 use crate::{
     CallRecord, ExecRecord, ExitRecord, ForkRecord, IpcRecord, RecordHeader, RecordKind, ReturnRecord, SignalRecord,
+    USDT_MAX_ARGS, USER_EVENT_PAYLOAD_MAX, UsdtRecord, UserEventRecord,
 };
 
-/// One record, copied out of the ring buffer.
+/// One record, copied out of the ring buffer (a program event's payload stays where it was read).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Record {
+pub enum Record<'a> {
     Call(CallRecord),
     Return(ReturnRecord),
     Fork(ForkRecord),
@@ -16,9 +17,12 @@ pub enum Record {
     Exit(ExitRecord),
     Ipc(IpcRecord),
     Signal(SignalRecord),
+    /// The record and the payload bytes that followed it (`copied_len` of them).
+    UserEvent(UserEventRecord, &'a [u8]),
+    Usdt(UsdtRecord),
 }
 
-impl Record {
+impl Record<'_> {
     pub fn header(&self) -> &RecordHeader {
         match self {
             Record::Call(r) => &r.header,
@@ -28,6 +32,8 @@ impl Record {
             Record::Exit(r) => &r.header,
             Record::Ipc(r) => &r.header,
             Record::Signal(r) => &r.header,
+            Record::UserEvent(r, _) => &r.header,
+            Record::Usdt(r) => &r.header,
         }
     }
 }
@@ -41,6 +47,10 @@ pub enum DecodeError {
     UnknownKind { kind: u32 },
     /// Fewer bytes than the record its kind names.
     Truncated { kind: RecordKind, len: usize, expected: usize },
+    /// A program event says more payload bytes follow than the kernel copies or than are there.
+    BadPayloadLength { copied_len: u32, available: usize },
+    /// A USDT record claims more arguments than a probe can have.
+    BadArgCount { arg_count: u32 },
 }
 
 impl fmt::Display for DecodeError {
@@ -52,6 +62,13 @@ impl fmt::Display for DecodeError {
             DecodeError::UnknownKind { kind } => write!(f, "record has unknown kind {kind}"),
             DecodeError::Truncated { kind, len, expected } => {
                 write!(f, "{kind:?} record of {len} bytes is truncated (expected {expected})")
+            }
+            DecodeError::BadPayloadLength { copied_len, available } => write!(
+                f,
+                "program event claims {copied_len} payload bytes, {available} follow (at most {USER_EVENT_PAYLOAD_MAX})"
+            ),
+            DecodeError::BadArgCount { arg_count } => {
+                write!(f, "USDT record claims {arg_count} arguments (at most {USDT_MAX_ARGS})")
             }
         }
     }
@@ -71,8 +88,9 @@ fn read<T: Copy>(kind: RecordKind, bytes: &[u8]) -> Result<T, DecodeError> {
 }
 
 /// Decodes one ring-buffer record. Longer records than expected are accepted (a newer kernel
-/// side may append fields); shorter ones and unknown kinds are errors.
-pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
+/// side may append fields; a program event's payload is exactly the `copied_len` bytes after its
+/// record); shorter ones and unknown kinds are errors.
+pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
     if bytes.len() < size_of::<RecordHeader>() {
         return Err(DecodeError::TooShort { len: bytes.len() });
     }
@@ -86,6 +104,22 @@ pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
         RecordKind::Exit => Record::Exit(read(kind, bytes)?),
         RecordKind::Ipc => Record::Ipc(read(kind, bytes)?),
         RecordKind::Signal => Record::Signal(read(kind, bytes)?),
+        RecordKind::UserEvent => {
+            let record: UserEventRecord = read(kind, bytes)?;
+            let rest = &bytes[size_of::<UserEventRecord>()..];
+            let copied = record.copied_len as usize;
+            if copied > USER_EVENT_PAYLOAD_MAX || copied > rest.len() {
+                return Err(DecodeError::BadPayloadLength { copied_len: record.copied_len, available: rest.len() });
+            }
+            Record::UserEvent(record, &rest[..copied])
+        }
+        RecordKind::Usdt => {
+            let record: UsdtRecord = read(kind, bytes)?;
+            if record.arg_count as usize > USDT_MAX_ARGS {
+                return Err(DecodeError::BadArgCount { arg_count: record.arg_count });
+            }
+            Record::Usdt(record)
+        }
     })
 }
 
@@ -146,6 +180,42 @@ mod tests {
         ipc.header = header(RecordKind::Ipc);
         ipc.bytes = 100;
         assert_eq!(decode(&bytes_of(&ipc)), Ok(Record::Ipc(ipc)));
+    }
+
+    #[test]
+    fn program_events_carry_their_payload() {
+        let record = UserEventRecord {
+            header: header(RecordKind::UserEvent),
+            cookie: 3,
+            payload_len: 5,
+            copied_len: 5,
+            flags: 0,
+        };
+        let mut bytes = bytes_of(&record);
+        bytes.extend_from_slice(b"hello");
+        assert_eq!(decode(&bytes), Ok(Record::UserEvent(record, b"hello")));
+        // The payload is what `copied_len` says, not whatever padding follows it.
+        bytes.extend_from_slice(&[0; 3]);
+        assert_eq!(decode(&bytes), Ok(Record::UserEvent(record, b"hello")));
+        // Fewer bytes than claimed, or more than the kernel ever copies.
+        assert_eq!(
+            decode(&bytes[..bytes.len() - 4]),
+            Err(DecodeError::BadPayloadLength { copied_len: 5, available: 4 })
+        );
+        let huge = UserEventRecord { copied_len: USER_EVENT_PAYLOAD_MAX as u32 + 1, ..record };
+        let mut bytes = bytes_of(&huge);
+        bytes.resize(bytes.len() + USER_EVENT_PAYLOAD_MAX + 1, 0);
+        assert!(matches!(decode(&bytes), Err(DecodeError::BadPayloadLength { .. })));
+    }
+
+    #[test]
+    fn usdt_records_have_at_most_twelve_arguments() {
+        let mut record =
+            UsdtRecord { header: header(RecordKind::Usdt), cookie: 1, arg_count: 2, failed_args: 0, args: [0; 12] };
+        record.args[..2].copy_from_slice(&[7, u64::MAX]);
+        assert_eq!(decode(&bytes_of(&record)), Ok(Record::Usdt(record)));
+        record.arg_count = 13;
+        assert_eq!(decode(&bytes_of(&record)), Err(DecodeError::BadArgCount { arg_count: 13 }));
     }
 
     #[test]

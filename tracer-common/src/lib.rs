@@ -19,6 +19,8 @@ pub mod names {
     pub const CONFIG: &str = "CONFIG";
     pub const INFLIGHT: &str = "INFLIGHT";
     pub const STREAMS: &str = "STREAMS";
+    pub const USDT_SPECS: &str = "USDT_SPECS";
+    pub const USER_EVENT_SCRATCH: &str = "USER_EVENT_SCRATCH";
 }
 
 /// Names of the programs in the eBPF object.
@@ -32,6 +34,11 @@ pub mod programs {
     pub const IPC_SYS_EXIT: &str = "ipc_sys_exit";
     pub const SIGNAL_GENERATE: &str = "signal_generate";
     pub const SIGNAL_DELIVER: &str = "signal_deliver";
+    /// A program's own events: the `tracer_events:event` USDT probe of the `tracer-events` crate
+    /// and its C header.
+    pub const USDT_EVENT: &str = "usdt_event";
+    /// Any other USDT probe: its arguments, evaluated from the probe's argument spec.
+    pub const USDT_PROBE: &str = "usdt_probe";
 
     /// Kernel raw tracepoints (`TP_PROTO` arguments, no tracefs needed) that the sched programs attach to.
     pub const SCHED_FORK_TP: &str = "sched_process_fork";
@@ -88,11 +95,16 @@ numbered_enum! {
         /// A transfer on a socket or pipe ([`IpcRecord`]).
         Ipc = 6,
         Signal = 7,
+        /// The payload of a program's own event ([`UserEventRecord`]). 8 and 9 are taken by Go.
+        UserEvent = 10,
+        /// The arguments of a USDT probe ([`UsdtRecord`]).
+        Usdt = 11,
     }
 }
 
-/// Slots of the `LOST` per-CPU array. Slots 1..=13 count ring-buffer reserve failures per
-/// [`RecordKind`]; the others count things the kernel side had to give up on.
+/// Slots of the `LOST` per-CPU array. The slots numbered like a [`RecordKind`] (1..=11) count
+/// ring-buffer reserve failures of that kind; the others count things the kernel side had to give
+/// up on.
 pub mod lost_slot {
     /// A traced process forked, but the traced-pid map was full: the child is not traced.
     pub const UNTRACKED_CHILD: u32 = 12;
@@ -352,6 +364,104 @@ pub struct SignalRecord {
     pub result: u32,
 }
 
+/// Most payload bytes of one program event copied from the program's memory; the rest of a longer
+/// payload is cut, and the record says so ([`user_event_flags::TRUNCATED`]).
+pub const USER_EVENT_PAYLOAD_MAX: usize = 4096;
+
+/// Bits of [`UserEventRecord::flags`].
+pub mod user_event_flags {
+    /// The program passed more than [`super::USER_EVENT_PAYLOAD_MAX`] bytes: only that many follow.
+    pub const TRUNCATED: u32 = 1;
+    /// The payload's address or length could not be read, or its memory could not be (no bytes
+    /// follow).
+    pub const READ_FAILED: u32 = 2;
+}
+
+/// A program's own event (a `tracer_events:event` USDT probe fired with a pointer to an encoded
+/// payload and its length). In the ring buffer the record is followed by `copied_len` payload
+/// bytes, so its length is `size_of::<UserEventRecord>() + copied_len`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UserEventRecord {
+    pub header: RecordHeader,
+    /// The attach cookie: an index into user space's table of probes.
+    pub cookie: u64,
+    /// The length the program passed.
+    pub payload_len: u64,
+    /// Payload bytes that follow (at most [`USER_EVENT_PAYLOAD_MAX`]).
+    pub copied_len: u32,
+    /// [`user_event_flags`].
+    pub flags: u32,
+}
+
+/// Most arguments a USDT probe has (`<sys/sdt.h>` allows 12).
+pub const USDT_MAX_ARGS: usize = 12;
+
+/// The arguments of one USDT probe hit, each evaluated from its spec ([`UsdtArgSpec`]): the low
+/// `size` bytes, sign-extended to 64 bits when the spec says signed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UsdtRecord {
+    pub header: RecordHeader,
+    /// The attach cookie: an index into user space's table of probes (and of `USDT_SPECS`).
+    pub cookie: u64,
+    /// How many of `args` the probe has.
+    pub arg_count: u32,
+    /// Bit `i` set: argument `i` could not be evaluated (its memory could not be read, or its spec
+    /// is one the tracer does not support); its value is 0.
+    pub failed_args: u32,
+    pub args: [u64; USDT_MAX_ARGS],
+}
+
+numbered_enum! {
+    /// Where a USDT argument lives, as [`UsdtArgSpec::kind`] says.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum UsdtArgKind {
+        /// Not evaluated (a spec the tracer does not support): reported as failed.
+        Unsupported = 0,
+        /// The constant `value` (`$5`).
+        Const = 1,
+        /// A register (`%rdi`).
+        Register = 2,
+        /// Memory at `reg + index_reg * scale + value` (`-12(%rbp)`, `8(%rax,%rbx,4)`, and
+        /// `sym(%rip)` resolved to an offset from the probe's address).
+        Memory = 3,
+    }
+}
+
+/// `index_reg` of a memory operand without an index register.
+pub const USDT_NO_REGISTER: u32 = u32::MAX;
+
+/// How to evaluate one USDT argument, prepared by user space from the argument spec in the
+/// probe's ELF note. Registers are byte offsets into the kernel's `struct pt_regs` (from BTF).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsdtArgSpec {
+    /// A [`UsdtArgKind`].
+    pub kind: u32,
+    /// Size of the value in bytes: 1, 2, 4 or 8.
+    pub size: u32,
+    /// 1: sign-extend the value from `size` bytes.
+    pub signed: u32,
+    /// `struct pt_regs` offset of the register, or of a memory operand's base register.
+    pub reg: u32,
+    /// `struct pt_regs` offset of a memory operand's index register, or [`USDT_NO_REGISTER`].
+    pub index_reg: u32,
+    /// A memory operand's index scale: 1, 2, 4 or 8.
+    pub scale: u32,
+    /// The constant, or a memory operand's displacement.
+    pub value: i64,
+}
+
+/// Value of the `USDT_SPECS` array, indexed by attach cookie: every argument of one probe.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsdtSpec {
+    pub arg_count: u32,
+    pub _pad: u32,
+    pub args: [UsdtArgSpec; USDT_MAX_ARGS],
+}
+
 /// Key of the `TARGET_INODES` map: a process that exec's a file with this device and inode
 /// becomes traced (`--binary`).
 #[repr(C)]
@@ -445,4 +555,5 @@ mod pod {
     // padding spelled out as fields, so every bit pattern is a valid value.
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::InodeKey {}
+    unsafe impl aya::Pod for super::UsdtSpec {}
 }

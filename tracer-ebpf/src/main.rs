@@ -1,6 +1,6 @@
 //! The tracer's kernel side: one uprobe/uretprobe pair for every probed function (told apart by the
-//! attach cookie), raw tracepoints for process lifecycle and signals, and syscall tracepoints for
-//! IPC. Every program is a thin wrapper around
+//! attach cookie), raw tracepoints for process lifecycle and signals, syscall tracepoints for
+//! IPC, and two USDT programs (a program's own events, and any other probe's arguments). Every program is a thin wrapper around
 //! a `try_` function; records go into one ring buffer, and a record that does not fit is counted
 //! in the per-CPU `LOST` array under its kind, never dropped silently.
 #![no_std]
@@ -14,6 +14,7 @@ mod maps;
 mod sched;
 mod signal;
 mod uprobe;
+mod usdt;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -117,6 +117,13 @@ impl EventAssembler {
                 }
             },
             Record::Signal(r) => signal_event(h.pid, &r),
+            // `tracer record` attaches no USDT probes yet (the `log` and `usdt` events come with
+            // the event model that carries them); one that arrives anyway is counted, not dropped
+            // silently. `tracer debug-usdt` decodes them (`crate::usdt::decode`).
+            Record::UserEvent(..) | Record::Usdt(_) => {
+                self.undecodable += 1;
+                return None;
+            }
         };
         Some(Event { ts, host: self.host.clone(), pid: h.pid, tid: h.tid, data })
     }
@@ -132,6 +139,8 @@ pub fn lost_slot_name(slot: u32) -> Option<&'static str> {
         Ok(RecordKind::Exit) => "exit",
         Ok(RecordKind::Ipc) => "ipc",
         Ok(RecordKind::Signal) => "signal",
+        Ok(RecordKind::UserEvent) => "log",
+        Ok(RecordKind::Usdt) => "usdt",
         Err(tracer_common::lost_slot::UNTRACKED_CHILD) => "untraced_children",
         Err(tracer_common::lost_slot::IPC_INFLIGHT) => "ipc_untracked_syscalls",
         Err(tracer_common::lost_slot::IPC_MMSG_BEYOND_LIMIT) => "ipc_messages_beyond_limit",

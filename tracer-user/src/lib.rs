@@ -28,3 +28,4 @@ pub mod sink;
 pub mod symbols;
 pub mod targets;
 pub mod uprobe_multi;
+pub mod usdt;

@@ -12,12 +12,15 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::RawTracePoint,
 };
 use tracer_common::{Config, InodeKey, lost_slot, names, programs};
 
-use crate::uprobe_multi;
+use crate::{
+    uprobe_multi::{self, Site},
+    usdt::select::{UsdtProbe, UsdtProgram},
+};
 
 /// The eBPF object, built by `cargo xtask build` and embedded at compile time (see build.rs).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf.o"));
@@ -65,6 +68,10 @@ pub struct Kernel {
     return_links: Vec<OwnedFd>,
     /// The entry and return programs, loaded on first use (see [`crate::uprobe_multi`]).
     function_programs: Option<(OwnedFd, OwnedFd)>,
+    /// Uprobe-multi links of the USDT probes (closing them also lowers their semaphores).
+    usdt_links: Vec<OwnedFd>,
+    /// The program-event and USDT programs, loaded on first use.
+    usdt_programs: Option<(OwnedFd, OwnedFd)>,
     ebpf: Ebpf,
 }
 
@@ -87,17 +94,26 @@ pub fn raise_fd_limit(needed: u64) {
 }
 
 impl Kernel {
-    /// Loads every program with `config`, the ring buffer sized `ring_bytes`.
-    pub fn load(config: &Config, ring_bytes: u32) -> Result<Kernel, LoadError> {
+    /// Loads every program with `config`, the ring buffer sized `ring_bytes`, with room for the
+    /// argument specs of `usdt_probes` USDT probes.
+    pub fn load(config: &Config, ring_bytes: u32, usdt_probes: usize) -> Result<Kernel, LoadError> {
         if EBPF_OBJECT.is_empty() {
             return Err(LoadError::NoObject);
         }
         let ebpf = EbpfLoader::new()
             .override_global(names::CONFIG, config, true)
             .map_max_entries(names::EVENTS, ring_bytes)
+            .map_max_entries(names::USDT_SPECS, usdt_probes.max(1) as u32)
             .load(EBPF_OBJECT)
             .map_err(load_error)?;
-        Ok(Kernel { entry_links: Vec::new(), return_links: Vec::new(), function_programs: None, ebpf })
+        Ok(Kernel {
+            entry_links: Vec::new(),
+            return_links: Vec::new(),
+            function_programs: None,
+            usdt_links: Vec::new(),
+            usdt_programs: None,
+            ebpf,
+        })
     }
 
     /// Attaches the process-lifecycle programs (always on: they also follow forks).
@@ -164,11 +180,58 @@ impl Kernel {
         let mut failures = Vec::new();
         for (path, file_probes) in by_file {
             for (prog, ret) in [(return_prog, true), (entry_prog, false)] {
-                let batch: Vec<&ProbeSpec> =
-                    file_probes.iter().copied().filter(|p| if ret { p.exit } else { p.entry }).collect();
+                let batch: Vec<Site> = file_probes
+                    .iter()
+                    .filter(|p| if ret { p.exit } else { p.entry })
+                    .map(|p| Site { file_offset: p.file_offset, cookie: p.cookie, ref_ctr_offset: 0 })
+                    .collect();
                 let links = if ret { &mut self.return_links } else { &mut self.entry_links };
-                attach_batch(prog, path, &batch, ret, links, &mut failures);
+                let kind = if ret { "return" } else { "entry" };
+                attach_batch(prog, path, &batch, ret, kind, links, &mut failures);
             }
+        }
+        Ok(failures)
+    }
+
+    /// Writes the argument specs of `probes` (by cookie) and attaches them, each with its
+    /// semaphore; returns the probes that failed (others stay attached).
+    pub fn attach_usdt(&mut self, probes: &[UsdtProbe]) -> Result<Vec<AttachFailure>, LoadError> {
+        if probes.is_empty() {
+            return Ok(Vec::new());
+        }
+        {
+            let map = self.ebpf.map_mut(names::USDT_SPECS).ok_or_else(|| load_error("USDT_SPECS map is missing"))?;
+            let mut specs: Array<&mut MapData, tracer_common::UsdtSpec> = Array::try_from(map).map_err(load_error)?;
+            for p in probes {
+                specs
+                    .set(p.cookie as u32, p.spec, 0)
+                    .map_err(|e| LoadError::Map { map: names::USDT_SPECS, reason: e.to_string() })?;
+            }
+        }
+        if self.usdt_programs.is_none() {
+            let mut fds =
+                uprobe_multi::load_programs(&self.ebpf, EBPF_OBJECT, &[programs::USDT_EVENT, programs::USDT_PROBE])
+                    .map_err(LoadError::Load)?;
+            let probe = fds.pop().expect("two programs");
+            let event = fds.pop().expect("two programs");
+            self.usdt_programs = Some((event, probe));
+        }
+        let (event_prog, probe_prog) = self.usdt_programs.as_ref().expect("loaded above");
+        let mut by_link: BTreeMap<(&Path, UsdtProgram), Vec<Site>> = BTreeMap::new();
+        for p in probes {
+            by_link.entry((&p.path, p.program)).or_default().push(Site {
+                file_offset: p.file_offset,
+                cookie: p.cookie,
+                ref_ctr_offset: p.semaphore_offset,
+            });
+        }
+        let mut failures = Vec::new();
+        for ((path, program), sites) in by_link {
+            let prog = match program {
+                UsdtProgram::Event => event_prog,
+                UsdtProgram::Probe => probe_prog,
+            };
+            attach_batch(prog, path, &sites, false, "USDT", &mut self.usdt_links, &mut failures);
         }
         Ok(failures)
     }
@@ -240,6 +303,7 @@ impl Drop for Kernel {
     fn drop(&mut self) {
         self.entry_links.clear();
         self.return_links.clear();
+        self.usdt_links.clear();
     }
 }
 
@@ -249,30 +313,25 @@ impl Drop for Kernel {
 fn attach_batch(
     prog: &OwnedFd,
     path: &Path,
-    batch: &[&ProbeSpec],
+    batch: &[Site],
     ret: bool,
+    kind: &str,
     links: &mut Vec<OwnedFd>,
     failures: &mut Vec<AttachFailure>,
 ) {
     if batch.is_empty() {
         return;
     }
-    let offsets: Vec<u64> = batch.iter().map(|p| p.file_offset).collect();
-    let cookies: Vec<u64> = batch.iter().map(|p| p.cookie).collect();
-    match uprobe_multi::attach(prog, path, &offsets, &cookies, ret) {
+    match uprobe_multi::attach(prog, path, batch, ret) {
         Ok(link) => links.push(link),
         Err(e) if batch.len() == 1 => failures.push(AttachFailure {
             cookie: batch[0].cookie,
-            reason: format!(
-                "{} probe at offset {:#x}: {e}",
-                if ret { "return" } else { "entry" },
-                batch[0].file_offset
-            ),
+            reason: format!("{kind} probe at offset {:#x}: {e}", batch[0].file_offset),
         }),
         Err(_) => {
             let (left, right) = batch.split_at(batch.len() / 2);
-            attach_batch(prog, path, left, ret, links, failures);
-            attach_batch(prog, path, right, ret, links, failures);
+            attach_batch(prog, path, left, ret, kind, links, failures);
+            attach_batch(prog, path, right, ret, kind, links, failures);
         }
     }
 }

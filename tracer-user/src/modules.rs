@@ -48,6 +48,11 @@ impl ModuleCandidates {
         ModuleCandidates { files: canonical }
     }
 
+    /// Every file a module name can refer to (canonical paths, each once).
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
     /// Resolves a module name: a path (used as is), or a file name, or a file name's prefix up to a
     /// `.` or `-` (`libc` for `libc.so.6`).
     pub fn resolve(&self, spec: &str) -> Result<PathBuf, ModuleError> {

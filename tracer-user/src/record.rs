@@ -107,6 +107,12 @@ pub enum RecordError {
     KernelBtf(#[from] KernelBtfError),
     #[error("no function could be probed: {0}")]
     NoProbeAttached(String),
+    #[error(transparent)]
+    Usdt(#[from] crate::usdt::select::SelectError),
+    #[error("nothing to probe: the targets have no tracer_events probe and no -u pattern was given")]
+    NoUsdtProbes,
+    #[error("no USDT probe could be attached: {0}")]
+    NoUsdtProbeAttached(String),
     #[error("writing the trace failed: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -347,7 +353,7 @@ impl Plan {
             offsets: KernelBtf::load()?.offsets()?,
         };
         raise_fd_limit(1024);
-        let mut kernel = Kernel::load(&config, options.buffer_size)?;
+        let mut kernel = Kernel::load(&config, options.buffer_size, 0)?;
         kernel.attach_sched()?;
         if want_ipc {
             kernel.attach_ipc()?;
@@ -562,7 +568,7 @@ impl Recording {
 
 /// How full the ring may get before a record wakes the drain (which otherwise polls every few
 /// milliseconds): an eighth, capped at 1 MiB.
-fn wakeup_bytes(ring_bytes: u32) -> u64 {
+pub(crate) fn wakeup_bytes(ring_bytes: u32) -> u64 {
     (ring_bytes as u64 / 8).min(1 << 20)
 }
 
@@ -577,7 +583,7 @@ fn push_batch(batch: &Batch, assembler: &mut EventAssembler, pipeline: &mut Even
 
 /// Whether any traced process still lives; forgets the ones that are gone (a process that exited
 /// before it could be traced never produces the exit that would remove it).
-fn any_target_alive(kernel: &mut Kernel) -> bool {
+pub(crate) fn any_target_alive(kernel: &mut Kernel) -> bool {
     let mut alive = false;
     for pid in kernel.traced_pids() {
         if targets::process_alive(pid) {
@@ -589,7 +595,7 @@ fn any_target_alive(kernel: &mut Kernel) -> bool {
     alive
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+pub(crate) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,

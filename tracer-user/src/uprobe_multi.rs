@@ -6,9 +6,10 @@
 //! all behind a single grace period.
 //!
 //! aya 0.14 cannot load a program for uprobe-multi (the kernel wants `expected_attach_type` set at
-//! load), so the two function programs are loaded here: aya-obj parses and relocates the same
+//! load), so the function and USDT programs are loaded here: aya-obj parses and relocates the same
 //! object against the maps aya already created, and the `bpf(2)` calls use aya-obj's generated
-//! kernel bindings.
+//! kernel bindings. The object's BTF goes with them (function and line info), as aya would pass
+//! it: the kernel needs it for `bpf_loop` callbacks, and verifier logs then name source lines.
 
 use std::{
     collections::HashSet,
@@ -22,9 +23,12 @@ use std::{
 };
 
 use aya::{Ebpf, maps::Map};
-use aya_obj::generated::{
-    BPF_F_UPROBE_MULTI_RETURN, bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_attr, bpf_cmd,
-    bpf_prog_type::BPF_PROG_TYPE_KPROBE,
+use aya_obj::{
+    btf::BtfFeatures,
+    generated::{
+        BPF_F_UPROBE_MULTI_RETURN, bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_attr, bpf_cmd,
+        bpf_prog_type::BPF_PROG_TYPE_KPROBE,
+    },
 };
 
 fn sys_bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
@@ -48,10 +52,29 @@ fn map_fd(map: &Map) -> Option<i32> {
     Some(data.fd().as_fd().as_raw_fd())
 }
 
+/// Loads BTF into the kernel.
+fn load_btf(bytes: &[u8]) -> io::Result<OwnedFd> {
+    // SAFETY: an all-zero `bpf_attr` is the documented "unset" value of every field.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: writing plain integers and a pointer (that outlives the call) into BPF_BTF_LOAD.
+    unsafe {
+        let u = &mut attr.__bindgen_anon_7;
+        u.btf = bytes.as_ptr() as u64;
+        u.btf_size = bytes.len() as u32;
+    }
+    sys_bpf(bpf_cmd::BPF_BTF_LOAD, &mut attr)
+}
+
 /// Loads the named programs of `object` for uprobe-multi attachment, relocated against the maps of
 /// `ebpf` (which loaded the same object). Returns one file descriptor per name.
 pub fn load_programs(ebpf: &Ebpf, object: &[u8], names: &[&str]) -> Result<Vec<OwnedFd>, String> {
     let mut obj = aya_obj::Object::parse(object).map_err(|e| e.to_string())?;
+    // Every BTF feature is there on the kernels this tracer supports (6.6+).
+    let features = BtfFeatures::new(true, true, true, true, true, true, true, true);
+    let btf = match obj.fixup_and_sanitize_btf(&features).map_err(|e| e.to_string())? {
+        Some(btf) => Some(load_btf(&btf.to_bytes()).map_err(|e| format!("cannot load the programs' BTF: {e}"))?),
+        None => None,
+    };
     let text_sections: HashSet<usize> = obj.functions.keys().map(|(section, _)| *section).collect();
     let maps = obj.maps.clone();
     let mut relocations = Vec::new();
@@ -70,6 +93,8 @@ pub fn load_programs(ebpf: &Ebpf, object: &[u8], names: &[&str]) -> Result<Vec<O
             let function =
                 obj.functions.get(&program.function_key()).ok_or_else(|| format!("program {name} has no code"))?;
             let insns = &function.instructions;
+            let func_info = function.func_info.func_info_bytes();
+            let line_info = function.line_info.line_info_bytes();
             let load = |log: &mut [u8]| {
                 // SAFETY: an all-zero `bpf_attr` is the documented "unset" value of every field.
                 let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
@@ -82,6 +107,19 @@ pub fn load_programs(ebpf: &Ebpf, object: &[u8], names: &[&str]) -> Result<Vec<O
                 u.license = license.as_ptr() as u64;
                 for (dst, src) in u.prog_name.iter_mut().zip(name.bytes().take(15)) {
                     *dst = src as libc::c_char;
+                }
+                if let Some(btf) = &btf {
+                    u.prog_btf_fd = btf.as_raw_fd() as u32;
+                    if function.func_info_rec_size > 0 {
+                        u.func_info_rec_size = function.func_info_rec_size as u32;
+                        u.func_info = func_info.as_ptr() as u64;
+                        u.func_info_cnt = function.func_info.func_info.len() as u32;
+                    }
+                    if function.line_info_rec_size > 0 {
+                        u.line_info_rec_size = function.line_info_rec_size as u32;
+                        u.line_info = line_info.as_ptr() as u64;
+                        u.line_info_cnt = function.line_info.line_info.len() as u32;
+                    }
                 }
                 if !log.is_empty() {
                     u.log_level = 1;
@@ -106,11 +144,25 @@ pub fn load_programs(ebpf: &Ebpf, object: &[u8], names: &[&str]) -> Result<Vec<O
         .collect()
 }
 
-/// Attaches `program` at every offset of the file at `path`, each with its cookie; as return
-/// probes when `ret`. Fires for every process (the programs filter by pid themselves).
-pub fn attach(program: &OwnedFd, path: &Path, offsets: &[u64], cookies: &[u64], ret: bool) -> io::Result<OwnedFd> {
-    assert_eq!(offsets.len(), cookies.len());
+/// One probe site of a uprobe-multi link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Site {
+    /// Where the probe is in the file.
+    pub file_offset: u64,
+    /// Delivered to the program (`bpf_get_attach_cookie`).
+    pub cookie: u64,
+    /// File offset of a USDT semaphore the kernel raises while the link exists; 0 for none.
+    pub ref_ctr_offset: u64,
+}
+
+/// Attaches `program` at every site of the file at `path`; as return probes when `ret`. Fires for
+/// every process (the programs filter by pid themselves).
+pub fn attach(program: &OwnedFd, path: &Path, sites: &[Site], ret: bool) -> io::Result<OwnedFd> {
     let path = CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let offsets: Vec<u64> = sites.iter().map(|s| s.file_offset).collect();
+    let cookies: Vec<u64> = sites.iter().map(|s| s.cookie).collect();
+    let ref_ctr_offsets: Vec<u64> = sites.iter().map(|s| s.ref_ctr_offset).collect();
+    let has_ref_ctrs = ref_ctr_offsets.iter().any(|&o| o != 0);
     // SAFETY: as in `load_programs`.
     let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
     // SAFETY: writing plain integers and pointers (that outlive the call) into BPF_LINK_CREATE.
@@ -122,7 +174,10 @@ pub fn attach(program: &OwnedFd, path: &Path, offsets: &[u64], cookies: &[u64], 
         multi.path = path.as_ptr() as u64;
         multi.offsets = offsets.as_ptr() as u64;
         multi.cookies = cookies.as_ptr() as u64;
-        multi.cnt = offsets.len() as u32;
+        if has_ref_ctrs {
+            multi.ref_ctr_offsets = ref_ctr_offsets.as_ptr() as u64;
+        }
+        multi.cnt = sites.len() as u32;
         multi.flags = if ret { BPF_F_UPROBE_MULTI_RETURN } else { 0 };
     }
     sys_bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)

@@ -16,7 +16,7 @@ use crate::{cargo, root};
 /// Calls of the benchmarked function per run.
 const CALLS: u64 = 1_000_000;
 /// Runs per measurement; the median is reported.
-const RUNS: usize = 5;
+pub(crate) const RUNS: usize = 5;
 
 /// Path of a fixture built by the tests crate (the same build the tests use).
 pub fn fixture(name: &str) -> Result<PathBuf> {
@@ -36,15 +36,15 @@ fn median<T: Ord + Copy>(mut samples: Vec<T>) -> T {
 }
 
 /// One measured configuration: medians over `RUNS` runs.
-struct Sample {
+pub(crate) struct Sample {
     /// Wall time of the whole command.
-    wall: Duration,
+    pub(crate) wall: Duration,
     /// The benchmark loop's own time, as the fixture printed it.
-    loop_ns: u64,
+    pub(crate) loop_ns: u64,
 }
 
 /// Runs `make()` `RUNS` times; the fixture's `calls N ns T` line is read from its standard output.
-fn measure(what: &str, mut make: impl FnMut() -> Command) -> Result<Sample> {
+pub(crate) fn measure(what: &str, mut make: impl FnMut() -> Command) -> Result<Sample> {
     let (mut walls, mut loops) = (Vec::with_capacity(RUNS), Vec::with_capacity(RUNS));
     for _ in 0..RUNS {
         let mut cmd = make();
@@ -102,6 +102,8 @@ pub enum Part {
     Export,
     /// How fast a collector takes events from agents, and merges them (root).
     Cluster,
+    /// What a program event (`tracer-events`) costs, untraced and traced (root).
+    Events,
 }
 
 pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
@@ -114,6 +116,9 @@ pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
     }
     if wanted(Part::Cluster) {
         crate::bench_cluster::run(tracer)?;
+    }
+    if wanted(Part::Events) {
+        crate::bench_events::run(tracer)?;
     }
     Ok(())
 }

@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_cluster;
+mod bench_events;
 mod bench_export;
 mod demo;
 mod toolchain;

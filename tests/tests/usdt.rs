@@ -1,0 +1,385 @@
+//! USDT probes in the real kernel: a program's own events (the `tracer-events` crate and its C
+//! header) and `<sys/sdt.h>` and libstdc++ probes, read through `tracer debug-usdt`, which prints
+//! every decoded record. Payloads and arguments are checked exactly, and so are the semaphores:
+//! zero untraced, raised while traced (launched or attached), zero again after.
+
+use std::{
+    collections::HashMap,
+    ffi::OsStr,
+    io::{BufRead as _, BufReader, Write as _},
+    path::Path,
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+};
+
+use serde_json::{Value, json};
+use tracer_tests::{Run, fixture, temp_dir, tracer, tracer_bin, u64_field, wait_with_timeout};
+
+/// What `tracer debug-usdt` wrote: the records, and its `end` line.
+struct Records {
+    records: Vec<Value>,
+    end: Value,
+}
+
+impl Records {
+    fn load(path: &Path) -> Records {
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let mut records: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+        let end = records.pop().expect("an end line");
+        assert_eq!(end["record"], "end", "{end}");
+        assert_eq!(end["records"].as_u64(), Some(records.len() as u64), "{end}");
+        let lost: u64 = end["lost"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+        assert_eq!(lost, 0, "nothing lost: {end}");
+        Records { records, end }
+    }
+
+    fn of(&self, record: &str) -> Vec<&Value> {
+        self.records.iter().filter(|r| r["record"] == record).collect()
+    }
+
+    fn usdt(&self, name: &str) -> Vec<Vec<Value>> {
+        self.of("usdt")
+            .into_iter()
+            .filter(|r| r["name"] == name)
+            .map(|r| r["args"].as_array().unwrap().clone())
+            .collect()
+    }
+}
+
+/// `tracer debug-usdt -o DIR/records.jsonl ARGS`: the run (whose stdout is the command's) and
+/// the records.
+fn debug_usdt<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> (Run, Records) {
+    let out = dir.join("records.jsonl");
+    let mut all: Vec<&OsStr> = vec![OsStr::new("debug-usdt"), OsStr::new("-o"), out.as_os_str()];
+    all.extend(args.iter().map(AsRef::as_ref));
+    let run = tracer(&all);
+    assert_eq!(run.code(), 0, "{run:?}");
+    (run, Records::load(&out))
+}
+
+/// The `line NAME N` lines a fixture printed, and its other `KEY VALUE` lines.
+fn printed(stdout: &str) -> (HashMap<String, u64>, HashMap<String, String>) {
+    let (mut lines, mut values) = (HashMap::new(), HashMap::new());
+    for l in stdout.lines() {
+        let mut parts = l.splitn(3, ' ');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("line"), Some(name), Some(n)) => {
+                lines.insert(name.to_string(), n.parse().unwrap());
+            }
+            (Some(key), Some(a), b) => {
+                values.insert(key.to_string(), b.map_or(a.to_string(), |b| format!("{a} {b}")));
+            }
+            _ => {}
+        }
+    }
+    (lines, values)
+}
+
+/// A program event's fields, as the test compares them.
+fn event(r: &Value) -> Value {
+    json!({
+        "type": r["type"], "level": r["level"], "source": r["source"], "message": r["message"],
+        "function": r["function"], "file": r["file"], "line": r["line"], "spans": r["spans"],
+        "data": r["data"], "truncated": r["truncated"],
+    })
+}
+
+#[test]
+fn rust_events_arrive_with_their_exact_fields() {
+    let dir = temp_dir();
+    let exe = env!("CARGO_BIN_EXE_events_fixture");
+    let (run, r) = debug_usdt(dir.path(), &["--", exe, "run"]);
+    let (line, value) = printed(&run.stdout);
+    assert_eq!(value["listening"], "1", "the semaphore is raised before the program's first instruction");
+    assert!(run.stderr.contains("tracing 1 USDT probe(s) (1 program-event, 0 other)"), "{}", run.stderr);
+    let file = &value["file"];
+    let logs = r.of("log");
+    assert_eq!(logs.len(), 10, "{:#?}", r.records);
+    assert_eq!(r.records.len(), 10, "only program events: {:#?}", r.records);
+    let module = std::fs::canonicalize(exe).unwrap();
+    let pid = u64_field(logs[0], "pid");
+    assert!(logs.iter().all(|l| l["module"] == module.to_str().unwrap() && u64_field(l, "pid") == pid));
+
+    let trace = |message: &str, function: Value, line: u64, data: Value| {
+        json!({"type": "trace", "level": "info", "source": null, "message": message, "function": function,
+               "file": file, "line": line, "spans": [], "data": data, "truncated": false})
+    };
+    let log = |level: &str, source: &str, message: &str, line: u64, spans: Value, data: Value| {
+        json!({"type": "log", "level": level, "source": source, "message": message, "function": "events_fixture",
+               "file": file, "line": line, "spans": spans, "data": data, "truncated": false})
+    };
+    let expected = [
+        trace("plain message", Value::Null, line["print"], Value::Null),
+        trace("with data", Value::Null, line["data"], json!({"count": 3, "name": "widget"})),
+        trace("formatted 42 and \"x\"", json!("events_fixture"), line["printf"], Value::Null),
+        trace("batch 7 done", json!("events_fixture"), line["printf_data"], json!({"id": 7, "tags": ["a", "b"]})),
+        log(
+            "warn",
+            "events_fixture",
+            "slow client 9",
+            line["tracing_warn"],
+            json!(["outer", "inner"]),
+            json!({"bytes": 512, "peer": "10.0.0.2", "ok": true, "delta": -3}),
+        ),
+        log("error", "events_fixture", "no fields", line["tracing_error"], json!([]), Value::Null),
+        log("info", "app::db", "logged in", line["log_info"], json!([]), json!({"user": "ada", "attempts": 3})),
+        log("debug", "events_fixture", "debug from log", line["log_debug"], json!([]), Value::Null),
+    ];
+    for (got, want) in logs.iter().zip(&expected) {
+        assert_eq!(event(got), *want);
+        assert_eq!(got["copied_len"], got["payload_len"]);
+    }
+
+    // 10,000 bytes of message: the kernel keeps 4096 bytes of payload, and says it cut it.
+    let long = logs[8];
+    assert_eq!(long["truncated"], true);
+    assert_eq!(long["copied_len"], 4096);
+    let payload_len = 8 + 6 * 4 + file.len() + 10_000;
+    assert_eq!(long["payload_len"], payload_len as u64);
+    let message = long["message"].as_str().unwrap();
+    assert_eq!(message.len(), 4096 - 8 - 5 * 4 - file.len(), "the message fills what is left");
+    assert!(message.bytes().all(|b| b == b'x'));
+    assert_eq!((long["line"].as_u64(), &long["data"]), (Some(line["long"]), &Value::Null));
+
+    // From the second thread: its own tid, in the same process.
+    let thread = logs[9];
+    assert_eq!(event(thread), trace("from thread", Value::Null, line["thread"], Value::Null));
+    assert_eq!(thread["tid"].as_u64().unwrap().to_string(), value["thread"]);
+    assert_ne!(u64_field(thread, "tid"), pid);
+    assert_eq!(r.end["reason"], "command_exited");
+}
+
+#[test]
+fn c_and_cxx_events_through_the_header() {
+    for name in ["events_c", "events_cxx"] {
+        let dir = temp_dir();
+        let (run, r) = debug_usdt(dir.path(), &["--".as_ref(), fixture(name).as_os_str(), "run".as_ref()]);
+        let (line, value) = printed(&run.stdout);
+        assert_eq!(value["enabled"], "1", "{name}");
+        let file = &value["file"];
+        let logs = r.of("log");
+        assert_eq!(logs.len(), 5, "{name}: {:#?}", r.records);
+        let trace = |message: &str, line: u64, data: Value| {
+            json!({"type": "trace", "level": "info", "source": null, "message": message, "function": "run",
+                   "file": file, "line": line, "spans": [], "data": data, "truncated": false})
+        };
+        assert_eq!(event(logs[0]), trace("plain from C", line["print"], Value::Null), "{name}");
+        assert_eq!(event(logs[1]), trace("with data", line["data"], json!({"n": 5, "ok": true})), "{name}");
+        assert_eq!(event(logs[2]), trace("formatted 42 x", line["printf"], Value::Null), "{name}");
+        assert_eq!(
+            event(logs[3]),
+            json!({"type": "log", "level": "warn", "source": "c.net", "message": "slow peer", "function": "run",
+                   "file": file, "line": line["log"], "spans": [], "data": {"retry": 2}, "truncated": false}),
+            "{name}"
+        );
+        let long = logs[4];
+        assert_eq!((long["truncated"].as_bool(), long["copied_len"].as_u64()), (Some(true), Some(4096)), "{name}");
+        assert_eq!(long["payload_len"], (8 + 6 * 4 + 3 + file.len() + 6000) as u64, "{name}");
+        let message = long["message"].as_str().unwrap();
+        assert_eq!(message.len(), 4096 - 8 - 5 * 4 - 3 - file.len(), "{name}");
+        assert!(message.bytes().all(|b| b == b'y'), "{name}");
+    }
+}
+
+#[test]
+fn sdt_probe_arguments_are_exact_in_memory_registers_and_globals() {
+    for name in ["sdt_probes_o0", "sdt_probes_o2"] {
+        let dir = temp_dir();
+        let (run, r) = debug_usdt(
+            dir.path(),
+            &[
+                "-u".as_ref(),
+                "fixture:*".as_ref(),
+                "--".as_ref(),
+                fixture(name).as_os_str(),
+                "run".as_ref(),
+                "3".as_ref(),
+            ],
+        );
+        assert!(run.stderr.contains("(0 program-event, 4 other)"), "{name}: {}", run.stderr);
+        let (_, value) = printed(&run.stdout);
+        assert_eq!(value["semaphore"], "1", "{name}: fixture:gated's semaphore is raised");
+        assert_eq!(r.records.len(), 10, "{name}: {:#?}", r.records);
+        let module = std::fs::canonicalize(fixture(name)).unwrap();
+        assert!(r.records.iter().all(|x| x["provider"] == "fixture" && x["module"] == module.to_str().unwrap()));
+        let rounds = 0..3i64;
+        assert_eq!(
+            r.usdt("loop"),
+            rounds.clone().map(|i| vec![json!(i), json!(-i), json!(i * 1000), json!(-i)]).collect::<Vec<_>>(),
+            "{name}"
+        );
+        assert_eq!(r.usdt("global"), rounds.clone().map(|i| vec![json!(i + 1)]).collect::<Vec<_>>(), "{name}");
+        assert_eq!(r.usdt("gated"), rounds.map(|i| vec![json!(i)]).collect::<Vec<_>>(), "{name}");
+        assert_eq!(
+            r.usdt("constants"),
+            [vec![json!(-7), json!(-123456789012i64), json!(200), json!(-300), json!(0xfedcba9876543210u64)]],
+            "{name}"
+        );
+        // One thread, in program order.
+        let order: Vec<&str> = r.records.iter().map(|x| x["name"].as_str().unwrap()).collect();
+        assert_eq!(order[..3], ["loop", "global", "gated"], "{name}");
+    }
+}
+
+#[test]
+fn libstdcxx_probes_by_module() {
+    let dir = temp_dir();
+    let throws = fixture("throws");
+    let (run, r) = debug_usdt(
+        dir.path(),
+        &["-u".as_ref(), "libstdc++.so.6:libstdcxx:*".as_ref(), "--".as_ref(), throws.as_os_str(), "4".as_ref()],
+    );
+    let (_, value) = printed(&run.stdout);
+    assert_eq!(value["caught"], "6");
+    let typeinfo: u64 = value["typeinfo"].parse().unwrap();
+    let throw = r.usdt("throw");
+    let catch = r.usdt("catch");
+    assert_eq!((throw.len(), catch.len(), r.usdt("rethrow").len()), (4, 4, 0), "{:#?}", r.records);
+    // The second argument of both is the thrown type's typeinfo (catch reads it from memory,
+    // `8@-80(%rbx)`); the first is the same exception object at throw and catch.
+    for (t, c) in throw.iter().zip(&catch) {
+        assert_eq!((t[1].as_u64(), c[1].as_u64()), (Some(typeinfo), Some(typeinfo)), "{t:?} {c:?}");
+        assert_ne!(t[0].as_u64(), Some(0));
+    }
+    assert!(r.records.iter().all(|x| x["module"].as_str().unwrap().contains("libstdc++")));
+}
+
+/// A fixture that serves commands on stdin, and a tracer attached to it in the background.
+struct Served {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Served {
+    fn start(program: &Path, args: &[&str]) -> Served {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start fixture");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        Served { child, stdin, stdout }
+    }
+
+    /// Sends a command and returns the line it answers.
+    fn ask(&mut self, command: &str) -> String {
+        writeln!(self.stdin, "{command}").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    }
+
+    fn quit(mut self) {
+        writeln!(self.stdin, "quit").unwrap();
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+/// `tracer debug-usdt -p PID ARGS` in the background, once it is attached.
+fn attach(dir: &Path, pid: u32, args: &[&str]) -> (Child, std::path::PathBuf) {
+    let out = dir.join("records.jsonl");
+    let mut child = Command::new(tracer_bin())
+        .args(["debug-usdt", "-p", &pid.to_string(), "-o"])
+        .arg(&out)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tracer");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut startup = String::new();
+    loop {
+        let mut line = String::new();
+        assert_ne!(stderr.read_line(&mut line).unwrap(), 0, "tracer exited before tracing: {startup}");
+        startup.push_str(&line);
+        if line.starts_with("tracer: tracing ") {
+            break;
+        }
+    }
+    // Keep reading stderr so the tracer never blocks on it.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    (child, out)
+}
+
+/// Stops a background tracer as Ctrl-C would.
+fn interrupt(child: Child) -> Run {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    wait_with_timeout(child, "tracer")
+}
+
+#[test]
+fn semaphores_rise_while_attached_and_fall_after() {
+    // Untraced, every semaphore reads zero (the programs check them themselves).
+    let untraced = |program: &Path, args: &[&str]| {
+        let out = Command::new(program).args(args).output().unwrap();
+        assert!(out.status.success());
+        printed(&String::from_utf8(out.stdout).unwrap()).1
+    };
+    assert_eq!(untraced(Path::new(env!("CARGO_BIN_EXE_events_fixture")), &["run"])["listening"], "0");
+    assert_eq!(untraced(&fixture("events_c"), &["run"])["enabled"], "0");
+    assert_eq!(untraced(&fixture("sdt_probes_o0"), &["run", "1"])["semaphore"], "0");
+
+    // Attached to running processes: raised while the tracer is attached, zero after it detached.
+    let events_fixture = Path::new(env!("CARGO_BIN_EXE_events_fixture"));
+    for (program, args, state, raised, pattern) in [
+        (events_fixture.to_path_buf(), &["serve"][..], "listening", "listening 1", None),
+        (fixture("events_c"), &["serve"][..], "enabled", "enabled 1", None),
+        (fixture("sdt_probes_o2"), &["serve"][..], "semaphore", "semaphore 1", Some("fixture:gated")),
+    ] {
+        let dir = temp_dir();
+        let mut served = Served::start(&program, args);
+        assert_eq!(served.ask("state"), format!("{state} 0"));
+        let usdt: Vec<&str> = pattern.into_iter().flat_map(|p| ["-u", p]).collect();
+        let (tracer, out) = attach(dir.path(), served.child.id(), &usdt);
+        assert_eq!(served.ask("state"), raised, "{}", program.display());
+        let fire = if pattern.is_some() { "fire" } else { "emit" };
+        let answer = served.ask(fire);
+        let run = interrupt(tracer);
+        assert_eq!(run.code(), 0, "{run:?}");
+        assert_eq!(served.ask("state"), format!("{state} 0"), "{}: lowered on detach", program.display());
+        // Untraced again: this one is not recorded (the tracer is gone anyway).
+        served.ask(fire);
+        served.quit();
+        let r = Records::load(&out);
+        assert_eq!(r.end["reason"], "interrupted");
+        match pattern {
+            None => {
+                assert_eq!(answer, "emitted");
+                let logs = r.of("log");
+                assert_eq!(logs.len(), 1, "{:#?}", r.records);
+                assert_eq!(logs[0]["message"], "served");
+            }
+            Some(_) => {
+                assert_eq!(answer, "fired");
+                assert_eq!(r.usdt("gated"), [vec![json!(0)]], "{:#?}", r.records);
+                assert_eq!(r.records.len(), 1, "only fixture:gated was asked for");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_usdt_input_is_one_clear_sentence() {
+    let sdt = fixture("sdt_probes_o0");
+    let run = tracer(&["debug-usdt".as_ref(), "-u".as_ref(), "fixture:nope".as_ref(), "--".as_ref(), sdt.as_os_str()]);
+    run.assert_error("USDT pattern 'fixture:nope' matches no probe in ");
+    assert!(
+        run.stderr
+            .trim_end()
+            .ends_with("the probes there are: fixture:constants, fixture:gated, fixture:global, fixture:loop"),
+        "{run:?}"
+    );
+    let run = tracer(&["debug-usdt", "-u", "nope", "--", "/bin/true"]);
+    run.assert_error("invalid USDT pattern 'nope': expected PROVIDER:NAME, optionally after MODULE:");
+    let run = tracer(&["debug-usdt", "--", "/bin/true"]);
+    run.assert_error("nothing to probe: the targets have no tracer_events probe and no -u pattern was given");
+    let run = tracer(&["debug-usdt", "-u", "nomodule.so:a:b", "--", "/bin/true"]);
+    run.assert_error("module 'nomodule.so' matches no executable or library of the targets");
+}
