@@ -346,6 +346,14 @@ fn semaphores_rise_while_attached_and_fall_after() {
         assert_eq!(served.ask("state"), format!("{state} 0"), "{}: lowered on detach", program.display());
         // Untraced again: this one is not recorded (the tracer is gone anyway).
         served.ask(fire);
+        // A tracer that is killed outright leaves nothing raised either: the kernel closes its
+        // links, and with them the semaphores.
+        let dir2 = temp_dir();
+        let (mut killed, _) = attach(dir2.path(), served.child.id(), &usdt);
+        assert_eq!(served.ask("state"), raised);
+        killed.kill().unwrap();
+        killed.wait().unwrap();
+        assert_eq!(served.ask("state"), format!("{state} 0"), "{}: lowered when the tracer died", program.display());
         served.quit();
         let r = Records::load(&out);
         assert_eq!(r.end["reason"], "interrupted");
@@ -363,6 +371,22 @@ fn semaphores_rise_while_attached_and_fall_after() {
             }
         }
     }
+}
+
+#[test]
+fn hostile_payloads_are_bounded_and_reported() {
+    // The program is not trusted: it may fire the probe with any address and length.
+    let dir = temp_dir();
+    let (_, r) = debug_usdt(dir.path(), &["--".as_ref(), fixture("events_c").as_os_str(), "attack".as_ref()]);
+    let kinds: Vec<&str> = r.records.iter().map(|x| x["record"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["unreadable", "log", "unreadable", "log"], "{:#?}", r.records);
+    assert_eq!(r.records[0]["reason"], "the kernel could not read the event's payload from the program's memory");
+    // A length of 2^64 - 1: the kernel copies 4096 bytes and says so.
+    let huge = &r.records[1];
+    assert_eq!((huge["payload_len"].as_u64(), huge["copied_len"].as_u64()), (Some(u64::MAX), Some(4096)));
+    assert_eq!((huge["truncated"].as_bool(), huge["message"].as_str()), (Some(true), Some("")));
+    assert_eq!(r.records[2]["reason"], "event payload has version 9, this tracer reads version 1");
+    assert_eq!(r.records[3]["message"], "still fine");
 }
 
 #[test]

@@ -2,13 +2,24 @@
 //!
 //! The Rust fixture (`tests/src/bin/events_fixture.rs`, `bench MODE N`) times N calls of one entry
 //! point in a loop; each mode is measured next to the same loop making no event (`baseline`), in
-//! the same command, and the difference per call is the cost. Untraced, a call is the semaphore
-//! check; traced (under `tracer debug-usdt`, which decodes and writes every record), it is the
-//! formatting, the probe and the tracer's copy. A `<sys/sdt.h>` probe (a 1-byte nop, which the
-//! kernel can only trap on) is measured the same way, for comparison with the 5-byte nop that
-//! `tracer-events` probes on.
+//! the same command, and the difference per call is the cost. Three situations:
+//!
+//! - untraced: nobody listens, a call is the semaphore check;
+//! - probe live: a tracer is attached to the same binary through another process, so the
+//!   semaphore is raised and the probe fires in the measured process too, but that process is not
+//!   traced: the formatting, the probe itself and the kernel program's early return;
+//! - traced: under `tracer debug-usdt`, which also copies every payload, decodes it and writes it
+//!   as JSON (its threads share the two cores with the program).
+//!
+//! A `<sys/sdt.h>` probe (a 1-byte nop, which the kernel can only trap on) is measured the same
+//! way, for comparison with the 5-byte nop that `tracer-events` probes on, which the kernel turns
+//! into a call.
 
-use std::{path::Path, process::Command};
+use std::{
+    io::{BufRead as _, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -19,7 +30,7 @@ use crate::{
 
 /// Calls per untraced run: enough for a few nanoseconds each to stand out of the noise.
 const UNTRACED_CALLS: u64 = 20_000_000;
-/// Calls per traced run (each writes a record).
+/// Calls per run with a live probe (each fires it).
 const TRACED_CALLS: u64 = 100_000;
 const MODES: [(&str, &str); 4] = [
     ("print", "`tracer_events::print`"),
@@ -43,13 +54,62 @@ fn check_records(path: &Path, calls: u64) -> Result<()> {
     Ok(())
 }
 
+/// A tracer attached to a serving instance of a fixture: the binary's probes are live, and their
+/// semaphores raised in every process that maps it, traced or not.
+struct AttachedElsewhere {
+    server: Child,
+    tracer: Child,
+}
+
+impl AttachedElsewhere {
+    fn start(tracer: &Path, program: &Path, usdt: Option<&str>) -> Result<AttachedElsewhere> {
+        let mut server = Command::new(program)
+            .arg("serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {}", program.display()))?;
+        let mut ready = String::new();
+        BufReader::new(server.stdout.take().expect("piped")).read_line(&mut ready)?;
+        let mut cmd = Command::new(tracer);
+        cmd.args(["debug-usdt", "-o", "/dev/null", "-p", &server.id().to_string()]);
+        if let Some(pattern) = usdt {
+            cmd.args(["-u", pattern]);
+        }
+        let mut tracer = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().context("cannot start tracer")?;
+        let mut stderr = BufReader::new(tracer.stderr.take().expect("piped"));
+        let attached = AttachedElsewhere { server, tracer };
+        loop {
+            let mut line = String::new();
+            if stderr.read_line(&mut line)? == 0 {
+                bail!("tracer debug-usdt exited before attaching");
+            }
+            if line.starts_with("tracer: tracing ") {
+                break;
+            }
+        }
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        Ok(attached)
+    }
+}
+
+impl Drop for AttachedElsewhere {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.tracer.id() as i32, libc::SIGINT) };
+        let _ = self.tracer.wait();
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
 pub fn run(tracer: &Path) -> Result<()> {
     run_checked(&mut cargo(&["build", "--quiet", "--release", "-p", "tracer-tests", "--bin", "events_fixture"]))?;
     let events = root().join("target/release/events_fixture");
     let sdt = fixture("sdt_probes_o2")?;
     let out = root().join("target/bench/events.jsonl");
     std::fs::create_dir_all(out.parent().expect("a directory"))?;
-    let untraced = |program: &Path, args: Vec<String>| {
+    let direct = |program: &Path, args: Vec<String>| {
         let program = program.to_path_buf();
         move || {
             let mut c = Command::new(&program);
@@ -75,30 +135,50 @@ pub fn run(tracer: &Path) -> Result<()> {
     println!(
         "xtask: {RUNS} runs of each; program events of tests/src/bin/events_fixture.rs, each loop against an empty one"
     );
-    let base = measure("events_fixture baseline", untraced(&events, bench_args("baseline", UNTRACED_CALLS)))?;
-    let base_traced = measure("events_fixture baseline", untraced(&events, bench_args("baseline", TRACED_CALLS)))?;
+    let base = measure("events_fixture baseline", direct(&events, bench_args("baseline", UNTRACED_CALLS)))?;
+    let base_live = measure("events_fixture baseline", direct(&events, bench_args("baseline", TRACED_CALLS)))?;
+    let bare =
+        measure("tracing without a layer", direct(&events, bench_args("tracing_without_layer", UNTRACED_CALLS)))?;
     let mut rows = Vec::new();
     for (mode, what) in MODES {
-        let idle = measure(mode, untraced(&events, bench_args(mode, UNTRACED_CALLS)))?;
+        let idle = measure(mode, direct(&events, bench_args(mode, UNTRACED_CALLS)))?;
+        let live = {
+            let _attached = AttachedElsewhere::start(tracer, &events, None)?;
+            measure(mode, direct(&events, bench_args(mode, TRACED_CALLS)))?
+        };
         let busy = measure(mode, traced(&events, None, bench_args(mode, TRACED_CALLS)))?;
         check_records(&out, TRACED_CALLS)?;
-        rows.push((what, per_call_ns(&idle, &base, UNTRACED_CALLS), per_call_ns(&busy, &base_traced, TRACED_CALLS)));
+        rows.push((
+            what,
+            per_call_ns(&idle, &base, UNTRACED_CALLS),
+            per_call_ns(&live, &base_live, TRACED_CALLS),
+            per_call_ns(&busy, &base_live, TRACED_CALLS),
+        ));
     }
     let sdt_args = |n: u64| vec!["bench".to_string(), n.to_string()];
-    let sdt_idle = measure("sdt_probes bench", untraced(&sdt, sdt_args(TRACED_CALLS)))?;
+    let sdt_idle = measure("sdt_probes bench", direct(&sdt, sdt_args(TRACED_CALLS)))?;
+    let sdt_live = {
+        let _attached = AttachedElsewhere::start(tracer, &sdt, Some("fixture:gated"))?;
+        measure("sdt_probes bench", direct(&sdt, sdt_args(TRACED_CALLS)))?
+    };
     let sdt_busy = measure("sdt_probes bench", traced(&sdt, Some("fixture:gated"), sdt_args(TRACED_CALLS)))?;
     check_records(&out, TRACED_CALLS)?;
 
     println!();
-    println!("| call | untraced, per call | traced, per call |");
-    println!("|---|---|---|");
-    for (what, idle, busy) in rows {
-        println!("| {what} | {idle:.1} ns | {:.2} µs |", busy / 1e3);
+    println!("| call | untraced | probe live, process not traced | traced (`debug-usdt`) |");
+    println!("|---|---|---|---|");
+    for (what, idle, live, busy) in rows {
+        println!("| {what} | {idle:.1} ns | {:.2} µs | {:.2} µs |", live / 1e3, busy / 1e3);
     }
     println!(
-        "| `<sys/sdt.h>` probe with a semaphore (1-byte nop: a trap) | (the semaphore check) | {:.2} µs |",
+        "| `<sys/sdt.h>` probe with a semaphore (1-byte nop: a trap) | (a semaphore check) | {:.2} µs | {:.2} µs |",
+        per_call_ns(&sdt_live, &sdt_idle, TRACED_CALLS) / 1e3,
         per_call_ns(&sdt_busy, &sdt_idle, TRACED_CALLS) / 1e3
     );
-    println!("| the empty loop itself ({UNTRACED_CALLS} iterations) | {:.1} ms | |", base.loop_ns as f64 / 1e6);
+    println!(
+        "| `tracing::info!` with a subscriber but no layer, for reference | {:.1} ns | | |",
+        per_call_ns(&bare, &base, UNTRACED_CALLS)
+    );
+    println!("| the empty loop itself ({UNTRACED_CALLS} iterations) | {:.1} ms | | |", base.loop_ns as f64 / 1e6);
     Ok(())
 }

@@ -58,7 +58,7 @@ enum Task {
         /// Seconds per target.
         #[arg(long, default_value_t = 60)]
         seconds: u64,
-        /// Only this target (frame, trace_line, record).
+        /// Only this target (frame, trace_line, record, event_payload).
         target: Option<String>,
     },
     /// Run a command (its standard output discarded) and print its peak resident memory in KiB
@@ -169,7 +169,9 @@ fn fuzz(seconds: u64, only: Option<&str>) -> Result<()> {
             "--locked",
         ]))?;
     }
-    for target in ["frame", "trace_line", "record"].into_iter().filter(|t| only.is_none_or(|o| o == *t)) {
+    for target in
+        ["frame", "trace_line", "record", "event_payload"].into_iter().filter(|t| only.is_none_or(|o| o == *t))
+    {
         println!("xtask: fuzzing {target} for {seconds} s");
         run_checked(&mut nightly(&[
             "fuzz",

@@ -8,8 +8,9 @@
 //!   thread, which prints `thread TID`).
 //! - `events_fixture serve`: prints `ready`, then per line on stdin: `state` prints
 //!   `listening 0|1`, `emit` prints one event (`served`) and `emitted`, `quit` exits.
-//! - `events_fixture bench MODE N`: N calls of MODE (baseline, print, printf, log, tracing) and
-//!   `calls N ns T` with the loop's time.
+//! - `events_fixture bench MODE N`: N calls of MODE (baseline, print, printf, log, tracing, and
+//!   tracing_without_layer: a `tracing` subscriber without `TraceLayer`) and `calls N ns T` with
+//!   the loop's time.
 
 use std::{hint::black_box, io::BufRead as _, time::Instant};
 
@@ -87,25 +88,40 @@ fn serve() {
 
 fn bench(mode: &str, n: u64) {
     let start = Instant::now();
+    // Every mode makes the same opaque value per iteration; the baseline makes only that.
     match mode {
         "baseline" => (0..n).for_each(|i| {
             black_box(i);
         }),
         "print" => (0..n).for_each(|i| {
             black_box(i);
-            tracer_events::print(black_box("a message"));
+            tracer_events::print("a message");
         }),
-        "printf" => (0..n).for_each(|i| tracer_events::printf!("value {}", black_box(i))),
-        "log" => (0..n).for_each(|i| log::info!("value {}", black_box(i))),
-        "tracing" => (0..n).for_each(|i| tracing::info!(i = black_box(i), "value")),
+        "printf" => (0..n).for_each(|i| {
+            let i = black_box(i);
+            tracer_events::printf!("value {}", i);
+        }),
+        "log" => (0..n).for_each(|i| {
+            let i = black_box(i);
+            log::info!("value {}", i);
+        }),
+        "tracing" | "tracing_without_layer" => (0..n).for_each(|i| {
+            let i = black_box(i);
+            tracing::info!(i, "value");
+        }),
         other => panic!("unknown bench mode {other}"),
     }
     println!("calls {n} ns {}", start.elapsed().as_nanos());
 }
 
 fn main() {
-    install();
     let args: Vec<String> = std::env::args().collect();
+    if args.get(2).map(String::as_str) == Some("tracing_without_layer") {
+        // What `tracing` costs with a subscriber but no layer: the reference for `TraceLayer`.
+        tracing::subscriber::set_global_default(tracing_subscriber::registry()).expect("the only subscriber");
+    } else {
+        install();
+    }
     match args.get(1).map(String::as_str) {
         Some("run") | None => run(),
         Some("serve") => serve(),
