@@ -100,17 +100,25 @@ fn emit_trace(message: &str, data: &str, function: &str, file: &str, line: u32) 
     });
 }
 
+/// The out-of-line half of `print` and `print_with_data`: only called while a tracer listens, so
+/// that the callers' inlined half is the semaphore check alone.
+#[cold]
+#[inline(never)]
+fn print_at(message: &str, data: &str, at: &Location<'_>) {
+    emit_trace(message, data, "", at.file(), at.line());
+}
+
 /// Adds an event with this message to the trace (file and line are the caller's). The message is
 /// built by the caller whether or not a tracer listens; [`printf!`] builds it only if one does.
 ///
 /// ```
 /// tracer_events::print("cache warmed");
 /// ```
+#[inline]
 #[track_caller]
 pub fn print(message: &str) {
     if listening() {
-        let at = Location::caller();
-        emit_trace(message, "", "", at.file(), at.line());
+        print_at(message, "", Location::caller());
     }
 }
 
@@ -123,11 +131,11 @@ pub fn print(message: &str) {
 /// let sizes = BTreeMap::from([("small", 3), ("large", 1)]);
 /// tracer_events::print_with_data(&sizes, "sorted the batch");
 /// ```
+#[inline]
 #[track_caller]
 pub fn print_with_data<T: Serialize + ?Sized>(data: &T, message: &str) {
     if listening() {
-        let at = Location::caller();
-        emit_trace(message, &to_json(data), "", at.file(), at.line());
+        print_at(message, &to_json(data), Location::caller());
     }
 }
 
@@ -178,6 +186,8 @@ pub mod __private {
     pub use crate::to_json;
 
     /// The formatting half of `printf!`: only called while a tracer listens.
+    #[cold]
+    #[inline(never)]
     pub fn printf(args: std::fmt::Arguments<'_>, data: &str, module: &str, file: &str, line: u32) {
         let message = crate::message(args);
         crate::emit_trace(&message, data, module, file, line);
