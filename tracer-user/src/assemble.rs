@@ -197,6 +197,21 @@ mod tests {
     }
 
     #[test]
+    fn usdt_records_are_counted_not_dropped() {
+        // `tracer record` attaches no USDT probes yet; should a record arrive, it is counted.
+        let mut a = assembler();
+        let usdt = tracer_common::UsdtRecord {
+            header: header(RecordKind::Usdt, 1, 100),
+            cookie: 0,
+            arg_count: 0,
+            failed_args: 0,
+            args: [0; 12],
+        };
+        assert!(a.assemble(&bytes(&usdt)).is_none());
+        assert_eq!(a.undecodable, 1);
+    }
+
+    #[test]
     fn process_lifecycle() {
         let mut a = assembler();
         let fork = ForkRecord {
@@ -258,6 +273,8 @@ mod tests {
     #[test]
     fn lost_slots_are_named() {
         assert_eq!(lost_slot_name(1), Some("call"));
+        assert_eq!(lost_slot_name(RecordKind::UserEvent as u32), Some("log"));
+        assert_eq!(lost_slot_name(RecordKind::Usdt as u32), Some("usdt"));
         assert_eq!(lost_slot_name(tracer_common::lost_slot::UNTRACKED_CHILD), Some("untraced_children"));
         assert_eq!(lost_slot_name(0), None);
     }
