@@ -214,6 +214,32 @@ pub fn record<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> (Run, Trace) {
     (run, trace)
 }
 
+/// Starts `tracer <args>` and returns once it says it is tracing (`tracer: tracing ...` on
+/// stderr): the child, the rest of its stderr, and what it printed until then.
+pub fn start_tracing<S: AsRef<OsStr>>(args: &[S]) -> (Child, BufReader<std::process::ChildStderr>, String) {
+    let mut child = Command::new(tracer_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tracer");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut startup = String::new();
+    loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).expect("read tracer stderr") == 0 {
+            let _ = child.wait();
+            panic!("tracer exited before tracing: {startup}");
+        }
+        startup.push_str(&line);
+        if line.starts_with("tracer: tracing ") {
+            break;
+        }
+    }
+    (child, stderr, startup)
+}
+
 /// A `tracer record` running in the background, started once it has attached everything.
 pub struct TracerRun {
     child: Child,
@@ -234,26 +260,7 @@ impl TracerRun {
     /// Starts `tracer <args>` (which writes the trace to `out`) and returns once it says it is
     /// tracing.
     pub fn spawn<S: AsRef<OsStr>>(args: &[S], out: PathBuf) -> TracerRun {
-        let mut child = Command::new(tracer_bin())
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start tracer");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut startup = String::new();
-        loop {
-            let mut line = String::new();
-            if stderr.read_line(&mut line).expect("read tracer stderr") == 0 {
-                let _ = child.wait();
-                panic!("tracer exited before tracing: {startup}");
-            }
-            startup.push_str(&line);
-            if line.starts_with("tracer: tracing ") {
-                break;
-            }
-        }
+        let (child, stderr, startup) = start_tracing(args);
         TracerRun { child, stderr, startup, out }
     }
 

@@ -12,7 +12,7 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use tracer_tests::{Run, fixture, temp_dir, tracer, tracer_bin, u64_field, wait_with_timeout};
+use tracer_tests::{Run, fixture, start_tracing, temp_dir, tracer, u64_field, wait_with_timeout};
 
 /// What `tracer debug-usdt` wrote: the records, and its `end` line.
 struct Records {
@@ -283,25 +283,10 @@ impl Served {
 /// `tracer debug-usdt -p PID ARGS` in the background, once it is attached.
 fn attach(dir: &Path, pid: u32, args: &[&str]) -> (Child, std::path::PathBuf) {
     let out = dir.join("records.jsonl");
-    let mut child = Command::new(tracer_bin())
-        .args(["debug-usdt", "-p", &pid.to_string(), "-o"])
-        .arg(&out)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tracer");
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut startup = String::new();
-    loop {
-        let mut line = String::new();
-        assert_ne!(stderr.read_line(&mut line).unwrap(), 0, "tracer exited before tracing: {startup}");
-        startup.push_str(&line);
-        if line.starts_with("tracer: tracing ") {
-            break;
-        }
-    }
+    let pid = pid.to_string();
+    let mut all = vec!["debug-usdt", "-p", &pid, "-o", out.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let (child, mut stderr, _) = start_tracing(&all);
     // Keep reading stderr so the tracer never blocks on it.
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     (child, out)

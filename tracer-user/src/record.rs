@@ -37,7 +37,7 @@ pub const DEFAULT_MAX_PROBES: usize = 4096;
 /// Default `--buffer-size`: 64 MiB holds about 700,000 call records: a second of a busy target.
 pub const DEFAULT_BUFFER_SIZE: u32 = 64 << 20;
 /// How often liveness of the targets is checked.
-const TICK: Duration = Duration::from_millis(50);
+pub(crate) const TICK: Duration = Duration::from_millis(50);
 
 #[derive(Clone, Debug)]
 pub struct RecordOptions {

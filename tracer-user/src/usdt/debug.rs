@@ -21,7 +21,7 @@ use crate::{
     launch::{ChildExit, spawn_stopped, try_reap},
     loader::{Kernel, raise_fd_limit},
     modules::ModuleCandidates,
-    record::{RecordError, any_target_alive, sleep_until, wakeup_bytes},
+    record::{RecordError, TICK, any_target_alive, sleep_until, wakeup_bytes},
     targets::{self, Process},
 };
 
@@ -161,7 +161,8 @@ impl DebugPlan {
         let mut writer = Writer { out, table: &selection.table, clock, records: 0, undecodable: 0 };
         let mut drain = RingDrain::spawn(ring)?;
         let deadline = options.duration.map(|d| tokio::time::Instant::now() + d);
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut command_exit = None;
         tokio::pin!(stop);
         let reason = loop {
