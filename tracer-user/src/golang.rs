@@ -17,7 +17,14 @@ const BUILDINFO_INLINE_STRINGS: u8 = 0x2;
 /// Go 1.17, when the register ABI put `g` in r14, through 1.22 (`stack` 16, `stackguard0/1` 16,
 /// `_panic`, `_defer`, `m` 24, `sched` 56, `syscallsp`, `syscallpc`, `stktopsp`, `param` 32,
 /// `atomicstatus`, `stackLock` 8). Checked against the DWARF of Debian's Go 1.19.
-const GOID_OFFSETS: &[((u32, u32), (u32, u32), u16)] = &[((1, 17), (1, 22), 152)];
+const GOID_OFFSETS: &[GoidOffset] = &[GoidOffset { from: (1, 17), to: (1, 22), offset: 152 }];
+
+/// `runtime.g.goid` is at `offset` in Go versions `from..=to` (major, minor).
+struct GoidOffset {
+    from: (u32, u32),
+    to: (u32, u32),
+    offset: u16,
+}
 
 /// What the tracer needs to know about a Go file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,7 +114,7 @@ fn version_goid_offset(version: Option<&str>) -> Result<u16, String> {
         return Err("it has no DWARF and no readable Go version".to_string());
     };
     let known = major_minor(version)
-        .and_then(|v| GOID_OFFSETS.iter().find(|(from, to, _)| (*from..=*to).contains(&v)).map(|(_, _, o)| *o));
+        .and_then(|v| GOID_OFFSETS.iter().find(|known| (known.from..=known.to).contains(&v)).map(|known| known.offset));
     known.ok_or_else(|| format!("it has no DWARF, and the layout of {version}'s goroutines is not known to the tracer"))
 }
 

@@ -409,6 +409,20 @@ mod tests {
     }
 
     #[test]
+    fn go_calls_are_slices_on_their_goroutine_track() {
+        use crate::analysis::call_tree::tests::{go_call, go_ret};
+        let trace =
+            export(&[go_call(1_000_100, 1, 9, "main.blocker"), go_ret(1_000_400, 2, 9, "main.blocker", 300)], 0);
+        let tid = u64::from(GOROUTINE_TID_BASE) + 9;
+        assert_eq!(slices(&trace), vec![("main.blocker".to_string(), 0.1, 0.3, tid, false)]);
+        let events = trace["traceEvents"].as_array().unwrap();
+        let slice = events.iter().find(|e| e["ph"] == "X").unwrap();
+        assert_eq!((&slice["args"]["goid"], &slice["args"]["return_tid"]), (&json!(9), &json!(2)));
+        let name = events.iter().find(|e| e["name"] == "thread_name" && e["tid"] == tid).expect("a named track");
+        assert_eq!(name["args"]["name"], "goroutine 9");
+    }
+
+    #[test]
     fn nested_calls_become_nested_slices() {
         let t = export(
             &[

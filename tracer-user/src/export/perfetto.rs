@@ -416,7 +416,7 @@ impl<W: Write> Sink for PerfettoWriter<W> {
 mod tests {
     use super::*;
     use crate::{
-        analysis::call_tree::tests::{call, ev, ret},
+        analysis::call_tree::tests::{call, ev, go_call, go_ret, ret},
         event::fixtures::{end, start},
         event::{Channel, SignalId, Syscall},
     };
@@ -508,6 +508,37 @@ mod tests {
             Some(debug_annotation::Value::StringValue("tracing stopped".into())),
             "{main_end:?}"
         );
+    }
+
+    #[test]
+    fn go_calls_are_slices_on_goroutine_tracks() {
+        use track_event::Type::{SliceBegin as B, SliceEnd as E};
+        // Goroutine 9's call begins on thread 1 and ends on thread 2: one slice on its track.
+        let packets = export(&[go_call(100, 1, 9, "main.blocker"), go_ret(400, 2, 9, "main.blocker", 300)], 1000);
+        let t = tracks(&packets);
+        let g = t.iter().find(|t| t.uuid == Some(goroutine_track(1, 9))).expect("a goroutine track");
+        assert_eq!(g.name.as_deref(), Some("goroutine 9"));
+        assert_eq!(g.parent_uuid, Some(process_track(1)));
+        let uuid = goroutine_track(1, 9);
+        let none = Vec::<u64>::new;
+        assert_eq!(
+            events(&packets),
+            vec![(100, uuid, B, "main.blocker".into(), none(), none()), (400, uuid, E, "".into(), none(), none())]
+        );
+        let Some(trace_packet::Data::TrackEvent(begin)) =
+            &packets.iter().find(|p| matches!(p.data, Some(trace_packet::Data::TrackEvent(_)))).unwrap().data
+        else {
+            panic!("an event")
+        };
+        let names: Vec<&str> = begin
+            .debug_annotations
+            .iter()
+            .filter_map(|a| match &a.name_field {
+                Some(debug_annotation::NameField::Name(n)) => Some(n.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["module", "goid", "tid", "arg0"]);
     }
 
     #[test]
