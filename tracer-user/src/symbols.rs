@@ -255,6 +255,11 @@ fn go_placement(data: &[u8], address: u64, offset: u64, size: u64) -> Placement 
 /// standard library: package `main`, or a package whose import path starts with a domain
 /// (`github.com/x/y`), as every module outside the standard library's does.
 pub fn is_go_program_code(name: &str) -> bool {
+    // The compiler's generated functions (`type..eq.io/fs.PathError`, `go.buildid`) are no
+    // package's.
+    if ["type.", "type:", "go.", "go:"].iter().any(|p| name.starts_with(p)) {
+        return false;
+    }
     let after_slash = name.rfind('/').map_or(0, |i| i + 1);
     let package_end = name[after_slash..].find(['.', '(']).map_or(name.len(), |i| after_slash + i);
     let package = &name[..package_end];
@@ -401,7 +406,14 @@ mod tests {
         for own in ["main.work", "main.(*T).M", "main.main.func1", "github.com/a/b.F", "example.com/x.(*T).M"] {
             assert!(is_go_program_code(own), "{own}");
         }
-        for std in ["runtime.main", "net/http.(*conn).serve", "fmt.Println", "type..eq.main.T", "internal/abi.F"] {
+        for std in [
+            "runtime.main",
+            "net/http.(*conn).serve",
+            "fmt.Println",
+            "type..eq.main.T",
+            "type..eq.internal/cpu.option",
+            "internal/abi.F",
+        ] {
             assert!(!is_go_program_code(std), "{std}");
         }
     }
