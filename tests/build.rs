@@ -31,11 +31,32 @@ fn main() {
     // -pg would add gprof's start-up and gmon.out).
     let bench_obj = out.join("bench.o");
     run(Command::new(&cc)
-        .args(["-c", "-O2", "-fno-pie", "-pg", "-mfentry", "-mnop-mcount", "-o"])
+        .args(["-c", "-O2", "-fno-pie", "-pg", "-mfentry", "-mnop-mcount", "-fcf-protection=none", "-o"])
         .arg(&bench_obj)
         .arg(src.join("c/bench.c")));
     let bench = out.join("bench");
     run(Command::new(&cc).args(["-no-pie", "-o"]).arg(&bench).arg(&bench_obj));
+
+    // `work()` of the same program built the other three ways of issue 12's table, for probe
+    // placement: with CET (`endbr64`, then the 5-byte nop), plain (`lea` first), and with GCC's
+    // patchable entry (five one-byte nops).
+    let mut work_builds = Vec::new();
+    for (name, flags) in [
+        ("bench_cet", &["-pg", "-mfentry", "-mnop-mcount", "-fcf-protection=full"][..]),
+        ("bench_plain", &["-fcf-protection=none"][..]),
+        ("bench_pfe5", &["-fpatchable-function-entry=5", "-fcf-protection=none"][..]),
+    ] {
+        let obj = out.join(format!("{name}.o"));
+        run(Command::new(&cc)
+            .args(["-c", "-O2", "-fno-pie"])
+            .args(flags)
+            .arg("-o")
+            .arg(&obj)
+            .arg(src.join("c/bench.c")));
+        let exe = out.join(name);
+        run(Command::new(&cc).args(["-no-pie", "-o"]).arg(&exe).arg(&obj));
+        work_builds.push((name.to_uppercase(), exe));
+    }
 
     let demo = out.join("client_server_demo");
     run(Command::new(&cc).args(["-O0", "-pthread", "-o"]).arg(&demo).arg(src.join("c/client_server_demo.c")));
@@ -79,6 +100,9 @@ fn main() {
         ("GOFIXTURE", &gofixture),
         ("GOFIXTURE_NODWARF", &gofixture_nodwarf),
     ] {
+        println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
+    }
+    for (name, path) in &work_builds {
         println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
     }
 

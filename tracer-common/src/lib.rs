@@ -19,12 +19,18 @@ pub mod names {
     pub const CONFIG: &str = "CONFIG";
     pub const INFLIGHT: &str = "INFLIGHT";
     pub const STREAMS: &str = "STREAMS";
+    pub const TOP_FUNCTIONS: &str = "TOP_FUNCTIONS";
+    pub const TOP_BY_PROCESS: &str = "TOP_BY_PROCESS";
+    pub const TOP_STACKS: &str = "TOP_STACKS";
 }
 
 /// Names of the programs in the eBPF object.
 pub mod programs {
     pub const CALL_ENTRY: &str = "call_entry";
     pub const CALL_RETURN: &str = "call_return";
+    /// `tracer top`'s function programs: statistics in the kernel, no records.
+    pub const TOP_ENTRY: &str = "top_entry";
+    pub const TOP_RETURN: &str = "top_return";
     pub const SCHED_FORK: &str = "sched_fork";
     pub const SCHED_EXEC: &str = "sched_exec";
     pub const SCHED_EXIT: &str = "sched_exit";
@@ -105,8 +111,18 @@ pub mod lost_slot {
     pub const IPC_INFLIGHT: u32 = 13;
     /// Messages of a `sendmmsg`/`recvmmsg` beyond the first [`super::MAX_MMSG`] (not recorded).
     pub const IPC_MMSG_BEYOND_LIMIT: u32 = 14;
+    /// `tracer top`: a traced thread's call stack could not be kept (its map was full): its calls
+    /// are not counted.
+    pub const TOP_THREADS_FULL: u32 = 15;
+    /// `tracer top --by-process`: a (process, function) pair found its map full: not counted.
+    pub const TOP_KEYS_FULL: u32 = 16;
+    /// `tracer top`: calls nested deeper than [`super::top::MAX_DEPTH`] (the kernel gives them no
+    /// return probe), counted but not timed.
+    pub const TOP_TOO_DEEP: u32 = 17;
+    /// `tracer top`: calls whose return never came (left by `longjmp` or an exception).
+    pub const TOP_NO_RETURN: u32 = 18;
     /// Number of slots in the `LOST` map.
-    pub const COUNT: u32 = 16;
+    pub const COUNT: u32 = 20;
 }
 
 /// Bits of [`Config::enabled_kinds`]: `1 << RecordKind as u32`.
@@ -512,7 +528,8 @@ pub struct Config {
     pub follow_children: u32,
     /// 1: the `TARGET_INODES` map has entries (`--binary`), so exec looks the new file up.
     pub has_target_inodes: u32,
-    pub _pad: u32,
+    /// 1: `tracer top --by-process`: statistics per process and function, not per function.
+    pub top_by_process: u32,
     /// Records do not wake the reader up (it polls) until this many bytes wait in the ring: a
     /// wake-up per record costs the traced program more than the record itself.
     pub wakeup_bytes: u64,
@@ -525,4 +542,139 @@ mod pod {
     // padding spelled out as fields, so every bit pattern is a valid value.
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::InodeKey {}
+    unsafe impl aya::Pod for super::top::Stats {}
+    unsafe impl aya::Pod for super::top::Key {}
+}
+
+/// `tracer top`: per-function statistics kept in the kernel (no records).
+pub mod top {
+    /// Calls a thread may have open before the kernel stops giving them return probes (its
+    /// `MAX_URETPROBE_DEPTH`).
+    pub const MAX_DEPTH: usize = 64;
+    /// Sub-buckets per power of two of the latency histogram: a bucket is at most 1/16 = 6.25%
+    /// wide, so its midpoint is within 3.2% of any value in it.
+    pub const SUB_BITS: u32 = 4;
+    pub const SUB: u64 = 1 << SUB_BITS;
+    /// Values at or above `2^MAX_EXP` ns (68.7 s) share the last bucket.
+    pub const MAX_EXP: u32 = 36;
+    /// Buckets: one per nanosecond below [`SUB`], then [`SUB`] per power of two.
+    pub const BUCKETS: usize = SUB as usize + (MAX_EXP - SUB_BITS) as usize * SUB as usize;
+
+    /// The histogram bucket of a duration (log-linear: exponent, then the next four bits).
+    #[inline(always)]
+    pub const fn bucket(ns: u64) -> usize {
+        if ns < SUB {
+            return ns as usize;
+        }
+        // floor(log2(ns)) by halving, without a loop or `leading_zeros` (BPF has no clz).
+        let mut x = ns;
+        let mut exp = 0u32;
+        if x >= 1 << 32 {
+            x >>= 32;
+            exp += 32;
+        }
+        if x >= 1 << 16 {
+            x >>= 16;
+            exp += 16;
+        }
+        if x >= 1 << 8 {
+            x >>= 8;
+            exp += 8;
+        }
+        if x >= 1 << 4 {
+            x >>= 4;
+            exp += 4;
+        }
+        if x >= 1 << 2 {
+            x >>= 2;
+            exp += 2;
+        }
+        if x >= 1 << 1 {
+            exp += 1;
+        }
+        if exp >= MAX_EXP {
+            return BUCKETS - 1;
+        }
+        let sub = (ns >> (exp - SUB_BITS)) & (SUB - 1);
+        SUB as usize + (exp - SUB_BITS) as usize * SUB as usize + sub as usize
+    }
+
+    /// The durations a bucket holds: `[low, high)` nanoseconds.
+    pub const fn bucket_range(index: usize) -> (u64, u64) {
+        if index < SUB as usize {
+            return (index as u64, index as u64 + 1);
+        }
+        let i = (index - SUB as usize) as u64;
+        let exp = SUB_BITS as u64 + i / SUB;
+        let width = 1u64 << (exp - SUB_BITS as u64);
+        let low = (1u64 << exp) + (i % SUB) * width;
+        if index == BUCKETS - 1 { (low, u64::MAX) } else { (low, low + width) }
+    }
+
+    /// What the kernel keeps per function (or per process and function): updated atomically.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Stats {
+        /// Entries.
+        pub calls: u64,
+        /// Returns, each timed into `total_ns` and the histogram.
+        pub returns: u64,
+        pub total_ns: u64,
+        pub histogram: [u64; BUCKETS],
+    }
+
+    /// Key of the by-process statistics.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct Key {
+        pub pid: u32,
+        pub function: u32,
+    }
+
+    /// An open call of a thread.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Frame {
+        pub ts: u64,
+        /// The stack pointer at entry (it points at the return address); the uretprobe sees
+        /// it 8 bytes higher.
+        pub sp: u64,
+        pub function: u32,
+        pub _pad: u32,
+    }
+
+    /// A thread's open calls, innermost last.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Stack {
+        pub depth: u32,
+        pub _pad: u32,
+        pub frames: [Frame; MAX_DEPTH],
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn buckets_are_log_linear_and_contiguous() {
+            let mut previous_high = 0;
+            for i in 0..BUCKETS {
+                let (low, high) = bucket_range(i);
+                assert_eq!(low, previous_high, "bucket {i}");
+                assert!(high > low);
+                if i >= SUB as usize && i < BUCKETS - 1 {
+                    assert!((high - low) * SUB <= low, "bucket {i} is at most 1/16 of its low bound wide");
+                }
+                assert_eq!(bucket(low), i);
+                if i < BUCKETS - 1 {
+                    assert_eq!(bucket(high - 1), i);
+                }
+                previous_high = high;
+            }
+            assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+            assert_eq!(bucket(500_000), bucket(500_000 + 500_000 / 20));
+            assert_ne!(bucket(500_000), bucket(500_000 + 500_000 / 8));
+        }
+    }
 }

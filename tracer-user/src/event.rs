@@ -9,6 +9,8 @@ use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use serde::{Deserialize, Serialize, Serializer, ser::SerializeStruct as _};
 
+pub use crate::placement::ProbePaths;
+
 /// Version of the JSON lines format written in `trace_start.format_version`.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -646,6 +648,10 @@ pub struct TraceStart {
     /// Event kinds recorded.
     pub events: Vec<EventKind>,
     pub follow_children: bool,
+    /// The probed functions by the path their probes take in this kernel (optimized, emulated,
+    /// trap; see `placement`), and those whose probes moved off the symbol.
+    #[serde(default, skip_serializing_if = "ProbePaths::is_empty")]
+    pub probe_paths: ProbePaths,
     /// A trace merged from several hosts: each host, its clock correction and its targets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<HostInfo>,

@@ -89,12 +89,18 @@ pub fn raise_fd_limit(needed: u64) {
 impl Kernel {
     /// Loads every program with `config`, the ring buffer sized `ring_bytes`.
     pub fn load(config: &Config, ring_bytes: u32) -> Result<Kernel, LoadError> {
+        Self::load_sized(config, ring_bytes, 1)
+    }
+
+    /// As [`Kernel::load`], with room for `top_functions` functions' statistics (`tracer top`).
+    pub fn load_sized(config: &Config, ring_bytes: u32, top_functions: u32) -> Result<Kernel, LoadError> {
         if EBPF_OBJECT.is_empty() {
             return Err(LoadError::NoObject);
         }
         let ebpf = EbpfLoader::new()
             .override_global(names::CONFIG, config, true)
             .map_max_entries(names::EVENTS, ring_bytes)
+            .map_max_entries(names::TOP_FUNCTIONS, top_functions.max(1))
             .load(EBPF_OBJECT)
             .map_err(load_error)?;
         Ok(Kernel { entry_links: Vec::new(), return_links: Vec::new(), function_programs: None, ebpf })
@@ -145,13 +151,23 @@ impl Kernel {
 
     /// Attaches the probes; returns those that failed (the others stay attached).
     pub fn attach_functions(&mut self, probes: &[ProbeSpec]) -> Result<Vec<AttachFailure>, LoadError> {
+        self.attach_function_programs(probes, programs::CALL_ENTRY, programs::CALL_RETURN)
+    }
+
+    /// As [`Kernel::attach_functions`], running the programs named `entry` and `ret` (the record
+    /// programs or `tracer top`'s); one pair per `Kernel`.
+    pub fn attach_function_programs(
+        &mut self,
+        probes: &[ProbeSpec],
+        entry: &str,
+        ret: &str,
+    ) -> Result<Vec<AttachFailure>, LoadError> {
         if probes.is_empty() {
             return Ok(Vec::new());
         }
         if self.function_programs.is_none() {
             let mut fds =
-                uprobe_multi::load_programs(&self.ebpf, EBPF_OBJECT, &[programs::CALL_ENTRY, programs::CALL_RETURN])
-                    .map_err(LoadError::Load)?;
+                uprobe_multi::load_programs(&self.ebpf, EBPF_OBJECT, &[entry, ret]).map_err(LoadError::Load)?;
             let ret = fds.pop().expect("two programs");
             let entry = fds.pop().expect("two programs");
             self.function_programs = Some((entry, ret));
@@ -224,6 +240,11 @@ impl Kernel {
     pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, LoadError> {
         let map = self.ebpf.take_map(names::EVENTS).ok_or_else(|| load_error("EVENTS map is missing"))?;
         RingBuf::try_from(map).map_err(load_error)
+    }
+
+    /// The kernel's map named `name` (for `tracer top`'s statistics).
+    pub fn map(&self, name: &'static str) -> Result<&aya::maps::Map, LoadError> {
+        self.ebpf.map(name).ok_or_else(|| load_error(format!("{name} map is missing")))
     }
 
     /// Takes the lost-event counters, to be read after the programs are detached.

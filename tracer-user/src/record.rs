@@ -20,13 +20,14 @@ use crate::{
     assemble::{EventAssembler, FunctionTable, ProbedFunction, lost_slot_name},
     clock::BootClock,
     drain::{Batch, RingDrain},
-    event::{EndReason, EventKind, FORMAT_VERSION, TargetInfo, TraceEnd, TraceStart},
+    event::{EndReason, EventKind, FORMAT_VERSION, ProbePaths, TargetInfo, TraceEnd, TraceStart},
     kernel_btf::{KernelBtf, KernelBtfError},
     launch::{ChildExit, LaunchError, spawn_stopped, try_reap},
     loader::{Kernel, LoadError, LostCounters, ProbeSpec, raise_fd_limit},
     modules::{ModuleCandidates, ModuleError},
     order::REORDER_WINDOW_NS,
     pipeline::EventPipeline,
+    placement::ProbePath,
     sink::Sink,
     symbols::{FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code},
     targets::{self, FileId, Process, TargetError},
@@ -124,13 +125,16 @@ pub fn check_root() -> Result<(), RecordError> {
 
 /// Everything resolved and checked, nothing attached yet.
 pub struct Plan {
-    options: RecordOptions,
+    pub(crate) options: RecordOptions,
     /// `--pid` targets, and processes already running a `--binary`.
-    processes: Vec<Process>,
-    binaries: Vec<(PathBuf, FileId)>,
-    command: Option<PathBuf>,
-    probes: Vec<ProbeSpec>,
-    functions: FunctionTable,
+    pub(crate) processes: Vec<Process>,
+    pub(crate) binaries: Vec<(PathBuf, FileId)>,
+    pub(crate) command: Option<PathBuf>,
+    pub(crate) probes: Vec<ProbeSpec>,
+    pub(crate) functions: FunctionTable,
+    pub(crate) probe_paths: ProbePaths,
+    /// One line on the paths the probes take (see [`ProbePaths::summary`]).
+    pub probe_summary: Option<String>,
     /// Things the user should know that do not stop the trace.
     pub warnings: Vec<String>,
 }
@@ -190,12 +194,12 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         }
     }
 
-    let (probes, functions) = if want_calls {
+    let Selection { probes, functions, probe_paths, probe_summary } = if want_calls {
         select_functions(&options, &executables, &processes, &mut warnings)?
     } else {
-        (Vec::new(), Vec::new())
+        Selection::default()
     };
-    Ok(Plan { options, processes, binaries, command, probes, functions, warnings })
+    Ok(Plan { options, processes, binaries, command, probes, functions, probe_paths, probe_summary, warnings })
 }
 
 /// The functions to probe: those matching `--functions`, or every function of the main
@@ -205,7 +209,7 @@ fn select_functions(
     executables: &[PathBuf],
     processes: &[Process],
     warnings: &mut Vec<String>,
-) -> Result<(Vec<ProbeSpec>, FunctionTable), RecordError> {
+) -> Result<Selection, RecordError> {
     let entry = options.events.contains(&EventKind::Call);
     let exit = options.events.contains(&EventKind::Return);
     let mut tables: BTreeMap<PathBuf, SymbolTable> = BTreeMap::new();
@@ -288,6 +292,8 @@ fn select_functions(
     let mut functions = Vec::with_capacity(selected.len());
     let mut no_return = Vec::new();
     let mut refused: Vec<(String, String)> = Vec::new();
+    let mut probe_paths = ProbePaths::default();
+    let mut go_probed = false;
     for (module, index) in selected {
         let table = &tables[&module];
         let f = &table.functions[index];
@@ -296,19 +302,26 @@ fn select_functions(
             probes.push(ProbeSpec { path: module.clone(), file_offset, cookie, ret });
         };
         match &f.placement {
-            Placement::Native => {
+            Placement::Native(point) => {
                 let return_safe = f.return_probe_is_safe();
                 if exit && !return_safe {
                     no_return.push(f.name.clone());
                 }
+                // Both probes on the chosen point: a uretprobe there still finds the caller's
+                // return address on top of the stack (only `endbr64` and nops come before it).
+                let at = f.file_offset + point.offset;
                 if entry {
-                    probe(f.file_offset, cookie::plain(function), false);
+                    probe(at, cookie::plain(function), false);
                 }
                 if exit && return_safe {
-                    probe(f.file_offset, cookie::plain(function), true);
+                    probe(at, cookie::plain(function), true);
+                }
+                probe_paths.add(&f.name, point.path);
+                if point.offset != 0 {
+                    probe_paths.moved.insert(f.name.clone(), point.offset);
                 }
             }
-            Placement::Go { entry: at, returns } => {
+            Placement::Go { entry: at, entry_path, returns } => {
                 let goid_offset = table.go.as_ref().map_or(0, |go| go.goid_offset());
                 if entry {
                     probe(*at, cookie::go(function, false, goid_offset), false);
@@ -318,6 +331,13 @@ fn select_functions(
                         probe(ret, cookie::go(function, true, goid_offset), false);
                     }
                 }
+                // A `ret` is single-stepped: with return probes a Go function traps.
+                let path = if exit && !returns.is_empty() { ProbePath::Trap } else { *entry_path };
+                probe_paths.add(&f.name, path);
+                if *at != f.file_offset {
+                    probe_paths.moved.insert(f.name.clone(), *at - f.file_offset);
+                }
+                go_probed = true;
             }
             Placement::Refused(why) => {
                 refused.push((f.name.clone(), format!("{}: {why}", module.display())));
@@ -346,7 +366,17 @@ fn select_functions(
             no_return.join(", ")
         ));
     }
-    Ok((probes, functions))
+    let probe_summary = probe_paths.summary(go_probed);
+    Ok(Selection { probes, functions, probe_paths, probe_summary })
+}
+
+/// What [`select_functions`] chose.
+#[derive(Default)]
+struct Selection {
+    probes: Vec<ProbeSpec>,
+    functions: FunctionTable,
+    probe_paths: ProbePaths,
+    probe_summary: Option<String>,
 }
 
 impl Plan {
@@ -358,7 +388,7 @@ impl Plan {
     /// Launches the command (stopped), loads and attaches everything, starts tracing the targets,
     /// and lets the command run.
     pub fn start(self) -> Result<Recording, RecordError> {
-        let Plan { options, processes, binaries, command, probes, functions, .. } = self;
+        let Plan { options, processes, binaries, command, probes, functions, probe_paths, .. } = self;
         let mut warnings = Vec::new();
         let events = &options.events;
         let child = match &command {
@@ -384,7 +414,7 @@ impl Plan {
             enabled_kinds,
             follow_children: options.follow_children as u32,
             has_target_inodes: !binaries.is_empty() as u32,
-            _pad: 0,
+            top_by_process: 0,
             wakeup_bytes: wakeup_bytes(options.buffer_size),
             offsets: KernelBtf::load()?.offsets()?,
         };
@@ -455,6 +485,7 @@ impl Plan {
             probes: attached,
             events: events.iter().copied().collect(),
             follow_children: options.follow_children,
+            probe_paths,
             hosts: vec![],
         };
         let return_probes = options.events.contains(&EventKind::Return);
@@ -620,7 +651,7 @@ fn push_batch(batch: &Batch, assembler: &mut EventAssembler, pipeline: &mut Even
 
 /// Whether any traced process still lives; forgets the ones that are gone (a process that exited
 /// before it could be traced never produces the exit that would remove it).
-fn any_target_alive(kernel: &mut Kernel) -> bool {
+pub(crate) fn any_target_alive(kernel: &mut Kernel) -> bool {
     let mut alive = false;
     for pid in kernel.traced_pids() {
         if targets::process_alive(pid) {

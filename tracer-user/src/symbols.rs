@@ -11,6 +11,7 @@ use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 use crate::{
     disasm::{Entry, FunctionCode},
     golang::{self, GoInfo},
+    placement::{self, EntryPoint, KernelProbes, ProbePath},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -44,11 +45,14 @@ pub struct Function {
 /// Where a function's probes go.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Placement {
-    /// A uprobe at the symbol, and a uretprobe for its return (System V code: C, C++, Rust).
-    Native,
+    /// A uprobe and a uretprobe for its return, both at `entry` bytes after the symbol (past a
+    /// leading `endbr64` or nops when that reaches a faster path: see [`crate::placement`]) (System
+    /// V code: C, C++, Rust).
+    Native(EntryPoint),
     /// Go code, whose runtime moves and walks stacks, so no uretprobe: ordinary uprobes at the
-    /// entry (after the stack-bound check) and on each `ret` instruction, as file offsets.
-    Go { entry: u64, returns: Vec<u64> },
+    /// entry (after the stack-bound check) and on each `ret` instruction (which always traps), as
+    /// file offsets.
+    Go { entry: u64, entry_path: ProbePath, returns: Vec<u64> },
     /// Go code that cannot be probed safely, and why.
     Refused(String),
 }
@@ -169,7 +173,7 @@ impl SymbolTable {
         for (address, (mut raws, size)) in by_address {
             let Some(offset) = file_offset(address) else { continue };
             let placement = match (&go, &go_refusal) {
-                (None, _) => Placement::Native,
+                (None, _) => Placement::Native(native_placement(data, address, offset, size)),
                 (Some(_), Some(why)) => Placement::Refused(why.clone()),
                 (Some(_), None) => go_placement(data, address, offset, size),
             };
@@ -229,26 +233,53 @@ impl SymbolTable {
     }
 }
 
+/// The bytes of a function in the file, if they are there.
+fn function_bytes(data: &[u8], offset: u64, size: u64) -> Option<&[u8]> {
+    usize::try_from(offset)
+        .ok()
+        .zip(usize::try_from(size).ok())
+        .and_then(|(start, len)| data.get(start..start.checked_add(len)?))
+}
+
+/// Where the probes of the native function at `address` (file offset `offset`) go: the fastest
+/// equivalent entry point. Bytes that do not decode as a whole (data in the text) are judged by
+/// their first instruction alone, and probed at the symbol.
+fn native_placement(data: &[u8], address: u64, offset: u64, size: u64) -> EntryPoint {
+    let kernel = KernelProbes::current();
+    let Some(bytes) = function_bytes(data, offset, size) else {
+        return EntryPoint { offset: 0, path: ProbePath::Trap };
+    };
+    match FunctionCode::decode(bytes, address) {
+        Ok(code) => placement::native_entry(&code, bytes, offset, kernel),
+        Err(_) => EntryPoint { offset: 0, path: placement::classify_at(bytes, address, offset, kernel) },
+    }
+}
+
 /// Where the probes of the Go function at `address` (file offset `offset`) go: decoded from its
 /// bytes, the entry after the stack-bound check and every `ret`.
 fn go_placement(data: &[u8], address: u64, offset: u64, size: u64) -> Placement {
-    let code = usize::try_from(offset)
-        .ok()
-        .zip(usize::try_from(size).ok())
-        .and_then(|(start, len)| data.get(start..start.checked_add(len)?));
+    let code = function_bytes(data, offset, size);
     let Some(code) = code else {
         return Placement::Refused("its code is not in the file".to_string());
     };
-    let code = match FunctionCode::decode(code, address) {
+    let bytes = code;
+    let code = match FunctionCode::decode(bytes, address) {
         Ok(code) => code,
         Err(e) => return Placement::Refused(format!("its code does not decode: {e}")),
     };
     let to_offset = |a: u64| a - address + offset;
-    let entry = match code.entry() {
-        Entry::GoStackCheck { body } => to_offset(body),
-        Entry::Plain => offset,
+    let entry_address = match code.entry() {
+        Entry::GoStackCheck { body } => body,
+        Entry::Plain => address,
     };
-    Placement::Go { entry, returns: code.returns().into_iter().map(to_offset).collect() }
+    let entry = to_offset(entry_address);
+    let entry_path = placement::classify_at(
+        &bytes[(entry_address - address) as usize..],
+        entry_address,
+        entry,
+        KernelProbes::current(),
+    );
+    Placement::Go { entry, entry_path, returns: code.returns().into_iter().map(to_offset).collect() }
 }
 
 /// Whether a Go function belongs to the program's own code rather than to the runtime or the
@@ -441,7 +472,7 @@ mod tests {
                     address: i as u64,
                     file_offset: i as u64,
                     size: 1,
-                    placement: Placement::Native,
+                    placement: Placement::Native(EntryPoint { offset: 0, path: ProbePath::Trap }),
                 })
                 .collect(),
             go: None,

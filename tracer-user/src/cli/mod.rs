@@ -2,6 +2,7 @@
 //! stderr (warnings, the summary, errors) is written here, never by the library.
 
 mod cluster;
+mod top;
 
 use std::{
     collections::BTreeSet,
@@ -43,6 +44,8 @@ pub enum Command {
     Report(ReportArgs),
     /// Each thread's calls in order, as an indented tree with start times and durations.
     Calls(CallsArgs),
+    /// Live per-function statistics (calls, time, percentiles) aggregated in the kernel.
+    Top(top::TopArgs),
     /// Wait for a collector and trace for it on this host.
     Agent(cluster::AgentArgs),
     /// Trace on several hosts at once through their agents, and merge into one timeline.
@@ -196,6 +199,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Export(args) => export(args),
         Command::Report(args) => report(args),
         Command::Calls(args) => calls(args),
+        Command::Top(args) => top::top(args),
         Command::Agent(args) => cluster::agent(args),
         Command::Collect(args) => cluster::collect(args),
     }
@@ -252,6 +256,9 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         let plan = record::plan(options)?;
         let out = open_output(&args.output)?;
         print_warnings(&plan.warnings);
+        if let Some(line) = &plan.probe_summary {
+            eprintln!("tracer: {line}");
+        }
         let mut sink = format.sink(out);
         let recording = plan.start()?;
         print_warnings(&recording.warnings);

@@ -446,6 +446,7 @@ impl ClusterTrace {
             probes: 0,
             events: kinds.into_iter().collect(),
             follow_children: hosts.iter().filter_map(|h| h.start.as_ref()).any(|s| s.follow_children),
+            probe_paths: Default::default(),
             hosts: Vec::new(),
         };
         merge(hosts, &collector, reason)
