@@ -807,6 +807,7 @@ pub(crate) mod fixtures {
             probes: 2,
             events: EventKind::ALL.to_vec(),
             follow_children: true,
+            probe_paths: ProbePaths::default(),
             hosts: vec![],
         }
     }
