@@ -342,7 +342,7 @@ mod tests {
     #[test]
     fn never_moves_onto_a_branch_target() {
         // endbr64; nop5; dec rdi; jnz <nop5>; ret
-        let b = concat(&[&ENDBR64, &NOP5, &[0x48, 0xff, 0xcf, 0x75, 0xf8, 0xc3]]);
+        let b = concat(&[&ENDBR64, &NOP5, &[0x48, 0xff, 0xcf, 0x75, 0xf6, 0xc3]]);
         let code = FunctionCode::decode(&b, 0x401000).unwrap();
         assert!(is_branch_target(code.instructions(), 0x401004));
         assert_eq!(entry(&b, 0, ON), EntryPoint { offset: 0, path: ProbePath::Trap });
