@@ -12,7 +12,8 @@ fn top(args: &[&str]) -> Vec<Value> {
     assert_eq!(run.code(), 0, "{run:?}");
     assert!(run.stderr.contains("tracer: tracing "), "{run:?}");
     let snapshots: Vec<Value> =
-        run.stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
+        // The traced command shares stdout (the bench fixture prints its loop time).
+        run.stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
     let (last, rest) = snapshots.split_last().unwrap_or_else(|| panic!("no snapshot: {run:?}"));
     assert_eq!(last["final"], true, "{last}");
     assert!(rest.iter().all(|s| s["final"] == false), "{run:?}");
@@ -133,6 +134,7 @@ fn bad_input_is_refused_in_one_sentence() {
     let dir = temp_dir();
     let script = dir.path().join("script.sh");
     std::fs::write(&script, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     tracer(&["top", "-b", script.to_str().unwrap()])
         .assert_error(&format!("{} is not an ELF executable", script.display()));
     let gofixture = fixture("gofixture");

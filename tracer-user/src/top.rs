@@ -46,12 +46,16 @@ pub struct Top {
     pub probes: usize,
 }
 
-/// Checks `options` as `record` does, for call and return probes. Go functions are refused at
-/// [`Top::start`]: their calls move between threads with their goroutines, which per-thread
+/// Checks `options` as `record` does, for call and return probes. Go functions are refused
+/// here: their calls move between threads with their goroutines, which per-thread
 /// stacks in the kernel cannot follow.
-pub fn plan_top(mut options: RecordOptions) -> Result<Plan, RecordError> {
+pub fn plan_top(mut options: RecordOptions) -> Result<Plan, TopError> {
     options.events = [EventKind::Call, EventKind::Return].into_iter().collect();
-    plan(options)
+    let plan = plan(options)?;
+    if let Some(go) = plan.probes.iter().find(|p| tracer_common::cookie::is_go(p.cookie)) {
+        return Err(TopError::Go(plan.functions[tracer_common::cookie::function(go.cookie) as usize].name.to_string()));
+    }
+    Ok(plan)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,9 +73,6 @@ impl Top {
     /// points, starts tracing the targets and lets the command run.
     pub fn start(plan: Plan, by_process: bool) -> Result<Top, TopError> {
         let Plan { options, processes, binaries, command, probes, functions, .. } = plan;
-        if let Some(go) = probes.iter().find(|p| tracer_common::cookie::is_go(p.cookie)) {
-            return Err(TopError::Go(functions[tracer_common::cookie::function(go.cookie) as usize].name.to_string()));
-        }
         let child = match &command {
             Some(path) => Some(spawn_stopped(path, &options.command).map_err(RecordError::from)?),
             None => None,
