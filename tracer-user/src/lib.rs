@@ -14,6 +14,7 @@ pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod drain;
+pub mod errors;
 pub mod event;
 pub mod export;
 pub mod flows;

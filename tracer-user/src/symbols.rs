@@ -10,7 +10,7 @@ use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path} is not an ELF executable or shared library ({reason})")]
     NotElf { path: PathBuf, reason: String },
