@@ -201,8 +201,19 @@ pub async fn client(
 ) -> Result<Session, HandshakeError> {
     tokio::time::timeout(HANDSHAKE_TIMEOUT, async move {
         let hello = encode_body(&Message::Hello { version: PROTOCOL_VERSION, nonce: auth::nonce() })?;
-        send_plain(&mut stream, &hello).await?;
-        let challenge = super::protocol::read_frame(&mut stream, MAX_HANDSHAKE_FRAME).await?;
+        let sent = send_plain(&mut stream, &hello).await;
+        // An agent that refuses us at once may have closed before our hello: its reason is
+        // still there to read.
+        let challenge = match super::protocol::read_frame(&mut stream, MAX_HANDSHAKE_FRAME).await {
+            Ok(frame) => frame,
+            Err(e) => return Err(sent.err().unwrap_or(e).into()),
+        };
+        if let Err(e) = sent {
+            return Err(match decode(&challenge) {
+                Ok(Message::Refused { reason }) => HandshakeError::Refused(reason),
+                _ => e.into(),
+            });
+        }
         let secret_required = match decode(&challenge)? {
             Message::Challenge { version, secret_required, .. } if version == PROTOCOL_VERSION => secret_required,
             Message::Challenge { version, .. } => return Err(HandshakeError::Version { theirs: version }),
