@@ -163,7 +163,7 @@ fn relay(agent: String, meddle: Meddle, marker: &Path) -> String {
             let mut n = 0;
             while let Some(f) = read_frame(&mut a_in) {
                 if c_out.write_all(&f).is_err() {
-                    return;
+                    break;
                 }
                 n += 1;
                 // Frame 1 from the agent is its welcome: the handshake is over.
@@ -172,11 +172,13 @@ fn relay(agent: String, meddle: Meddle, marker: &Path) -> String {
                     let _ = c_out.write_all(&forged(&fake));
                 }
             }
+            // The agent hung up: so does the relay.
+            let _ = c_out.shutdown(std::net::Shutdown::Both);
         });
         let mut n = 0;
         while let Some(f) = read_frame(&mut c_in) {
             if a_out.write_all(&f).is_err() {
-                return;
+                break;
             }
             n += 1;
             match meddle {
@@ -195,6 +197,7 @@ fn relay(agent: String, meddle: Meddle, marker: &Path) -> String {
                 _ => {}
             }
         }
+        let _ = a_out.shutdown(std::net::Shutdown::Both);
     });
     addr
 }

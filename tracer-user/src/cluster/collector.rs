@@ -78,7 +78,7 @@ use super::{
     clock_sync::ClockSample,
     listener::peer_creds,
     merge::{HostTrace, MergedTrace, merge},
-    protocol::{FrameError, Message, TraceRequest},
+    protocol::{Message, TraceRequest},
     session::{self, HandshakeError, Session},
     tls,
     wire::Decoder,
@@ -303,13 +303,18 @@ pub async fn connect_session(spec: &AgentSpec, options: &ClientOptions) -> Resul
 /// Round trips before the first trace: the tightest gives the offset.
 const FIRST_PROBES: u32 = 16;
 
-/// Measures an agent's clock a few times on a fresh connection.
-async fn probe_clock(conn: &mut Session, clock: &BootClock) -> Result<Vec<ClockSample>, FrameError> {
+/// Measures an agent's clock a few times on a fresh connection; an agent silent for `silence`
+/// is an error.
+async fn probe_clock(conn: &mut Session, clock: &BootClock, silence: Duration) -> Result<Vec<ClockSample>, String> {
     let mut samples = Vec::new();
     for id in 0..FIRST_PROBES {
         let t0 = clock.now_unix_ns();
-        conn.writer.send(&Message::ClockProbe { id }).await?;
-        if let Message::ClockEcho { id: echoed, agent_ns } = conn.reader.recv().await?
+        conn.writer.send(&Message::ClockProbe { id }).await.map_err(|e| report(&e))?;
+        let echo = tokio::time::timeout(silence, conn.reader.recv())
+            .await
+            .map_err(|_| format!("no answer to a clock probe within {silence:?}"))?
+            .map_err(|e| report(&e))?;
+        if let Message::ClockEcho { id: echoed, agent_ns } = echo
             && echoed == id
         {
             samples.push(ClockSample { t0, t1: clock.now_unix_ns(), agent_ns });
@@ -326,9 +331,9 @@ impl Cluster {
         let mut connections = Vec::new();
         for spec in &agents {
             let mut conn = connect_session(spec, &options).await?;
-            let samples = probe_clock(&mut conn, &clock)
+            let samples = probe_clock(&mut conn, &clock, options.silence)
                 .await
-                .map_err(|e| ClusterError::Protocol { agent: spec.name.clone(), reason: report(&e) })?;
+                .map_err(|reason| ClusterError::Protocol { agent: spec.name.clone(), reason })?;
             connections.push((conn, samples));
         }
         let shared = Arc::new(Shared {
@@ -800,11 +805,19 @@ async fn session(
                                 h.end = serde_json::from_str(&trace_end).ok();
                                 h.total = Some(total_events);
                             }
-                            drop(h);
-                            shared.changed.notify_waiters();
                         }
                         Message::Refused { reason } => return Err(format!("refused: {reason}")),
                         other => return Err(format!("unexpected {other:?}")),
+                    }
+                    // Everything is here: say so at once, so that the agent can let the trace go
+                    // (it keeps an unacknowledged trace for its collector).
+                    let done = {
+                        let h = shared.hosts[index].lock().unwrap();
+                        h.total.is_some_and(|t| h.next_seq >= t).then_some(h.next_seq)
+                    };
+                    if let Some(next_seq) = done.filter(|&n| n != acked) {
+                        writer.send(&Message::Ack { next_seq }).await.map_err(|e| report(&e))?;
+                        acked = next_seq;
                     }
                     shared.changed.notify_waiters();
                 },
