@@ -300,6 +300,9 @@ pub async fn connect_session(spec: &AgentSpec, options: &ClientOptions) -> Resul
     })
 }
 
+/// How long an agent may be silent while it starts a trace.
+const START_SILENCE: Duration = Duration::from_secs(30);
+
 /// Round trips before the first trace: the tightest gives the offset.
 const FIRST_PROBES: u32 = 16;
 
@@ -823,8 +826,11 @@ async fn session(
                 },
                 _ = tick.tick() => {
                     ticks += 1;
-                    if last_heard.elapsed() > options.silence {
-                        return Err(format!("silent for {:?}", options.silence));
+                    // An agent attaching probes answers nothing until it is done: that may take
+                    // seconds (large binaries, a loaded machine).
+                    let silence = if pending_start.is_some() { options.silence.max(START_SILENCE) } else { options.silence };
+                    if last_heard.elapsed() > silence {
+                        return Err(format!("silent for {silence:?}"));
                     }
                     let next_seq = shared.hosts[index].lock().unwrap().next_seq;
                     if next_seq != acked {
