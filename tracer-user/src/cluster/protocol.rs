@@ -262,7 +262,12 @@ fn write_fuzz_seeds() {
         host: "h".into(),
         pid: 1,
         tid: 1,
-        data: crate::event::EventData::Call { function: "f".into(), module: "m".into(), args: [1; 6] },
+        data: crate::event::EventData::Call {
+            function: "f".into(),
+            module: "m".into(),
+            args: [1; 6].into(),
+            goid: None,
+        },
     };
     let seeds = [
         Message::Hello { version: PROTOCOL_VERSION, nonce: [1; 32] },
