@@ -276,7 +276,9 @@ impl<'d, 'a> Reader<'d, 'a> {
         let header = program.header();
         let file = header.file(index)?;
         let mut path = PathBuf::new();
-        if let Some(dir) = &unit.comp_dir {
+        // DWARF 5's directory 0 is the compilation directory itself (perhaps relative).
+        let dir_is_comp_dir = header.version() >= 5 && file.directory_index() == 0;
+        if let Some(dir) = unit.comp_dir.as_ref().filter(|_| !dir_is_comp_dir) {
             path.push(dir.to_string_lossy().as_ref());
         }
         if let Some(dir) = file.directory(header) {

@@ -13,15 +13,16 @@
 //!   `"length"`);
 //! - anything that cannot be read as `{"unreadable": why}`.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::{
     layout::{CapturedString, FunctionLayout, Registers, Source, StringStatus, ValueLayout},
     types::{Kind, Type},
 };
 
-/// The `params` object of a call: every parameter, in declaration order.
-pub fn format_params(layout: &FunctionLayout, regs: &Registers, strings: &[CapturedString]) -> Map<String, Value> {
+/// The `params` of a call: every parameter, in declaration order. (A list, not a
+/// `serde_json::Map`, which sorts its keys unless serde_json's `preserve_order` is on.)
+pub fn format_params(layout: &FunctionLayout, regs: &Registers, strings: &[CapturedString]) -> Vec<(String, Value)> {
     layout.params.iter().map(|p| (p.name.clone(), format_value(p, regs, strings))).collect()
 }
 
@@ -250,9 +251,7 @@ mod tests {
     fn strings_complete_truncated_null_and_faulted() {
         let layout = string_layout(Kind::CString);
         let regs = Registers::at_entry([0, 0x5000, 20, 0, 0, 0]);
-        let f = |status, bytes: &[u8]| {
-            format_params(&layout, &regs, &[CapturedString { status, bytes }])["name"].clone()
-        };
+        let f = |status, bytes: &[u8]| format_params(&layout, &regs, &[CapturedString { status, bytes }])[0].1.clone();
         assert_eq!(f(StringStatus::Complete, b"alice"), json!("alice"));
         assert_eq!(f(StringStatus::Complete, b""), json!(""));
         assert_eq!(
