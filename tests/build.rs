@@ -66,9 +66,7 @@ fn main() {
     run(Command::new(&cc).args(["-g", "-O0", "-rdynamic", "-o"]).arg(&params_stripped).arg(&params_c));
     run(Command::new("objcopy").arg("--only-keep-debug").arg(&params_stripped).arg(&params_debug));
     run(Command::new("strip").arg(&params_stripped));
-    run(Command::new("objcopy")
-        .arg(format!("--add-gnu-debuglink={}", params_debug.display()))
-        .arg(&params_stripped));
+    run(Command::new("objcopy").arg(format!("--add-gnu-debuglink={}", params_debug.display())).arg(&params_stripped));
     let params_cpp_src = src.join("cpp/params.cpp");
     let params_cpp = out.join("params_cpp");
     run(Command::new(&cxx).args(["-g", "-O0", "-o"]).arg(&params_cpp).arg(&params_cpp_src));

@@ -16,8 +16,8 @@ use tracer_user::{
         abi::{DwarfEntry, Place, Unknown},
         format::{format_params, format_return},
         layout::{
-            CapturedString, DEFAULT_STRING_SIZE, FunctionLayout, LayoutError, ProbeLayout, Reg, Registers,
-            StringKind, StringRead, StringStatus,
+            CapturedString, DEFAULT_STRING_SIZE, FunctionLayout, LayoutError, ProbeLayout, Reg, Registers, StringKind,
+            StringRead, StringStatus,
         },
     },
     symbols::SymbolTable,
@@ -36,7 +36,8 @@ fn read_with(path: &Path, search: &DebugSearch) -> Read {
     let info = found.info.unwrap_or_else(|| panic!("no debug info for {}: {:?}", path.display(), found.rejected));
     let addresses: Vec<u64> = symbols.functions.iter().map(|f| f.address).collect();
     let mut functions = info.functions(&addresses).unwrap();
-    let by_name = symbols.functions.iter().filter_map(|f| Some((f.name.clone(), functions.remove(&f.address)?))).collect();
+    let by_name =
+        symbols.functions.iter().filter_map(|f| Some((f.name.clone(), functions.remove(&f.address)?))).collect();
     Read { origin: info.origin().clone(), by_name }
 }
 
@@ -213,10 +214,7 @@ fn c_fixture_at_o0_is_placed_by_the_system_v_abi() {
         assert_eq!(r.get(name).language, Language::C);
         // Unoptimised: DWARF has the stack slots the prologue fills, and the caller's stack area.
         for p in &s.params {
-            assert!(
-                matches!(p.dwarf, DwarfEntry::FrameSlot | DwarfEntry::At(Place::Stack { .. })),
-                "{name}: {p:?}"
-            );
+            assert!(matches!(p.dwarf, DwarfEntry::FrameSlot | DwarfEntry::At(Place::Stack { .. })), "{name}: {p:?}");
         }
     }
     assert!(r.sig("sum").variadic && !r.sig("eight").variadic);
@@ -449,11 +447,14 @@ fn compressed_debug_sections_are_read_and_a_lying_size_is_refused() {
     let found = find_in(&liar);
     let err = found.info.unwrap().functions(&[0x1139]).unwrap_err().to_string();
     assert!(err.starts_with("cannot read section .debug_info of "), "{err}");
-    assert!(err.ends_with(&format!("it claims {} bytes uncompressed from {} compressed", 1u64 << 40, {
-        use object::{Object as _, ObjectSection as _};
-        let f = object::File::parse(&*data).unwrap();
-        f.section_by_name(".debug_info").unwrap().file_range().unwrap().1 - 24
-    })), "{err}");
+    assert!(
+        err.ends_with(&format!("it claims {} bytes uncompressed from {} compressed", 1u64 << 40, {
+            use object::{Object as _, ObjectSection as _};
+            let f = object::File::parse(&*data).unwrap();
+            f.section_by_name(".debug_info").unwrap().file_range().unwrap().1 - 24
+        })),
+        "{err}"
+    );
 }
 
 #[test]
@@ -489,7 +490,13 @@ fn cpp_fixture_methods_references_enums_and_by_reference_classes() {
         assert_eq!(r.get(add).language, Language::Cpp);
         assert_eq!(
             described(r.sig(add)),
-            ["this: Counter * const @ rdi", "what: const char * @ rsi", "n: int @ rdx", "size: Size @ rcx", "-> long int @ rax"],
+            [
+                "this: Counter * const @ rdi",
+                "what: const char * @ rsi",
+                "n: int @ rdx",
+                "size: Size @ rcx",
+                "-> long int @ rax"
+            ],
             "{name}"
         );
         assert!(r.sig(add).params[0].artificial && !r.sig(add).params[1].artificial);
@@ -515,12 +522,27 @@ fn rust_expected() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
         (
             "params::signed_and_small",
             "fn signed_and_small(",
-            vec!["a: i8 @ rdi", "b: i16 @ rsi", "c: i32 @ rdx", "d: i64 @ rcx", "e: u8 @ r8", "f: u16 @ r9", "-> i64 @ rax"],
+            vec![
+                "a: i8 @ rdi",
+                "b: i16 @ rsi",
+                "c: i32 @ rdx",
+                "d: i64 @ rcx",
+                "e: u8 @ r8",
+                "f: u16 @ r9",
+                "-> i64 @ rax",
+            ],
         ),
         (
             "params::wide",
             "fn wide(",
-            vec!["g: u32 @ rdi", "h: u64 @ rsi", "i: isize @ rdx", "j: usize @ rcx", "k: i128 @ r8:r9", "-> i128 @ rax:rdx"],
+            vec![
+                "g: u32 @ rdi",
+                "h: u64 @ rsi",
+                "i: isize @ rdx",
+                "j: usize @ rcx",
+                "k: i128 @ r8:r9",
+                "-> i128 @ rax:rdx",
+            ],
         ),
         (
             "params::flags",
@@ -531,7 +553,14 @@ fn rust_expected() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
         (
             "params::shapes",
             "fn shapes(",
-            vec!["m: Meters @ rdi", "p: Pair @ rsi:rdx", "s: Small @ rcx", "big: Big @ &r8", "after: u8 @ r9", "-> u64 @ rax"],
+            vec![
+                "m: Meters @ rdi",
+                "p: Pair @ rsi:rdx",
+                "s: Small @ rcx",
+                "big: Big @ &r8",
+                "after: u8 @ r9",
+                "-> u64 @ rax",
+            ],
         ),
         ("params::hello", "fn hello(", vec!["name: &str @ rdi:rsi", "-> &str @ rax:rdx"]),
         ("params::make_big", "fn make_big(", vec!["seed: u64 @ rsi", "-> Big @ &rax"]),
@@ -596,7 +625,11 @@ fn libc_debug_info_is_found_by_build_id_under_usr_lib_debug() {
     let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
     let id = build_id(&std::fs::read(libc).unwrap());
     let debug = Path::new("/usr/lib/debug/.build-id").join(&id[..2]).join(format!("{}.debug", &id[2..]));
-    assert!(debug.exists(), "{} is missing: libc6-dbg is not installed (cargo xtask setup installs it)", debug.display());
+    assert!(
+        debug.exists(),
+        "{} is missing: libc6-dbg is not installed (cargo xtask setup installs it)",
+        debug.display()
+    );
     let r = read_with(libc, &DebugSearch::default());
     assert_eq!(r.origin, DebugOrigin::BuildId(debug));
     let fopen = r.get("fopen");
@@ -694,11 +727,19 @@ fn values_from_the_callers_registers_read_as_the_sources_say() {
     // movl-style writes leave the upper halves as they were: junk that must not show.
     let junk = 0xdead_beef_0000_0000u64;
     assert_eq!(
-        f("ints", [junk | 0xffff_fffb, junk | 0xffff_fed4, junk | 0xfffe_ee90, (-5_000_000_000i64) as u64, 200, 60000], &[]),
+        f(
+            "ints",
+            [junk | 0xffff_fffb, junk | 0xffff_fed4, junk | 0xfffe_ee90, (-5_000_000_000i64) as u64, 200, 60000],
+            &[]
+        ),
         json!({"c": -5, "s": -300, "i": -70000, "l": -5_000_000_000i64, "uc": 200, "us": 60000})
     );
     assert_eq!(
-        f("more_ints", [4_000_000_000, 18_000_000_000_000_000_000, (-9_000_000_000_000_000_000i64) as u64, 7, 1, 0], &[]),
+        f(
+            "more_ints",
+            [4_000_000_000, 18_000_000_000_000_000_000, (-9_000_000_000_000_000_000i64) as u64, 7, 1, 0],
+            &[]
+        ),
         json!({"ui": 4_000_000_000u32, "ul": 18_000_000_000_000_000_000u64, "ll": -9_000_000_000_000_000_000i64, "t": 7, "b": true})
     );
     let ok = |b: &'static [u8]| CapturedString { status: StringStatus::Complete, bytes: b };
@@ -712,10 +753,7 @@ fn values_from_the_callers_registers_read_as_the_sources_say() {
                "p": {"unreadable": "on the stack: no integer register was left"}})
     );
     let layout = FunctionLayout::new(c.sig("greet"), DEFAULT_STRING_SIZE);
-    assert_eq!(
-        format_return(&layout, &Registers::at_return(0x2004, 0), Some(&ok(b"hello"))),
-        Some(json!("hello"))
-    );
+    assert_eq!(format_return(&layout, &Registers::at_return(0x2004, 0), Some(&ok(b"hello"))), Some(json!("hello")));
 
     let rust = read("rust_params");
     let r = |name: &str, args: [u64; 6], strings: &[CapturedString]| {
@@ -725,7 +763,11 @@ fn values_from_the_callers_registers_read_as_the_sources_say() {
     assert_eq!(r("params::greet", [0x5000, 5, 3, 0, 0, 0], &[ok(b"alice")]), json!({"name": "alice", "times": 3}));
     let min = i128::MIN as u128;
     assert_eq!(
-        r("params::wide", [4_000_000_000, 18_000_000_000_000_000_000, (-7i64) as u64, 7, min as u64, (min >> 64) as u64], &[]),
+        r(
+            "params::wide",
+            [4_000_000_000, 18_000_000_000_000_000_000, (-7i64) as u64, 7, min as u64, (min >> 64) as u64],
+            &[]
+        ),
         json!({"g": 4_000_000_000u32, "h": 18_000_000_000_000_000_000u64, "i": -7, "j": 7,
                "k": "-170141183460469231731687303715884105728"})
     );

@@ -39,7 +39,8 @@ fn main() -> anyhow::Result<()> {
             times.push(start.elapsed());
             if run == 0 {
                 let with_signature = functions.values().filter(|f| f.signature.is_some()).count();
-                let params: usize = functions.values().filter_map(|f| f.signature.as_ref()).map(|s| s.params.len()).sum();
+                let params: usize =
+                    functions.values().filter_map(|f| f.signature.as_ref()).map(|s| s.params.len()).sum();
                 summary = format!(
                     "{} functions in the symbol table, {} described ({} with parameters and types, {} parameters); DWARF from {:?}",
                     addresses.len(),

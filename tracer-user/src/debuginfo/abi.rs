@@ -26,6 +26,11 @@
 //! rustc's -O3 does to our fixture); except that a C or C++ function with external linkage keeps
 //! the psABI at its symbol: there the two must agree, or the parameter is marked rather than
 //! guessed (gcc 12 at -O2 describes an `__int128` parameter with its halves swapped).
+//!
+//! Return values have no DWARF location: they are where the convention puts them. One hazard is
+//! left: LLVM drops the return value of an internal function whose every caller knows it (a
+//! constant, propagated into the callers), and rax then holds whatever was there. DWARF does not
+//! say so; `tests/debuginfo_live.rs` checks the return values of the optimised Rust fixture.
 
 use super::{Language, layout::Reg, types::*};
 
@@ -39,7 +44,10 @@ pub enum Place {
     Reference(Reg),
     /// In the caller's argument area: at entry, `rsp + 8 + offset`. `spilled`: of a class that
     /// goes in registers, but none was left.
-    Stack { offset: u64, spilled: bool },
+    Stack {
+        offset: u64,
+        spilled: bool,
+    },
     /// In vector (xmm) registers.
     Float,
     /// Partly in an integer register, partly in a vector register (`struct { long; double; }`).
@@ -363,4 +371,64 @@ pub fn classify(language: Language, params: &[&Type], ret: Option<&Type>) -> Cla
         }
     }
     Classified { params: params_out, ret }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RDI: Place = Place::Reg(Reg::Rdi);
+    const RSI: Place = Place::Reg(Reg::Rsi);
+
+    #[test]
+    fn unoptimised_code_follows_the_convention_and_checks_stack_slots() {
+        assert_eq!(entry_place(false, false, &Ok(RDI), &DwarfEntry::FrameSlot), Ok(RDI));
+        let stack = |offset| Place::Stack { offset, spilled: false };
+        assert_eq!(entry_place(false, true, &Ok(stack(8)), &DwarfEntry::At(stack(8))), Ok(stack(8)));
+        assert_eq!(
+            entry_place(false, true, &Ok(stack(0)), &DwarfEntry::At(stack(8))),
+            Err(Unknown::Conflict { abi: stack(0), dwarf: stack(8) })
+        );
+    }
+
+    #[test]
+    fn optimised_code_follows_dwarf_unless_the_psabi_binds_the_symbol() {
+        // A Rust (or static C) function: DWARF wins, and what it lacks is not guessed.
+        assert_eq!(entry_place(true, false, &Ok(RDI), &DwarfEntry::At(RSI)), Ok(RSI));
+        assert_eq!(entry_place(true, false, &Ok(RDI), &DwarfEntry::Absent), Err(Unknown::OptimizedOut));
+        assert_eq!(entry_place(true, false, &Ok(RDI), &DwarfEntry::FrameSlot), Err(Unknown::FrameSlot));
+        assert_eq!(
+            entry_place(true, false, &Ok(RDI), &DwarfEntry::PartlyOptimizedOut),
+            Err(Unknown::PartlyOptimizedOut)
+        );
+        // An external C function: the two must agree; without DWARF the convention stands.
+        assert_eq!(entry_place(true, true, &Ok(RDI), &DwarfEntry::At(RDI)), Ok(RDI));
+        assert_eq!(
+            entry_place(true, true, &Ok(RDI), &DwarfEntry::At(RSI)),
+            Err(Unknown::Conflict { abi: RDI, dwarf: RSI })
+        );
+        assert_eq!(entry_place(true, true, &Ok(RDI), &DwarfEntry::Absent), Ok(RDI));
+        let unknown = Err(Unknown::Type("struct s".into()));
+        assert_eq!(entry_place(true, true, &unknown, &DwarfEntry::At(RSI)), Ok(RSI));
+    }
+
+    fn int(size: u64) -> Type {
+        Type { name: format!("i{size}"), size, kind: Kind::Int { signed: true } }
+    }
+
+    #[test]
+    fn registers_run_out_and_an_unknown_type_stops_the_count() {
+        let i = int(4);
+        let wide = int(16);
+        let params: Vec<&Type> = vec![&i, &i, &i, &i, &i, &wide, &i];
+        let c = classify(Language::C, &params, None);
+        // The __int128 needs two registers and only r9 is left: it goes on the stack whole, and
+        // the last int still gets r9.
+        assert_eq!(c.params[5], Ok(Place::Stack { offset: 0, spilled: true }));
+        assert_eq!(c.params[6], Ok(Place::Reg(Reg::R9)));
+        let odd = Type::unknown("v4sf", 16, "a vector");
+        let c = classify(Language::C, &[&i, &odd, &i], None);
+        assert_eq!(c.params[0], Ok(RDI));
+        assert!(matches!(&c.params[2], Err(Unknown::Type(why)) if why.starts_with("an earlier parameter")));
+    }
 }

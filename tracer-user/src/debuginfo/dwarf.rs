@@ -191,7 +191,12 @@ impl<'d, 'a> Reader<'d, 'a> {
                         && !found.contains_key(&address)
                         && !candidates.iter().any(|c| c.address == address)
                     {
-                        candidates.push(Candidate { address, die: entry.offset(), params: Vec::new(), variadic: false });
+                        candidates.push(Candidate {
+                            address,
+                            die: entry.offset(),
+                            params: Vec::new(),
+                            variadic: false,
+                        });
                         open.push((candidates.len() - 1, depth));
                     }
                 }
@@ -234,7 +239,11 @@ impl<'d, 'a> Reader<'d, 'a> {
     }
 
     /// The DIE a reference attribute points to, in whichever unit it is.
-    fn resolve(&mut self, unit: &Arc<Unit<'a>>, value: AttributeValue<Slice<'a>>) -> Option<(Arc<Unit<'a>>, UnitOffset)> {
+    fn resolve(
+        &mut self,
+        unit: &Arc<Unit<'a>>,
+        value: AttributeValue<Slice<'a>>,
+    ) -> Option<(Arc<Unit<'a>>, UnitOffset)> {
         match value {
             AttributeValue::UnitRef(o) => Some((unit.clone(), o)),
             AttributeValue::DebugInfoRef(o) => {
@@ -316,7 +325,8 @@ impl<'d, 'a> Reader<'d, 'a> {
         chain: &[(Arc<Unit<'a>>, Die<'a>)],
         language: Language,
     ) -> Signature {
-        let external = chain.iter().any(|(_, e)| matches!(e.attr_value(DW_AT_external), Some(AttributeValue::Flag(true))));
+        let external =
+            chain.iter().any(|(_, e)| matches!(e.attr_value(DW_AT_external), Some(AttributeValue::Flag(true))));
         let ret_ty = chain
             .iter()
             .find_map(|(u, e)| e.attr_value(DW_AT_type).map(|v| (u.clone(), v)))
@@ -409,8 +419,7 @@ impl<'d, 'a> Reader<'d, 'a> {
             return Arc::new(Type::unknown("?", 0, "a type that contains itself or is nested too deep"));
         }
         let ty = Arc::new(
-            self.build(unit, offset, depth)
-                .unwrap_or_else(|e| Type::unknown("?", 0, format!("malformed DWARF: {e}"))),
+            self.build(unit, offset, depth).unwrap_or_else(|e| Type::unknown("?", 0, format!("malformed DWARF: {e}"))),
         );
         self.in_progress.remove(&key);
         self.types.insert(key, ty.clone());
@@ -476,16 +485,15 @@ impl<'d, 'a> Reader<'d, 'a> {
         for _ in 0..MAX_TYPE_DEPTH {
             let Ok(entry) = unit.entry(offset) else { return false };
             match entry.tag() {
-                DW_TAG_typedef | DW_TAG_const_type | DW_TAG_volatile_type | DW_TAG_restrict_type | DW_TAG_atomic_type => {
+                DW_TAG_typedef | DW_TAG_const_type | DW_TAG_volatile_type | DW_TAG_restrict_type
+                | DW_TAG_atomic_type => {
                     let Some(next) = self.target(&unit, &entry) else { return false };
                     (unit, offset) = next;
                 }
                 DW_TAG_base_type => {
                     let encoding = entry.attr_value(DW_AT_encoding);
-                    let char_encoding = matches!(
-                        encoding,
-                        Some(AttributeValue::Encoding(DW_ATE_signed_char | DW_ATE_unsigned_char))
-                    );
+                    let char_encoding =
+                        matches!(encoding, Some(AttributeValue::Encoding(DW_ATE_signed_char | DW_ATE_unsigned_char)));
                     return char_encoding && self.name(&unit, &entry).as_deref() == Some("char");
                 }
                 _ => return false,
@@ -545,7 +553,11 @@ impl<'d, 'a> Reader<'d, 'a> {
                     Kind::Float { .. } => matches!(size, 4 | 8 | 16),
                     _ => true,
                 };
-                if width_ok { Type { name, size, kind } } else { Type::unknown(name, size, format!("a {size}-byte scalar")) }
+                if width_ok {
+                    Type { name, size, kind }
+                } else {
+                    Type::unknown(name, size, format!("a {size}-byte scalar"))
+                }
             }
             DW_TAG_typedef | DW_TAG_const_type | DW_TAG_volatile_type | DW_TAG_restrict_type | DW_TAG_atomic_type => {
                 match self.target(unit, &entry) {
@@ -558,8 +570,8 @@ impl<'d, 'a> Reader<'d, 'a> {
             }
             DW_TAG_pointer_type | DW_TAG_reference_type | DW_TAG_rvalue_reference_type => {
                 let target = self.target(unit, &entry);
-                let cstring = entry.tag() == DW_TAG_pointer_type
-                    && target.is_some_and(|(u, o)| self.is_plain_char(&u, o));
+                let cstring =
+                    entry.tag() == DW_TAG_pointer_type && target.is_some_and(|(u, o)| self.is_plain_char(&u, o));
                 Type { name, size: size.unwrap_or(8), kind: if cstring { Kind::CString } else { Kind::Pointer } }
             }
             DW_TAG_enumeration_type => self.enumeration(unit, offset, &entry, name, size, depth)?,
@@ -591,7 +603,11 @@ impl<'d, 'a> Reader<'d, 'a> {
                     _ => None,
                 };
                 let what = AggregateKind::Array;
-                Type { name, size, kind: Kind::Aggregate(Aggregate { what, leaves, align: elem.align(), nontrivial: false }) }
+                Type {
+                    name,
+                    size,
+                    kind: Kind::Aggregate(Aggregate { what, leaves, align: elem.align(), nontrivial: false }),
+                }
             }
             DW_TAG_unspecified_type if name == "decltype(nullptr)" => Type { name, size: 8, kind: Kind::Pointer },
             tag => Type::unknown(name, size.unwrap_or(0), format!("{tag}")),
@@ -608,7 +624,8 @@ impl<'d, 'a> Reader<'d, 'a> {
         depth: u32,
     ) -> Result<Type, gimli::Error> {
         let underlying = self.target(unit, entry).map(|(u, o)| self.type_at(&u, o, depth + 1));
-        let declared_sign = underlying.as_ref().map(|t| matches!(t.kind, Kind::Int { signed: true } | Kind::Char { signed: true, .. }));
+        let declared_sign =
+            underlying.as_ref().map(|t| matches!(t.kind, Kind::Int { signed: true } | Kind::Char { signed: true, .. }));
         let size = size.or(underlying.as_ref().map(|t| t.size)).unwrap_or(4);
         let mut raw = Vec::new();
         let mut tree = unit.entries_tree(Some(offset))?;
@@ -623,13 +640,17 @@ impl<'d, 'a> Reader<'d, 'a> {
                 raw.push((n, v));
             }
         }
-        let signed = declared_sign.unwrap_or_else(|| raw.iter().any(|(_, v)| matches!(v, AttributeValue::Sdata(s) if *s < 0)));
+        let signed =
+            declared_sign.unwrap_or_else(|| raw.iter().any(|(_, v)| matches!(v, AttributeValue::Sdata(s) if *s < 0)));
         let width = (size.clamp(1, 8) * 8) as u32;
         let value = |v: &AttributeValue<Slice>| -> Option<i128> {
             Some(match *v {
                 AttributeValue::Sdata(s) => s as i128,
                 AttributeValue::Udata(u) => u as i128,
-                AttributeValue::Data1(_) | AttributeValue::Data2(_) | AttributeValue::Data4(_) | AttributeValue::Data8(_) => {
+                AttributeValue::Data1(_)
+                | AttributeValue::Data2(_)
+                | AttributeValue::Data4(_)
+                | AttributeValue::Data8(_) => {
                     let u = v.udata_value()?;
                     if signed && width < 64 {
                         let shift = 64 - width;
@@ -708,7 +729,10 @@ impl<'d, 'a> Reader<'d, 'a> {
                     };
                     leaves = match (leaves, member_leaves) {
                         (Some(mut all), Some(more)) => {
-                            all.extend(more.into_iter().map(|l| if union { Leaf { class: l.class.in_memory_layout(), ..l } } else { l }));
+                            all.extend(
+                                more.into_iter()
+                                    .map(|l| if union { Leaf { class: l.class.in_memory_layout(), ..l } } else { l }),
+                            );
                             Some(all)
                         }
                         _ => None,
@@ -740,11 +764,15 @@ impl<'d, 'a> Reader<'d, 'a> {
     /// class.
     fn makes_nontrivial(&mut self, unit: &Arc<Unit<'a>>, member: &Die<'a>, class: Option<&str>) -> bool {
         let flag = |at| matches!(member.attr_value(at), Some(AttributeValue::Flag(true)));
-        if matches!(member.attr_value(DW_AT_virtuality), Some(AttributeValue::Virtuality(v)) if v != DW_VIRTUALITY_none) {
+        if matches!(member.attr_value(DW_AT_virtuality), Some(AttributeValue::Virtuality(v)) if v != DW_VIRTUALITY_none)
+        {
             return true;
         }
         if flag(DW_AT_artificial)
-            || matches!(member.attr_value(DW_AT_defaulted), Some(AttributeValue::Udata(1)) | Some(AttributeValue::Data1(1)))
+            || matches!(
+                member.attr_value(DW_AT_defaulted),
+                Some(AttributeValue::Udata(1)) | Some(AttributeValue::Data1(1))
+            )
         {
             return false;
         }
@@ -762,7 +790,9 @@ impl<'d, 'a> Reader<'d, 'a> {
         let mut refs = Vec::new();
         while let Ok(Some(child)) = children.next() {
             let e = child.entry();
-            if e.tag() != DW_TAG_formal_parameter || matches!(e.attr_value(DW_AT_artificial), Some(AttributeValue::Flag(true))) {
+            if e.tag() != DW_TAG_formal_parameter
+                || matches!(e.attr_value(DW_AT_artificial), Some(AttributeValue::Flag(true)))
+            {
                 continue;
             }
             let is_ref = e
@@ -809,7 +839,9 @@ fn part(ops: &[Operation<Slice>], encoding: gimli::Encoding, frame_base: FrameBa
             let mut inner = gimli::Expression(*expression).operations(encoding);
             match (inner.next(), inner.next()) {
                 (Ok(Some(Operation::Register { register })), Ok(None)) => register_part(register.0),
-                (Ok(Some(Operation::RegisterOffset { register, offset: 0, base_type })), Ok(None)) if base_type.0 != 0 => {
+                (Ok(Some(Operation::RegisterOffset { register, offset: 0, base_type })), Ok(None))
+                    if base_type.0 != 0 =>
+                {
                     register_part(register.0)
                 }
                 _ => Part::Other,
@@ -825,7 +857,9 @@ fn part(ops: &[Operation<Slice>], encoding: gimli::Encoding, frame_base: FrameBa
         [Operation::RegisterOffset { register, offset, .. }] if register.0 == 7 && in_list && *offset >= 8 => {
             Part::Stack(*offset as u64 - 8)
         }
-        [Operation::RegisterOffset { register, .. }, Operation::Deref { .. }] if matches!(register.0, 6 | 7) => Part::FrameSlot,
+        [Operation::RegisterOffset { register, .. }, Operation::Deref { .. }] if matches!(register.0, 6 | 7) => {
+            Part::FrameSlot
+        }
         [Operation::FrameOffset { offset }] => match frame_base {
             FrameBase::Cfa if *offset >= 0 => Part::Stack(*offset as u64),
             FrameBase::Rsp if in_list && *offset >= 8 => Part::Stack(*offset as u64 - 8),

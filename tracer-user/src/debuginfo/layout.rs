@@ -232,7 +232,11 @@ pub enum Source {
     /// A 16-byte integer, low half first.
     RegPair(Reg, Reg),
     /// The `index`th captured string (its pointer in `ptr`, its length in `len` for `&str`).
-    String { index: usize, ptr: Reg, len: Option<Reg> },
+    String {
+        index: usize,
+        ptr: Reg,
+        len: Option<Reg>,
+    },
     /// Not readable at the probe: why.
     Unreadable(String),
 }
@@ -304,10 +308,11 @@ fn source(ty: &Type, place: Result<&Place, &Unknown>, strings: &mut Vec<StringRe
         }
         (Kind::Unknown { why }, _) => Source::Unreadable(format!("type {} is not modelled: {why}", ty.name)),
         (Kind::Int { .. }, Ok(Place::RegPair(a, b))) if ty.size == 16 => Source::RegPair(*a, *b),
-        (
-            Kind::Int { .. } | Kind::Bool | Kind::Char { .. } | Kind::Enum { .. } | Kind::Pointer,
-            Ok(Place::Reg(r)),
-        ) if ty.size <= 8 => Source::Reg(*r),
+        (Kind::Int { .. } | Kind::Bool | Kind::Char { .. } | Kind::Enum { .. } | Kind::Pointer, Ok(Place::Reg(r)))
+            if ty.size <= 8 =>
+        {
+            Source::Reg(*r)
+        }
         _ => Source::Unreadable(unreadable(place)),
     }
 }

@@ -144,7 +144,11 @@ pub fn find_separate(
             let Some(read) = read_candidate(&path) else { continue };
             let same_crc = |data: Vec<u8>| {
                 let actual = crc32fast::hash(&data);
-                if actual == crc { Ok(data) } else { Err(format!("its CRC-32 is {actual:08x}, the link says {crc:08x}")) }
+                if actual == crc {
+                    Ok(data)
+                } else {
+                    Err(format!("its CRC-32 is {actual:08x}, the link says {crc:08x}"))
+                }
             };
             match read.and_then(same_crc).and_then(|data| usable(data, |_| Ok(()))) {
                 Ok(data) => return (Some((DebugOrigin::DebugLink(path), data)), rejected),

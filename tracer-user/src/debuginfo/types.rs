@@ -17,14 +17,24 @@ pub struct Type {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Kind {
-    Int { signed: bool },
+    Int {
+        signed: bool,
+    },
     Bool,
     /// `char` of C (a byte, `signed` as the platform's char) or a Unicode scalar (Rust `char`,
     /// `char16_t`, `char32_t`: `unicode`).
-    Char { signed: bool, unicode: bool },
+    Char {
+        signed: bool,
+        unicode: bool,
+    },
     /// `float`, `double`; `x87` for `long double` (80-bit, passed in memory).
-    Float { x87: bool },
-    Enum { signed: bool, enumerators: Arc<[Enumerator]> },
+    Float {
+        x87: bool,
+    },
+    Enum {
+        signed: bool,
+        enumerators: Arc<[Enumerator]>,
+    },
     /// Pointers and references other than strings (`void *`, `int &`, `*const u8`, `&T`).
     Pointer,
     /// A pointer to plain `char` (any cv-qualifiers): a NUL-terminated string.
@@ -34,7 +44,9 @@ pub enum Kind {
     Aggregate(Aggregate),
     /// A type this model does not cover (complex numbers, vectors, pointers to members, a type
     /// unit reference, a malformed or recursive definition): the reason.
-    Unknown { why: String },
+    Unknown {
+        why: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,9 +153,9 @@ impl Type {
                 Leaf { offset, size: 8, class: LeafClass::Integer },
                 Leaf { offset: offset + 8, size: 8, class: LeafClass::Integer },
             ]),
-            Kind::Aggregate(a) => Some(
-                a.leaves.as_ref()?.iter().map(|l| Leaf { offset: l.offset + offset, ..*l }).collect(),
-            ),
+            Kind::Aggregate(a) => {
+                Some(a.leaves.as_ref()?.iter().map(|l| Leaf { offset: l.offset + offset, ..*l }).collect())
+            }
             _ => None,
         }
     }
