@@ -267,13 +267,13 @@ fn a_trace_of_pids_ends_when_they_exit() {
     let dir = temp_dir();
     let bg = Background::start(&fixture("calls"), &["loop"]);
     let pid = bg.pid();
-    let stopper = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(700));
-        // SAFETY: kill(2).
-        unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
-    });
-    let (run, t) = record(dir.path(), &["-p", &pid.to_string(), "-f", "tick"]);
-    stopper.join().unwrap();
+    // The target is told to finish only once the tracer says it is tracing (however long start-up
+    // takes on a loaded machine), so its exit is always seen.
+    let tracer = TracerRun::start(dir.path(), &["-p", &pid.to_string(), "-f", "tick"]);
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: kill(2).
+    unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
+    let (run, t) = tracer.finish();
     assert_eq!(run.code(), 0, "{run:?}");
     assert_eq!(t.end["reason"], "targets_exited");
     let exit = t.of_kind("exit").last().expect("the target's exit");
