@@ -272,6 +272,7 @@ fn sysv_aggregate(ty: &Type, leaves: &[Leaf]) -> Pass {
 
 fn sysv_pass(ty: &Type) -> Result<Pass, Unknown> {
     Ok(match &ty.kind {
+        Kind::Unknown { why } => return Err(Unknown::Type(format!("{}: {why}", ty.name))),
         _ if ty.size == 0 => Pass::Nothing,
         Kind::Int { .. } if ty.size == 16 => Pass::Ints(2),
         _ if ty.is_integer_scalar() => Pass::Ints(1),
@@ -284,7 +285,6 @@ fn sysv_pass(ty: &Type) -> Result<Pass, Unknown> {
             Some(leaves) => sysv_aggregate(ty, leaves),
             None => return Err(Unknown::Type(format!("the layout of {} is not modelled", ty.name))),
         },
-        Kind::Unknown { why } => return Err(Unknown::Type(format!("{}: {why}", ty.name))),
         _ => return Err(Unknown::Type(format!("{} is not modelled", ty.name))),
     })
 }
@@ -306,6 +306,7 @@ fn rust_scalar_pair(ty: &Type, leaves: &[Leaf]) -> Option<(Leaf, Leaf)> {
 fn rust_pass(ty: &Type, is_return: bool) -> Result<Pass, Unknown> {
     let int = |l: &Leaf| l.class.scalar() == LeafScalar::Integer;
     Ok(match &ty.kind {
+        Kind::Unknown { why } => return Err(Unknown::Type(format!("{}: {why}", ty.name))),
         _ if ty.size == 0 => Pass::Nothing,
         _ if is_return && ty.size > 16 => Pass::Reference,
         Kind::Int { .. } if ty.size == 16 => Pass::Ints(2),
@@ -325,7 +326,6 @@ fn rust_pass(ty: &Type, is_return: bool) -> Result<Pass, Unknown> {
             },
             None => return Err(Unknown::Type(format!("the layout of {} is the compiler's choice", ty.name))),
         },
-        Kind::Unknown { why } => return Err(Unknown::Type(format!("{}: {why}", ty.name))),
         _ => return Err(Unknown::Type(format!("{} is not modelled", ty.name))),
     })
 }

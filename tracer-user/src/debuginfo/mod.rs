@@ -201,3 +201,126 @@ impl<'a> DebugInfo<'a> {
             .map_err(|source| DebugInfoError::Dwarf { path: path.clone(), source })
     }
 }
+
+/// DWARF written by hand (gimli's writer) into an ELF file (object's writer): the shapes a
+/// hostile binary can take, which must end in a bounded time with the part marked, not a hang,
+/// a stack overflow or a failure of the whole file.
+#[cfg(test)]
+mod crafted {
+    use gimli::{
+        DW_AT_abstract_origin, DW_AT_byte_size, DW_AT_data_member_location, DW_AT_encoding, DW_AT_high_pc,
+        DW_AT_language, DW_AT_low_pc, DW_AT_name, DW_AT_type, DW_TAG_base_type, DW_TAG_formal_parameter, DW_TAG_member,
+        DW_TAG_pointer_type, DW_TAG_structure_type, DW_TAG_subprogram, DW_TAG_typedef,
+        write::{Address, AttributeValue, DwarfUnit, EndianVec, Sections, UnitEntryId},
+    };
+
+    use super::*;
+    use crate::debuginfo::types::Kind;
+
+    fn elf_with(dwarf: &mut DwarfUnit) -> Vec<u8> {
+        let mut sections = Sections::new(EndianVec::new(gimli::LittleEndian));
+        dwarf.write(&mut sections).unwrap();
+        let mut obj = object::write::Object::new(
+            object::BinaryFormat::Elf,
+            object::Architecture::X86_64,
+            object::Endianness::Little,
+        );
+        sections
+            .for_each(|id, data| -> Result<(), ()> {
+                if !data.slice().is_empty() {
+                    let s = obj.add_section(Vec::new(), id.name().as_bytes().to_vec(), object::SectionKind::Debug);
+                    obj.append_section_data(s, data.slice(), 1);
+                }
+                Ok(())
+            })
+            .unwrap();
+        obj.write().unwrap()
+    }
+
+    fn string(s: &str) -> AttributeValue {
+        AttributeValue::String(s.as_bytes().to_vec())
+    }
+
+    /// A C unit with one function at 0x1000 whose parameters have the given types, and the
+    /// function's own DIE for more mischief.
+    fn unit_with(params: impl FnOnce(&mut DwarfUnit) -> Vec<UnitEntryId>) -> (DwarfUnit, UnitEntryId) {
+        let encoding = gimli::Encoding { format: gimli::Format::Dwarf32, version: 5, address_size: 8 };
+        let mut dwarf = DwarfUnit::new(encoding);
+        let root = dwarf.unit.root();
+        let cu = dwarf.unit.get_mut(root);
+        cu.set(DW_AT_language, AttributeValue::Language(gimli::DW_LANG_C11));
+        cu.set(DW_AT_low_pc, AttributeValue::Address(Address::Constant(0x1000)));
+        cu.set(DW_AT_high_pc, AttributeValue::Udata(0x100));
+        let types = params(&mut dwarf);
+        let f = dwarf.unit.add(root, DW_TAG_subprogram);
+        let die = dwarf.unit.get_mut(f);
+        die.set(DW_AT_name, string("f"));
+        // External, and no locations: the psABI places the parameters (DWARF has nothing to say).
+        die.set(gimli::DW_AT_external, AttributeValue::Flag(true));
+        die.set(DW_AT_low_pc, AttributeValue::Address(Address::Constant(0x1000)));
+        die.set(DW_AT_high_pc, AttributeValue::Udata(0x10));
+        for (i, ty) in types.into_iter().enumerate() {
+            let p = dwarf.unit.add(f, DW_TAG_formal_parameter);
+            let die = dwarf.unit.get_mut(p);
+            die.set(DW_AT_name, string(&format!("p{i}")));
+            die.set(DW_AT_type, AttributeValue::UnitRef(ty));
+        }
+        (dwarf, f)
+    }
+
+    fn read(dwarf: &mut DwarfUnit) -> FunctionInfo {
+        let elf = elf_with(dwarf);
+        let found = DebugInfo::find(Path::new("crafted"), &elf, &DebugSearch { debug_dirs: vec![] }).unwrap();
+        let mut functions = found.info.unwrap().functions(&[0x1000]).unwrap();
+        functions.remove(&0x1000).expect("the function is read")
+    }
+
+    #[test]
+    fn types_that_contain_themselves_are_marked_not_followed_forever() {
+        let (mut dwarf, _) = unit_with(|d| {
+            let root = d.unit.root();
+            // typedef t t;
+            let looped = d.unit.add(root, DW_TAG_typedef);
+            d.unit.get_mut(looped).set(DW_AT_name, string("t"));
+            d.unit.get_mut(looped).set(DW_AT_type, AttributeValue::UnitRef(looped));
+            // struct s { struct s inner; } of 8 bytes
+            let s = d.unit.add(root, DW_TAG_structure_type);
+            d.unit.get_mut(s).set(DW_AT_name, string("s"));
+            d.unit.get_mut(s).set(DW_AT_byte_size, AttributeValue::Udata(8));
+            let m = d.unit.add(s, DW_TAG_member);
+            d.unit.get_mut(m).set(DW_AT_type, AttributeValue::UnitRef(s));
+            d.unit.get_mut(m).set(DW_AT_data_member_location, AttributeValue::Udata(0));
+            // A pointer to itself: its name is bounded.
+            let p = d.unit.add(root, DW_TAG_pointer_type);
+            d.unit.get_mut(p).set(DW_AT_type, AttributeValue::UnitRef(p));
+            // And an ordinary int after them, whose place depends on theirs.
+            let int = d.unit.add(root, DW_TAG_base_type);
+            d.unit.get_mut(int).set(DW_AT_name, string("int"));
+            d.unit.get_mut(int).set(DW_AT_byte_size, AttributeValue::Udata(4));
+            d.unit.get_mut(int).set(DW_AT_encoding, AttributeValue::Encoding(gimli::DW_ATE_signed));
+            vec![looped, s, p, int]
+        });
+        let f = read(&mut dwarf);
+        let params = f.signature.unwrap().params;
+        assert!(
+            matches!(&params[0].ty.kind, Kind::Unknown { why } if why.contains("contains itself")),
+            "{:?}",
+            params[0].ty
+        );
+        let Kind::Aggregate(s) = &params[1].ty.kind else { panic!("{:?}", params[1].ty) };
+        assert_eq!(s.leaves, None, "a member that is the struct itself is not modelled");
+        assert_eq!(params[2].ty.kind, Kind::Pointer);
+        assert!(params[2].ty.name.len() < 200, "{}", params[2].ty.name);
+        // The typedef's place is unknown, and so is every later one (registers may have shifted).
+        assert!(matches!(&params[0].entry, Err(abi::Unknown::Type(_))));
+        assert!(matches!(&params[3].entry, Err(abi::Unknown::Type(why)) if why.starts_with("an earlier parameter")));
+    }
+
+    #[test]
+    fn an_origin_that_points_to_itself_ends() {
+        let (mut dwarf, f) = unit_with(|_| Vec::new());
+        dwarf.unit.get_mut(f).set(DW_AT_abstract_origin, AttributeValue::UnitRef(f));
+        let info = read(&mut dwarf);
+        assert_eq!(info.name, "f");
+    }
+}

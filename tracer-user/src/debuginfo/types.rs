@@ -141,6 +141,7 @@ impl Type {
     pub fn leaves_at(&self, offset: u64) -> Option<Vec<Leaf>> {
         let leaf = |class| Some(vec![Leaf { offset, size: self.size, class }]);
         match &self.kind {
+            Kind::Unknown { .. } => None,
             _ if self.size == 0 => Some(Vec::new()),
             Kind::Int { .. } if self.size == 16 => Some(vec![
                 Leaf { offset, size: 8, class: LeafClass::Integer },
