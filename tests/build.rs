@@ -1,4 +1,4 @@
-//! Compiles the C, C++ and Rust fixtures (their paths reach the tests as `FIXTURE_*` variables), and the
+//! Compiles the C, C++, Rust and Go fixtures (their paths reach the tests as `FIXTURE_*` variables), and the
 //! Perfetto protos that `tracer` writes with (`tracer-user/proto/`), so that the tests decode its
 //! Perfetto traces with the published definitions rather than with the tracer's own code.
 
@@ -8,7 +8,7 @@ use std::{
 };
 
 fn run(cmd: &mut Command) {
-    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (`cargo xtask setup` installs it)"));
     assert!(status.success(), "{cmd:?} failed: {status}");
 }
 
@@ -84,6 +84,25 @@ fn main() {
             .env_remove("CARGO_ENCODED_RUSTFLAGS"));
     }
 
+    // Go, with the toolchain `cargo xtask setup` installs (Debian's golang-go): offline, its
+    // caches inside OUT_DIR, no cgo. Once with DWARF (where the tracer reads the goroutine id's
+    // offset), once without (`-w`: the offset comes from the Go version in the build info).
+    let gofixture = out.join("gofixture");
+    let gofixture_nodwarf = out.join("gofixture_nodwarf");
+    for (path, ldflags) in [(&gofixture, ""), (&gofixture_nodwarf, "-w")] {
+        run(Command::new(std::env::var_os("GO").unwrap_or_else(|| "go".into()))
+            .current_dir(src.join("go"))
+            .args(["build", "-trimpath", &format!("-ldflags={ldflags}"), "-o"])
+            .arg(path)
+            .arg(".")
+            .env("GOCACHE", out.join("go-cache"))
+            .env("GOPATH", out.join("go-path"))
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOPROXY", "off")
+            .env("GOTOOLCHAIN", "local")
+            .env("CGO_ENABLED", "0"));
+    }
+
     for (name, path) in [
         ("PARAMS", &params),
         ("PARAMS_O2", &params_o2),
@@ -100,6 +119,8 @@ fn main() {
         ("CLIENT_SERVER_DEMO", &demo),
         ("IPC", &ipc),
         ("TIMING", &timing),
+        ("GOFIXTURE", &gofixture),
+        ("GOFIXTURE_NODWARF", &gofixture_nodwarf),
     ] {
         println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
     }

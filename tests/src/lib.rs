@@ -30,7 +30,7 @@ pub mod perfetto {
     include!(concat!(env!("OUT_DIR"), "/perfetto.protos.rs"));
 }
 
-/// A compiled fixture (see build.rs).
+/// A compiled C, C++, Rust or Go fixture (see build.rs).
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(match name {
         "params" => env!("FIXTURE_PARAMS"),
@@ -48,6 +48,8 @@ pub fn fixture(name: &str) -> PathBuf {
         "client_server_demo" => env!("FIXTURE_CLIENT_SERVER_DEMO"),
         "ipc" => env!("FIXTURE_IPC"),
         "timing" => env!("FIXTURE_TIMING"),
+        "gofixture" => env!("FIXTURE_GOFIXTURE"),
+        "gofixture_nodwarf" => env!("FIXTURE_GOFIXTURE_NODWARF"),
         other => panic!("no fixture named {other}"),
     })
 }

@@ -88,11 +88,16 @@ numbered_enum! {
         /// A transfer on a socket or pipe ([`IpcRecord`]).
         Ipc = 6,
         Signal = 7,
+        /// Entry into a probed Go function ([`GoCallRecord`]).
+        GoCall = 8,
+        /// A probed Go function reached one of its `ret` instructions ([`GoReturnRecord`]).
+        GoReturn = 9,
     }
 }
 
-/// Slots of the `LOST` per-CPU array. Slots 1..=13 count ring-buffer reserve failures per
-/// [`RecordKind`]; the others count things the kernel side had to give up on.
+/// Slots of the `LOST` per-CPU array. Slots 1..=11 count ring-buffer reserve failures per
+/// [`RecordKind`] (whose numbers stay below 12); the others count things the kernel side had to
+/// give up on.
 pub mod lost_slot {
     /// A traced process forked, but the traced-pid map was full: the child is not traced.
     pub const UNTRACKED_CHILD: u32 = 12;
@@ -147,6 +152,81 @@ pub struct ReturnRecord {
     pub cookie: u64,
     /// rax.
     pub retval: u64,
+}
+
+/// Integer argument registers of Go's register ABI (amd64, Go 1.17+): rax, rbx, rcx, rdi, rsi,
+/// r8, r9, r10, r11.
+pub const GO_ARGS: usize = 9;
+
+/// Entry into a probed Go function. Its probe sits after the prologue's stack-bound check, so a
+/// call that first grows its stack (and re-enters the function from `runtime.morestack`) is
+/// recorded once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GoCallRecord {
+    pub header: RecordHeader,
+    pub cookie: u64,
+    /// The goroutine's id (`runtime.g.goid`), read from the `g` in r14.
+    pub goid: u64,
+    /// `g.stack.hi - rsp`: how deep in its goroutine's stack the call's return address lies. The
+    /// runtime copies a growing stack whole, so this distance survives the move; the return of
+    /// the same call has the same one.
+    pub stack_depth: u64,
+    /// See [`GO_ARGS`].
+    pub args: [u64; GO_ARGS],
+}
+
+/// A probed Go function at one of its `ret` instructions (an ordinary uprobe there: a uretprobe
+/// would replace the return address that Go's runtime reads when it walks and copies stacks).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GoReturnRecord {
+    pub header: RecordHeader,
+    pub cookie: u64,
+    pub goid: u64,
+    /// As in [`GoCallRecord::stack_depth`]: equal to its call's.
+    pub stack_depth: u64,
+    /// rax.
+    pub retval: u64,
+}
+
+/// The BPF cookie of a function probe: what the one shared program needs to know about the probe
+/// that fired, so that the hot path reads no map.
+///
+/// Bits 0-31: the function's index in user space's table. Bit 32: a Go probe (read `g` from r14,
+/// the goroutine id at the offset in bits 48-63, Go's argument registers). Bit 33: a Go return
+/// (the probe is on a `ret` instruction).
+pub mod cookie {
+    pub const FUNCTION_MASK: u64 = 0xffff_ffff;
+    pub const GO: u64 = 1 << 32;
+    pub const GO_RETURN: u64 = 1 << 33;
+    pub const GOID_OFFSET_SHIFT: u32 = 48;
+
+    /// The cookie of a C (System V) probe: the function index alone.
+    pub const fn plain(function: u32) -> u64 {
+        function as u64
+    }
+
+    /// The cookie of a Go probe: entry, or a `ret` instruction when `ret`.
+    pub const fn go(function: u32, ret: bool, goid_offset: u16) -> u64 {
+        function as u64 | GO | if ret { GO_RETURN } else { 0 } | (goid_offset as u64) << GOID_OFFSET_SHIFT
+    }
+
+    pub const fn function(cookie: u64) -> u32 {
+        (cookie & FUNCTION_MASK) as u32
+    }
+
+    pub const fn is_go(cookie: u64) -> bool {
+        cookie & GO != 0
+    }
+
+    pub const fn is_go_return(cookie: u64) -> bool {
+        cookie & GO_RETURN != 0
+    }
+
+    pub const fn goid_offset(cookie: u64) -> u32 {
+        (cookie >> GOID_OFFSET_SHIFT) as u32
+    }
 }
 
 /// `sched_process_fork`: a traced process created a process or a thread. The header names the parent.

@@ -34,18 +34,18 @@ pub enum LoadError {
     Map { map: &'static str, reason: String },
 }
 
-/// One function to probe.
+/// One probe: a uprobe, or a uretprobe, at an offset of a file. A function has one or more (a Go
+/// function one at its entry and one on each `ret`, all ordinary uprobes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeSpec {
     /// The ELF file.
     pub path: PathBuf,
     pub file_offset: u64,
-    /// The function's index in user space's table, delivered back in every record.
+    /// The function's index in user space's table and what kind of probe this is
+    /// (`tracer_common::cookie`), delivered back in every record.
     pub cookie: u64,
-    /// Attach the entry probe (`call` events).
-    pub entry: bool,
-    /// Attach the return probe (`return` events).
-    pub exit: bool,
+    /// A uretprobe (`call_return`); otherwise a uprobe (`call_entry`).
+    pub ret: bool,
 }
 
 /// A probe that could not be attached.
@@ -143,7 +143,7 @@ impl Kernel {
         ])
     }
 
-    /// Attaches entry and return probes; returns the probes that failed (others stay attached).
+    /// Attaches the probes; returns those that failed (the others stay attached).
     pub fn attach_functions(&mut self, probes: &[ProbeSpec]) -> Result<Vec<AttachFailure>, LoadError> {
         if probes.is_empty() {
             return Ok(Vec::new());
@@ -164,8 +164,7 @@ impl Kernel {
         let mut failures = Vec::new();
         for (path, file_probes) in by_file {
             for (prog, ret) in [(return_prog, true), (entry_prog, false)] {
-                let batch: Vec<&ProbeSpec> =
-                    file_probes.iter().copied().filter(|p| if ret { p.exit } else { p.entry }).collect();
+                let batch: Vec<&ProbeSpec> = file_probes.iter().copied().filter(|p| p.ret == ret).collect();
                 let links = if ret { &mut self.return_links } else { &mut self.entry_links };
                 attach_batch(prog, path, &batch, ret, links, &mut failures);
             }

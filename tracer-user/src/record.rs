@@ -14,7 +14,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use tracer_common::{Config, RecordKind, kind_bit, lost_slot};
+use tracer_common::{Config, RecordKind, cookie, kind_bit, lost_slot};
 
 use crate::{
     assemble::{EventAssembler, FunctionTable, ProbedFunction, lost_slot_name},
@@ -28,7 +28,7 @@ use crate::{
     order::REORDER_WINDOW_NS,
     pipeline::EventPipeline,
     sink::Sink,
-    symbols::{FunctionPattern, SymbolError, SymbolTable},
+    symbols::{FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code},
     targets::{self, FileId, Process, TargetError},
 };
 
@@ -107,6 +107,8 @@ pub enum RecordError {
     KernelBtf(#[from] KernelBtfError),
     #[error("no function could be probed: {0}")]
     NoProbeAttached(String),
+    #[error("cannot probe the Go functions of {0}")]
+    GoRefused(String),
     #[error("writing the trace failed: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -234,8 +236,13 @@ fn select_functions(
                 }
                 Err(e) => return Err(e),
             };
-            for i in 0..table.functions.len() {
-                select(&mut selected, exe, i);
+            // Of a Go program, its own code: the runtime's and the standard library's thousands of
+            // functions (schedulers, the garbage collector) would bury it.
+            let go = table.go.is_some();
+            for (i, f) in table.functions.iter().enumerate() {
+                if !go || f.names().any(is_go_program_code) {
+                    select(&mut selected, exe, i);
+                }
             }
         }
     } else {
@@ -252,11 +259,10 @@ fn select_functions(
             };
             let mut matched = 0;
             for module in &modules {
-                for (i, f) in load(&mut tables, module)?.functions.iter().enumerate() {
-                    if f.names().any(|n| pattern.name.matches(n)) {
-                        select(&mut selected, module, i);
-                        matched += 1;
-                    }
+                let found: Vec<usize> = load(&mut tables, module)?.matching(&pattern.name).map(|(i, _)| i).collect();
+                for i in found {
+                    select(&mut selected, module, i);
+                    matched += 1;
                 }
             }
             if matched == 0 {
@@ -281,22 +287,57 @@ fn select_functions(
     let mut probes = Vec::with_capacity(selected.len());
     let mut functions = Vec::with_capacity(selected.len());
     let mut no_return = Vec::new();
+    let mut refused: Vec<(String, String)> = Vec::new();
     for (module, index) in selected {
-        let f = &tables[&module].functions[index];
-        let cookie = functions.len() as u64;
-        let return_safe = f.return_probe_is_safe();
-        if exit && !return_safe {
-            no_return.push(f.name.clone());
+        let table = &tables[&module];
+        let f = &table.functions[index];
+        let function = functions.len() as u32;
+        let mut probe = |file_offset: u64, cookie: u64, ret: bool| {
+            probes.push(ProbeSpec { path: module.clone(), file_offset, cookie, ret });
+        };
+        match &f.placement {
+            Placement::Native => {
+                let return_safe = f.return_probe_is_safe();
+                if exit && !return_safe {
+                    no_return.push(f.name.clone());
+                }
+                if entry {
+                    probe(f.file_offset, cookie::plain(function), false);
+                }
+                if exit && return_safe {
+                    probe(f.file_offset, cookie::plain(function), true);
+                }
+            }
+            Placement::Go { entry: at, returns } => {
+                let goid_offset = table.go.as_ref().map_or(0, |go| go.goid_offset());
+                if entry {
+                    probe(*at, cookie::go(function, false, goid_offset), false);
+                }
+                if exit {
+                    for &ret in returns {
+                        probe(ret, cookie::go(function, true, goid_offset), false);
+                    }
+                }
+            }
+            Placement::Refused(why) => {
+                refused.push((f.name.clone(), format!("{}: {why}", module.display())));
+                continue;
+            }
         }
-        probes.push(ProbeSpec {
-            path: module.clone(),
-            file_offset: f.file_offset,
-            cookie,
-            entry,
-            exit: exit && return_safe,
-        });
         functions
             .push(ProbedFunction { name: Arc::from(f.name.as_str()), module: Arc::from(module.to_string_lossy()) });
+    }
+    if let Some((_, why)) = refused.first() {
+        if functions.is_empty() {
+            return Err(RecordError::GoRefused(why.clone()));
+        }
+        let names: Vec<&str> = refused.iter().take(5).map(|(n, _)| n.as_str()).collect();
+        warnings.push(format!(
+            "{} functions not probed ({}{}): {why}",
+            refused.len(),
+            names.join(", "),
+            if refused.len() > 5 { ", ..." } else { "" }
+        ));
     }
     // Unasked-for functions (no -f) like `_start` need no remark.
     if !no_return.is_empty() && !options.functions.is_empty() {
@@ -309,8 +350,9 @@ fn select_functions(
 }
 
 impl Plan {
+    /// Functions to probe.
     pub fn probe_count(&self) -> usize {
-        self.probes.len()
+        self.functions.len()
     }
 
     /// Launches the command (stopped), loads and attaches everything, starts tracing the targets,
@@ -356,20 +398,21 @@ impl Plan {
             kernel.attach_signals()?;
         }
         let failures = kernel.attach_functions(&probes)?;
-        let failed: BTreeSet<u64> = failures.iter().map(|f| f.cookie).collect();
-        let attached = probes.iter().filter(|p| !failed.contains(&p.cookie)).count();
+        // A function with any probe that failed counts as not probed (its other probes stay).
+        let failed: BTreeSet<u32> = failures.iter().map(|f| cookie::function(f.cookie)).collect();
+        let attached = functions.len() - failed.len();
         if !probes.is_empty() && attached == 0 {
             return Err(RecordError::NoProbeAttached(failures[0].reason.clone()));
         }
         if !failures.is_empty() {
             let mut listed: Vec<String> = Vec::new();
             for f in failures.iter().take(5) {
-                listed.push(format!("{} ({})", functions[f.cookie as usize].name, f.reason));
+                listed.push(format!("{} ({})", functions[cookie::function(f.cookie) as usize].name, f.reason));
             }
             warnings.push(format!(
                 "{} of {} functions could not be probed: {}{}",
                 failed.len(),
-                probes.len(),
+                functions.len(),
                 listed.join(", "),
                 if failures.len() > 5 { ", ..." } else { "" }
             ));
@@ -414,7 +457,7 @@ impl Plan {
             follow_children: options.follow_children,
             hosts: vec![],
         };
-        let return_probes = probes.iter().any(|p| p.exit);
+        let return_probes = options.events.contains(&EventKind::Return);
         let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes);
         let child_pid = match child {
             Some(child) => Some(child.release()?),

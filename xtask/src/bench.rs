@@ -185,5 +185,46 @@ fn overhead(tracer: &Path) -> Result<()> {
     if lost > 0 {
         println!("\nxtask: warning: the traced run lost {lost} events");
     }
+    go_overhead(tracer)
+}
+
+/// Calls of the Go benchmark function per run: its probes trap (an ordinary instruction at the
+/// entry, a `ret`), so a million would take half a minute.
+const GO_CALLS: u64 = 20_000;
+
+/// What a Go call costs traced: an entry probe after the stack check and a probe on its `ret`,
+/// both ordinary uprobes (no uretprobe in Go code).
+fn go_overhead(tracer: &Path) -> Result<()> {
+    let gofixture = fixture("gofixture")?;
+    let out = root().join("target/bench/go.jsonl");
+    println!();
+    println!("xtask: {RUNS} runs of each; {GO_CALLS} calls of a Go function (`gofixture bench`, tests/fixtures/go)");
+    let run = |traced: bool| {
+        let (gofixture, out, tracer) = (gofixture.clone(), out.clone(), tracer.to_path_buf());
+        move || {
+            let mut c = if traced {
+                let mut c = Command::new(&tracer);
+                c.args(["record", "-e", "call,return", "-f", "main.tiny", "-o"]).arg(&out).arg("--").arg(&gofixture);
+                c
+            } else {
+                Command::new(&gofixture)
+            };
+            c.args(["bench", &GO_CALLS.to_string()]);
+            c
+        }
+    };
+    let base = measure("gofixture bench", run(false))?;
+    let ours = measure("tracer on gofixture bench", run(true))?;
+    let (lost, events) = trace_end(&out)?;
+    println!();
+    println!("| Go measurement | median |");
+    println!("|---|---|");
+    println!("| untraced: the loop of {GO_CALLS} calls | {:.2} ms |", base.loop_ns as f64 / 1e6);
+    println!("| traced by tracer (call + return to JSON lines): the loop | {:.1} ms |", ours.loop_ns as f64 / 1e6);
+    println!(
+        "| **tracer overhead per Go call** (entry + `ret` uprobe, both trapping) | **{:.1} µs** |",
+        (ours.loop_ns as f64 - base.loop_ns as f64) / GO_CALLS as f64 / 1e3
+    );
+    println!("| events written / lost (last run) | {events} / {lost} |");
     Ok(())
 }

@@ -10,7 +10,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use super::wire::EventBatch;
 
 /// Version of this protocol; both ends must speak the same.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// The largest frame either end accepts.
 pub const MAX_FRAME: usize = 8 << 20;
 
@@ -227,7 +227,12 @@ fn write_fuzz_seeds() {
         host: "h".into(),
         pid: 1,
         tid: 1,
-        data: crate::event::EventData::Call { function: "f".into(), module: "m".into(), args: [1; 6] },
+        data: crate::event::EventData::Call {
+            function: "f".into(),
+            module: "m".into(),
+            args: [1; 6].into(),
+            goid: None,
+        },
     };
     let seeds = [
         Message::Hello { version: PROTOCOL_VERSION, nonce: [1; 32] },

@@ -159,7 +159,7 @@ mod tests {
             host: "h".into(),
             pid: 1,
             tid: 1,
-            data: EventData::Call { function: "f".into(), module: "m".into(), args: [0; 6] },
+            data: EventData::Call { function: "f".into(), module: "m".into(), args: [0; 6].into(), goid: None },
         }
     }
 
