@@ -30,9 +30,17 @@ pub mod perfetto {
     include!(concat!(env!("OUT_DIR"), "/perfetto.protos.rs"));
 }
 
-/// A compiled C, C++ or Go fixture (see build.rs).
+/// A compiled C, C++, Rust or Go fixture (see build.rs).
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(match name {
+        "params" => env!("FIXTURE_PARAMS"),
+        "params_o2" => env!("FIXTURE_PARAMS_O2"),
+        "params_dwarf4" => env!("FIXTURE_PARAMS_DWARF4"),
+        "params_stripped" => env!("FIXTURE_PARAMS_STRIPPED"),
+        "params_cpp" => env!("FIXTURE_PARAMS_CPP"),
+        "params_cpp_o2" => env!("FIXTURE_PARAMS_CPP_O2"),
+        "rust_params" => env!("FIXTURE_RUST_PARAMS"),
+        "rust_params_o3" => env!("FIXTURE_RUST_PARAMS_O3"),
         "calls" => env!("FIXTURE_CALLS"),
         "calls_stripped" => env!("FIXTURE_CALLS_STRIPPED"),
         "bench" => env!("FIXTURE_BENCH"),

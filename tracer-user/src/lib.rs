@@ -13,6 +13,7 @@ pub mod channels;
 pub mod cli;
 pub mod clock;
 pub mod cluster;
+pub mod debuginfo;
 pub mod disasm;
 pub mod drain;
 pub mod errors;
