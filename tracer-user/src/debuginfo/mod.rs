@@ -59,7 +59,7 @@ pub enum DebugInfoError {
     NotX86_64 { path: PathBuf },
     #[error("cannot read section {section} of {path}: {reason}")]
     Section { path: PathBuf, section: &'static str, reason: String },
-    #[error("malformed DWARF in {path}: {source}")]
+    #[error("malformed DWARF in {path}")]
     Dwarf { path: PathBuf, source: gimli::Error },
 }
 
