@@ -1,4 +1,4 @@
-//! Compiles the C, C++ and Go fixtures (their paths reach the tests as `FIXTURE_*` variables), and the
+//! Compiles the C, C++, Rust and Go fixtures (their paths reach the tests as `FIXTURE_*` variables), and the
 //! Perfetto protos that `tracer` writes with (`tracer-user/proto/`), so that the tests decode its
 //! Perfetto traces with the published definitions rather than with the tracer's own code.
 
@@ -70,6 +70,41 @@ fn main() {
     let shapes = out.join("shapes");
     run(Command::new(&cxx).args(["-O0", "-o"]).arg(&shapes).arg(src.join("cpp/shapes.cpp")));
 
+    // Parameters at source level (debuginfo tests): the C fixture at -O0 (gcc's default DWARF 5),
+    // at -O2 (location lists), at -O2 with DWARF 4 (.debug_loc), and stripped with its DWARF in a
+    // separate file beside it, found through .gnu_debuglink; the C++ fixture at -O0 and -O2; the
+    // Rust fixture at -O0 and -O3, by the rustc that builds the tests.
+    let params_c = src.join("c/params.c");
+    let params = out.join("params");
+    run(Command::new(&cc).args(["-g", "-O0", "-o"]).arg(&params).arg(&params_c));
+    let params_o2 = out.join("params_o2");
+    run(Command::new(&cc).args(["-g", "-O2", "-o"]).arg(&params_o2).arg(&params_c));
+    let params_dwarf4 = out.join("params_dwarf4");
+    run(Command::new(&cc).args(["-g", "-gdwarf-4", "-O2", "-o"]).arg(&params_dwarf4).arg(&params_c));
+    let params_stripped = out.join("params_stripped");
+    let params_debug = out.join("params_stripped.debug");
+    // -rdynamic: the functions stay in .dynsym once stripped, as a shared library's do.
+    run(Command::new(&cc).args(["-g", "-O0", "-rdynamic", "-o"]).arg(&params_stripped).arg(&params_c));
+    run(Command::new("objcopy").arg("--only-keep-debug").arg(&params_stripped).arg(&params_debug));
+    run(Command::new("strip").arg(&params_stripped));
+    run(Command::new("objcopy").arg(format!("--add-gnu-debuglink={}", params_debug.display())).arg(&params_stripped));
+    let params_cpp_src = src.join("cpp/params.cpp");
+    let params_cpp = out.join("params_cpp");
+    run(Command::new(&cxx).args(["-g", "-O0", "-o"]).arg(&params_cpp).arg(&params_cpp_src));
+    let params_cpp_o2 = out.join("params_cpp_o2");
+    run(Command::new(&cxx).args(["-g", "-O2", "-o"]).arg(&params_cpp_o2).arg(&params_cpp_src));
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let params_rs = src.join("rust/params.rs");
+    let rust_params = out.join("rust_params");
+    let rust_params_o3 = out.join("rust_params_o3");
+    for (path, opt) in [(&rust_params, "opt-level=0"), (&rust_params_o3, "opt-level=3")] {
+        run(Command::new(&rustc)
+            .args(["--edition", "2024", "--crate-type", "bin", "-g", "-C", opt, "-o"])
+            .arg(path)
+            .arg(&params_rs)
+            .env_remove("CARGO_ENCODED_RUSTFLAGS"));
+    }
+
     // Go, with the toolchain `cargo xtask setup` installs (Debian's golang-go): offline, its
     // caches inside OUT_DIR, no cgo. Once with DWARF (where the tracer reads the goroutine id's
     // offset), once without (`-w`: the offset comes from the Go version in the build info).
@@ -90,6 +125,14 @@ fn main() {
     }
 
     for (name, path) in [
+        ("PARAMS", &params),
+        ("PARAMS_O2", &params_o2),
+        ("PARAMS_DWARF4", &params_dwarf4),
+        ("PARAMS_STRIPPED", &params_stripped),
+        ("PARAMS_CPP", &params_cpp),
+        ("PARAMS_CPP_O2", &params_cpp_o2),
+        ("RUST_PARAMS", &rust_params),
+        ("RUST_PARAMS_O3", &rust_params_o3),
         ("CALLS", &calls),
         ("CALLS_STRIPPED", &stripped),
         ("BENCH", &bench),

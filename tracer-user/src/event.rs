@@ -722,6 +722,51 @@ pub struct TraceEnd {
     /// bytes received without a traced sender.
     #[serde(default)]
     pub ipc: IpcStats,
+    /// A trace collected from several hosts: per host, whether its part is complete, and if not
+    /// what was lost and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostEnd>,
+}
+
+/// How one host's part of a collected trace ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostEnd {
+    pub name: String,
+    /// Every event the host's agent recorded was received.
+    pub complete: bool,
+    /// Why the host's trace ended, as its agent said (none if no end arrived).
+    pub reason: Option<EndReason>,
+    /// Events received from it.
+    pub events: u64,
+    /// Exit code of the command it launched (128 + signal when killed).
+    pub command_exit_code: Option<i32>,
+    /// What makes it incomplete; empty when complete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<HostLoss>,
+}
+
+/// Something a collector could not get from a host, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostLoss {
+    pub cause: LossCause,
+    /// One sentence: what is missing.
+    pub detail: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossCause {
+    /// The connection dropped and the agent could not be reached again in time: everything after
+    /// the last event received is missing.
+    ReconnectWindowUsedUp,
+    /// The agent no longer had the trace when the collector came back.
+    AgentDroppedTrace,
+    /// The agent reported that the trace failed.
+    AgentFailed,
+    /// The trace did not end within the stop timeout.
+    StopTimedOut,
+    /// The agent dropped events while the collector was away (its buffer was full).
+    Gap,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -749,6 +794,7 @@ impl TraceEnd {
             calls_without_return_probe: 0,
             command_exit_code: None,
             ipc: IpcStats::default(),
+            hosts: Vec::new(),
         }
     }
 
@@ -770,6 +816,8 @@ pub enum EndReason {
     Interrupted,
     /// SIGTERM (for an agent: shut down, or its collector went away).
     Terminated,
+    /// SIGHUP.
+    HungUp,
     /// The collector stopped it.
     Stopped,
     /// The input ended (a trace converted from a file without a `trace_end`).
@@ -784,6 +832,7 @@ impl fmt::Display for EndReason {
             EndReason::Duration => "the duration elapsed",
             EndReason::Interrupted => "interrupted",
             EndReason::Terminated => "terminated",
+            EndReason::HungUp => "hung up",
             EndReason::Stopped => "stopped by the collector",
             EndReason::InputEnded => "the input ended",
         })
@@ -1017,6 +1066,7 @@ mod tests {
             calls_without_return_probe: 0,
             command_exit_code: Some(0),
             ipc: IpcStats::default(),
+            hosts: Vec::new(),
         };
         let line = serde_json::to_string(&end).unwrap();
         assert!(line.starts_with(r#"{"kind":"trace_end","ts":5,"reason":"command_exited""#), "{line}");

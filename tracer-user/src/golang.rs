@@ -134,23 +134,18 @@ fn dwarf_goid_offset(file: &object::File) -> Option<u16> {
         let Ok(unit) = dwarf.unit(header) else { continue };
         let mut entries = unit.entries();
         let mut in_g = None::<isize>;
-        let mut depth = 0isize;
-        while let Ok(Some((delta, entry))) = entries.next_dfs() {
-            depth += delta;
+        while let Ok(Some(entry)) = entries.next_dfs() {
+            let depth = entry.depth();
             if in_g.is_some_and(|d| depth <= d) {
                 // Left runtime.g without finding goid.
                 return None;
             }
-            let name = entry
-                .attr_value(gimli::DW_AT_name)
-                .ok()
-                .flatten()
-                .and_then(|v| dwarf.attr_string(&unit, v).ok())
-                .map(|s| s.slice());
+            let name =
+                entry.attr_value(gimli::DW_AT_name).and_then(|v| dwarf.attr_string(&unit, v).ok()).map(|s| s.slice());
             match (entry.tag(), in_g) {
                 (gimli::DW_TAG_structure_type, None) if name == Some(b"runtime.g") => in_g = Some(depth),
                 (gimli::DW_TAG_member, Some(_)) if name == Some(b"goid") => {
-                    let location = entry.attr_value(gimli::DW_AT_data_member_location).ok().flatten()?;
+                    let location = entry.attr_value(gimli::DW_AT_data_member_location)?;
                     return location.udata_value().and_then(|v| u16::try_from(v).ok());
                 }
                 _ => {}

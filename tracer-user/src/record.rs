@@ -22,7 +22,7 @@ use crate::{
     drain::{Batch, RingDrain},
     event::{EndReason, EventKind, FORMAT_VERSION, ProbePaths, TargetInfo, TraceEnd, TraceStart},
     kernel_btf::{KernelBtf, KernelBtfError},
-    launch::{ChildExit, LaunchError, spawn_stopped, try_reap},
+    launch::{ChildExit, LaunchError, RunAs, spawn_stopped, try_reap},
     loader::{Kernel, LoadError, LostCounters, ProbeSpec, raise_fd_limit},
     modules::{ModuleCandidates, ModuleError},
     order::REORDER_WINDOW_NS,
@@ -39,6 +39,9 @@ pub const DEFAULT_MAX_PROBES: usize = 4096;
 pub const DEFAULT_BUFFER_SIZE: u32 = 64 << 20;
 /// How often liveness of the targets is checked.
 const TICK: Duration = Duration::from_millis(50);
+/// How often the sink is flushed: with the reorder window, an event is in the file (safe from a
+/// `kill -9` of the tracer) about half a second after it happened.
+const FLUSH_EVERY: Duration = Duration::from_millis(250);
 
 #[derive(Clone, Debug)]
 pub struct RecordOptions {
@@ -54,6 +57,8 @@ pub struct RecordOptions {
     pub max_probes: usize,
     /// The host name written in every event.
     pub host: String,
+    /// Run the command as this user (the agent launching for a socket-group member).
+    pub run_as: Option<RunAs>,
 }
 
 impl Default for RecordOptions {
@@ -69,6 +74,7 @@ impl Default for RecordOptions {
             buffer_size: DEFAULT_BUFFER_SIZE,
             max_probes: DEFAULT_MAX_PROBES,
             host: host_name(),
+            run_as: None,
         }
     }
 }
@@ -110,7 +116,7 @@ pub enum RecordError {
     NoProbeAttached(String),
     #[error("cannot probe the Go functions of {0}")]
     GoRefused(String),
-    #[error("writing the trace failed: {0}")]
+    #[error("writing the trace failed")]
     Output(#[from] std::io::Error),
 }
 
@@ -392,7 +398,7 @@ impl Plan {
         let mut warnings = Vec::new();
         let events = &options.events;
         let child = match &command {
-            Some(path) => Some(spawn_stopped(path, &options.command)?),
+            Some(path) => Some(spawn_stopped(path, &options.command, options.run_as.as_ref())?),
             None => None,
         };
 
@@ -543,6 +549,11 @@ impl Recording {
         &self.start
     }
 
+    /// The launched command's pid, if there is one.
+    pub fn command_pid(&self) -> Option<u32> {
+        self.child_pid
+    }
+
     /// Drains events into `sink` until the trace ends: the command and its traced descendants
     /// exit, every traced process exits, the duration elapses, or `stop` resolves.
     pub async fn run(self, sink: &mut dyn Sink, stop: impl Future<Output = EndReason>) -> Result<Outcome, RecordError> {
@@ -562,7 +573,9 @@ impl Recording {
         let mut pipeline = EventPipeline::new(kinds);
         let mut drain = RingDrain::spawn(ring)?;
         sink.begin(&start)?;
+        sink.flush()?;
         let mut command_exit: Option<ChildExit> = None;
+        let mut last_flush = tokio::time::Instant::now();
         let deadline = duration.map(|d| tokio::time::Instant::now() + d);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -582,6 +595,10 @@ impl Recording {
                 },
                 _ = tick.tick() => {
                     pipeline.flush_older_than(clock.now_unix_ns().saturating_sub(REORDER_WINDOW_NS), sink)?;
+                    if last_flush.elapsed() >= FLUSH_EVERY {
+                        sink.flush()?;
+                        last_flush = tokio::time::Instant::now();
+                    }
                     if let Some(pid) = child_pid
                         && command_exit.is_none()
                     {
@@ -627,6 +644,7 @@ impl Recording {
             calls_without_return_probe: assembler.calls_without_return_probe(),
             command_exit_code: command_exit.map(ChildExit::shell_code),
             ipc: pipeline.ipc_stats(),
+            hosts: Vec::new(),
         };
         sink.end(&end)?;
         let command_still_running = child_pid.filter(|_| command_exit.is_none());

@@ -16,7 +16,7 @@ use crate::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path} is not an ELF executable or shared library ({reason})")]
     NotElf { path: PathBuf, reason: String },

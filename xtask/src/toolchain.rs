@@ -11,9 +11,10 @@ use crate::run_checked;
 
 /// Debian packages a fresh machine needs: Debian's rustc 1.96 with its `core` sources (builds
 /// eBPF with `RUSTC_BOOTSTRAP=1`), LLVM 22 (for bpf-linker), C, C++ and Go compilers (test
-/// fixtures; Debian 12's Go is 1.19), iproute2 (network namespaces for the multi-host tests).
+/// fixtures; Debian 12's Go is 1.19), iproute2 (network namespaces for the multi-host tests),
+/// libc6-dbg (libc's DWARF under /usr/lib/debug/.build-id, which the debuginfo tests find by build id).
 const PACKAGES: &[&str] =
-    &["rustc-web", "cargo-web", "rust-web-src", "llvm-22-dev", "gcc", "g++", "golang-go", "iproute2"];
+    &["rustc-web", "cargo-web", "rust-web-src", "llvm-22-dev", "gcc", "g++", "golang-go", "iproute2", "libc6-dbg"];
 /// bpf-linker must be built against the LLVM major version of the compiler emitting the bitcode.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
