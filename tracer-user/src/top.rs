@@ -74,7 +74,7 @@ impl Top {
     pub fn start(plan: Plan, by_process: bool) -> Result<Top, TopError> {
         let Plan { options, processes, binaries, command, probes, functions, .. } = plan;
         let child = match &command {
-            Some(path) => Some(spawn_stopped(path, &options.command).map_err(RecordError::from)?),
+            Some(path) => Some(spawn_stopped(path, &options.command, None).map_err(RecordError::from)?),
             None => None,
         };
         let config = Config {
