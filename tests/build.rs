@@ -1,4 +1,4 @@
-//! Compiles the C and C++ fixtures (their paths reach the tests as `FIXTURE_*` variables), and the
+//! Compiles the C, C++, Rust and Go fixtures (their paths reach the tests as `FIXTURE_*` variables), and the
 //! Perfetto protos that `tracer` writes with (`tracer-user/proto/`), so that the tests decode its
 //! Perfetto traces with the published definitions rather than with the tracer's own code.
 
@@ -8,7 +8,7 @@ use std::{
 };
 
 fn run(cmd: &mut Command) {
-    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (`cargo xtask setup` installs it)"));
     assert!(status.success(), "{cmd:?} failed: {status}");
 }
 
@@ -31,11 +31,32 @@ fn main() {
     // -pg would add gprof's start-up and gmon.out).
     let bench_obj = out.join("bench.o");
     run(Command::new(&cc)
-        .args(["-c", "-O2", "-fno-pie", "-pg", "-mfentry", "-mnop-mcount", "-o"])
+        .args(["-c", "-O2", "-fno-pie", "-pg", "-mfentry", "-mnop-mcount", "-fcf-protection=none", "-o"])
         .arg(&bench_obj)
         .arg(src.join("c/bench.c")));
     let bench = out.join("bench");
     run(Command::new(&cc).args(["-no-pie", "-o"]).arg(&bench).arg(&bench_obj));
+
+    // `work()` of the same program built the other three ways of issue 12's table, for probe
+    // placement: with CET (`endbr64`, then the 5-byte nop), plain (`lea` first), and with GCC's
+    // patchable entry (five one-byte nops).
+    let mut work_builds = Vec::new();
+    for (name, flags) in [
+        ("bench_cet", &["-pg", "-mfentry", "-mnop-mcount", "-fcf-protection=full"][..]),
+        ("bench_plain", &["-fcf-protection=none"][..]),
+        ("bench_pfe5", &["-fpatchable-function-entry=5", "-fcf-protection=none"][..]),
+    ] {
+        let obj = out.join(format!("{name}.o"));
+        run(Command::new(&cc)
+            .args(["-c", "-O2", "-fno-pie"])
+            .args(flags)
+            .arg("-o")
+            .arg(&obj)
+            .arg(src.join("c/bench.c")));
+        let exe = out.join(name);
+        run(Command::new(&cc).args(["-no-pie", "-o"]).arg(&exe).arg(&obj));
+        work_builds.push((name.to_uppercase(), exe));
+    }
 
     let demo = out.join("client_server_demo");
     run(Command::new(&cc).args(["-O0", "-pthread", "-o"]).arg(&demo).arg(src.join("c/client_server_demo.c")));
@@ -48,6 +69,60 @@ fn main() {
 
     let shapes = out.join("shapes");
     run(Command::new(&cxx).args(["-O0", "-o"]).arg(&shapes).arg(src.join("cpp/shapes.cpp")));
+
+    // Parameters at source level (debuginfo tests): the C fixture at -O0 (gcc's default DWARF 5),
+    // at -O2 (location lists), at -O2 with DWARF 4 (.debug_loc), and stripped with its DWARF in a
+    // separate file beside it, found through .gnu_debuglink; the C++ fixture at -O0 and -O2; the
+    // Rust fixture at -O0 and -O3, by the rustc that builds the tests.
+    let params_c = src.join("c/params.c");
+    let params = out.join("params");
+    run(Command::new(&cc).args(["-g", "-O0", "-o"]).arg(&params).arg(&params_c));
+    let params_o2 = out.join("params_o2");
+    run(Command::new(&cc).args(["-g", "-O2", "-o"]).arg(&params_o2).arg(&params_c));
+    let params_dwarf4 = out.join("params_dwarf4");
+    run(Command::new(&cc).args(["-g", "-gdwarf-4", "-O2", "-o"]).arg(&params_dwarf4).arg(&params_c));
+    let params_stripped = out.join("params_stripped");
+    let params_debug = out.join("params_stripped.debug");
+    // -rdynamic: the functions stay in .dynsym once stripped, as a shared library's do.
+    run(Command::new(&cc).args(["-g", "-O0", "-rdynamic", "-o"]).arg(&params_stripped).arg(&params_c));
+    run(Command::new("objcopy").arg("--only-keep-debug").arg(&params_stripped).arg(&params_debug));
+    run(Command::new("strip").arg(&params_stripped));
+    run(Command::new("objcopy").arg(format!("--add-gnu-debuglink={}", params_debug.display())).arg(&params_stripped));
+    let params_cpp_src = src.join("cpp/params.cpp");
+    let params_cpp = out.join("params_cpp");
+    run(Command::new(&cxx).args(["-g", "-O0", "-o"]).arg(&params_cpp).arg(&params_cpp_src));
+    let params_cpp_o2 = out.join("params_cpp_o2");
+    run(Command::new(&cxx).args(["-g", "-O2", "-o"]).arg(&params_cpp_o2).arg(&params_cpp_src));
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let params_rs = src.join("rust/params.rs");
+    let rust_params = out.join("rust_params");
+    let rust_params_o3 = out.join("rust_params_o3");
+    for (path, opt) in [(&rust_params, "opt-level=0"), (&rust_params_o3, "opt-level=3")] {
+        run(Command::new(&rustc)
+            .args(["--edition", "2024", "--crate-type", "bin", "-g", "-C", opt, "-o"])
+            .arg(path)
+            .arg(&params_rs)
+            .env_remove("CARGO_ENCODED_RUSTFLAGS"));
+    }
+
+    // Go, with the toolchain `cargo xtask setup` installs (Debian's golang-go): offline, its
+    // caches inside OUT_DIR, no cgo. Once with DWARF (where the tracer reads the goroutine id's
+    // offset), once without (`-w`: the offset comes from the Go version in the build info).
+    let gofixture = out.join("gofixture");
+    let gofixture_nodwarf = out.join("gofixture_nodwarf");
+    for (path, ldflags) in [(&gofixture, ""), (&gofixture_nodwarf, "-w")] {
+        run(Command::new(std::env::var_os("GO").unwrap_or_else(|| "go".into()))
+            .current_dir(src.join("go"))
+            .args(["build", "-trimpath", &format!("-ldflags={ldflags}"), "-o"])
+            .arg(path)
+            .arg(".")
+            .env("GOCACHE", out.join("go-cache"))
+            .env("GOPATH", out.join("go-path"))
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOPROXY", "off")
+            .env("GOTOOLCHAIN", "local")
+            .env("CGO_ENABLED", "0"));
+    }
 
     // USDT probes made with <sys/sdt.h>: at -O0 their arguments are in memory (-N(%rbp)), at -O2
     // in registers and as sym(%rip).
@@ -85,6 +160,14 @@ fn main() {
     run(Command::new(&cxx).args(["-O2", "-o"]).arg(&throws).arg(src.join("cpp/throws.cpp")));
 
     for (name, path) in [
+        ("PARAMS", &params),
+        ("PARAMS_O2", &params_o2),
+        ("PARAMS_DWARF4", &params_dwarf4),
+        ("PARAMS_STRIPPED", &params_stripped),
+        ("PARAMS_CPP", &params_cpp),
+        ("PARAMS_CPP_O2", &params_cpp_o2),
+        ("RUST_PARAMS", &rust_params),
+        ("RUST_PARAMS_O3", &rust_params_o3),
         ("CALLS", &calls),
         ("CALLS_STRIPPED", &stripped),
         ("BENCH", &bench),
@@ -97,7 +180,12 @@ fn main() {
         ("EVENTS_C", &events_c),
         ("EVENTS_CXX", &events_cxx),
         ("THROWS", &throws),
+        ("GOFIXTURE", &gofixture),
+        ("GOFIXTURE_NODWARF", &gofixture_nodwarf),
     ] {
+        println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
+    }
+    for (name, path) in &work_builds {
         println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
     }
 

@@ -30,12 +30,23 @@ pub mod perfetto {
     include!(concat!(env!("OUT_DIR"), "/perfetto.protos.rs"));
 }
 
-/// A compiled C/C++ fixture (see build.rs).
+/// A compiled C, C++, Rust or Go fixture (see build.rs).
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(match name {
+        "params" => env!("FIXTURE_PARAMS"),
+        "params_o2" => env!("FIXTURE_PARAMS_O2"),
+        "params_dwarf4" => env!("FIXTURE_PARAMS_DWARF4"),
+        "params_stripped" => env!("FIXTURE_PARAMS_STRIPPED"),
+        "params_cpp" => env!("FIXTURE_PARAMS_CPP"),
+        "params_cpp_o2" => env!("FIXTURE_PARAMS_CPP_O2"),
+        "rust_params" => env!("FIXTURE_RUST_PARAMS"),
+        "rust_params_o3" => env!("FIXTURE_RUST_PARAMS_O3"),
         "calls" => env!("FIXTURE_CALLS"),
         "calls_stripped" => env!("FIXTURE_CALLS_STRIPPED"),
         "bench" => env!("FIXTURE_BENCH"),
+        "bench_cet" => env!("FIXTURE_BENCH_CET"),
+        "bench_plain" => env!("FIXTURE_BENCH_PLAIN"),
+        "bench_pfe5" => env!("FIXTURE_BENCH_PFE5"),
         "shapes" => env!("FIXTURE_SHAPES"),
         "client_server_demo" => env!("FIXTURE_CLIENT_SERVER_DEMO"),
         "ipc" => env!("FIXTURE_IPC"),
@@ -45,6 +56,8 @@ pub fn fixture(name: &str) -> PathBuf {
         "events_c" => env!("FIXTURE_EVENTS_C"),
         "events_cxx" => env!("FIXTURE_EVENTS_CXX"),
         "throws" => env!("FIXTURE_THROWS"),
+        "gofixture" => env!("FIXTURE_GOFIXTURE"),
+        "gofixture_nodwarf" => env!("FIXTURE_GOFIXTURE_NODWARF"),
         other => panic!("no fixture named {other}"),
     })
 }
@@ -264,6 +277,16 @@ impl TracerRun {
         TracerRun { child, stderr, startup, out }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends the tracer a signal.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
     /// Kills the tracer (as if it crashed).
     pub fn kill(mut self) {
         let _ = self.child.kill();
@@ -344,4 +367,121 @@ pub fn args(e: &Value) -> Vec<u64> {
 
 pub fn u64_field(e: &Value, field: &str) -> u64 {
     e[field].as_u64().unwrap_or_else(|| panic!("no integer {field} in {e}"))
+}
+
+/// A new secret file in `dir`, made by `tracer agent --gen-secret` (mode 0600).
+pub fn gen_secret(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(format!("secret-{name}"));
+    let run = tracer(&[OsStr::new("agent"), OsStr::new("--gen-secret"), path.as_os_str()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    path
+}
+
+/// `tracer agent` on this machine, on a Unix socket in `dir` (or on TCP with `--listen` among
+/// `extra`), its log in a file; stopped on drop.
+pub struct LocalAgent {
+    pub child: Child,
+    /// Where it listens, as a collector names it: `unix:PATH` or `ADDR:PORT`.
+    pub addr: String,
+    pub socket: PathBuf,
+    log: PathBuf,
+}
+
+impl LocalAgent {
+    pub fn start(dir: &Path, name: &str, extra: &[&str]) -> LocalAgent {
+        LocalAgent::start_with(dir, name, extra, |_| {})
+    }
+
+    /// The same, letting `prepare` adjust the command first.
+    pub fn start_with(dir: &Path, name: &str, extra: &[&str], prepare: impl FnOnce(&mut Command)) -> LocalAgent {
+        let socket = dir.join(format!("{name}.sock"));
+        let log = dir.join(format!("agent-{name}.log"));
+        let mut command = Command::new(tracer_bin());
+        command.arg("agent").args(["--name", name]);
+        if !extra.contains(&"--listen") {
+            command.arg("--socket").arg(&socket);
+        }
+        command.args(extra).stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
+        prepare(&mut command);
+        let child = command.spawn().expect("start agent");
+        let mut agent = LocalAgent { child, addr: String::new(), socket, log };
+        let line = agent.wait_for_log("listening on ");
+        // "tracer agent: listening on ADDR as NAME..."
+        agent.addr = line.split("listening on ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+        agent
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `NAME=ADDR`, for `tracer collect --agent`.
+    pub fn spec(&self, name: &str) -> String {
+        format!("{name}={}", self.addr)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (up to 20 s) for a line containing `text` in the log; returns the line.
+    pub fn wait_for_log(&self, text: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(line) = self.log().lines().find(|l| l.contains(text)) {
+                return line.to_string();
+            }
+            assert!(Instant::now() < deadline, "agent never logged {text:?}: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for LocalAgent {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A process's state letter from `/proc/PID/stat` (`R`, `S`, `T`, `Z`...), if it exists.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// How many BPF objects (programs, maps, links) a process holds open.
+pub fn bpf_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter(|e| {
+                    std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:bpf"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Children of `pid` that have exited and not been reaped.
+pub fn zombie_children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else { return false };
+            let Some((_, rest)) = stat.rsplit_once(") ") else { return false };
+            let fields: Vec<&str> = rest.split(' ').collect();
+            fields[0] == "Z" && fields[1] == pid.to_string()
+        })
+        .collect()
 }

@@ -13,7 +13,8 @@ use std::{
 
 use serde_json::Value;
 use tracer_tests::{
-    Trace, TracerRun, fixture, netns::Network, temp_dir, tracer, tracer_bin, u64_field, wait_with_timeout,
+    Trace, TracerRun, bpf_fds, fixture, gen_secret, netns::Network, process_state, temp_dir, tracer, tracer_bin,
+    u64_field, wait_with_timeout,
 };
 
 const PORT: u16 = 7070;
@@ -25,11 +26,13 @@ struct Agent {
 }
 
 impl Agent {
+    /// Started with `--allow-commands`: these tests launch their workloads through the agents.
     fn start(net: &Network, host: usize, name: &str, dir: &Path, extra: &[&str]) -> Agent {
         let log = dir.join(format!("agent-{name}.log"));
         let child = net
             .command(host, &tracer_bin())
             .args(["agent", "--listen", &format!("{}:{PORT}", net.hosts[host].addr), "--name", name])
+            .arg("--allow-commands")
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -71,10 +74,8 @@ impl Drop for Agent {
     }
 }
 
-fn secret(dir: &Path, text: &str) -> PathBuf {
-    let path = dir.join(format!("secret-{text}"));
-    std::fs::write(&path, format!("{text}\n")).unwrap();
-    path
+fn secret(dir: &Path, name: &str) -> PathBuf {
+    gen_secret(dir, name)
 }
 
 fn agent_arg(net: &Network, host: usize, name: &str) -> String {
@@ -244,23 +245,42 @@ fn authentication_is_required_and_checked() {
         .assert_error("agent a: authentication failed: the secrets differ (give both sides the same --secret-file)");
     collect(&[]).assert_error("agent a has a secret configured: give the collector the same --secret-file");
     let log = agent.log();
-    assert!(log.contains("the collector refused: authentication failed: the secrets differ"), "{log}");
-    assert!(log.contains("the collector refused: authentication failed: the collector has no secret"), "{log}");
+    // The agent found the wrong secret itself (the collector proves itself first).
+    assert!(log.contains("authentication failed: the secrets differ"), "{log}");
+    assert!(log.contains("the peer refused: authentication failed: the collector has no secret"), "{log}");
     assert!(!log.contains("started"), "nothing was traced: {log}");
-    // And a collector with the right secret whose answer the agent rejects is refused by the
-    // agent: covered by the agent's own check (unit test of `auth`).
 
-    // An agent will not listen off loopback without a secret.
-    let run = wait_with_timeout(
-        net.command(0, &tracer_bin())
-            .args(["agent", "--listen", &format!("{}:7071", net.hosts[0].addr)])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-        "agent",
-    );
-    run.assert_error(&format!("refusing to listen on {}:7071 without authentication", net.hosts[0].addr));
+    // An agent will not listen on TCP without a secret, loopback included.
+    for addr in [format!("{}:7071", net.hosts[0].addr), "127.0.0.1:7071".to_string()] {
+        let run = wait_with_timeout(
+            net.command(0, &tracer_bin())
+                .args(["agent", "--listen", &addr])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+            "agent",
+        );
+        run.assert_error(&format!("refusing to listen on {addr} without a secret"));
+    }
+    // Nor with a secret that others can read, or a short one: one sentence each.
+    let readable = dir.path().join("readable");
+    std::fs::write(&readable, "x".repeat(64)).unwrap();
+    std::fs::set_permissions(&readable, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let short = dir.path().join("short");
+    std::fs::write(&short, "swordfish\n").unwrap();
+    std::fs::set_permissions(&short, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    for (file, error) in
+        [(&readable, "can be read by other users (mode 644)"), (&short, "holds 9 bytes, fewer than 32")]
+    {
+        let file = file.to_str().unwrap();
+        let expected = format!("the secret file {file} {error}");
+        tracer(&["agent", "--listen", "127.0.0.1:7072", "--secret-file", file]).assert_error(&expected);
+        tracer(&["collect", "--agent", "a=127.0.0.1:7072", "--secret-file", file, "-p", "a:1"]).assert_error(&expected);
+    }
+    // --gen-secret never overwrites.
+    tracer(&["agent", "--gen-secret", good.to_str().unwrap()])
+        .assert_error(&format!("cannot write the secret file {}: File exists", good.display()));
 }
 
 #[test]
@@ -353,7 +373,8 @@ fn garbage_and_oversized_frames_close_only_their_connection() {
     let mut truncated = TcpStream::connect(addr).unwrap();
     truncated.write_all(&[100, 0, 0, 0, 1, 2]).unwrap();
     drop(truncated);
-    agent.wait_for_log("larger than the limit");
+    // Before authentication, frames of a few KiB at most: nothing is allocated for a larger one.
+    agent.wait_for_log("larger than the limit (4096)");
     agent.wait_for_log("malformed frame");
     agent.wait_for_log("truncated");
     let (run, t) = collector.finish();
@@ -459,4 +480,128 @@ fn tls_protects_links_that_leave_the_machine() {
         out.to_str().unwrap(),
     ]);
     run.assert_error("agent a:");
+}
+
+/// A collector that stops (SIGSTOP) keeps its connection open but sends nothing: the agent's
+/// watchdog counts only the collector's frames, not the events the target keeps producing, so
+/// the probes are detached after --orphan-timeout and the target runs on.
+#[test]
+fn a_stopped_collectors_probes_are_detached_and_its_target_keeps_running() {
+    let dir = temp_dir();
+    let net = Network::new(1);
+    let s = secret(dir.path(), "swordfish");
+    let agent =
+        Agent::start(&net, 0, "a", dir.path(), &["--secret-file", s.to_str().unwrap(), "--orphan-timeout", "2"]);
+    let calls = fixture("calls");
+    let out = dir.path().join("t.jsonl");
+    let args: Vec<String> = [
+        "collect",
+        "--agent",
+        &agent_arg(&net, 0, "a"),
+        "--secret-file",
+        s.to_str().unwrap(),
+        "-f",
+        "tick",
+        "-c",
+        &format!("a:{} loop", calls.display()),
+        "-o",
+        out.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let collector = TracerRun::spawn(&args, out);
+    agent.wait_for_log("started");
+    let agent_pid = agent.child.id();
+    assert!(bpf_fds(agent_pid) > 0, "probes attached");
+    let cmdline = format!("{}\0loop\0", calls.display());
+    let target = tracer_tests::find_process(|line| line == cmdline).expect("the target runs") as u32;
+    collector.signal(libc::SIGSTOP);
+    let stopped = Instant::now();
+    agent.wait_for_log("stopping the trace and detaching");
+    agent.wait_for_log("ended");
+    let waited = stopped.elapsed();
+    assert!(waited < Duration::from_secs(8), "detached {waited:?} after the collector stopped");
+    assert_eq!(bpf_fds(agent_pid), 0, "every probe, map and link is gone");
+    // The target was producing events all along, and still runs, untraced.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(matches!(process_state(target), Some('S' | 'R')), "target state {:?}", process_state(target));
+    collector.kill();
+    // SAFETY: kill(2).
+    unsafe { libc::kill(target as i32, libc::SIGKILL) };
+}
+
+/// A host whose agent cannot be reached again within the reconnect window is reported as
+/// incomplete, per host in trace_end, on stderr, and in the exit code; so is one whose agent
+/// dropped events while the collector was away.
+#[test]
+fn an_incomplete_trace_is_never_reported_as_complete() {
+    let dir = temp_dir();
+    let net = Network::new(2);
+    let s = secret(dir.path(), "swordfish");
+    let s = s.to_str().unwrap();
+    let _a = Agent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
+    // An outbox of 5 events: whatever is produced while the link is down beyond that is dropped.
+    let _b = Agent::start(&net, 1, "b", dir.path(), &["--secret-file", s, "--buffer-events", "5"]);
+    let calls = fixture("calls");
+    let out = dir.path().join("t.jsonl");
+    let args: Vec<String> = [
+        "collect",
+        "--agent",
+        &agent_arg(&net, 0, "a"),
+        "--agent",
+        &agent_arg(&net, 1, "b"),
+        "--secret-file",
+        s,
+        "--reconnect-for",
+        "2",
+        "-f",
+        "tick",
+        "-c",
+        &format!("a:{} loop", calls.display()),
+        "-c",
+        &format!("b:{} loop", calls.display()),
+        "-d",
+        "12",
+        "-o",
+        out.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let collector = TracerRun::spawn(&args, out);
+    std::thread::sleep(Duration::from_millis(500));
+    // a: gone for longer than the collector waits (3 s of silence, then 2 s of reconnecting);
+    // b: back after 4 s, with far more than 5 ticks missed.
+    net.set_link(0, false);
+    net.set_link(1, false);
+    std::thread::sleep(Duration::from_secs(4));
+    net.set_link(1, true);
+    let (run, t) = collector.finish();
+    net.set_link(0, true);
+    assert_eq!(run.code(), 75, "{run:?}");
+    let hosts = t.end["hosts"].as_array().expect("per-host ends");
+    let host = |name: &str| hosts.iter().find(|h| h["name"] == name).unwrap();
+    let (a, b) = (host("a"), host("b"));
+    assert_eq!(a["complete"], false, "{a}");
+    assert_eq!(a["lost"][0]["cause"], "reconnect_window_used_up", "{a}");
+    assert_eq!(b["complete"], false, "{b}");
+    assert_eq!(b["lost"][0]["cause"], "gap", "{b}");
+    assert!(u64_field(&t.end["lost_events"], "in_transit") > 0, "{}", t.end);
+    assert!(
+        run.stderr.contains("tracer: warning: host a: the trace is incomplete: could not reach the agent"),
+        "{run:?}"
+    );
+    assert!(
+        run.stderr.contains("tracer: warning: host b: the trace is incomplete: the agent dropped events"),
+        "{run:?}"
+    );
+    assert!(run.stderr.contains("the trace is incomplete on 2 of 2 hosts"), "{run:?}");
+    for target in [format!("{}\0loop\0", calls.display())] {
+        while let Some(pid) = tracer_tests::find_process(|line| line == target) {
+            // SAFETY: kill(2).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }

@@ -2,63 +2,26 @@
 //! against a real agent on loopback tracing a real fixture.
 
 use std::{
-    io::{BufRead as _, BufReader},
-    process::{Child, Command, Stdio},
+    os::unix::process::CommandExt as _,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
+    time::Duration,
 };
 
 use serde_json::Value;
-use tracer_tests::{fixture, temp_dir, tracer_bin};
+use tracer_tests::{Background, LocalAgent, fixture, temp_dir};
 use tracer_user::{
     cluster::{
-        collector::{AgentSpec, ClientOptions, Cluster},
-        protocol::TraceRequest,
+        collector::{AgentSpec, ClientOptions, Cluster, connect_session},
+        protocol::{Message, TraceRequest},
     },
     event::{Event, EventData},
 };
 
-/// `tracer agent` on a free loopback port, stopped on drop.
-struct LoopbackAgent {
-    child: Child,
-    addr: String,
-}
-
-impl LoopbackAgent {
-    fn start(name: &str) -> LoopbackAgent {
-        let mut child = Command::new(tracer_bin())
-            .args(["agent", "--listen", "127.0.0.1:0", "--name", name])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start agent");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        while !line.contains("listening on ") {
-            line.clear();
-            assert!(stderr.read_line(&mut line).unwrap() > 0, "the agent exited before listening");
-        }
-        // "tracer agent: listening on 127.0.0.1:PORT as NAME"
-        let addr = line.split("listening on ").nth(1).unwrap().split(' ').next().unwrap().to_string();
-        // Keep reading the agent's log so that it never blocks on a full pipe.
-        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-        LoopbackAgent { child, addr }
-    }
-
-    fn spec(&self, name: &str) -> AgentSpec {
-        format!("{name}={}", self.addr).parse().unwrap()
-    }
-}
-
-impl Drop for LoopbackAgent {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
+fn spec(agent: &LocalAgent, name: &str) -> AgentSpec {
+    agent.spec(name).parse().unwrap()
 }
 
 fn is_call_of(e: &Event, name: &str) -> bool {
@@ -71,8 +34,9 @@ fn is_return_of(e: &Event, name: &str) -> bool {
 
 #[tokio::test]
 async fn trace_a_command_then_follow_a_trace_live() {
-    let agent = LoopbackAgent::start("lib");
-    let cluster = Cluster::connect(vec![agent.spec("lib")], ClientOptions::default()).await.expect("connect");
+    let dir = temp_dir();
+    let agent = LocalAgent::start(dir.path(), "lib", &["--allow-commands"]);
+    let cluster = Cluster::connect(vec![spec(&agent, "lib")], ClientOptions::default()).await.expect("connect");
     assert_eq!(cluster.agents(), ["lib"]);
     let calls = fixture("calls").display().to_string();
     let request = TraceRequest { functions: vec!["fib".into()], ..Default::default() };
@@ -124,10 +88,110 @@ async fn trace_a_command_then_follow_a_trace_live() {
     assert_eq!(fib_seen.load(Ordering::Relaxed), 177);
 
     // The Chrome export of the merged trace: a slice per call, in the host's process group.
-    let dir = temp_dir();
     let path = dir.path().join("merged.json");
     merged.export_chrome(&path).expect("export");
     let chrome: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let slices = chrome["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X" && e["name"] == "fib");
     assert_eq!(slices.count(), 177);
+}
+
+/// Receives messages for a while; returns them.
+async fn receive_for(session: &mut tracer_user::cluster::session::Session, how_long: Duration) -> Vec<Message> {
+    let mut got = Vec::new();
+    while let Ok(Ok(m)) = tokio::time::timeout(how_long, session.reader.recv()).await {
+        got.push(m);
+    }
+    got
+}
+
+/// A second collector, authenticated on the same agent, can neither receive, resume nor stop the
+/// first one's trace, whose events all reach the first collector.
+#[tokio::test]
+async fn one_trace_per_connection() {
+    let dir = temp_dir();
+    let agent = LocalAgent::start(dir.path(), "h", &[]);
+    let target = Background::start(&fixture("calls"), &["loop"]);
+    let first = Cluster::connect(vec![spec(&agent, "h")], ClientOptions::default()).await.expect("connect");
+    let request = TraceRequest { pids: vec![target.pid()], functions: vec!["tick".into()], ..Default::default() };
+    let trace = first.start_all(request.clone()).await.expect("start");
+    let id = trace.id();
+
+    let mut second = connect_session(&spec(&agent, "h"), &ClientOptions::default()).await.expect("second");
+    for attack in [
+        Message::Resume { trace_id: id, next_seq: 0, proof: [0; 32] },
+        Message::Stop { trace_id: id },
+        Message::Ack { next_seq: u64::MAX },
+        Message::Start { trace_id: id, request: request.clone() },
+    ] {
+        second.writer.send(&attack).await.unwrap();
+    }
+    let answers = receive_for(&mut second, Duration::from_millis(1500)).await;
+    let failures: Vec<String> = answers
+        .iter()
+        .filter_map(|m| match m {
+            Message::Failed { error, .. } => Some(error.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        failures,
+        [
+            format!("this agent has no trace {id} that this collector can resume"),
+            format!("trace {id} is not this connection's"),
+            "a trace is already running on this agent".to_string(),
+        ],
+        "{answers:?}"
+    );
+    assert!(answers.iter().all(|m| matches!(m, Message::Failed { .. })), "no events for the second: {answers:?}");
+
+    // The first collector's trace went on, whole.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let merged = trace.stop().await.expect("stop");
+    let ticks: Vec<u64> = merged
+        .events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::Call { function, args, .. } if &**function == "tick" => Some(args[0]),
+            _ => None,
+        })
+        .collect();
+    assert!(ticks.len() > 200, "{} ticks", ticks.len());
+    assert!(ticks.windows(2).all(|w| w[1] == w[0] + 1), "nothing was acknowledged away or lost");
+    assert!(merged.end.hosts[0].complete, "{:?}", merged.end.hosts);
+}
+
+/// Out of file descriptors, `accept` fails: the agent backs off instead of spinning, frees the
+/// place of the oldest unauthenticated peer, and a collector still gets in.
+#[tokio::test]
+async fn accept_failures_back_off_and_a_collector_still_gets_in() {
+    let dir = temp_dir();
+    let agent = LocalAgent::start_with(dir.path(), "h", &[], |command| {
+        // SAFETY: setrlimit is async-signal-safe.
+        unsafe {
+            command.pre_exec(|| {
+                let limit = libc::rlimit { rlim_cur: 24, rlim_max: 24 };
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+                Ok(())
+            });
+        }
+    });
+    let cpu = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<u64> =
+            stat.rsplit_once(") ").unwrap().1.split(' ').skip(11).take(2).map(|f| f.parse().unwrap()).collect();
+        fields[0] + fields[1]
+    };
+    let flood: Vec<std::os::unix::net::UnixStream> =
+        (0..100).filter_map(|_| std::os::unix::net::UnixStream::connect(&agent.socket).ok()).collect();
+    agent.wait_for_log("accept failed (Too many open files");
+    let before = cpu(agent.pid());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Clock ticks (1/100 s): spinning on accept would burn most of the two seconds.
+    let spent = cpu(agent.pid()) - before;
+    assert!(spent < 50, "the agent used {spent} ticks of CPU in 2 s while out of descriptors");
+    let mut session =
+        connect_session(&spec(&agent, "h"), &ClientOptions::default()).await.expect("a collector gets in");
+    session.writer.send(&Message::ClockProbe { id: 1 }).await.unwrap();
+    assert!(matches!(session.reader.recv().await.unwrap(), Message::ClockEcho { id: 1, .. }));
+    drop(flood);
 }

@@ -267,8 +267,8 @@ fn a_trace_of_pids_ends_when_they_exit() {
     let dir = temp_dir();
     let bg = Background::start(&fixture("calls"), &["loop"]);
     let pid = bg.pid();
-    // Ended once the tracer is attached (a fixed delay loses the race on a loaded machine, where
-    // start-up alone can take over a second).
+    // The target is told to finish only once the tracer says it is tracing (however long start-up
+    // takes on a loaded machine), so its exit is always seen.
     let tracer = TracerRun::start(dir.path(), &["-p", &pid.to_string(), "-f", "tick"]);
     std::thread::sleep(Duration::from_millis(200));
     // SAFETY: kill(2).

@@ -3,8 +3,8 @@
 use core::{fmt, mem::size_of};
 
 use crate::{
-    CallRecord, ExecRecord, ExitRecord, ForkRecord, IpcRecord, RecordHeader, RecordKind, ReturnRecord, SignalRecord,
-    USDT_MAX_ARGS, USER_EVENT_PAYLOAD_MAX, UsdtRecord, UserEventRecord,
+    CallRecord, ExecRecord, ExitRecord, ForkRecord, GoCallRecord, GoReturnRecord, IpcRecord, RecordHeader, RecordKind,
+    ReturnRecord, SignalRecord, USDT_MAX_ARGS, USER_EVENT_PAYLOAD_MAX, UsdtRecord, UserEventRecord,
 };
 
 /// One record, copied out of the ring buffer (a program event's payload stays where it was read).
@@ -17,6 +17,8 @@ pub enum Record<'a> {
     Exit(ExitRecord),
     Ipc(IpcRecord),
     Signal(SignalRecord),
+    GoCall(GoCallRecord),
+    GoReturn(GoReturnRecord),
     /// The record and the payload bytes that followed it (`copied_len` of them).
     UserEvent(UserEventRecord, &'a [u8]),
     Usdt(UsdtRecord),
@@ -32,6 +34,8 @@ impl Record<'_> {
             Record::Exit(r) => &r.header,
             Record::Ipc(r) => &r.header,
             Record::Signal(r) => &r.header,
+            Record::GoCall(r) => &r.header,
+            Record::GoReturn(r) => &r.header,
             Record::UserEvent(r, _) => &r.header,
             Record::Usdt(r) => &r.header,
         }
@@ -104,6 +108,8 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
         RecordKind::Exit => Record::Exit(read(kind, bytes)?),
         RecordKind::Ipc => Record::Ipc(read(kind, bytes)?),
         RecordKind::Signal => Record::Signal(read(kind, bytes)?),
+        RecordKind::GoCall => Record::GoCall(read(kind, bytes)?),
+        RecordKind::GoReturn => Record::GoReturn(read(kind, bytes)?),
         RecordKind::UserEvent => {
             let record: UserEventRecord = read(kind, bytes)?;
             let rest = &bytes[size_of::<UserEventRecord>()..];
@@ -180,6 +186,36 @@ mod tests {
         ipc.header = header(RecordKind::Ipc);
         ipc.bytes = 100;
         assert_eq!(decode(&bytes_of(&ipc)), Ok(Record::Ipc(ipc)));
+        let go_call = GoCallRecord {
+            header: header(RecordKind::GoCall),
+            cookie: crate::cookie::go(3, false, 152),
+            goid: 18,
+            stack_depth: 4096,
+            args: [1, 2, 3, 4, 5, 6, 7, 8, 9],
+        };
+        assert_eq!(decode(&bytes_of(&go_call)), Ok(Record::GoCall(go_call)));
+        let go_ret = GoReturnRecord {
+            header: header(RecordKind::GoReturn),
+            cookie: crate::cookie::go(3, true, 152),
+            goid: 18,
+            stack_depth: 4096,
+            retval: 45,
+        };
+        assert_eq!(decode(&bytes_of(&go_ret)), Ok(Record::GoReturn(go_ret)));
+    }
+
+    #[test]
+    fn cookies_carry_function_and_go_flags() {
+        use crate::cookie;
+        let c = cookie::go(0xdead_beef, true, 160);
+        assert_eq!(cookie::function(c), 0xdead_beef);
+        assert!(cookie::is_go(c) && cookie::is_go_return(c));
+        assert_eq!(cookie::goid_offset(c), 160);
+        let c = cookie::go(7, false, 152);
+        assert!(cookie::is_go(c) && !cookie::is_go_return(c));
+        let c = cookie::plain(7);
+        assert_eq!(cookie::function(c), 7);
+        assert!(!cookie::is_go(c) && !cookie::is_go_return(c));
     }
 
     #[test]

@@ -21,12 +21,18 @@ pub mod names {
     pub const STREAMS: &str = "STREAMS";
     pub const USDT_SPECS: &str = "USDT_SPECS";
     pub const USER_EVENT_SCRATCH: &str = "USER_EVENT_SCRATCH";
+    pub const TOP_FUNCTIONS: &str = "TOP_FUNCTIONS";
+    pub const TOP_BY_PROCESS: &str = "TOP_BY_PROCESS";
+    pub const TOP_STACKS: &str = "TOP_STACKS";
 }
 
 /// Names of the programs in the eBPF object.
 pub mod programs {
     pub const CALL_ENTRY: &str = "call_entry";
     pub const CALL_RETURN: &str = "call_return";
+    /// `tracer top`'s function programs: statistics in the kernel, no records.
+    pub const TOP_ENTRY: &str = "top_entry";
+    pub const TOP_RETURN: &str = "top_return";
     pub const SCHED_FORK: &str = "sched_fork";
     pub const SCHED_EXEC: &str = "sched_exec";
     pub const SCHED_EXIT: &str = "sched_exit";
@@ -95,16 +101,20 @@ numbered_enum! {
         /// A transfer on a socket or pipe ([`IpcRecord`]).
         Ipc = 6,
         Signal = 7,
-        /// The payload of a program's own event ([`UserEventRecord`]). 8 and 9 are taken by Go.
+        /// Entry into a probed Go function ([`GoCallRecord`]).
+        GoCall = 8,
+        /// A probed Go function reached one of its `ret` instructions ([`GoReturnRecord`]).
+        GoReturn = 9,
+        /// The payload of a program's own event ([`UserEventRecord`]).
         UserEvent = 10,
         /// The arguments of a USDT probe ([`UsdtRecord`]).
         Usdt = 11,
     }
 }
 
-/// Slots of the `LOST` per-CPU array. The slots numbered like a [`RecordKind`] (1..=11) count
-/// ring-buffer reserve failures of that kind; the others count things the kernel side had to give
-/// up on.
+/// Slots of the `LOST` per-CPU array. Slots 1..=11 count ring-buffer reserve failures per
+/// [`RecordKind`] (whose numbers stay below 12); the others count things the kernel side had to
+/// give up on.
 pub mod lost_slot {
     /// A traced process forked, but the traced-pid map was full: the child is not traced.
     pub const UNTRACKED_CHILD: u32 = 12;
@@ -112,8 +122,18 @@ pub mod lost_slot {
     pub const IPC_INFLIGHT: u32 = 13;
     /// Messages of a `sendmmsg`/`recvmmsg` beyond the first [`super::MAX_MMSG`] (not recorded).
     pub const IPC_MMSG_BEYOND_LIMIT: u32 = 14;
+    /// `tracer top`: a traced thread's call stack could not be kept (its map was full): its calls
+    /// are not counted.
+    pub const TOP_THREADS_FULL: u32 = 15;
+    /// `tracer top --by-process`: a (process, function) pair found its map full: not counted.
+    pub const TOP_KEYS_FULL: u32 = 16;
+    /// `tracer top`: calls nested deeper than [`super::top::MAX_DEPTH`] (the kernel gives them no
+    /// return probe), counted but not timed.
+    pub const TOP_TOO_DEEP: u32 = 17;
+    /// `tracer top`: calls whose return never came (left by `longjmp` or an exception).
+    pub const TOP_NO_RETURN: u32 = 18;
     /// Number of slots in the `LOST` map.
-    pub const COUNT: u32 = 16;
+    pub const COUNT: u32 = 20;
 }
 
 /// Bits of [`Config::enabled_kinds`]: `1 << RecordKind as u32`.
@@ -159,6 +179,81 @@ pub struct ReturnRecord {
     pub cookie: u64,
     /// rax.
     pub retval: u64,
+}
+
+/// Integer argument registers of Go's register ABI (amd64, Go 1.17+): rax, rbx, rcx, rdi, rsi,
+/// r8, r9, r10, r11.
+pub const GO_ARGS: usize = 9;
+
+/// Entry into a probed Go function. Its probe sits after the prologue's stack-bound check, so a
+/// call that first grows its stack (and re-enters the function from `runtime.morestack`) is
+/// recorded once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GoCallRecord {
+    pub header: RecordHeader,
+    pub cookie: u64,
+    /// The goroutine's id (`runtime.g.goid`), read from the `g` in r14.
+    pub goid: u64,
+    /// `g.stack.hi - rsp`: how deep in its goroutine's stack the call's return address lies. The
+    /// runtime copies a growing stack whole, so this distance survives the move; the return of
+    /// the same call has the same one.
+    pub stack_depth: u64,
+    /// See [`GO_ARGS`].
+    pub args: [u64; GO_ARGS],
+}
+
+/// A probed Go function at one of its `ret` instructions (an ordinary uprobe there: a uretprobe
+/// would replace the return address that Go's runtime reads when it walks and copies stacks).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GoReturnRecord {
+    pub header: RecordHeader,
+    pub cookie: u64,
+    pub goid: u64,
+    /// As in [`GoCallRecord::stack_depth`]: equal to its call's.
+    pub stack_depth: u64,
+    /// rax.
+    pub retval: u64,
+}
+
+/// The BPF cookie of a function probe: what the one shared program needs to know about the probe
+/// that fired, so that the hot path reads no map.
+///
+/// Bits 0-31: the function's index in user space's table. Bit 32: a Go probe (read `g` from r14,
+/// the goroutine id at the offset in bits 48-63, Go's argument registers). Bit 33: a Go return
+/// (the probe is on a `ret` instruction).
+pub mod cookie {
+    pub const FUNCTION_MASK: u64 = 0xffff_ffff;
+    pub const GO: u64 = 1 << 32;
+    pub const GO_RETURN: u64 = 1 << 33;
+    pub const GOID_OFFSET_SHIFT: u32 = 48;
+
+    /// The cookie of a C (System V) probe: the function index alone.
+    pub const fn plain(function: u32) -> u64 {
+        function as u64
+    }
+
+    /// The cookie of a Go probe: entry, or a `ret` instruction when `ret`.
+    pub const fn go(function: u32, ret: bool, goid_offset: u16) -> u64 {
+        function as u64 | GO | if ret { GO_RETURN } else { 0 } | (goid_offset as u64) << GOID_OFFSET_SHIFT
+    }
+
+    pub const fn function(cookie: u64) -> u32 {
+        (cookie & FUNCTION_MASK) as u32
+    }
+
+    pub const fn is_go(cookie: u64) -> bool {
+        cookie & GO != 0
+    }
+
+    pub const fn is_go_return(cookie: u64) -> bool {
+        cookie & GO_RETURN != 0
+    }
+
+    pub const fn goid_offset(cookie: u64) -> u32 {
+        (cookie >> GOID_OFFSET_SHIFT) as u32
+    }
 }
 
 /// `sched_process_fork`: a traced process created a process or a thread. The header names the parent.
@@ -542,7 +637,8 @@ pub struct Config {
     pub follow_children: u32,
     /// 1: the `TARGET_INODES` map has entries (`--binary`), so exec looks the new file up.
     pub has_target_inodes: u32,
-    pub _pad: u32,
+    /// 1: `tracer top --by-process`: statistics per process and function, not per function.
+    pub top_by_process: u32,
     /// Records do not wake the reader up (it polls) until this many bytes wait in the ring: a
     /// wake-up per record costs the traced program more than the record itself.
     pub wakeup_bytes: u64,
@@ -556,4 +652,140 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::InodeKey {}
     unsafe impl aya::Pod for super::UsdtSpec {}
+    unsafe impl aya::Pod for super::top::Stats {}
+    unsafe impl aya::Pod for super::top::Key {}
+}
+
+/// `tracer top`: per-function statistics kept in the kernel (no records).
+pub mod top {
+    /// Calls a thread may have open before the kernel stops giving them return probes (its
+    /// `MAX_URETPROBE_DEPTH`).
+    pub const MAX_DEPTH: usize = 64;
+    /// Sub-buckets per power of two of the latency histogram: a bucket is at most 1/16 = 6.25%
+    /// wide, so its midpoint is within 3.2% of any value in it.
+    pub const SUB_BITS: u32 = 4;
+    pub const SUB: u64 = 1 << SUB_BITS;
+    /// Values at or above `2^MAX_EXP` ns (68.7 s) share the last bucket.
+    pub const MAX_EXP: u32 = 36;
+    /// Buckets: one per nanosecond below [`SUB`], then [`SUB`] per power of two.
+    pub const BUCKETS: usize = SUB as usize + (MAX_EXP - SUB_BITS) as usize * SUB as usize;
+
+    /// The histogram bucket of a duration (log-linear: exponent, then the next four bits).
+    #[inline(always)]
+    pub const fn bucket(ns: u64) -> usize {
+        if ns < SUB {
+            return ns as usize;
+        }
+        // floor(log2(ns)) by halving, without a loop or `leading_zeros` (BPF has no clz).
+        let mut x = ns;
+        let mut exp = 0u32;
+        if x >= 1 << 32 {
+            x >>= 32;
+            exp += 32;
+        }
+        if x >= 1 << 16 {
+            x >>= 16;
+            exp += 16;
+        }
+        if x >= 1 << 8 {
+            x >>= 8;
+            exp += 8;
+        }
+        if x >= 1 << 4 {
+            x >>= 4;
+            exp += 4;
+        }
+        if x >= 1 << 2 {
+            x >>= 2;
+            exp += 2;
+        }
+        if x >= 1 << 1 {
+            exp += 1;
+        }
+        if exp >= MAX_EXP {
+            return BUCKETS - 1;
+        }
+        let sub = (ns >> (exp - SUB_BITS)) & (SUB - 1);
+        SUB as usize + (exp - SUB_BITS) as usize * SUB as usize + sub as usize
+    }
+
+    /// The durations a bucket holds: `[low, high)` nanoseconds.
+    pub const fn bucket_range(index: usize) -> (u64, u64) {
+        if index < SUB as usize {
+            return (index as u64, index as u64 + 1);
+        }
+        let i = (index - SUB as usize) as u64;
+        let exp = SUB_BITS as u64 + i / SUB;
+        let width = 1u64 << (exp - SUB_BITS as u64);
+        let low = (1u64 << exp) + (i % SUB) * width;
+        if index == BUCKETS - 1 { (low, u64::MAX) } else { (low, low + width) }
+    }
+
+    /// What the kernel keeps per function (or per process and function): updated atomically.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Stats {
+        /// Entries.
+        pub calls: u64,
+        /// Returns, each timed into `total_ns` and the histogram.
+        pub returns: u64,
+        pub total_ns: u64,
+        pub histogram: [u64; BUCKETS],
+    }
+
+    /// Key of the by-process statistics.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct Key {
+        pub pid: u32,
+        pub function: u32,
+    }
+
+    /// An open call of a thread.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Frame {
+        pub ts: u64,
+        /// The stack pointer at entry (it points at the return address); the uretprobe sees
+        /// it 8 bytes higher.
+        pub sp: u64,
+        pub function: u32,
+        pub _pad: u32,
+    }
+
+    /// A thread's open calls, innermost last.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Stack {
+        pub depth: u32,
+        pub _pad: u32,
+        pub frames: [Frame; MAX_DEPTH],
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn buckets_are_log_linear_and_contiguous() {
+            let mut previous_high = 0;
+            for i in 0..BUCKETS {
+                let (low, high) = bucket_range(i);
+                assert_eq!(low, previous_high, "bucket {i}");
+                assert!(high > low);
+                if i >= SUB as usize && i < BUCKETS - 1 {
+                    assert!((high - low) * SUB <= low, "bucket {i} is at most 1/16 of its low bound wide");
+                }
+                assert_eq!(bucket(low), i);
+                if i < BUCKETS - 1 {
+                    assert_eq!(bucket(high - 1), i);
+                }
+                previous_high = high;
+            }
+            assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+            // 500 µs falls in a bucket 2^14 ns wide (3.1% of it).
+            let (low, high) = bucket_range(bucket(500_000));
+            assert!(low <= 500_000 && 500_000 < high && high - low == 1 << 14, "{low}..{high}");
+        }
+    }
 }

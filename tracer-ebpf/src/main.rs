@@ -13,6 +13,7 @@ mod ipc;
 mod maps;
 mod sched;
 mod signal;
+mod top;
 mod uprobe;
 mod usdt;
 

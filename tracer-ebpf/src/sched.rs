@@ -132,6 +132,7 @@ fn try_sched_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
         return Ok(0);
     }
     let group_dead = (ctx.arg::<u64>(1) & 0xff) != 0;
+    crate::top::forget_thread(tid);
     if enabled(RecordKind::Exit) {
         let task: *const u8 = ctx.arg(0);
         let exit_code: i32 = read_kernel(task, config().offsets.task_exit_code).unwrap_or(0);

@@ -4,15 +4,15 @@
 use std::sync::Arc;
 
 use tracer_common::{
-    RecordKind,
+    RecordKind, cookie,
     decode::{Record, c_bytes, decode},
 };
 
 use crate::{
-    call_stack::CallStacks,
+    call_stack::{CallStacks, GoroutineStacks},
     channels::{ChannelResolver, signal_event},
     clock::BootClock,
-    event::{Event, EventData, SpawnHow},
+    event::{Args, Event, EventData, SpawnHow},
 };
 
 /// A probed function as events name it.
@@ -30,7 +30,8 @@ pub struct EventAssembler {
     host: Arc<str>,
     clock: BootClock,
     functions: FunctionTable,
-    stacks: CallStacks<u64>,
+    stacks: CallStacks<u32>,
+    go_stacks: GoroutineStacks<u32>,
     channels: ChannelResolver,
     /// Records that could not be decoded or named (counted as lost, reported in `trace_end`).
     pub undecodable: u64,
@@ -54,6 +55,7 @@ impl EventAssembler {
             clock,
             functions,
             stacks: CallStacks::new(return_probes),
+            go_stacks: GoroutineStacks::new(return_probes),
             channels: ChannelResolver::default(),
             undecodable: 0,
         }
@@ -71,22 +73,55 @@ impl EventAssembler {
         };
         let h = *record.header();
         let ts = self.clock.to_unix_ns(h.ts_boot_ns);
+        let function = |c: u64| self.functions.get(cookie::function(c) as usize);
         let data = match record {
             Record::Call(r) => {
-                let Some(f) = self.functions.get(r.cookie as usize) else {
+                let Some(f) = function(r.cookie) else {
                     self.undecodable += 1;
                     return None;
                 };
-                self.stacks.call(h.tid, r.cookie, h.ts_boot_ns);
-                EventData::Call { function: f.name.clone(), module: f.module.clone(), args: r.args }
+                let data = EventData::Call {
+                    function: f.name.clone(),
+                    module: f.module.clone(),
+                    args: Args::new(&r.args),
+                    goid: None,
+                };
+                self.stacks.call(h.tid, cookie::function(r.cookie), h.ts_boot_ns);
+                data
             }
             Record::Return(r) => {
-                let Some(f) = self.functions.get(r.cookie as usize) else {
+                let Some(f) = function(r.cookie) else {
                     self.undecodable += 1;
                     return None;
                 };
-                let duration_ns = self.stacks.ret(h.tid, r.cookie, h.ts_boot_ns);
-                EventData::Return { function: f.name.clone(), module: f.module.clone(), retval: r.retval, duration_ns }
+                let (function, module) = (f.name.clone(), f.module.clone());
+                let duration_ns = self.stacks.ret(h.tid, cookie::function(r.cookie), h.ts_boot_ns);
+                EventData::Return { function, module, retval: r.retval, duration_ns, goid: None }
+            }
+            Record::GoCall(r) => {
+                let Some(f) = function(r.cookie) else {
+                    self.undecodable += 1;
+                    return None;
+                };
+                let data = EventData::Call {
+                    function: f.name.clone(),
+                    module: f.module.clone(),
+                    args: Args::new(&r.args),
+                    goid: Some(r.goid),
+                };
+                let key = cookie::function(r.cookie);
+                self.go_stacks.call(h.pid, h.tid, r.goid, key, r.stack_depth, h.ts_boot_ns);
+                data
+            }
+            Record::GoReturn(r) => {
+                let Some(f) = function(r.cookie) else {
+                    self.undecodable += 1;
+                    return None;
+                };
+                let (function, module) = (f.name.clone(), f.module.clone());
+                let key = cookie::function(r.cookie);
+                let duration_ns = self.go_stacks.ret(h.pid, h.tid, r.goid, key, r.stack_depth, h.ts_boot_ns);
+                EventData::Return { function, module, retval: r.retval, duration_ns, goid: Some(r.goid) }
             }
             Record::Fork(r) => EventData::Spawn {
                 parent_pid: h.pid,
@@ -106,6 +141,10 @@ impl EventAssembler {
             },
             Record::Exit(r) => {
                 self.stacks.thread_exited(h.tid);
+                self.go_stacks.thread_exited(h.pid, h.tid);
+                if r.group_dead != 0 {
+                    self.go_stacks.process_exited(h.pid);
+                }
                 let (exit_code, signal) = exit_status(r.exit_code);
                 EventData::Exit { exit_code, signal, thread: r.group_dead == 0, comm: comm(&r.comm) }
             }
@@ -133,8 +172,8 @@ impl EventAssembler {
 /// records are both `spawn` events).
 pub fn lost_slot_name(slot: u32) -> Option<&'static str> {
     Some(match RecordKind::try_from(slot) {
-        Ok(RecordKind::Call) => "call",
-        Ok(RecordKind::Return) => "return",
+        Ok(RecordKind::Call | RecordKind::GoCall) => "call",
+        Ok(RecordKind::Return | RecordKind::GoReturn) => "return",
         Ok(RecordKind::Fork | RecordKind::Exec) => "spawn",
         Ok(RecordKind::Exit) => "exit",
         Ok(RecordKind::Ipc) => "ipc",
@@ -150,7 +189,9 @@ pub fn lost_slot_name(slot: u32) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    use tracer_common::{CallRecord, ExecRecord, ExitRecord, ForkRecord, RecordHeader, ReturnRecord};
+    use tracer_common::{
+        CallRecord, ExecRecord, ExitRecord, ForkRecord, GoCallRecord, GoReturnRecord, RecordHeader, ReturnRecord,
+    };
 
     use super::*;
 
@@ -177,14 +218,68 @@ mod tests {
         assert_eq!((e.pid, e.tid), (100, 101));
         assert_eq!(
             e.data,
-            EventData::Call { function: "fib".into(), module: "/bin/fix".into(), args: [5, 0, 0, 0, 0, 0] }
+            EventData::Call {
+                function: "fib".into(),
+                module: "/bin/fix".into(),
+                args: [5, 0, 0, 0, 0, 0].into(),
+                goid: None
+            }
         );
         let ret = ReturnRecord { header: header(RecordKind::Return, 25, 101), cookie: 0, retval: 8 };
         let e = a.assemble(&bytes(&ret)).unwrap();
         assert_eq!(
             e.data,
-            EventData::Return { function: "fib".into(), module: "/bin/fix".into(), retval: 8, duration_ns: Some(15) }
+            EventData::Return {
+                function: "fib".into(),
+                module: "/bin/fix".into(),
+                retval: 8,
+                duration_ns: Some(15),
+                goid: None
+            }
         );
+    }
+
+    #[test]
+    fn go_calls_pair_per_goroutine_with_nine_arguments() {
+        let mut a = assembler();
+        let call = GoCallRecord {
+            header: header(RecordKind::GoCall, 10, 101),
+            cookie: cookie::go(0, false, 152),
+            goid: 7,
+            stack_depth: 400,
+            args: [1, 2, 3, 4, 5, 6, 7, 8, 9],
+        };
+        let e = a.assemble(&bytes(&call)).unwrap();
+        assert_eq!(
+            e.data,
+            EventData::Call {
+                function: "fib".into(),
+                module: "/bin/fix".into(),
+                args: [1, 2, 3, 4, 5, 6, 7, 8, 9].into(),
+                goid: Some(7)
+            }
+        );
+        // The goroutine returns on another thread.
+        let ret = GoReturnRecord {
+            header: header(RecordKind::GoReturn, 40, 102),
+            cookie: cookie::go(0, true, 152),
+            goid: 7,
+            stack_depth: 400,
+            retval: 45,
+        };
+        let e = a.assemble(&bytes(&ret)).unwrap();
+        assert_eq!(
+            e.data,
+            EventData::Return {
+                function: "fib".into(),
+                module: "/bin/fix".into(),
+                retval: 45,
+                duration_ns: Some(30),
+                goid: Some(7)
+            }
+        );
+        assert_eq!(lost_slot_name(RecordKind::GoCall as u32), Some("call"));
+        assert_eq!(lost_slot_name(RecordKind::GoReturn as u32), Some("return"));
     }
 
     #[test]

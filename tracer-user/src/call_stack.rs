@@ -1,4 +1,5 @@
-//! Pairing returns with calls, per thread, the way the kernel pairs them.
+//! Pairing returns with calls: per thread the way the kernel pairs uretprobes ([`CallStacks`]),
+//! and per goroutine by stack position for Go ([`GoroutineStacks`]).
 //!
 //! A uretprobe hijacks the return address when the function is entered, so returns arrive exactly
 //! in reverse order of the calls that got a return probe. The kernel gives a thread at most
@@ -82,9 +83,150 @@ impl<K: PartialEq + Copy> CallStacks<K> {
     }
 }
 
+/// Whose stack a Go call is on: a goroutine (ids are unique within a process), or, for goid 0
+/// (a thread's own `g0` or signal stack, where the scheduler and cgo run), the thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum GoStackId {
+    Goroutine(u64),
+    System(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct GoFrame<K> {
+    key: K,
+    ts: u64,
+    /// `g.stack.hi - rsp` at entry: where the call's return address lies in its stack.
+    stack_depth: u64,
+}
+
+/// The open Go calls of every goroutine. A goroutine moves between threads while a call is open,
+/// so pairing by thread would be wrong; and its stack moves when it grows, so the position of a
+/// call is measured from the stack's top (`g.stack.hi - rsp`), which a copy keeps. A call and its
+/// return see the same position, so a return pairs with exactly its own call however deep the
+/// recursion (there is no depth limit: the probes are on `ret` instructions, not uretprobes).
+/// Calls that left no return (unwound by a panic, or left by a tail jump) are dropped as soon as
+/// a later call or return at their position or above shows that their frame is gone.
+#[derive(Debug)]
+pub struct GoroutineStacks<K> {
+    stacks: HashMap<(u32, GoStackId), Vec<GoFrame<K>>>,
+    track: bool,
+}
+
+impl<K: PartialEq + Copy> GoroutineStacks<K> {
+    /// `track`: whether return probes are attached at all.
+    pub fn new(track: bool) -> Self {
+        GoroutineStacks { stacks: HashMap::new(), track }
+    }
+
+    fn id(goid: u64, tid: u32) -> GoStackId {
+        if goid == 0 { GoStackId::System(tid) } else { GoStackId::Goroutine(goid) }
+    }
+
+    pub fn call(&mut self, pid: u32, tid: u32, goid: u64, key: K, stack_depth: u64, ts: u64) {
+        if !self.track {
+            return;
+        }
+        let stack = self.stacks.entry((pid, Self::id(goid, tid))).or_default();
+        // Frames at this position or deeper have ended: this call is reusing their stack.
+        let live = stack.partition_point(|f| f.stack_depth < stack_depth);
+        stack.truncate(live);
+        stack.push(GoFrame { key, ts, stack_depth });
+    }
+
+    /// The duration of the call this return ends, or `None` if that call was not seen.
+    pub fn ret(&mut self, pid: u32, tid: u32, goid: u64, key: K, stack_depth: u64, ts: u64) -> Option<u64> {
+        let id = (pid, Self::id(goid, tid));
+        let stack = self.stacks.get_mut(&id)?;
+        let at = stack.partition_point(|f| f.stack_depth < stack_depth);
+        let frame = stack.get(at).copied();
+        // Whatever the outcome, nothing at this position or deeper is still open.
+        stack.truncate(at);
+        if stack.is_empty() {
+            self.stacks.remove(&id);
+        }
+        let frame = frame?;
+        (frame.stack_depth == stack_depth && frame.key == key).then(|| ts.saturating_sub(frame.ts))
+    }
+
+    /// Forgets the calls a thread had open on its own system stack.
+    pub fn thread_exited(&mut self, pid: u32, tid: u32) {
+        self.stacks.remove(&(pid, GoStackId::System(tid)));
+    }
+
+    /// Forgets every open call of a process.
+    pub fn process_exited(&mut self, pid: u32) {
+        self.stacks.retain(|(p, _), _| *p != pid);
+    }
+
+    /// Number of calls currently open on a goroutine.
+    pub fn depth(&self, pid: u32, goid: u64) -> usize {
+        self.stacks.get(&(pid, GoStackId::Goroutine(goid))).map_or(0, Vec::len)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn go_calls_pair_per_goroutine_across_threads() {
+        let mut s = GoroutineStacks::new(true);
+        // Goroutine 7 calls a (depth 100) on thread 1, then b (depth 200), which returns on
+        // thread 2; goroutine 8 runs meanwhile on thread 1.
+        s.call(1, 1, 7, 'a', 100, 10);
+        s.call(1, 1, 7, 'b', 200, 20);
+        s.call(1, 1, 8, 'a', 100, 25);
+        assert_eq!(s.ret(1, 2, 7, 'b', 200, 50), Some(30));
+        assert_eq!(s.ret(1, 1, 8, 'a', 100, 60), Some(35));
+        assert_eq!(s.ret(1, 2, 7, 'a', 100, 70), Some(60));
+        assert_eq!(s.depth(1, 7), 0);
+    }
+
+    #[test]
+    fn go_recursion_has_no_depth_limit() {
+        let mut s = GoroutineStacks::new(true);
+        for i in 0..1000u64 {
+            s.call(1, 1, 5, 'f', 100 + 64 * i, i);
+        }
+        assert_eq!(s.depth(1, 5), 1000);
+        for i in (0..1000u64).rev() {
+            assert_eq!(s.ret(1, 1, 5, 'f', 100 + 64 * i, 5000), Some(5000 - i), "level {i}");
+        }
+    }
+
+    #[test]
+    fn go_frames_that_left_no_return_are_dropped() {
+        let mut s = GoroutineStacks::new(true);
+        // f(100) calls g(200), which panics; f recovers and returns: g's frame is gone.
+        s.call(1, 1, 3, 'f', 100, 1);
+        s.call(1, 1, 3, 'g', 200, 2);
+        assert_eq!(s.ret(1, 1, 3, 'f', 100, 9), Some(8));
+        assert_eq!(s.depth(1, 3), 0);
+        // h leaves by a tail jump to k, which takes its place (same position) and returns.
+        s.call(1, 1, 3, 'h', 100, 10);
+        s.call(1, 1, 3, 'k', 100, 11);
+        assert_eq!(s.depth(1, 3), 1);
+        assert_eq!(s.ret(1, 1, 3, 'k', 100, 15), Some(4));
+        // A return whose call was not seen disturbs nothing shallower.
+        s.call(1, 1, 3, 'f', 100, 20);
+        assert_eq!(s.ret(1, 1, 3, 'x', 300, 21), None);
+        assert_eq!(s.ret(1, 1, 3, 'f', 100, 22), Some(2));
+    }
+
+    #[test]
+    fn goid_zero_is_per_thread() {
+        let mut s = GoroutineStacks::new(true);
+        s.call(1, 1, 0, 'a', 100, 1);
+        s.call(1, 2, 0, 'a', 100, 2);
+        assert_eq!(s.ret(1, 1, 0, 'a', 100, 5), Some(4));
+        assert_eq!(s.ret(1, 2, 0, 'a', 100, 7), Some(5));
+        s.call(1, 1, 0, 'a', 100, 1);
+        s.thread_exited(1, 1);
+        assert_eq!(s.ret(1, 1, 0, 'a', 100, 5), None);
+        s.call(1, 1, 9, 'a', 100, 1);
+        s.process_exited(1);
+        assert_eq!(s.depth(1, 9), 0);
+    }
 
     #[test]
     fn pairs_nested_calls() {

@@ -9,6 +9,8 @@ use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use serde::{Deserialize, Serialize, Serializer, ser::SerializeStruct as _};
 
+pub use crate::placement::ProbePaths;
+
 /// Version of the JSON lines format written in `trace_start.format_version`.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -24,12 +26,91 @@ pub struct Event {
     pub data: EventData,
 }
 
+/// Most argument registers a call records: Go's nine (rax, rbx, rcx, rdi, rsi, r8-r11).
+pub const MAX_ARGS: usize = 9;
+
+/// A call's integer argument registers: six for System V code (rdi, rsi, rdx, rcx, r8, r9), nine
+/// for Go. Kept inline (a call event allocates nothing for them); a JSON array of that many.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Args {
+    len: u8,
+    values: [u64; MAX_ARGS],
+}
+
+impl Args {
+    /// The first [`MAX_ARGS`] of `values`.
+    pub fn new(values: &[u64]) -> Args {
+        let len = values.len().min(MAX_ARGS);
+        let mut args = Args { len: len as u8, values: [0; MAX_ARGS] };
+        args.values[..len].copy_from_slice(&values[..len]);
+        args
+    }
+
+    pub fn as_slice(&self) -> &[u64] {
+        &self.values[..self.len as usize]
+    }
+}
+
+impl<const N: usize> From<[u64; N]> for Args {
+    fn from(values: [u64; N]) -> Args {
+        Args::new(&values)
+    }
+}
+
+impl std::ops::Deref for Args {
+    type Target = [u64];
+
+    fn deref(&self) -> &[u64] {
+        self.as_slice()
+    }
+}
+
+impl fmt::Debug for Args {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl Serialize for Args {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.as_slice().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Args {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Args, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Args;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "at most {MAX_ARGS} integer arguments")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Args, A::Error> {
+                let mut args = Args::default();
+                while let Some(value) = seq.next_element::<u64>()? {
+                    if args.len as usize == MAX_ARGS {
+                        return Err(serde::de::Error::invalid_length(MAX_ARGS + 1, &self));
+                    }
+                    args.values[args.len as usize] = value;
+                    args.len += 1;
+                }
+                Ok(args)
+            }
+        }
+        deserializer.deserialize_seq(Visitor)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EventData {
     Call {
         function: Arc<str>,
         module: Arc<str>,
-        args: [u64; 6],
+        args: Args,
+        /// The goroutine that made the call (Go functions only).
+        goid: Option<u64>,
     },
     Return {
         function: Arc<str>,
@@ -37,6 +118,8 @@ pub enum EventData {
         retval: u64,
         /// `None` when the call was not seen (it began before tracing did, or its record was lost).
         duration_ns: Option<u64>,
+        /// The goroutine that returned (Go functions only).
+        goid: Option<u64>,
     },
     Spawn {
         parent_pid: u32,
@@ -255,6 +338,27 @@ impl std::str::FromStr for EventKind {
     }
 }
 
+/// Where a call runs, as call stacks and exports see it: a thread, or a goroutine (which moves
+/// between threads, so its calls nest on it and not on any thread).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Track {
+    Thread(u32),
+    Goroutine(u64),
+}
+
+impl Event {
+    /// The track of a call or return: its goroutine for Go code (goid 0, a thread's own system
+    /// stack, stays with the thread), else its thread. Other events are on their thread.
+    pub fn track(&self) -> Track {
+        match &self.data {
+            EventData::Call { goid: Some(goid), .. } | EventData::Return { goid: Some(goid), .. } if *goid != 0 => {
+                Track::Goroutine(*goid)
+            }
+            _ => Track::Thread(self.tid),
+        }
+    }
+}
+
 impl EventData {
     pub fn kind(&self) -> EventKind {
         match self {
@@ -272,8 +376,8 @@ impl EventData {
 impl Serialize for Event {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let own_fields = match &self.data {
-            EventData::Call { .. } => 3,
-            EventData::Return { .. } => 4,
+            EventData::Call { goid, .. } => 3 + goid.is_some() as usize,
+            EventData::Return { goid, .. } => 4 + goid.is_some() as usize,
             EventData::Spawn { .. } => 6,
             EventData::Exit { .. } => 4,
             EventData::Send { .. } => 8,
@@ -287,16 +391,22 @@ impl Serialize for Event {
         s.serialize_field("pid", &self.pid)?;
         s.serialize_field("tid", &self.tid)?;
         match &self.data {
-            EventData::Call { function, module, args } => {
+            EventData::Call { function, module, args, goid } => {
                 s.serialize_field("function", &**function)?;
                 s.serialize_field("module", &**module)?;
                 s.serialize_field("args", args)?;
+                if let Some(goid) = goid {
+                    s.serialize_field("goid", goid)?;
+                }
             }
-            EventData::Return { function, module, retval, duration_ns } => {
+            EventData::Return { function, module, retval, duration_ns, goid } => {
                 s.serialize_field("function", &**function)?;
                 s.serialize_field("module", &**module)?;
                 s.serialize_field("retval", retval)?;
                 s.serialize_field("duration_ns", duration_ns)?;
+                if let Some(goid) = goid {
+                    s.serialize_field("goid", goid)?;
+                }
             }
             EventData::Spawn { parent_pid, child_pid, child_tid, how, comm, filename } => {
                 s.serialize_field("parent_pid", parent_pid)?;
@@ -384,9 +494,10 @@ pub struct RawEvent<'a> {
     function: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow)]
     module: Option<std::borrow::Cow<'a, str>>,
-    args: Option<[u64; 6]>,
+    args: Option<Args>,
     retval: Option<u64>,
     duration_ns: Option<u64>,
+    goid: Option<u64>,
     parent_pid: Option<u32>,
     child_pid: Option<u32>,
     child_tid: Option<u32>,
@@ -443,12 +554,14 @@ impl RawEvent<'_> {
                 function: interner.intern(&need(self.function, "function")?),
                 module: interner.intern(&need(self.module, "module")?),
                 args: need(self.args, "args")?,
+                goid: self.goid,
             },
             LineKind::Return => EventData::Return {
                 function: interner.intern(&need(self.function, "function")?),
                 module: interner.intern(&need(self.module, "module")?),
                 retval: need(self.retval, "retval")?,
                 duration_ns: self.duration_ns,
+                goid: self.goid,
             },
             LineKind::Spawn => {
                 let child_pid = need(self.child_pid, "child_pid")?;
@@ -535,6 +648,10 @@ pub struct TraceStart {
     /// Event kinds recorded.
     pub events: Vec<EventKind>,
     pub follow_children: bool,
+    /// The probed functions by the path their probes take in this kernel (optimized, emulated,
+    /// trap; see `placement`), and those whose probes moved off the symbol.
+    #[serde(default, skip_serializing_if = "ProbePaths::is_empty")]
+    pub probe_paths: ProbePaths,
     /// A trace merged from several hosts: each host, its clock correction and its targets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<HostInfo>,
@@ -605,6 +722,51 @@ pub struct TraceEnd {
     /// bytes received without a traced sender.
     #[serde(default)]
     pub ipc: IpcStats,
+    /// A trace collected from several hosts: per host, whether its part is complete, and if not
+    /// what was lost and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostEnd>,
+}
+
+/// How one host's part of a collected trace ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostEnd {
+    pub name: String,
+    /// Every event the host's agent recorded was received.
+    pub complete: bool,
+    /// Why the host's trace ended, as its agent said (none if no end arrived).
+    pub reason: Option<EndReason>,
+    /// Events received from it.
+    pub events: u64,
+    /// Exit code of the command it launched (128 + signal when killed).
+    pub command_exit_code: Option<i32>,
+    /// What makes it incomplete; empty when complete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<HostLoss>,
+}
+
+/// Something a collector could not get from a host, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostLoss {
+    pub cause: LossCause,
+    /// One sentence: what is missing.
+    pub detail: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossCause {
+    /// The connection dropped and the agent could not be reached again in time: everything after
+    /// the last event received is missing.
+    ReconnectWindowUsedUp,
+    /// The agent no longer had the trace when the collector came back.
+    AgentDroppedTrace,
+    /// The agent reported that the trace failed.
+    AgentFailed,
+    /// The trace did not end within the stop timeout.
+    StopTimedOut,
+    /// The agent dropped events while the collector was away (its buffer was full).
+    Gap,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -632,6 +794,7 @@ impl TraceEnd {
             calls_without_return_probe: 0,
             command_exit_code: None,
             ipc: IpcStats::default(),
+            hosts: Vec::new(),
         }
     }
 
@@ -653,6 +816,8 @@ pub enum EndReason {
     Interrupted,
     /// SIGTERM (for an agent: shut down, or its collector went away).
     Terminated,
+    /// SIGHUP.
+    HungUp,
     /// The collector stopped it.
     Stopped,
     /// The input ended (a trace converted from a file without a `trace_end`).
@@ -667,6 +832,7 @@ impl fmt::Display for EndReason {
             EndReason::Duration => "the duration elapsed",
             EndReason::Interrupted => "interrupted",
             EndReason::Terminated => "terminated",
+            EndReason::HungUp => "hung up",
             EndReason::Stopped => "stopped by the collector",
             EndReason::InputEnded => "the input ended",
         })
@@ -690,6 +856,7 @@ pub(crate) mod fixtures {
             probes: 2,
             events: EventKind::ALL.to_vec(),
             follow_children: true,
+            probe_paths: ProbePaths::default(),
             hosts: vec![],
         }
     }
@@ -718,22 +885,65 @@ mod tests {
 
     #[test]
     fn call_line_has_contract_fields_in_order() {
-        let e =
-            event(EventData::Call { function: "fib".into(), module: "/bin/x".into(), args: [1, 2, 3, 4, 5, u64::MAX] });
+        let e = event(EventData::Call {
+            function: "fib".into(),
+            module: "/bin/x".into(),
+            args: [1, 2, 3, 4, 5, u64::MAX].into(),
+            goid: None,
+        });
         assert_eq!(
             serde_json::to_string(&e).unwrap(),
             r#"{"kind":"call","ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"function":"fib","module":"/bin/x","args":[1,2,3,4,5,18446744073709551615]}"#
         );
         assert_eq!(round_trip(&e), e);
+        assert_eq!(e.track(), Track::Thread(11));
+    }
+
+    #[test]
+    fn go_calls_carry_nine_arguments_and_their_goroutine() {
+        let e = event(EventData::Call {
+            function: "main.work".into(),
+            module: "/bin/gof".into(),
+            args: [1, 2, 3, 4, 5, 6, 7, 8, 9].into(),
+            goid: Some(18),
+        });
+        let line = serde_json::to_string(&e).unwrap();
+        assert!(line.ends_with(r#""args":[1,2,3,4,5,6,7,8,9],"goid":18}"#), "{line}");
+        assert_eq!(round_trip(&e), e);
+        assert_eq!(e.track(), Track::Goroutine(18));
+        let r = event(EventData::Return {
+            function: "main.work".into(),
+            module: "/bin/gof".into(),
+            retval: 3,
+            duration_ns: Some(9),
+            goid: Some(0),
+        });
+        assert!(serde_json::to_string(&r).unwrap().ends_with(r#""duration_ns":9,"goid":0}"#));
+        assert_eq!(round_trip(&r), r);
+        assert_eq!(r.track(), Track::Thread(11), "goid 0 is the thread's own system stack");
+        let ten = r#"{"kind":"call","ts":1,"host":"h","pid":1,"tid":1,"function":"f","module":"m","args":[0,0,0,0,0,0,0,0,0,0]}"#;
+        assert!(serde_json::from_str::<RawEvent>(ten).is_err(), "at most nine arguments");
     }
 
     #[test]
     fn return_keeps_null_duration() {
-        let e = event(EventData::Return { function: "f".into(), module: "m".into(), retval: 7, duration_ns: None });
+        let e = event(EventData::Return {
+            function: "f".into(),
+            module: "m".into(),
+            retval: 7,
+            duration_ns: None,
+            goid: None,
+        });
         let line = serde_json::to_string(&e).unwrap();
         assert!(line.ends_with(r#""retval":7,"duration_ns":null}"#), "{line}");
         assert_eq!(round_trip(&e), e);
-        let e = event(EventData::Return { function: "f".into(), module: "m".into(), retval: 7, duration_ns: Some(5) });
+        let e = event(EventData::Return {
+            function: "f".into(),
+            module: "m".into(),
+            retval: 7,
+            duration_ns: Some(5),
+            goid: None,
+        });
         assert_eq!(round_trip(&e), e);
     }
 
@@ -856,6 +1066,7 @@ mod tests {
             calls_without_return_probe: 0,
             command_exit_code: Some(0),
             ipc: IpcStats::default(),
+            hosts: Vec::new(),
         };
         let line = serde_json::to_string(&end).unwrap();
         assert!(line.starts_with(r#"{"kind":"trace_end","ts":5,"reason":"command_exited""#), "{line}");

@@ -3,6 +3,10 @@
 //! The child is forked, then waits on a pipe before it execs. The tracer adds its pid to the
 //! traced set and attaches every probe, then [`StoppedChild::release`]s it. A second pipe (closed
 //! on exec) carries the `errno` back if exec fails, so "cannot start" is reported as such.
+//!
+//! The child starts as if a shell had started it: every signal at its default disposition and
+//! none blocked (the tracer itself ignores SIGPIPE, as every Rust program does, and ignored
+//! signals survive exec), optionally as another user ([`RunAs`]).
 
 use std::{
     ffi::{CString, OsString},
@@ -17,7 +21,7 @@ use nix::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    #[error("cannot start {path}: {source}")]
+    #[error("cannot start {path}")]
     Start { path: PathBuf, source: std::io::Error },
     #[error("command argument contains a NUL byte")]
     NulInArgument,
@@ -48,8 +52,26 @@ impl ChildExit {
     }
 }
 
-/// Forks a child that will exec `path` with `argv` (argv[0] included) once released.
-pub fn spawn_stopped(path: &Path, argv: &[OsString]) -> Result<StoppedChild, LaunchError> {
+/// `struct sigaction` as the kernel takes it (x86-64).
+#[repr(C)]
+struct KernelSigaction {
+    handler: libc::sighandler_t,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// The user a command runs as (instead of the tracer's own).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// Forks a child that will exec `path` with `argv` (argv[0] included) once released, as
+/// `run_as` if given.
+pub fn spawn_stopped(path: &Path, argv: &[OsString], run_as: Option<&RunAs>) -> Result<StoppedChild, LaunchError> {
     let start_error = |source: std::io::Error| LaunchError::Start { path: path.to_owned(), source };
     // Everything the child needs is allocated before fork: after it, only async-signal-safe calls.
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| LaunchError::NulInArgument)?;
@@ -65,9 +87,10 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString]) -> Result<StoppedChild, Lau
     let max_fd = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map(|(soft, _)| soft.min(1 << 20) as i32)
         .unwrap_or(1024);
+    let groups: Vec<libc::gid_t> = run_as.map(|r| r.groups.clone()).unwrap_or_default();
 
-    // SAFETY: the child only calls read, execv, write and _exit, all async-signal-safe, on memory
-    // prepared above.
+    // SAFETY: the child only calls async-signal-safe functions (fcntl, close, sigaction,
+    // sigprocmask, read, setgroups, setgid, setuid, execv, write, _exit) on memory prepared above.
     match unsafe { fork() }.map_err(|e| start_error(e.into()))? {
         ForkResult::Child => {
             let mut byte = 0u8;
@@ -85,11 +108,33 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString]) -> Result<StoppedChild, Lau
                         libc::close(fd);
                     }
                 }
+                // Default dispositions (exec keeps ignored signals ignored) and an empty mask. The
+                // raw system call, because the C library refuses 32 and 33 (its own), which the
+                // tracer may have inherited ignored all the same.
+                let default = KernelSigaction { handler: libc::SIG_DFL, flags: 0, restorer: 0, mask: 0 };
+                for sig in 1..=64 {
+                    if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                        libc::syscall(libc::SYS_rt_sigaction, sig, &raw const default, std::ptr::null_mut::<u8>(), 8);
+                    }
+                }
+                let mut empty: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut empty);
+                libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
                 if libc::read(go_read.as_raw_fd(), (&raw mut byte).cast(), 1) != 1 {
                     // The tracer went away before releasing us: never run untraced.
                     libc::_exit(127);
                 }
-                libc::execv(c_path.as_ptr(), c_argv.as_ptr());
+                let dropped = match run_as {
+                    None => true,
+                    Some(r) => {
+                        libc::setgroups(groups.len(), groups.as_ptr()) == 0
+                            && libc::setgid(r.gid) == 0
+                            && libc::setuid(r.uid) == 0
+                    }
+                };
+                if dropped {
+                    libc::execv(c_path.as_ptr(), c_argv.as_ptr());
+                }
                 let errno = *libc::__errno_location();
                 libc::write(status_write.as_raw_fd(), (&raw const errno).cast(), size_of::<i32>());
                 libc::_exit(127);
@@ -172,7 +217,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let marker = dir.join("ran");
         let script = format!("touch {}; exit 7", marker.display());
-        let child = spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()]).unwrap();
+        let child = spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()], None).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(!marker.exists(), "the child ran before it was released");
         let pid = child.release().unwrap();
@@ -183,7 +228,7 @@ mod tests {
 
     #[test]
     fn dropping_an_unreleased_child_never_runs_it() {
-        let child = spawn_stopped(Path::new("/bin/true"), &["true".into()]).unwrap();
+        let child = spawn_stopped(Path::new("/bin/true"), &["true".into()], None).unwrap();
         let pid = child.pid();
         drop(child);
         assert!(!crate::targets::process_alive(pid));
@@ -191,16 +236,45 @@ mod tests {
 
     #[test]
     fn exec_failure_is_reported() {
-        let child = spawn_stopped(Path::new("/etc/passwd"), &["passwd".into()]).unwrap();
-        let err = child.release().unwrap_err().to_string();
-        assert!(err.starts_with("cannot start /etc/passwd: Permission denied"), "{err}");
+        let child = spawn_stopped(Path::new("/etc/passwd"), &["passwd".into()], None).unwrap();
+        let err = anyhow::Error::from(child.release().unwrap_err());
+        assert_eq!(format!("{err:#}"), "cannot start /etc/passwd: Permission denied (os error 13)");
     }
 
     #[test]
     fn signals_are_reported_as_such() {
-        let child = spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), "kill -9 $$".into()]).unwrap();
+        let child =
+            spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), "kill -9 $$".into()], None).unwrap();
         let pid = child.release().unwrap();
         assert_eq!(wait(pid), ChildExit::Signal(9));
         assert_eq!(ChildExit::Signal(9).shell_code(), 137);
+    }
+
+    /// The tracer ignores SIGPIPE (Rust does at start-up) and may block signals: the command
+    /// inherits neither.
+    #[test]
+    fn the_command_starts_with_default_signals_and_an_empty_mask() {
+        let dir = std::env::temp_dir().join(format!("tracer-launch-sig-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("status");
+        let mut blocked = nix::sys::signal::SigSet::empty();
+        blocked.add(nix::sys::signal::Signal::SIGUSR2);
+        blocked.thread_block().unwrap();
+        let script = format!("grep -E '^Sig(Blk|Ign)' /proc/self/status > {}", out.display());
+        let child = spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()], None).unwrap();
+        blocked.thread_unblock().unwrap();
+        assert_eq!(wait(child.release().unwrap()), ChildExit::Code(0));
+        let status = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(status, "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_command_can_run_as_another_user() {
+        let script = "test \"$(id -u):$(id -g):$(id -G)\" = '65534:65534:65534 4'";
+        let nobody = RunAs { uid: 65534, gid: 65534, groups: vec![4] };
+        let child =
+            spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()], Some(&nobody)).unwrap();
+        assert_eq!(wait(child.release().unwrap()), ChildExit::Code(0));
     }
 }

@@ -37,18 +37,18 @@ pub enum LoadError {
     Map { map: &'static str, reason: String },
 }
 
-/// One function to probe.
+/// One probe: a uprobe, or a uretprobe, at an offset of a file. A function has one or more (a Go
+/// function one at its entry and one on each `ret`, all ordinary uprobes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeSpec {
     /// The ELF file.
     pub path: PathBuf,
     pub file_offset: u64,
-    /// The function's index in user space's table, delivered back in every record.
+    /// The function's index in user space's table and what kind of probe this is
+    /// (`tracer_common::cookie`), delivered back in every record.
     pub cookie: u64,
-    /// Attach the entry probe (`call` events).
-    pub entry: bool,
-    /// Attach the return probe (`return` events).
-    pub exit: bool,
+    /// A uretprobe (`call_return`); otherwise a uprobe (`call_entry`).
+    pub ret: bool,
 }
 
 /// A probe that could not be attached.
@@ -97,6 +97,16 @@ impl Kernel {
     /// Loads every program with `config`, the ring buffer sized `ring_bytes`, with room for the
     /// argument specs of `usdt_probes` USDT probes.
     pub fn load(config: &Config, ring_bytes: u32, usdt_probes: usize) -> Result<Kernel, LoadError> {
+        Self::load_sized(config, ring_bytes, usdt_probes, 1)
+    }
+
+    /// As [`Kernel::load`], with room for `top_functions` functions' statistics (`tracer top`).
+    pub fn load_sized(
+        config: &Config,
+        ring_bytes: u32,
+        usdt_probes: usize,
+        top_functions: u32,
+    ) -> Result<Kernel, LoadError> {
         if EBPF_OBJECT.is_empty() {
             return Err(LoadError::NoObject);
         }
@@ -104,6 +114,7 @@ impl Kernel {
             .override_global(names::CONFIG, config, true)
             .map_max_entries(names::EVENTS, ring_bytes)
             .map_max_entries(names::USDT_SPECS, usdt_probes.max(1) as u32)
+            .map_max_entries(names::TOP_FUNCTIONS, top_functions.max(1))
             .load(EBPF_OBJECT)
             .map_err(load_error)?;
         Ok(Kernel {
@@ -159,15 +170,25 @@ impl Kernel {
         ])
     }
 
-    /// Attaches entry and return probes; returns the probes that failed (others stay attached).
+    /// Attaches the probes; returns those that failed (the others stay attached).
     pub fn attach_functions(&mut self, probes: &[ProbeSpec]) -> Result<Vec<AttachFailure>, LoadError> {
+        self.attach_function_programs(probes, programs::CALL_ENTRY, programs::CALL_RETURN)
+    }
+
+    /// As [`Kernel::attach_functions`], running the programs named `entry` and `ret` (the record
+    /// programs or `tracer top`'s); one pair per `Kernel`.
+    pub fn attach_function_programs(
+        &mut self,
+        probes: &[ProbeSpec],
+        entry: &str,
+        ret: &str,
+    ) -> Result<Vec<AttachFailure>, LoadError> {
         if probes.is_empty() {
             return Ok(Vec::new());
         }
         if self.function_programs.is_none() {
             let mut fds =
-                uprobe_multi::load_programs(&self.ebpf, EBPF_OBJECT, &[programs::CALL_ENTRY, programs::CALL_RETURN])
-                    .map_err(LoadError::Load)?;
+                uprobe_multi::load_programs(&self.ebpf, EBPF_OBJECT, &[entry, ret]).map_err(LoadError::Load)?;
             let ret = fds.pop().expect("two programs");
             let entry = fds.pop().expect("two programs");
             self.function_programs = Some((entry, ret));
@@ -182,7 +203,7 @@ impl Kernel {
             for (prog, ret) in [(return_prog, true), (entry_prog, false)] {
                 let batch: Vec<Site> = file_probes
                     .iter()
-                    .filter(|p| if ret { p.exit } else { p.entry })
+                    .filter(|p| p.ret == ret)
                     .map(|p| Site { file_offset: p.file_offset, cookie: p.cookie, ref_ctr_offset: 0 })
                     .collect();
                 let links = if ret { &mut self.return_links } else { &mut self.entry_links };
@@ -288,6 +309,11 @@ impl Kernel {
     pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, LoadError> {
         let map = self.ebpf.take_map(names::EVENTS).ok_or_else(|| load_error("EVENTS map is missing"))?;
         RingBuf::try_from(map).map_err(load_error)
+    }
+
+    /// The kernel's map named `name` (for `tracer top`'s statistics).
+    pub fn map(&self, name: &'static str) -> Result<&aya::maps::Map, LoadError> {
+        self.ebpf.map(name).ok_or_else(|| load_error(format!("{name} map is missing")))
     }
 
     /// Takes the lost-event counters, to be read after the programs are detached.

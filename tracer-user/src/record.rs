@@ -14,21 +14,22 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use tracer_common::{Config, RecordKind, kind_bit, lost_slot};
+use tracer_common::{Config, RecordKind, cookie, kind_bit, lost_slot};
 
 use crate::{
     assemble::{EventAssembler, FunctionTable, ProbedFunction, lost_slot_name},
     clock::BootClock,
     drain::{Batch, RingDrain},
-    event::{EndReason, EventKind, FORMAT_VERSION, TargetInfo, TraceEnd, TraceStart},
+    event::{EndReason, EventKind, FORMAT_VERSION, ProbePaths, TargetInfo, TraceEnd, TraceStart},
     kernel_btf::{KernelBtf, KernelBtfError},
-    launch::{ChildExit, LaunchError, spawn_stopped, try_reap},
+    launch::{ChildExit, LaunchError, RunAs, spawn_stopped, try_reap},
     loader::{Kernel, LoadError, LostCounters, ProbeSpec, raise_fd_limit},
     modules::{ModuleCandidates, ModuleError},
     order::REORDER_WINDOW_NS,
     pipeline::EventPipeline,
+    placement::ProbePath,
     sink::Sink,
-    symbols::{FunctionPattern, SymbolError, SymbolTable},
+    symbols::{FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code},
     targets::{self, FileId, Process, TargetError},
 };
 
@@ -38,6 +39,9 @@ pub const DEFAULT_MAX_PROBES: usize = 4096;
 pub const DEFAULT_BUFFER_SIZE: u32 = 64 << 20;
 /// How often liveness of the targets is checked.
 pub(crate) const TICK: Duration = Duration::from_millis(50);
+/// How often the sink is flushed: with the reorder window, an event is in the file (safe from a
+/// `kill -9` of the tracer) about half a second after it happened.
+const FLUSH_EVERY: Duration = Duration::from_millis(250);
 
 #[derive(Clone, Debug)]
 pub struct RecordOptions {
@@ -53,6 +57,8 @@ pub struct RecordOptions {
     pub max_probes: usize,
     /// The host name written in every event.
     pub host: String,
+    /// Run the command as this user (the agent launching for a socket-group member).
+    pub run_as: Option<RunAs>,
 }
 
 impl Default for RecordOptions {
@@ -68,6 +74,7 @@ impl Default for RecordOptions {
             buffer_size: DEFAULT_BUFFER_SIZE,
             max_probes: DEFAULT_MAX_PROBES,
             host: host_name(),
+            run_as: None,
         }
     }
 }
@@ -113,7 +120,9 @@ pub enum RecordError {
     NoUsdtProbes,
     #[error("no USDT probe could be attached: {0}")]
     NoUsdtProbeAttached(String),
-    #[error("writing the trace failed: {0}")]
+    #[error("cannot probe the Go functions of {0}")]
+    GoRefused(String),
+    #[error("writing the trace failed")]
     Output(#[from] std::io::Error),
 }
 
@@ -128,13 +137,16 @@ pub fn check_root() -> Result<(), RecordError> {
 
 /// Everything resolved and checked, nothing attached yet.
 pub struct Plan {
-    options: RecordOptions,
+    pub(crate) options: RecordOptions,
     /// `--pid` targets, and processes already running a `--binary`.
-    processes: Vec<Process>,
-    binaries: Vec<(PathBuf, FileId)>,
-    command: Option<PathBuf>,
-    probes: Vec<ProbeSpec>,
-    functions: FunctionTable,
+    pub(crate) processes: Vec<Process>,
+    pub(crate) binaries: Vec<(PathBuf, FileId)>,
+    pub(crate) command: Option<PathBuf>,
+    pub(crate) probes: Vec<ProbeSpec>,
+    pub(crate) functions: FunctionTable,
+    pub(crate) probe_paths: ProbePaths,
+    /// One line on the paths the probes take (see [`ProbePaths::summary`]).
+    pub probe_summary: Option<String>,
     /// Things the user should know that do not stop the trace.
     pub warnings: Vec<String>,
 }
@@ -194,12 +206,12 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         }
     }
 
-    let (probes, functions) = if want_calls {
+    let Selection { probes, functions, probe_paths, probe_summary } = if want_calls {
         select_functions(&options, &executables, &processes, &mut warnings)?
     } else {
-        (Vec::new(), Vec::new())
+        Selection::default()
     };
-    Ok(Plan { options, processes, binaries, command, probes, functions, warnings })
+    Ok(Plan { options, processes, binaries, command, probes, functions, probe_paths, probe_summary, warnings })
 }
 
 /// The functions to probe: those matching `--functions`, or every function of the main
@@ -209,7 +221,7 @@ fn select_functions(
     executables: &[PathBuf],
     processes: &[Process],
     warnings: &mut Vec<String>,
-) -> Result<(Vec<ProbeSpec>, FunctionTable), RecordError> {
+) -> Result<Selection, RecordError> {
     let entry = options.events.contains(&EventKind::Call);
     let exit = options.events.contains(&EventKind::Return);
     let mut tables: BTreeMap<PathBuf, SymbolTable> = BTreeMap::new();
@@ -240,8 +252,13 @@ fn select_functions(
                 }
                 Err(e) => return Err(e),
             };
-            for i in 0..table.functions.len() {
-                select(&mut selected, exe, i);
+            // Of a Go program, its own code: the runtime's and the standard library's thousands of
+            // functions (schedulers, the garbage collector) would bury it.
+            let go = table.go.is_some();
+            for (i, f) in table.functions.iter().enumerate() {
+                if !go || f.names().any(is_go_program_code) {
+                    select(&mut selected, exe, i);
+                }
             }
         }
     } else {
@@ -258,11 +275,10 @@ fn select_functions(
             };
             let mut matched = 0;
             for module in &modules {
-                for (i, f) in load(&mut tables, module)?.functions.iter().enumerate() {
-                    if f.names().any(|n| pattern.name.matches(n)) {
-                        select(&mut selected, module, i);
-                        matched += 1;
-                    }
+                let found: Vec<usize> = load(&mut tables, module)?.matching(&pattern.name).map(|(i, _)| i).collect();
+                for i in found {
+                    select(&mut selected, module, i);
+                    matched += 1;
                 }
             }
             if matched == 0 {
@@ -287,22 +303,73 @@ fn select_functions(
     let mut probes = Vec::with_capacity(selected.len());
     let mut functions = Vec::with_capacity(selected.len());
     let mut no_return = Vec::new();
+    let mut refused: Vec<(String, String)> = Vec::new();
+    let mut probe_paths = ProbePaths::default();
+    let mut go_probed = false;
     for (module, index) in selected {
-        let f = &tables[&module].functions[index];
-        let cookie = functions.len() as u64;
-        let return_safe = f.return_probe_is_safe();
-        if exit && !return_safe {
-            no_return.push(f.name.clone());
+        let table = &tables[&module];
+        let f = &table.functions[index];
+        let function = functions.len() as u32;
+        let mut probe = |file_offset: u64, cookie: u64, ret: bool| {
+            probes.push(ProbeSpec { path: module.clone(), file_offset, cookie, ret });
+        };
+        match &f.placement {
+            Placement::Native(point) => {
+                let return_safe = f.return_probe_is_safe();
+                if exit && !return_safe {
+                    no_return.push(f.name.clone());
+                }
+                // Both probes on the chosen point: a uretprobe there still finds the caller's
+                // return address on top of the stack (only `endbr64` and nops come before it).
+                let at = f.file_offset + point.offset;
+                if entry {
+                    probe(at, cookie::plain(function), false);
+                }
+                if exit && return_safe {
+                    probe(at, cookie::plain(function), true);
+                }
+                probe_paths.add(&f.name, point.path);
+                if point.offset != 0 {
+                    probe_paths.moved.insert(f.name.clone(), point.offset);
+                }
+            }
+            Placement::Go { entry: at, entry_path, returns } => {
+                let goid_offset = table.go.as_ref().map_or(0, |go| go.goid_offset());
+                if entry {
+                    probe(*at, cookie::go(function, false, goid_offset), false);
+                }
+                if exit {
+                    for &ret in returns {
+                        probe(ret, cookie::go(function, true, goid_offset), false);
+                    }
+                }
+                // A `ret` is single-stepped: with return probes a Go function traps.
+                let path = if exit && !returns.is_empty() { ProbePath::Trap } else { *entry_path };
+                probe_paths.add(&f.name, path);
+                if *at != f.file_offset {
+                    probe_paths.moved.insert(f.name.clone(), *at - f.file_offset);
+                }
+                go_probed = true;
+            }
+            Placement::Refused(why) => {
+                refused.push((f.name.clone(), format!("{}: {why}", module.display())));
+                continue;
+            }
         }
-        probes.push(ProbeSpec {
-            path: module.clone(),
-            file_offset: f.file_offset,
-            cookie,
-            entry,
-            exit: exit && return_safe,
-        });
         functions
             .push(ProbedFunction { name: Arc::from(f.name.as_str()), module: Arc::from(module.to_string_lossy()) });
+    }
+    if let Some((_, why)) = refused.first() {
+        if functions.is_empty() {
+            return Err(RecordError::GoRefused(why.clone()));
+        }
+        let names: Vec<&str> = refused.iter().take(5).map(|(n, _)| n.as_str()).collect();
+        warnings.push(format!(
+            "{} functions not probed ({}{}): {why}",
+            refused.len(),
+            names.join(", "),
+            if refused.len() > 5 { ", ..." } else { "" }
+        ));
     }
     // Unasked-for functions (no -f) like `_start` need no remark.
     if !no_return.is_empty() && !options.functions.is_empty() {
@@ -311,22 +378,33 @@ fn select_functions(
             no_return.join(", ")
         ));
     }
-    Ok((probes, functions))
+    let probe_summary = probe_paths.summary(go_probed);
+    Ok(Selection { probes, functions, probe_paths, probe_summary })
+}
+
+/// What [`select_functions`] chose.
+#[derive(Default)]
+struct Selection {
+    probes: Vec<ProbeSpec>,
+    functions: FunctionTable,
+    probe_paths: ProbePaths,
+    probe_summary: Option<String>,
 }
 
 impl Plan {
+    /// Functions to probe.
     pub fn probe_count(&self) -> usize {
-        self.probes.len()
+        self.functions.len()
     }
 
     /// Launches the command (stopped), loads and attaches everything, starts tracing the targets,
     /// and lets the command run.
     pub fn start(self) -> Result<Recording, RecordError> {
-        let Plan { options, processes, binaries, command, probes, functions, .. } = self;
+        let Plan { options, processes, binaries, command, probes, functions, probe_paths, .. } = self;
         let mut warnings = Vec::new();
         let events = &options.events;
         let child = match &command {
-            Some(path) => Some(spawn_stopped(path, &options.command)?),
+            Some(path) => Some(spawn_stopped(path, &options.command, options.run_as.as_ref())?),
             None => None,
         };
 
@@ -348,7 +426,7 @@ impl Plan {
             enabled_kinds,
             follow_children: options.follow_children as u32,
             has_target_inodes: !binaries.is_empty() as u32,
-            _pad: 0,
+            top_by_process: 0,
             wakeup_bytes: wakeup_bytes(options.buffer_size),
             offsets: KernelBtf::load()?.offsets()?,
         };
@@ -362,20 +440,21 @@ impl Plan {
             kernel.attach_signals()?;
         }
         let failures = kernel.attach_functions(&probes)?;
-        let failed: BTreeSet<u64> = failures.iter().map(|f| f.cookie).collect();
-        let attached = probes.iter().filter(|p| !failed.contains(&p.cookie)).count();
+        // A function with any probe that failed counts as not probed (its other probes stay).
+        let failed: BTreeSet<u32> = failures.iter().map(|f| cookie::function(f.cookie)).collect();
+        let attached = functions.len() - failed.len();
         if !probes.is_empty() && attached == 0 {
             return Err(RecordError::NoProbeAttached(failures[0].reason.clone()));
         }
         if !failures.is_empty() {
             let mut listed: Vec<String> = Vec::new();
             for f in failures.iter().take(5) {
-                listed.push(format!("{} ({})", functions[f.cookie as usize].name, f.reason));
+                listed.push(format!("{} ({})", functions[cookie::function(f.cookie) as usize].name, f.reason));
             }
             warnings.push(format!(
                 "{} of {} functions could not be probed: {}{}",
                 failed.len(),
-                probes.len(),
+                functions.len(),
                 listed.join(", "),
                 if failures.len() > 5 { ", ..." } else { "" }
             ));
@@ -418,9 +497,10 @@ impl Plan {
             probes: attached,
             events: events.iter().copied().collect(),
             follow_children: options.follow_children,
+            probe_paths,
             hosts: vec![],
         };
-        let return_probes = probes.iter().any(|p| p.exit);
+        let return_probes = options.events.contains(&EventKind::Return);
         let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes);
         let child_pid = match child {
             Some(child) => Some(child.release()?),
@@ -475,6 +555,11 @@ impl Recording {
         &self.start
     }
 
+    /// The launched command's pid, if there is one.
+    pub fn command_pid(&self) -> Option<u32> {
+        self.child_pid
+    }
+
     /// Drains events into `sink` until the trace ends: the command and its traced descendants
     /// exit, every traced process exits, the duration elapses, or `stop` resolves.
     pub async fn run(self, sink: &mut dyn Sink, stop: impl Future<Output = EndReason>) -> Result<Outcome, RecordError> {
@@ -494,7 +579,9 @@ impl Recording {
         let mut pipeline = EventPipeline::new(kinds);
         let mut drain = RingDrain::spawn(ring)?;
         sink.begin(&start)?;
+        sink.flush()?;
         let mut command_exit: Option<ChildExit> = None;
+        let mut last_flush = tokio::time::Instant::now();
         let deadline = duration.map(|d| tokio::time::Instant::now() + d);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -514,6 +601,10 @@ impl Recording {
                 },
                 _ = tick.tick() => {
                     pipeline.flush_older_than(clock.now_unix_ns().saturating_sub(REORDER_WINDOW_NS), sink)?;
+                    if last_flush.elapsed() >= FLUSH_EVERY {
+                        sink.flush()?;
+                        last_flush = tokio::time::Instant::now();
+                    }
                     if let Some(pid) = child_pid
                         && command_exit.is_none()
                     {
@@ -559,6 +650,7 @@ impl Recording {
             calls_without_return_probe: assembler.calls_without_return_probe(),
             command_exit_code: command_exit.map(ChildExit::shell_code),
             ipc: pipeline.ipc_stats(),
+            hosts: Vec::new(),
         };
         sink.end(&end)?;
         let command_still_running = child_pid.filter(|_| command_exit.is_none());

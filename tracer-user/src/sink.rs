@@ -9,6 +9,12 @@ pub trait Sink {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()>;
     fn event(&mut self, event: &Event) -> io::Result<()>;
     fn end(&mut self, end: &TraceEnd) -> io::Result<()>;
+    /// Hands what is buffered to the file, so that a crash of the tracer loses none of it
+    /// (called every [`crate::record`] flush interval). Formats that are only readable once
+    /// complete need not.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// One item of a trace, as a channel delivers it.
@@ -80,5 +86,8 @@ impl Sink for Vec<Box<dyn Sink + Send>> {
     }
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
         self.iter_mut().try_for_each(|s| s.end(end))
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.iter_mut().try_for_each(|s| s.flush())
     }
 }

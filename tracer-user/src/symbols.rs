@@ -8,9 +8,15 @@ use std::{
 
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
+use crate::{
+    disasm::{Entry, FunctionCode},
+    golang::{self, GoInfo},
+    placement::{self, EntryPoint, KernelProbes, ProbePath},
+};
+
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path} is not an ELF executable or shared library ({reason})")]
     NotElf { path: PathBuf, reason: String },
@@ -32,6 +38,23 @@ pub struct Function {
     /// Offset in the file: where a uprobe attaches.
     pub file_offset: u64,
     pub size: u64,
+    /// Where its probes go.
+    pub placement: Placement,
+}
+
+/// Where a function's probes go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// A uprobe and a uretprobe for its return, both at `entry` bytes after the symbol (past a
+    /// leading `endbr64` or nops when that reaches a faster path: see [`crate::placement`]) (System
+    /// V code: C, C++, Rust).
+    Native(EntryPoint),
+    /// Go code, whose runtime moves and walks stacks, so no uretprobe: ordinary uprobes at the
+    /// entry (after the stack-bound check) and on each `ret` instruction (which always traps), as
+    /// file offsets.
+    Go { entry: u64, entry_path: ProbePath, returns: Vec<u64> },
+    /// Go code that cannot be probed safely, and why.
+    Refused(String),
 }
 
 impl Function {
@@ -72,6 +95,8 @@ pub struct SymbolTable {
     pub functions: Vec<Function>,
     /// True when only `.dynsym` was available (a stripped file).
     pub stripped: bool,
+    /// Set when the file contains Go code (every function of it is then placed as Go's).
+    pub go: Option<GoInfo>,
 }
 
 /// Demangles a Rust (legacy or v0) or C++ symbol; other names come back unchanged. Rust names
@@ -142,26 +167,37 @@ impl SymbolTable {
             }
         }
 
+        let go = golang::inspect(&file);
+        let go_refusal = go.as_ref().and_then(GoInfo::refusal);
         let mut functions = Vec::with_capacity(by_address.len());
         for (address, (mut raws, size)) in by_address {
             let Some(offset) = file_offset(address) else { continue };
+            let placement = match (&go, &go_refusal) {
+                (None, _) => Placement::Native(native_placement(data, address, offset, size)),
+                (Some(_), Some(why)) => Placement::Refused(why.clone()),
+                (Some(_), None) => go_placement(data, address, offset, size),
+            };
             // Prefer a global name as the primary one, then the shortest.
             raws.sort_by_key(|(global, n)| (!global, n.len(), n.clone()));
             let mut names: Vec<String> = raws.iter().map(|(_, n)| demangle(n)).collect();
             names.dedup();
             let name = names.remove(0);
             names.retain(|n| *n != name);
-            functions.push(Function { name, aliases: names, address, file_offset: offset, size });
+            functions.push(Function { name, aliases: names, address, file_offset: offset, size, placement });
         }
         if functions.is_empty() {
             return Err(SymbolError::NoFunctions { path: path.to_owned() });
         }
-        Ok(SymbolTable { path: path.to_owned(), functions, stripped })
+        Ok(SymbolTable { path: path.to_owned(), functions, stripped, go })
     }
 
-    /// Functions with any name matching `pattern`.
-    pub fn matching<'a>(&'a self, pattern: &'a NamePattern) -> impl Iterator<Item = &'a Function> + 'a {
-        self.functions.iter().filter(move |f| f.names().any(|n| pattern.matches(n)))
+    /// Functions with any name matching `pattern` (as a Go name in a Go file).
+    pub fn matching<'a>(&'a self, pattern: &'a NamePattern) -> impl Iterator<Item = (usize, &'a Function)> + 'a {
+        let go = self.go.is_some();
+        self.functions
+            .iter()
+            .enumerate()
+            .filter(move |(_, f)| f.names().any(|n| if go { pattern.matches_go(n) } else { pattern.matches(n) }))
     }
 
     /// Up to `limit` names closest to `pattern`, best first, for "did you mean".
@@ -197,25 +233,103 @@ impl SymbolTable {
     }
 }
 
+/// The bytes of a function in the file, if they are there.
+fn function_bytes(data: &[u8], offset: u64, size: u64) -> Option<&[u8]> {
+    usize::try_from(offset)
+        .ok()
+        .zip(usize::try_from(size).ok())
+        .and_then(|(start, len)| data.get(start..start.checked_add(len)?))
+}
+
+/// Where the probes of the native function at `address` (file offset `offset`) go: the fastest
+/// equivalent entry point. Bytes that do not decode as a whole (data in the text) are judged by
+/// their first instruction alone, and probed at the symbol.
+fn native_placement(data: &[u8], address: u64, offset: u64, size: u64) -> EntryPoint {
+    let kernel = KernelProbes::current();
+    let Some(bytes) = function_bytes(data, offset, size) else {
+        return EntryPoint { offset: 0, path: ProbePath::Trap };
+    };
+    match FunctionCode::decode(bytes, address) {
+        Ok(code) => placement::native_entry(&code, bytes, offset, kernel),
+        Err(_) => EntryPoint { offset: 0, path: placement::classify_at(bytes, address, offset, kernel) },
+    }
+}
+
+/// Where the probes of the Go function at `address` (file offset `offset`) go: decoded from its
+/// bytes, the entry after the stack-bound check and every `ret`.
+fn go_placement(data: &[u8], address: u64, offset: u64, size: u64) -> Placement {
+    let code = function_bytes(data, offset, size);
+    let Some(code) = code else {
+        return Placement::Refused("its code is not in the file".to_string());
+    };
+    let bytes = code;
+    let code = match FunctionCode::decode(bytes, address) {
+        Ok(code) => code,
+        Err(e) => return Placement::Refused(format!("its code does not decode: {e}")),
+    };
+    let to_offset = |a: u64| a - address + offset;
+    let entry_address = match code.entry() {
+        Entry::GoStackCheck { body } => body,
+        Entry::Plain => address,
+    };
+    let entry = to_offset(entry_address);
+    let entry_path = placement::classify_at(
+        &bytes[(entry_address - address) as usize..],
+        entry_address,
+        entry,
+        KernelProbes::current(),
+    );
+    Placement::Go { entry, entry_path, returns: code.returns().into_iter().map(to_offset).collect() }
+}
+
+/// Whether a Go function belongs to the program's own code rather than to the runtime or the
+/// standard library: package `main`, or a package whose import path starts with a domain
+/// (`github.com/x/y`), as every module outside the standard library's does.
+pub fn is_go_program_code(name: &str) -> bool {
+    // The compiler's generated functions (`type..eq.io/fs.PathError`, `go.buildid`) are no
+    // package's.
+    if ["type.", "type:", "go.", "go:"].iter().any(|p| name.starts_with(p)) {
+        return false;
+    }
+    let after_slash = name.rfind('/').map_or(0, |i| i + 1);
+    let package_end = name[after_slash..].find(['.', '(']).map_or(name.len(), |i| after_slash + i);
+    let package = &name[..package_end];
+    package == "main" || package.split('/').next().is_some_and(|first| first.contains('.') && after_slash > 0)
+}
+
 /// A glob over demangled function names.
 #[derive(Clone, Debug)]
 pub struct NamePattern {
     text: String,
     matcher: globset::GlobMatcher,
+    /// For Go names: the same glob with `(*`, a pointer receiver as in `net/http.(*conn).serve`,
+    /// taken literally (`None` when the pattern has none).
+    go_matcher: Option<globset::GlobMatcher>,
+}
+
+fn glob(text: &str, pattern: &str) -> Result<globset::GlobMatcher, SymbolError> {
+    // `*` crosses `/` and `.` (Go import paths, `main.*`); `(`, `)` and `.` are literal.
+    let glob = globset::GlobBuilder::new(pattern)
+        .literal_separator(false)
+        .backslash_escape(true)
+        .build()
+        .map_err(|e| SymbolError::BadPattern { pattern: text.to_string(), reason: e.kind().to_string() })?;
+    Ok(glob.compile_matcher())
 }
 
 impl NamePattern {
     pub fn new(text: &str) -> Result<NamePattern, SymbolError> {
-        let glob = globset::GlobBuilder::new(text)
-            .literal_separator(false)
-            .backslash_escape(true)
-            .build()
-            .map_err(|e| SymbolError::BadPattern { pattern: text.to_string(), reason: e.kind().to_string() })?;
-        Ok(NamePattern { text: text.to_string(), matcher: glob.compile_matcher() })
+        let go_matcher = if text.contains("(*") { Some(glob(text, &text.replace("(*", "(\\*"))?) } else { None };
+        Ok(NamePattern { text: text.to_string(), matcher: glob(text, text)?, go_matcher })
     }
 
     pub fn matches(&self, name: &str) -> bool {
         self.matcher.is_match(name)
+    }
+
+    /// Matches a Go function name: as [`NamePattern::matches`], except that `(*` is literal.
+    pub fn matches_go(&self, name: &str) -> bool {
+        self.go_matcher.as_ref().unwrap_or(&self.matcher).is_match(name)
     }
 
     pub fn as_str(&self) -> &str {
@@ -305,6 +419,37 @@ mod tests {
     }
 
     #[test]
+    fn go_names_match_as_go_programmers_write_them() {
+        let p = NamePattern::new("main.*").unwrap();
+        assert!(p.matches_go("main.work") && p.matches_go("main.(*T).M") && p.matches_go("main.main.func1"));
+        assert!(!p.matches_go("runtime.main"));
+        let p = NamePattern::new("net/http.(*conn).serve").unwrap();
+        assert!(p.matches_go("net/http.(*conn).serve"));
+        // `(*` is a pointer receiver in a Go name, not a wildcard.
+        assert!(!p.matches_go("net/http.(*http2conn).serve"));
+        assert!(p.matches("net/http.(*http2conn).serve"), "elsewhere `*` stays a wildcard (C++ argument lists)");
+        assert!(NamePattern::new("net/http.*").unwrap().matches_go("net/http.(*conn).serve"));
+        assert!(NamePattern::new("*.(*conn).*").unwrap().matches_go("net/http.(*conn).serve"));
+    }
+
+    #[test]
+    fn go_program_code_is_main_and_modules() {
+        for own in ["main.work", "main.(*T).M", "main.main.func1", "github.com/a/b.F", "example.com/x.(*T).M"] {
+            assert!(is_go_program_code(own), "{own}");
+        }
+        for std in [
+            "runtime.main",
+            "net/http.(*conn).serve",
+            "fmt.Println",
+            "type..eq.main.T",
+            "type..eq.internal/cpu.option",
+            "internal/abi.F",
+        ] {
+            assert!(!is_go_program_code(std), "{std}");
+        }
+    }
+
+    #[test]
     fn globs_match_whole_names() {
         let p = NamePattern::new("fib").unwrap();
         assert!(p.matches("fib"));
@@ -327,8 +472,10 @@ mod tests {
                     address: i as u64,
                     file_offset: i as u64,
                     size: 1,
+                    placement: Placement::Native(EntryPoint { offset: 0, path: ProbePath::Trap }),
                 })
                 .collect(),
+            go: None,
         }
     }
 

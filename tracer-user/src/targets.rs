@@ -14,7 +14,7 @@ pub enum TargetError {
     NoSuchProcess(u32),
     #[error("pid {0} is the tracer itself")]
     SelfTrace(u32),
-    #[error("cannot inspect process {pid}: {source}")]
+    #[error("cannot inspect process {pid}")]
     Inspect { pid: u32, source: std::io::Error },
     #[error("{0} does not exist")]
     NoSuchFile(PathBuf),
@@ -24,7 +24,7 @@ pub enum TargetError {
     NotExecutable(PathBuf),
     #[error("command '{0}' was not found in PATH")]
     CommandNotFound(String),
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io { path: PathBuf, source: std::io::Error },
 }
 

@@ -13,8 +13,9 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{cargo, root};
 
-/// Calls of the benchmarked function per run.
-const CALLS: u64 = 1_000_000;
+/// Calls of the benchmarked function per run (a trapping probe costs about 30 µs a call, so the
+/// slow builds take 6 s a run).
+const CALLS: u64 = 200_000;
 /// Runs per measurement; the median is reported.
 pub(crate) const RUNS: usize = 5;
 
@@ -128,37 +129,75 @@ fn overhead(tracer: &Path) -> Result<()> {
     let dir = root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let out = dir.join("bench.jsonl");
+    ensure_bpftrace();
 
-    println!("xtask: {RUNS} runs of each; {CALLS} calls of a 5-byte-nop-entry function (tests/fixtures/c/bench.c)");
-    let untraced = |n: u64| {
-        let bench = bench.clone();
+    println!(
+        "xtask: {RUNS} runs of each; {CALLS} calls of work() (tests/fixtures/c/bench.c), probed by `tracer record -f work -e call,return`"
+    );
+    let untraced = |exe: PathBuf, n: u64| {
         move || {
-            let mut c = Command::new(&bench);
+            let mut c = Command::new(&exe);
             c.arg(n.to_string());
             c
         }
     };
-    let traced = |n: u64| {
-        let (bench, out, tracer) = (bench.clone(), out.clone(), tracer.to_path_buf());
+    let traced = |exe: PathBuf, n: u64| {
+        let (out, tracer) = (out.clone(), tracer.to_path_buf());
         move || {
             let mut c = Command::new(&tracer);
-            c.args(["record", "-f", "work", "-o"]).arg(&out).arg("--").arg(&bench).arg(n.to_string());
+            c.args(["record", "-e", "call,return", "-f", "work", "-o"])
+                .arg(&out)
+                .arg("--")
+                .arg(&exe)
+                .arg(n.to_string());
             c
         }
     };
-    let base = measure("bench", untraced(CALLS))?;
-    let base_0 = measure("bench 0", untraced(0))?;
-    let ours_0 = measure("tracer on bench 0", traced(0))?;
-    let ours = measure("tracer on bench", traced(CALLS))?;
-    let (lost, events) = trace_end(&out)?;
-    let ours_per_call = per_call_ns(&ours, &base);
 
+    // The four builds of issue 12's table: where the probe goes and which path the kernel takes.
+    println!();
+    println!("| build of `work()` | entry bytes | probe placed | path | untraced loop | tracer, per call |");
+    println!("|---|---|---|---|---|---|");
+    let mut ours = None;
+    for (name, flags, entry) in [
+        ("bench", "`-pg -mfentry -mnop-mcount`, no CET", "`nopl 0x0(%rax,%rax,1)`"),
+        ("bench_cet", "same with `-fcf-protection=full`", "`endbr64`, then the same nop"),
+        ("bench_plain", "plain `-O2`", "`lea`"),
+        ("bench_pfe5", "`-fpatchable-function-entry=5`", "five one-byte `nop`s"),
+    ] {
+        let exe = fixture(name)?;
+        let base = measure(name, untraced(exe.clone(), CALLS))?;
+        let traced_sample = measure(&format!("tracer on {name}"), traced(exe.clone(), CALLS))?;
+        let (placed, path) = probe_path(&out)?;
+        let per_call = per_call_ns(&traced_sample, &base);
+        println!(
+            "| {flags} | {entry} | {placed} | {path} | {:.2} ms | **{} ns** |",
+            base.loop_ns as f64 / 1e6,
+            per_call.round()
+        );
+        if name == "bench" {
+            ours = Some((base, traced_sample, trace_end(&out)?, per_call));
+        }
+    }
+    let (base, ours, (lost, events), ours_per_call) = ours.expect("the nop5 build was measured");
+    let base_0 = measure("bench 0", untraced(bench.clone(), 0))?;
+    let ours_0 = measure("tracer on bench 0", traced(bench.clone(), 0))?;
+    let top = measure("tracer top on bench", || {
+        let mut c = Command::new(tracer);
+        c.args(["top", "--json", "-f", "work", "--"]).arg(&bench).arg(CALLS.to_string());
+        c
+    })?;
+    let top_per_call = per_call_ns(&top, &base);
+
+    println!();
+    println!("On the `-pg -mfentry -mnop-mcount` build (optimized path):");
     println!();
     println!("| measurement | median |");
     println!("|---|---|");
-    println!("| untraced: the loop of {CALLS} calls | {:.1} ms |", base.loop_ns as f64 / 1e6);
+    println!("| untraced: the loop of {CALLS} calls | {:.2} ms |", base.loop_ns as f64 / 1e6);
     println!("| traced by tracer (call + return to JSON lines): the loop | {:.1} ms |", ours.loop_ns as f64 / 1e6);
-    println!("| **tracer overhead per call** (call + return) | **{ours_per_call:.0} ns** |");
+    println!("| **tracer record overhead per call** (call + return) | **{ours_per_call:.0} ns** |");
+    println!("| **tracer top overhead per call** (in-kernel statistics) | **{top_per_call:.0} ns** |");
     println!("| tracer, whole run until the trace is written | {} |", ms(ours.wall));
     println!(
         "| tracer start-up and shutdown (0 calls traced, minus untraced) | {} |",
@@ -167,28 +206,129 @@ fn overhead(tracer: &Path) -> Result<()> {
     println!("| events written / lost (last run) | {events} / {lost} |");
 
     if has_bpftrace() {
-        let bpftrace = |returns: bool| {
-            let bench = bench.clone();
+        let bpftrace = |probes: &'static str| {
+            let (bench, printed) = (bench.clone(), dir.join("bpftrace.out"));
             move || {
-                let mut script = format!("uprobe:{}:work {{ @calls = count(); }}", bench.display());
-                if returns {
-                    script.push_str(&format!(" uretprobe:{}:work {{ @returns = count(); }}", bench.display()));
-                }
+                let b = bench.display();
+                let script = match probes {
+                    "entry" => format!("uprobe:{b}:work {{ @calls = count(); }}"),
+                    "both" => {
+                        format!("uprobe:{b}:work {{ @calls = count(); }} uretprobe:{b}:work {{ @returns = count(); }}")
+                    }
+                    _ => format!(
+                        "uprobe:{b}:work {{ printf(\"call %d %d %lu\\n\", tid, nsecs, arg0); }} \
+                         uretprobe:{b}:work {{ printf(\"return %d %d %lu\\n\", tid, nsecs, retval); }}"
+                    ),
+                };
                 let mut c = Command::new("bpftrace");
-                c.args(["-e", &script, "-c", &format!("{} {CALLS}", bench.display())]);
+                c.arg("-o").arg(&printed).args(["-e", &script, "-c", &format!("{b} {CALLS}")]);
                 c
             }
         };
-        let entry = per_call_ns(&measure("bpftrace", bpftrace(false))?, &base);
-        let both = per_call_ns(&measure("bpftrace", bpftrace(true))?, &base);
+        let entry = per_call_ns(&measure("bpftrace count() on uprobe", bpftrace("entry"))?, &base);
+        let both = per_call_ns(&measure("bpftrace count() on uprobe + uretprobe", bpftrace("both"))?, &base);
+        let printf = per_call_ns(&measure("bpftrace printf on uprobe + uretprobe", bpftrace("printf"))?, &base);
         println!("| bpftrace `count()` on uprobe only, per call | {entry:.0} ns |");
         println!("| bpftrace `count()` on uprobe + uretprobe, per call | {both:.0} ns |");
-        println!("| **tracer / bpftrace** (both uprobe + uretprobe), per call | **{:.2}** |", ours_per_call / both);
+        println!("| bpftrace `printf` of every call and return (recording everything), per call | {printf:.0} ns |");
+        println!(
+            "| **tracer record / bpftrace `count()`** (both uprobe + uretprobe), per call | **{:.2}** |",
+            ours_per_call / both
+        );
+        println!(
+            "| **tracer top / bpftrace `count()`** (both uprobe + uretprobe), per call | **{:.2}** |",
+            top_per_call / both
+        );
+        println!("| tracer record / bpftrace `printf`, per call | {:.2} |", ours_per_call / printf);
     } else {
-        println!("| bpftrace | not installed (apt-get install bpftrace) |");
+        println!("| bpftrace | could not be installed (apt-get install bpftrace) |");
     }
     if lost > 0 {
         println!("\nxtask: warning: the traced run lost {lost} events");
     }
+    go_overhead(tracer)
+}
+
+/// Installs bpftrace when it is missing (so that the ratio rows always appear), and mounts
+/// tracefs, which it reads probe formats from.
+fn ensure_bpftrace() {
+    if !Path::new("/sys/kernel/tracing/trace").exists() {
+        let _ = Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]).status();
+    }
+    if has_bpftrace() {
+        return;
+    }
+    println!("xtask: installing bpftrace (apt-get install bpftrace) for the comparison rows");
+    let installed = Command::new("apt-get")
+        .args(["install", "-y", "bpftrace"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !installed {
+        let _ = Command::new("apt-get").arg("update").stdout(Stdio::null()).status();
+        let _ = Command::new("apt-get")
+            .args(["install", "-y", "bpftrace"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .status();
+    }
+}
+
+/// Where the last trace's probe on `work` went and which path it takes (`trace_start.probe_paths`).
+fn probe_path(trace: &Path) -> Result<(String, String)> {
+    let text = std::fs::read_to_string(trace)?;
+    let first = text.lines().next().context("empty trace")?;
+    let start: serde_json::Value = serde_json::from_str(first)?;
+    let paths = &start["probe_paths"];
+    let path = ["optimized", "emulated", "trap"]
+        .into_iter()
+        .find(|p| paths[p].as_array().is_some_and(|a| a.iter().any(|f| f == "work")))
+        .unwrap_or("?");
+    let placed = match paths["moved"]["work"].as_u64() {
+        Some(offset) => format!("work+{offset}"),
+        None => "work".to_string(),
+    };
+    Ok((placed, path.to_string()))
+}
+
+/// Calls of the Go benchmark function per run: its probes trap (an ordinary instruction at the
+/// entry, a `ret`), so a million would take half a minute.
+const GO_CALLS: u64 = 20_000;
+
+/// What a Go call costs traced: an entry probe after the stack check and a probe on its `ret`,
+/// both ordinary uprobes (no uretprobe in Go code).
+fn go_overhead(tracer: &Path) -> Result<()> {
+    let gofixture = fixture("gofixture")?;
+    let out = root().join("target/bench/go.jsonl");
+    println!();
+    println!("xtask: {RUNS} runs of each; {GO_CALLS} calls of a Go function (`gofixture bench`, tests/fixtures/go)");
+    let run = |traced: bool| {
+        let (gofixture, out, tracer) = (gofixture.clone(), out.clone(), tracer.to_path_buf());
+        move || {
+            let mut c = if traced {
+                let mut c = Command::new(&tracer);
+                c.args(["record", "-e", "call,return", "-f", "main.tiny", "-o"]).arg(&out).arg("--").arg(&gofixture);
+                c
+            } else {
+                Command::new(&gofixture)
+            };
+            c.args(["bench", &GO_CALLS.to_string()]);
+            c
+        }
+    };
+    let base = measure("gofixture bench", run(false))?;
+    let ours = measure("tracer on gofixture bench", run(true))?;
+    let (lost, events) = trace_end(&out)?;
+    println!();
+    println!("| Go measurement | median |");
+    println!("|---|---|");
+    println!("| untraced: the loop of {GO_CALLS} calls | {:.2} ms |", base.loop_ns as f64 / 1e6);
+    println!("| traced by tracer (call + return to JSON lines): the loop | {:.1} ms |", ours.loop_ns as f64 / 1e6);
+    println!(
+        "| **tracer overhead per Go call** (entry + `ret` uprobe, both trapping) | **{:.1} µs** |",
+        (ours.loop_ns as f64 - base.loop_ns as f64) / GO_CALLS as f64 / 1e3
+    );
+    println!("| events written / lost (last run) | {events} / {lost} |");
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! `cargo xtask bench --only cluster`: collector ingest and merge throughput.
 //!
-//! Two agents on loopback each trace the benchmark fixture (a million calls of a function: two
+//! Two agents on this machine (Unix sockets) each trace the benchmark fixture (a million calls of a function: two
 //! million events); one collector takes both streams and merges them. The collector reports, per
 //! host, the events received and the time between the first and the last arrival, and the time
 //! the merge took; those are the numbers. The agents run on the same two cores as the collector
@@ -45,14 +45,17 @@ fn number_after(text: &str, line: &str, marker: &str) -> Option<f64> {
 pub fn run(tracer: &Path) -> Result<()> {
     let bench = fixture("bench")?;
     let out = root().join("target/bench/merged.jsonl");
-    let ports = [7391, 7392];
+    let sockets = root().join("target/bench/agents");
+    let socket = |name: &str| sockets.join(format!("{name}.sock"));
     let agents = Agents(
-        ports
+        ["a", "b"]
             .iter()
-            .zip(["a", "b"])
-            .map(|(port, name)| {
+            .map(|name| {
                 Command::new(tracer)
-                    .args(["agent", "--listen", &format!("127.0.0.1:{port}"), "--name", name])
+                    .arg("agent")
+                    .arg("--socket")
+                    .arg(socket(name))
+                    .args(["--name", name, "--allow-commands"])
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .spawn()
@@ -61,7 +64,7 @@ pub fn run(tracer: &Path) -> Result<()> {
             .collect::<Result<_>>()?,
     );
     std::thread::sleep(Duration::from_millis(500));
-    println!("\nxtask: {RUNS} runs; 2 agents on loopback, each tracing {CALLS} calls (call + return)");
+    println!("\nxtask: {RUNS} runs; 2 agents on this machine, each tracing {CALLS} calls (call + return)");
     let (mut per_host, mut total, mut merge) = (Vec::new(), Vec::new(), Vec::new());
     let mut events = 0.0;
     for _ in 0..RUNS {
@@ -69,9 +72,9 @@ pub fn run(tracer: &Path) -> Result<()> {
             .args([
                 "collect",
                 "--agent",
-                "a=127.0.0.1:7391",
+                &format!("a=unix:{}", socket("a").display()),
                 "--agent",
-                "b=127.0.0.1:7392",
+                &format!("b=unix:{}", socket("b").display()),
                 "-f",
                 "work",
                 "-e",

@@ -10,11 +10,22 @@ use anyhow::{Context as _, Result, bail};
 use crate::run_checked;
 
 /// Debian packages a fresh machine needs: Debian's rustc 1.96 with its `core` sources (builds
-/// eBPF with `RUSTC_BOOTSTRAP=1`), LLVM 22 (for bpf-linker), a C/C++ compiler (test fixtures),
-/// iproute2 (network namespaces for the multi-host tests), systemtap-sdt-dev (`<sys/sdt.h>`, for
-/// the USDT fixture; `tracer_events.h` itself needs nothing).
-const PACKAGES: &[&str] =
-    &["rustc-web", "cargo-web", "rust-web-src", "llvm-22-dev", "gcc", "g++", "iproute2", "systemtap-sdt-dev"];
+/// eBPF with `RUSTC_BOOTSTRAP=1`), LLVM 22 (for bpf-linker), C, C++ and Go compilers (test
+/// fixtures; Debian 12's Go is 1.19), iproute2 (network namespaces for the multi-host tests),
+/// libc6-dbg (libc's DWARF under /usr/lib/debug/.build-id, which the debuginfo tests find by build
+/// id), systemtap-sdt-dev (`<sys/sdt.h>`, for the USDT fixture; `tracer_events.h` itself needs nothing).
+const PACKAGES: &[&str] = &[
+    "rustc-web",
+    "cargo-web",
+    "rust-web-src",
+    "llvm-22-dev",
+    "gcc",
+    "g++",
+    "golang-go",
+    "iproute2",
+    "libc6-dbg",
+    "systemtap-sdt-dev",
+];
 /// bpf-linker must be built against the LLVM major version of the compiler emitting the bitcode.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

@@ -12,25 +12,31 @@
 //! - Calls still open when their thread exits, execs, or tracing stops end then.
 //! - A return without a duration (its call was not seen at record time) has no slice.
 //!
-//! Each thread keeps at most [`MAX_DEPTH`] open calls, so that runaway recursion cannot grow
+//! - Calls nest on their [`Track`]: their thread, or for Go code their goroutine, which may move
+//!   between threads while a call is open (its call and return then name different threads).
+//!   A goroutine's open calls end when its process exits or execs.
+//!
+//! Each track keeps at most [`MAX_DEPTH`] open calls, so that runaway recursion cannot grow
 //! memory without bound: a call made deeper is not tracked, and its time stays in the call at the
 //! cap (a flame graph shows it folded into that frame).
 
 use std::{collections::HashMap, io, sync::Arc};
 
-use crate::event::{Event, EventData, SpawnHow};
+pub use crate::event::Track;
+use crate::event::{Args, Event, EventData, SpawnHow};
 
-/// Most open calls tracked per thread; deeper calls are folded into the call at this depth.
-/// Twice the kernel's return-probe depth ([`crate::call_stack::MAX_URETPROBE_DEPTH`]), so every
-/// call that can have a return event is tracked.
-pub const MAX_DEPTH: usize = 128;
+/// Most open calls tracked per track; deeper calls are folded into the call at this depth. Go
+/// calls have no kernel depth limit (their returns come from probes on `ret` instructions), and
+/// Go programs recurse deep: 512 keeps a 250-deep recursion whole, at a few dozen KiB per track
+/// that deep.
+pub const MAX_DEPTH: usize = 512;
 
 /// An open call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
     pub function: Arc<str>,
     pub module: Arc<str>,
-    pub args: [u64; 6],
+    pub args: Args,
     /// When it started, Unix ns.
     pub start: u64,
     /// Time spent so far in traced callees that have ended.
@@ -70,7 +76,10 @@ impl Ending {
 #[derive(Debug)]
 pub struct Slice<'a> {
     pub pid: u32,
+    /// The thread of the event that ended it (a goroutine's call may have started on another).
     pub tid: u32,
+    /// Where it nests: its thread, or its goroutine.
+    pub track: Track,
     pub frame: &'a Frame,
     pub end: u64,
     pub ending: Ending,
@@ -101,7 +110,7 @@ impl Slice<'_> {
 #[derive(Debug)]
 pub enum CallEvent<'a> {
     /// A call started (its call line). Calls past the depth cap are not reported.
-    Begin { pid: u32, tid: u32, frame: &'a Frame, depth: usize },
+    Begin { pid: u32, tid: u32, track: Track, frame: &'a Frame, depth: usize },
     /// A call ended. A slice whose call line was missing has no `Begin`.
     End(Slice<'a>),
 }
@@ -111,12 +120,15 @@ struct ThreadCalls {
     frames: Vec<Frame>,
     /// Calls open inside the top frame past the depth cap.
     hidden: u64,
+    /// The thread of the last call or return on this track (a goroutine's, for slices that end
+    /// without an event of their own).
+    last_tid: u32,
 }
 
-/// The open calls of every thread, turned into slices as they end.
+/// The open calls of every track, turned into slices as they end.
 #[derive(Debug)]
 pub struct CallTracker {
-    threads: HashMap<(u32, u32), ThreadCalls>,
+    threads: HashMap<(u32, Track), ThreadCalls>,
     max_depth: usize,
 }
 
@@ -134,10 +146,12 @@ impl CallTracker {
 
     /// Follows one event; `on` hears of each call that begins or ends because of it.
     pub fn event(&mut self, e: &Event, on: &mut dyn FnMut(CallEvent)) {
+        let at = At { pid: e.pid, tid: e.tid, track: e.track() };
         match &e.data {
-            EventData::Call { function, module, args } => {
+            EventData::Call { function, module, args, .. } => {
                 let max_depth = self.max_depth;
-                let thread = self.threads.entry((e.pid, e.tid)).or_default();
+                let thread = self.threads.entry((e.pid, at.track)).or_default();
+                thread.last_tid = e.tid;
                 if thread.frames.len() >= max_depth {
                     thread.hidden += 1;
                     return;
@@ -150,44 +164,62 @@ impl CallTracker {
                     callee_ns: 0,
                 });
                 let depth = thread.frames.len() - 1;
-                on(CallEvent::Begin { pid: e.pid, tid: e.tid, frame: &thread.frames[depth], depth });
+                on(CallEvent::Begin { pid: e.pid, tid: e.tid, track: at.track, frame: &thread.frames[depth], depth });
             }
-            EventData::Return { function, module, retval, duration_ns } => {
+            EventData::Return { function, module, retval, duration_ns, .. } => {
                 // Without a duration the call was not seen: there is no slice.
                 let Some(duration) = duration_ns else { return };
                 let start = e.ts.saturating_sub(*duration);
                 let max_depth = self.max_depth;
-                let thread = self.threads.entry((e.pid, e.tid)).or_default();
+                let thread = self.threads.entry((e.pid, at.track)).or_default();
+                thread.last_tid = e.tid;
                 let ret = Return { function, module, start, end: e.ts, retval: *retval };
-                thread.ret(e.pid, e.tid, ret, max_depth, on);
+                thread.ret(at, ret, max_depth, on);
             }
-            EventData::Exit { .. } => {
-                if let Some(mut thread) = self.threads.remove(&(e.pid, e.tid)) {
-                    thread.close_above(e.pid, e.tid, 0, e.ts, Ending::ThreadExited, on);
+            EventData::Exit { thread, .. } => {
+                if let Some(mut calls) = self.threads.remove(&(e.pid, Track::Thread(e.tid))) {
+                    calls.close_above(at, 0, e.ts, Ending::ThreadExited, on);
+                }
+                if !*thread {
+                    // The process is gone: so are its goroutines.
+                    self.close_process(e.pid, e.ts, Ending::ThreadExited, on);
                 }
             }
             EventData::Spawn { how: SpawnHow::Exec, .. } => {
-                // The old program's calls never return, on any thread of the process.
-                let mut threads: Vec<(u32, u32)> = self.threads.keys().filter(|k| k.0 == e.pid).copied().collect();
-                threads.sort_unstable();
-                for key in threads {
-                    if let Some(mut thread) = self.threads.remove(&key) {
-                        thread.close_above(key.0, key.1, 0, e.ts, Ending::Exec, on);
-                    }
-                }
+                // The old program's calls never return, on any thread or goroutine of the process.
+                self.close_process(e.pid, e.ts, Ending::Exec, on);
             }
             _ => {}
         }
     }
 
-    /// Ends every open call at `ts` (tracing stopped), thread by thread in (pid, tid) order.
-    pub fn finish(&mut self, ts: u64, on: &mut dyn FnMut(CallEvent)) {
-        let mut threads: Vec<((u32, u32), ThreadCalls)> = self.threads.drain().collect();
-        threads.sort_unstable_by_key(|(k, _)| *k);
-        for ((pid, tid), mut thread) in threads {
-            thread.close_above(pid, tid, 0, ts, Ending::TracingStopped, on);
+    /// Ends every open call of a process, track by track in order.
+    fn close_process(&mut self, pid: u32, ts: u64, ending: Ending, on: &mut dyn FnMut(CallEvent)) {
+        let mut tracks: Vec<(u32, Track)> = self.threads.keys().filter(|k| k.0 == pid).copied().collect();
+        tracks.sort_unstable();
+        for key in tracks {
+            if let Some(mut calls) = self.threads.remove(&key) {
+                calls.close_all(pid, key.1, ts, ending, on);
+            }
         }
     }
+
+    /// Ends every open call at `ts` (tracing stopped), track by track in (pid, track) order.
+    pub fn finish(&mut self, ts: u64, on: &mut dyn FnMut(CallEvent)) {
+        let mut threads: Vec<((u32, Track), ThreadCalls)> = self.threads.drain().collect();
+        threads.sort_unstable_by_key(|(k, _)| *k);
+        for ((pid, track), mut thread) in threads {
+            thread.close_all(pid, track, ts, Ending::TracingStopped, on);
+        }
+    }
+}
+
+/// Where the event that ends a slice happened.
+#[derive(Clone, Copy, Debug)]
+struct At {
+    pid: u32,
+    tid: u32,
+    track: Track,
 }
 
 /// Something that turns call slices into output, owning the tracker that makes them.
@@ -230,19 +262,20 @@ struct Return<'a> {
 
 impl ThreadCalls {
     /// Pops the top frame and reports it ended; its time goes to its caller's callee time.
-    fn close_top(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        end: u64,
-        ending: Ending,
-        call_seen: bool,
-        on: &mut dyn FnMut(CallEvent),
-    ) {
+    fn close_top(&mut self, at: At, end: u64, ending: Ending, call_seen: bool, on: &mut dyn FnMut(CallEvent)) {
         let Some(frame) = self.frames.pop() else { return };
         // Hidden calls were inside the top frame: they end with it.
         self.hidden = 0;
-        let slice = Slice { pid, tid, frame: &frame, end, ending, callers: &self.frames, call_seen };
+        let slice = Slice {
+            pid: at.pid,
+            tid: at.tid,
+            track: at.track,
+            frame: &frame,
+            end,
+            ending,
+            callers: &self.frames,
+            call_seen,
+        };
         let duration = slice.duration();
         on(CallEvent::End(slice));
         if let Some(caller) = self.frames.last_mut() {
@@ -250,22 +283,23 @@ impl ThreadCalls {
         }
     }
 
+    /// Ends, as not returned, every frame of the track (a goroutine's on the thread it last ran on).
+    fn close_all(&mut self, pid: u32, track: Track, end: u64, ending: Ending, on: &mut dyn FnMut(CallEvent)) {
+        let tid = match track {
+            Track::Thread(t) => t,
+            Track::Goroutine(_) => self.last_tid,
+        };
+        self.close_above(At { pid, tid, track }, 0, end, ending, on);
+    }
+
     /// Ends, as not returned, the frames from index `keep` up.
-    fn close_above(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        keep: usize,
-        end: u64,
-        ending: Ending,
-        on: &mut dyn FnMut(CallEvent),
-    ) {
+    fn close_above(&mut self, at: At, keep: usize, end: u64, ending: Ending, on: &mut dyn FnMut(CallEvent)) {
         while self.frames.len() > keep {
-            self.close_top(pid, tid, end, ending, true, on);
+            self.close_top(at, end, ending, true, on);
         }
     }
 
-    fn ret(&mut self, pid: u32, tid: u32, ret: Return, max_depth: usize, on: &mut dyn FnMut(CallEvent)) {
+    fn ret(&mut self, at: At, ret: Return, max_depth: usize, on: &mut dyn FnMut(CallEvent)) {
         // Frames are in start order: those at `pos` and above started inside the returning call.
         let pos = self.frames.partition_point(|f| f.start <= ret.start);
         let matched = pos > 0 && {
@@ -282,20 +316,20 @@ impl ThreadCalls {
             // The call line is missing: its return still places the slice, around the calls that
             // started after it.
             if self.frames.len() >= max_depth {
-                self.close_top(pid, tid, ret.end, Ending::CallerReturned, true, on);
+                self.close_top(at, ret.end, Ending::CallerReturned, true, on);
             }
             let frame = Frame {
                 function: ret.function.clone(),
                 module: ret.module.clone(),
-                args: [0; 6],
+                args: Args::default(),
                 start: ret.start,
                 callee_ns: 0,
             };
             self.frames.insert(pos, frame);
             pos
         };
-        self.close_above(pid, tid, target + 1, ret.end, Ending::CallerReturned, on);
-        self.close_top(pid, tid, ret.end, Ending::Returned { retval: ret.retval }, matched, on);
+        self.close_above(at, target + 1, ret.end, Ending::CallerReturned, on);
+        self.close_top(at, ret.end, Ending::Returned { retval: ret.retval }, matched, on);
     }
 }
 
@@ -308,11 +342,57 @@ pub(crate) mod tests {
     }
 
     pub fn call(ts: u64, tid: u32, f: &str) -> Event {
-        ev(ts, 1, tid, EventData::Call { function: f.into(), module: "/bin/app".into(), args: [ts, 0, 0, 0, 0, 0] })
+        ev(
+            ts,
+            1,
+            tid,
+            EventData::Call {
+                function: f.into(),
+                module: "/bin/app".into(),
+                args: [ts, 0, 0, 0, 0, 0].into(),
+                goid: None,
+            },
+        )
     }
 
     pub fn ret(ts: u64, tid: u32, f: &str, dur: Option<u64>) -> Event {
-        ev(ts, 1, tid, EventData::Return { function: f.into(), module: "/bin/app".into(), retval: 7, duration_ns: dur })
+        ev(
+            ts,
+            1,
+            tid,
+            EventData::Return {
+                function: f.into(),
+                module: "/bin/app".into(),
+                retval: 7,
+                duration_ns: dur,
+                goid: None,
+            },
+        )
+    }
+
+    /// A Go call of goroutine `goid`, on thread `tid`.
+    pub fn go_call(ts: u64, tid: u32, goid: u64, f: &str) -> Event {
+        ev(
+            ts,
+            1,
+            tid,
+            EventData::Call { function: f.into(), module: "/bin/gof".into(), args: [ts].into(), goid: Some(goid) },
+        )
+    }
+
+    pub fn go_ret(ts: u64, tid: u32, goid: u64, f: &str, dur: u64) -> Event {
+        ev(
+            ts,
+            1,
+            tid,
+            EventData::Return {
+                function: f.into(),
+                module: "/bin/gof".into(),
+                retval: 7,
+                duration_ns: Some(dur),
+                goid: Some(goid),
+            },
+        )
     }
 
     /// (function, start, end, depth, returned, call_seen, self_ns) of each slice, in end order.
@@ -476,6 +556,49 @@ pub(crate) mod tests {
                 row("r", 100, 240, 0, true, true, 20)
             ]
         );
+    }
+
+    #[test]
+    fn goroutines_nest_on_themselves_whatever_thread_they_run_on() {
+        // Goroutine 5 calls outer on thread 1, blocks inside inner, and returns on thread 2,
+        // while goroutine 6 runs a call on thread 1 in between.
+        let events = [
+            go_call(100, 1, 5, "outer"),
+            go_call(110, 1, 5, "inner"),
+            go_call(120, 1, 6, "other"),
+            go_ret(130, 1, 6, "other", 10),
+            go_ret(300, 2, 5, "inner", 190),
+            go_ret(310, 2, 5, "outer", 210),
+        ];
+        let mut ends = Vec::new();
+        let mut tracker = CallTracker::default();
+        for e in &events {
+            tracker.event(e, &mut |c| {
+                if let CallEvent::End(s) = c {
+                    ends.push((s.frame.function.to_string(), s.track, s.tid, s.depth(), s.frame.start, s.end));
+                }
+            });
+        }
+        assert_eq!(
+            ends,
+            vec![
+                ("other".to_string(), Track::Goroutine(6), 1, 0, 120, 130),
+                ("inner".to_string(), Track::Goroutine(5), 2, 1, 110, 300),
+                ("outer".to_string(), Track::Goroutine(5), 2, 0, 100, 310),
+            ]
+        );
+        // A goroutine's open calls end with its process.
+        let mut tracker = CallTracker::default();
+        let mut ended = Vec::new();
+        let exit = ev(500, 1, 1, EventData::Exit { exit_code: Some(0), signal: None, thread: false, comm: "g".into() });
+        for e in [go_call(100, 3, 5, "blocked"), exit] {
+            tracker.event(&e, &mut |c| {
+                if let CallEvent::End(s) = c {
+                    ended.push((s.frame.function.to_string(), s.end, s.ending));
+                }
+            });
+        }
+        assert_eq!(ended, vec![("blocked".to_string(), 500, Ending::ThreadExited)]);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `tracer calls`: each thread's calls in the order they were made, as an indented tree with start
-//! time and duration, like a debugger's replay.
+//! time and duration, like a debugger's replay. Go calls are shown per goroutine (a goroutine moves
+//! between threads).
 //!
 //! A call's line is written once its outermost shown caller has ended (only then are all the
 //! durations inside it known), so memory holds one outermost call's tree per thread.
@@ -13,7 +14,7 @@ use std::{
 use globset::GlobMatcher;
 
 use super::{
-    call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Slice},
+    call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Slice, Track},
     processes::ProcessNames,
     stats::human_ns,
 };
@@ -51,9 +52,9 @@ pub struct CallPrinter<W: Write> {
     tracker: CallTracker,
     names: ProcessNames,
     origin: u64,
-    /// Lines waiting for their outermost shown call to end, per thread.
-    pending: HashMap<(u32, u32), Vec<Line>>,
-    last_thread: Option<(u32, u32)>,
+    /// Lines waiting for their outermost shown call to end, per track.
+    pending: HashMap<(u32, Track), Vec<Line>>,
+    last_thread: Option<(u32, Track)>,
 }
 
 impl<W: Write> CallPrinter<W> {
@@ -80,10 +81,13 @@ impl<W: Write> CallPrinter<W> {
             .position(|f| pattern.is_match(f.as_ref()))
     }
 
-    fn write_tree(&mut self, (pid, tid): (u32, u32), mut lines: Vec<Line>) -> io::Result<()> {
-        if self.last_thread != Some((pid, tid)) {
-            writeln!(self.out, "{}, thread {tid}:", self.names.label(pid))?;
-            self.last_thread = Some((pid, tid));
+    fn write_tree(&mut self, (pid, track): (u32, Track), mut lines: Vec<Line>) -> io::Result<()> {
+        if self.last_thread != Some((pid, track)) {
+            match track {
+                Track::Thread(tid) => writeln!(self.out, "{}, thread {tid}:", self.names.label(pid))?,
+                Track::Goroutine(goid) => writeln!(self.out, "{}, goroutine {goid}:", self.names.label(pid))?,
+            }
+            self.last_thread = Some((pid, track));
         }
         // Slices end innermost first; a tree reads in start order, callers before callees.
         lines.sort_by_key(|l| (l.start, l.depth));
@@ -125,7 +129,7 @@ impl<W: Write> CallSink for CallPrinter<W> {
         if slice.duration() < self.filter.min_duration_ns || self.filter.max_depth.is_some_and(|max| depth > max) {
             return Ok(());
         }
-        let key = (slice.pid, slice.tid);
+        let key = (slice.pid, slice.track);
         let line = Line {
             start: slice.frame.start,
             depth,

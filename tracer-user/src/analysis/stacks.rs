@@ -269,12 +269,31 @@ mod tests {
         let events = [
             call(100, 1, "short"),
             ret(150, 1, "short", Some(50)),
-            other(100, EventData::Call { function: "long".into(), module: "m".into(), args: [0; 6] }),
+            other(
+                100,
+                EventData::Call { function: "long".into(), module: "m".into(), args: [0; 6].into(), goid: None },
+            ),
             other(
                 400,
-                EventData::Return { function: "long".into(), module: "m".into(), retval: 0, duration_ns: Some(300) },
+                EventData::Return {
+                    function: "long".into(),
+                    module: "m".into(),
+                    retval: 0,
+                    duration_ns: Some(300),
+                    goid: None,
+                },
             ),
-            ev(100, 3, 3, EventData::Call { function: "never_returns".into(), module: "m".into(), args: [0; 6] }),
+            ev(
+                100,
+                3,
+                3,
+                EventData::Call {
+                    function: "never_returns".into(),
+                    module: "m".into(),
+                    args: [0; 6].into(),
+                    goid: None,
+                },
+            ),
         ];
         let roots = flame(64, &events, 1000);
         let names: Vec<(&str, u64)> = roots.iter().map(|r| (r.name.as_str(), r.value)).collect();

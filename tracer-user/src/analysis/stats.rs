@@ -459,10 +459,19 @@ mod tests {
             &[
                 call(100, 1, "f"),
                 ret(200, 1, "f", Some(100)),
-                other(100, EventData::Call { function: "f".into(), module: "m".into(), args: [0; 6] }),
+                other(
+                    100,
+                    EventData::Call { function: "f".into(), module: "m".into(), args: [0; 6].into(), goid: None },
+                ),
                 other(
                     400,
-                    EventData::Return { function: "f".into(), module: "m".into(), retval: 0, duration_ns: Some(300) },
+                    EventData::Return {
+                        function: "f".into(),
+                        module: "m".into(),
+                        retval: 0,
+                        duration_ns: Some(300),
+                        goid: None,
+                    },
                 ),
             ],
             1000,

@@ -5,12 +5,16 @@ use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration}
 use anyhow::{Context as _, bail};
 use clap::Args;
 
-use super::{TraceOptions, describe_output, open_output, output_format, parse_seconds, print_summary, stop_signal};
+use super::{
+    TraceOptions, describe_output, open_output, output_format, parse_seconds, print_summary, still_running_code,
+    stop_signal,
+};
 use crate::{
     cluster::{
-        agent::{self, AgentOptions},
+        agent::{self, AgentOptions, Listen},
         auth::Secret,
         collector::{AgentSpec, ClientOptions, Cluster},
+        listener,
         protocol::TraceRequest,
         tls,
     },
@@ -18,16 +22,34 @@ use crate::{
     record,
 };
 
+/// `collect`'s exit code when some host's trace could not be collected whole (`EX_TEMPFAIL`:
+/// collecting again may work). It wins over the command's exit code.
+pub const EXIT_INCOMPLETE: i32 = 75;
+
 #[derive(Debug, Args)]
 pub struct AgentArgs {
-    /// Address to wait for a collector on; anything but loopback needs --secret-file.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
-    pub listen: SocketAddr,
-    /// File holding the secret shared with the collector (challenge-response; it never crosses
-    /// the wire).
+    /// Unix socket to wait for collectors on; only root (and --socket-group) may connect.
+    #[arg(long, value_name = "PATH", default_value = listener::DEFAULT_SOCKET, conflicts_with = "listen")]
+    pub socket: PathBuf,
+    /// Let members of this group use the socket too (mode 0660). They can trace any process on
+    /// this host: that is root's power to read any process's memory.
+    #[arg(long, value_name = "GROUP", conflicts_with = "listen")]
+    pub socket_group: Option<String>,
+    /// Wait on this TCP address instead (loopback included, it needs --secret-file).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// File holding the secret shared with the collectors (at least 32 bytes, mode 0600; it never
+    /// crosses the wire).
     #[arg(long, value_name = "PATH")]
     pub secret_file: Option<PathBuf>,
-    /// TLS certificate chain (PEM) to present to collectors.
+    /// Write a new secret (32 random bytes, hex, mode 0600) to this file, and exit.
+    #[arg(long, value_name = "FILE", exclusive = true)]
+    pub gen_secret: Option<PathBuf>,
+    /// Launch commands that collectors ask for (-c): whoever can connect then runs any command
+    /// on this host, as root (a socket-group member: as itself).
+    #[arg(long)]
+    pub allow_commands: bool,
+    /// TLS certificate chain (PEM) to present to collectors (with --listen).
     #[arg(long, value_name = "PATH", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// TLS private key (PEM).
@@ -36,7 +58,7 @@ pub struct AgentArgs {
     /// The host name events carry (default: this machine's).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
-    /// Stop a trace (and detach its probes) after this long without a collector.
+    /// Stop a trace (and detach its probes) after this long without a word from its collector.
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, default_value = "30")]
     pub orphan_timeout: Duration,
     /// Events kept for a collector that is away; older ones are dropped and counted as lost.
@@ -49,7 +71,7 @@ pub struct AgentArgs {
 
 #[derive(Debug, Args)]
 pub struct CollectArgs {
-    /// An agent to trace on, as NAME=HOST:PORT (repeatable).
+    /// An agent to trace on, as NAME=HOST:PORT or NAME=unix:PATH (repeatable).
     #[arg(long = "agent", value_name = "NAME=ADDR", required = true)]
     pub agents: Vec<AgentSpec>,
     /// Trace this process on that host (repeatable).
@@ -76,19 +98,33 @@ pub struct CollectArgs {
     /// The name in the agents' certificates (default: the host part of each address).
     #[arg(long, value_name = "NAME")]
     pub tls_server_name: Option<String>,
+    /// How long to keep trying to reach an agent whose connection dropped, before its part of the
+    /// trace is given up as incomplete.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, default_value = "60")]
+    pub reconnect_for: Duration,
 }
 
 pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
+    if let Some(path) = &args.gen_secret {
+        Secret::generate(path)?;
+        eprintln!("tracer: wrote a new secret to {} (mode 0600)", path.display());
+        return Ok(0);
+    }
     record::check_root()?;
     let secret = args.secret_file.as_deref().map(Secret::from_file).transpose()?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
         _ => None,
     };
+    let listen = match args.listen {
+        Some(addr) => Listen::Tcp(addr),
+        None => Listen::Unix { path: args.socket, group: args.socket_group },
+    };
     let options = AgentOptions {
-        listen: args.listen,
+        listen,
         secret,
         tls,
+        allow_commands: args.allow_commands,
         host: args.name.unwrap_or_else(record::host_name),
         test_clock_skew_ns: args.test_clock_skew_ns,
         orphan_timeout: args.orphan_timeout,
@@ -164,7 +200,13 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
     let requests = requests(&args)?;
     let secret = args.secret_file.as_deref().map(Secret::from_file).transpose()?;
     let tls = args.tls_ca.as_deref().map(tls::connector).transpose()?;
-    let options = ClientOptions { secret, tls, tls_server_name: args.tls_server_name.clone(), ..Default::default() };
+    let options = ClientOptions {
+        secret,
+        tls,
+        tls_server_name: args.tls_server_name.clone(),
+        reconnect_for: args.reconnect_for,
+        ..Default::default()
+    };
     let out = open_output(&args.output)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -204,7 +246,25 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
             );
         }
         print_summary(&merged.end, &args.output);
-        Ok(0)
+        let incomplete: Vec<_> = merged.end.hosts.iter().filter(|h| !h.complete).collect();
+        for host in &incomplete {
+            let why: Vec<&str> = host.lost.iter().map(|l| l.detail.as_str()).collect();
+            eprintln!("tracer: warning: host {}: the trace is incomplete: {}", host.name, why.join("; "));
+        }
+        if !incomplete.is_empty() {
+            eprintln!(
+                "tracer: the trace is incomplete on {} of {} hosts (see trace_end.hosts)",
+                incomplete.len(),
+                merged.end.hosts.len()
+            );
+            return Ok(EXIT_INCOMPLETE);
+        }
+        let launched = !args.commands.is_empty();
+        Ok(match merged.end.command_exit_code {
+            Some(code) => code,
+            None if launched => still_running_code(reason),
+            None => 0,
+        })
     })
 }
 

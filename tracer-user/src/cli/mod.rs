@@ -2,6 +2,7 @@
 //! stderr (warnings, the summary, errors) is written here, never by the library.
 
 mod cluster;
+mod top;
 
 use std::{
     collections::BTreeSet,
@@ -44,6 +45,8 @@ pub enum Command {
     Report(ReportArgs),
     /// Each thread's calls in order, as an indented tree with start times and durations.
     Calls(CallsArgs),
+    /// Live per-function statistics (calls, time, percentiles) aggregated in the kernel.
+    Top(top::TopArgs),
     /// Wait for a collector and trace for it on this host.
     Agent(cluster::AgentArgs),
     /// Trace on several hosts at once through their agents, and merge into one timeline.
@@ -206,18 +209,84 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u32, String> {
     u32::try_from(n).map_err(|_| format!("'{s}' is more than 4 GiB"))
 }
 
-/// Resolves on SIGINT or SIGTERM, saying which. The handlers are installed at once (inside a
-/// runtime), so that a signal arriving before the future is awaited is not lost.
-pub(crate) fn stop_signal() -> anyhow::Result<impl Future<Output = EndReason>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    Ok(async move {
-        tokio::select! {
-            _ = interrupt.recv() => EndReason::Interrupted,
-            _ = terminate.recv() => EndReason::Terminated,
+/// SIGINT, SIGTERM and SIGHUP as they arrive, each with whether the kernel sent it (a terminal's
+/// Ctrl-C or hang-up, which reached the whole foreground process group) or a process did. The
+/// handlers are installed at once, so that a signal arriving before it is awaited is not lost.
+pub(crate) struct StopSignals {
+    received: tokio::sync::mpsc::UnboundedReceiver<(i32, bool)>,
+}
+
+impl StopSignals {
+    pub(crate) fn install() -> anyhow::Result<StopSignals> {
+        use signal_hook::iterator::{SignalsInfo, exfiltrator::WithOrigin};
+        let mut signals = SignalsInfo::<WithOrigin>::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
+            .context("cannot handle signals")?;
+        let (tx, received) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for origin in signals.forever() {
+                let from_kernel = matches!(origin.cause, signal_hook::low_level::siginfo::Cause::Kernel);
+                if tx.send((origin.signal, from_kernel)).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(StopSignals { received })
+    }
+
+    /// The next signal and whether the kernel sent it.
+    async fn next(&mut self) -> (i32, bool) {
+        match self.received.recv().await {
+            Some(s) => s,
+            None => std::future::pending().await,
         }
-    })
+    }
+
+    /// The next signal, as the reason a trace ends.
+    pub(crate) async fn stop(mut self) -> EndReason {
+        end_reason(self.next().await.0)
+    }
+
+    /// With a launched command, the first signal goes to it (unless the terminal already sent it
+    /// to the whole process group) and the trace goes on until the command exits; a second one
+    /// stops the trace at once.
+    async fn forward_then_stop(mut self, command: Option<u32>) -> EndReason {
+        let Some(pid) = command else { return self.stop().await };
+        let (signal, from_terminal) = self.next().await;
+        let name = nix::sys::signal::Signal::try_from(signal).map_or("a signal", |s| s.as_str());
+        if !from_terminal {
+            // SAFETY: kill(2) on the command we launched (and have not reaped: it may not be gone).
+            unsafe { libc::kill(pid as i32, signal) };
+        }
+        eprintln!(
+            "tracer: {name} {} the command (pid {pid}); tracing goes on until it exits (signal again to stop now)",
+            if from_terminal { "reached" } else { "passed on to" }
+        );
+        self.stop().await
+    }
+}
+
+fn end_reason(signal: i32) -> EndReason {
+    match signal {
+        libc::SIGINT => EndReason::Interrupted,
+        libc::SIGHUP => EndReason::HungUp,
+        _ => EndReason::Terminated,
+    }
+}
+
+/// Resolves on SIGINT, SIGTERM or SIGHUP, saying which.
+pub(crate) fn stop_signal() -> anyhow::Result<impl Future<Output = EndReason>> {
+    Ok(StopSignals::install()?.stop())
+}
+
+/// The exit status of a trace whose launched command was still running at its end: 128 + the
+/// signal that stopped tracing, else 0 (`--duration`, or the collector stopped it).
+pub(crate) fn still_running_code(reason: EndReason) -> i32 {
+    match reason {
+        EndReason::Interrupted => 128 + libc::SIGINT,
+        EndReason::Terminated => 128 + libc::SIGTERM,
+        EndReason::HungUp => 128 + libc::SIGHUP,
+        _ => 0,
+    }
 }
 
 /// Runs a parsed command line; returns the process exit code.
@@ -227,6 +296,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Export(args) => export(args),
         Command::Report(args) => report(args),
         Command::Calls(args) => calls(args),
+        Command::Top(args) => top::top(args),
         Command::Agent(args) => cluster::agent(args),
         Command::Collect(args) => cluster::collect(args),
         Command::DebugUsdt(args) => debug_usdt(args),
@@ -321,30 +391,62 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let stop = stop_signal()?;
+        let signals = StopSignals::install()?;
         let plan = record::plan(options)?;
         let out = open_output(&args.output)?;
         print_warnings(&plan.warnings);
+        if let Some(line) = &plan.probe_summary {
+            eprintln!("tracer: {line}");
+        }
         let mut sink = format.sink(out);
+        // Formats that are only readable once complete get their events in a JSON lines spool
+        // as well, flushed as they come: what a crash leaves is there.
+        let spool = spool_path(&args.output, format);
+        if let Some(path) = &spool {
+            let file = File::create(path).with_context(|| format!("cannot write the spool {}", path.display()))?;
+            sink = Box::new(vec![sink, Box::new(jsonl::JsonlWriter::new(file)) as Box<dyn Sink + Send>]);
+        }
         let recording = plan.start()?;
         print_warnings(&recording.warnings);
         eprintln!(
-            "tracer: tracing {} function(s); writing {} to {}",
+            "tracer: tracing {} function(s); writing {} to {}{}",
             recording.trace_start().probes,
             format.describe(),
-            describe_output(&args.output)
+            describe_output(&args.output),
+            spool
+                .as_ref()
+                .map_or(String::new(), |p| format!(" (and, until it is complete, JSON lines to {})", p.display()))
         );
-        let outcome = recording.run(&mut *sink, stop).await?;
+        let stop = signals.forward_then_stop(recording.command_pid());
+        let outcome = match recording.run(&mut *sink, stop).await {
+            // A reader that stopped reading (`tracer record -o - | head`): not a failure.
+            Err(record::RecordError::Output(e))
+                if args.output == Path::new("-") && e.kind() == std::io::ErrorKind::BrokenPipe =>
+            {
+                return Ok(0);
+            }
+            other => other?,
+        };
+        if let Some(path) = &spool {
+            let _ = std::fs::remove_file(path);
+        }
         print_summary(&outcome.end, &args.output);
         if let Some(pid) = outcome.command_still_running {
             eprintln!("tracer: the command (pid {pid}) is still running, untraced");
         }
-        Ok(match (outcome.command_exit, outcome.end.reason) {
-            (Some(exit), _) => exit.shell_code(),
-            (None, EndReason::Interrupted) if outcome.command_still_running.is_some() => 130,
-            _ => 0,
+        Ok(match outcome.command_exit {
+            Some(exit) => exit.shell_code(),
+            None if outcome.command_still_running.is_some() => still_running_code(outcome.end.reason),
+            None => 0,
         })
     })
+}
+
+/// Where `record` spools the events of a trace written in a format that is only readable once
+/// complete: beside the output, removed when the trace is.
+fn spool_path(output: &Path, format: Format) -> Option<PathBuf> {
+    (format != Format::Jsonl && output != Path::new("-"))
+        .then(|| PathBuf::from(format!("{}.partial.jsonl", output.display())))
 }
 
 fn print_warnings(warnings: &[String]) {
@@ -385,7 +487,12 @@ fn open_trace(input: &Path) -> anyhow::Result<Trace> {
 fn replay(input: &Path, trace: Trace, sink: &mut dyn Sink) -> anyhow::Result<jsonl::Replayed> {
     let replayed = jsonl::replay(trace, sink).with_context(|| format!("{} is not a valid trace", input.display()))?;
     if replayed.end_missing {
-        eprintln!("tracer: warning: {} has no trace_end line: it was cut short", input.display());
+        eprintln!(
+            "tracer: warning: {} was cut short (no trace_end line{}): read {} events",
+            input.display(),
+            if replayed.torn { ", and its last line is torn" } else { "" },
+            replayed.events
+        );
     }
     Ok(replayed)
 }

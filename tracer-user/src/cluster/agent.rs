@@ -1,16 +1,26 @@
 //! `tracer agent`: waits for a collector, records what it asks for, streams the events.
 //!
-//! One trace at a time. Its events are numbered and kept in an [`Outbox`] until the collector
-//! acknowledges them, so a collector that loses the connection reconnects and resumes without
-//! duplicates or holes. Without any collector for `orphan_timeout`, the trace is stopped and its
-//! probes detached: targets are never left probed by a collector that went away.
+//! Who may talk to it: by default only root and, with a socket group, that group's members, on
+//! a Unix socket whose peers the kernel names; over TCP only collectors that prove they hold the
+//! secret ([`super::session`]), every frame after that MAC'd. Before a peer has proved itself it
+//! gets a few seconds, a few KiB per frame and one of [`MAX_UNAUTHENTICATED`] places (the oldest
+//! waiting peer is dropped for a new one), so that idle or hostile connections never keep a
+//! collector out or grow the agent's memory; whatever a bound drops is counted and logged.
+//!
+//! One trace at a time, owned by the connection that started it: only that connection, or a
+//! reconnection that proves it is the same collector (a resume proof made with the first
+//! connection's key), receives, acknowledges or stops it. Its events are numbered and kept in an
+//! [`Outbox`] until acknowledged, so a collector that loses the connection resumes without
+//! duplicates or holes. A trace whose collector has sent nothing for `orphan_timeout` (gone,
+//! stopped, or behind a dead link: writes to it time out) is stopped and its probes detached; its
+//! targets keep running. Commands it launched that outlive their trace are reaped.
 //!
 //! Runs on one thread (`serve` must be polled inside a `tokio::task::LocalSet`): connections,
 //! the recording and the watchdog share the agent's state without locks.
 
 use std::{
     cell::{Cell, RefCell},
-    collections::BTreeSet,
+    collections::{BTreeSet, HashMap, VecDeque},
     ffi::OsString,
     future::Future,
     net::SocketAddr,
@@ -20,21 +30,25 @@ use std::{
 };
 
 use tokio::{
-    net::TcpListener,
     sync::{mpsc, oneshot, watch},
+    task::AbortHandle,
 };
 use tokio_rustls::TlsAcceptor;
 
 use super::{
-    auth::{self, Secret},
+    auth::{self, Key, Secret},
+    listener::{self, ListenError, Listener, Peer, PeerCreds},
     outbox::Outbox,
-    protocol::{Message, PROTOCOL_VERSION, TraceRequest, read_message, write_message},
-    tls,
+    protocol::{FrameError, Message, TraceRequest},
+    session::{self, HANDSHAKE_TIMEOUT, Session, SessionWriter},
+    tls::{self, Transport},
     wire::Encoder,
 };
 use crate::{
     clock::BootClock,
+    errors::report,
     event::{EndReason, Event, EventKind, TraceEnd, TraceStart},
+    launch::{RunAs, try_reap},
     record::{self, RecordOptions},
     sink::Sink,
 };
@@ -43,17 +57,36 @@ use crate::{
 const BATCH: usize = 4096;
 /// A collector that says nothing for this long (it probes the clock every second) is gone.
 const SILENCE: Duration = Duration::from_secs(10);
+/// Peers that have connected but not yet proved themselves, at most.
+pub const MAX_UNAUTHENTICATED: usize = 64;
+/// Authenticated collectors connected at once, at most.
+pub const MAX_COLLECTORS: usize = 8;
+/// Longest pause after `accept` failed (out of descriptors, say) before trying again.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Log lines per kind of dropped connection per second, at most (the counts are exact).
+const LOGS_PER_SECOND: u32 = 10;
+
+/// Where the agent waits for collectors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listen {
+    /// A Unix socket; members of `group` may connect besides root.
+    Unix { path: PathBuf, group: Option<String> },
+    /// A TCP address (needs a secret).
+    Tcp(SocketAddr),
+}
 
 pub struct AgentOptions {
-    pub listen: SocketAddr,
+    pub listen: Listen,
     pub secret: Option<Secret>,
     pub tls: Option<TlsAcceptor>,
+    /// Launch commands for collectors (`-c`); without it a request with a command is refused.
+    pub allow_commands: bool,
     /// The name events carry.
     pub host: String,
     /// For tests on one machine: pretend this host's clock is ahead by this much (events, trace
     /// lines and clock answers all shift).
     pub test_clock_skew_ns: i64,
-    /// Stop a trace that has had no collector for this long.
+    /// Stop a trace whose collector has sent nothing for this long.
     pub orphan_timeout: Duration,
     /// Events kept for a collector that is not connected; older ones are dropped and counted.
     pub max_buffered: usize,
@@ -62,11 +95,13 @@ pub struct AgentOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error(
-        "refusing to listen on {0} without authentication: give a --secret-file (only loopback addresses may go without)"
+        "refusing to listen on {0} without a secret: give a --secret-file (every TCP address needs one, loopback included; make one with --gen-secret FILE)"
     )]
     Unauthenticated(SocketAddr),
-    #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("TLS is for TCP (--listen): a Unix socket never leaves the machine")]
+    TlsOnUnixSocket,
+    #[error(transparent)]
+    Listen(#[from] ListenError),
 }
 
 struct TraceSlot {
@@ -76,6 +111,43 @@ struct TraceSlot {
     /// The trace's last line and event count, once it is over.
     end: Option<(String, u64)>,
     stop: Option<oneshot::Sender<EndReason>>,
+    /// The connection streaming it, if one is.
+    owner: Option<u64>,
+    /// When its collector last sent a frame (the owning connection's clock).
+    heard: Rc<Cell<Instant>>,
+    /// The resume key of the connection that started it.
+    resume_key: Key,
+}
+
+/// One authenticated connection.
+struct Conn {
+    id: u64,
+    heard: Rc<Cell<Instant>>,
+    transcript: [u8; 32],
+    resume_key: Key,
+    creds: Option<PeerCreds>,
+}
+
+/// Counts what the bounds drop, and logs it without letting a flood flood the log.
+#[derive(Default)]
+struct Drops {
+    counts: RefCell<HashMap<&'static str, (u64, Instant, u32)>>,
+}
+
+impl Drops {
+    fn note(&self, what: &'static str, detail: impl std::fmt::Display) {
+        let mut counts = self.counts.borrow_mut();
+        let (total, window, logged) = counts.entry(what).or_insert((0, Instant::now(), 0));
+        *total += 1;
+        if window.elapsed() >= Duration::from_secs(1) {
+            *window = Instant::now();
+            *logged = 0;
+        }
+        if *logged < LOGS_PER_SECOND {
+            *logged += 1;
+            log(format_args!("{detail} ({total} {what} so far)"));
+        }
+    }
 }
 
 struct Agent {
@@ -83,9 +155,14 @@ struct Agent {
     slot: RefCell<Option<TraceSlot>>,
     /// Bumped whenever there is something new to send.
     changed: watch::Sender<u64>,
-    connections: Cell<u32>,
-    last_collector: Cell<Instant>,
     clock: BootClock,
+    /// Connections that have not proved themselves yet, oldest first.
+    pending: RefCell<VecDeque<(u64, AbortHandle)>>,
+    collectors: Cell<usize>,
+    next_conn: Cell<u64>,
+    drops: Drops,
+    /// Commands that outlived their trace, to be reaped when they exit.
+    launched: RefCell<Vec<u32>>,
 }
 
 fn log(message: impl std::fmt::Display) {
@@ -104,47 +181,91 @@ impl Agent {
     fn bump(&self) {
         self.changed.send_modify(|n| *n += 1);
     }
+
+    /// Closes the unauthenticated connection that has waited longest.
+    fn evict_oldest(&self) {
+        let oldest = self.pending.borrow_mut().pop_front();
+        if let Some((_, task)) = oldest {
+            task.abort();
+            self.drops.note(
+                "unauthenticated connections closed early",
+                format_args!(
+                    "closed the oldest connection that had not authenticated: at most {MAX_UNAUTHENTICATED} may wait"
+                ),
+            );
+        }
+    }
+}
+
+async fn bind(opts: &AgentOptions) -> Result<Listener, AgentError> {
+    match &opts.listen {
+        Listen::Tcp(addr) => {
+            if opts.secret.is_none() {
+                return Err(AgentError::Unauthenticated(*addr));
+            }
+            Ok(Listener::tcp(*addr).await?)
+        }
+        Listen::Unix { path, group } => {
+            if opts.tls.is_some() {
+                return Err(AgentError::TlsOnUnixSocket);
+            }
+            let group = group.as_deref().map(listener::group).transpose()?;
+            Ok(Listener::unix(path, group)?)
+        }
+    }
 }
 
 /// Serves collectors until `shutdown` resolves; a running trace is then stopped and detached.
 pub async fn serve(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
-    if opts.secret.is_none() && !opts.listen.ip().is_loopback() {
-        return Err(AgentError::Unauthenticated(opts.listen));
-    }
-    let listener =
-        TcpListener::bind(opts.listen).await.map_err(|source| AgentError::Bind { addr: opts.listen, source })?;
-    let local = listener.local_addr().map_err(|source| AgentError::Bind { addr: opts.listen, source })?;
+    let listener = bind(&opts).await?;
+    let who = match (&listener, &opts.listen) {
+        (Listener::Unix { group: Some((g, _)), .. }, _) => format!(", for root and group {g}"),
+        (Listener::Unix { .. }, _) => ", for root only".to_string(),
+        _ => String::new(),
+    };
     log(format_args!(
-        "listening on {local} as {}{}{}",
+        "listening on {} as {}{who}{}{}{}",
+        listener.describe(),
         opts.host,
-        if opts.secret.is_some() { ", authentication on" } else { "" },
-        if opts.tls.is_some() { ", TLS" } else { "" }
+        if opts.secret.is_some() { ", secret required" } else { "" },
+        if opts.tls.is_some() { ", TLS" } else { "" },
+        if opts.allow_commands { ", launching commands" } else { "" },
     ));
     let agent = Rc::new(Agent {
         opts,
         slot: RefCell::new(None),
         changed: watch::channel(0).0,
-        connections: Cell::new(0),
-        last_collector: Cell::new(Instant::now()),
         clock: BootClock::calibrate(),
+        pending: RefCell::new(VecDeque::new()),
+        collectors: Cell::new(0),
+        next_conn: Cell::new(1),
+        drops: Drops::default(),
+        launched: RefCell::new(Vec::new()),
     });
     tokio::task::spawn_local(watchdog(agent.clone()));
     tokio::pin!(shutdown);
+    let mut backoff = Duration::ZERO;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((tcp, peer)) => {
-                    let agent = agent.clone();
-                    tokio::task::spawn_local(async move {
-                        let _ = tcp.set_nodelay(true);
-                        match tls::accept(agent.opts.tls.as_ref(), tcp).await {
-                            Ok(stream) => serve_collector(agent, stream, peer).await,
-                            Err(e) => log(format_args!("closed the connection from {peer}: {e}")),
-                        }
-                    });
+                Ok((stream, peer, verdict)) => {
+                    backoff = Duration::ZERO;
+                    admit(&agent, stream, peer, verdict);
                 }
-                Err(e) => log(format_args!("accept failed: {e}")),
+                Err(e) => {
+                    let out_of_fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+                    backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
+                    agent.drops.note("accept failures", format_args!("accept failed ({e}): waiting {backoff:?}"));
+                    if out_of_fds {
+                        // Frees a descriptor for the next peer, who may be the collector.
+                        agent.evict_oldest();
+                    }
+                    tokio::select! {
+                        _ = &mut shutdown => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                }
             },
         }
     }
@@ -156,163 +277,205 @@ pub async fn serve(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Re
     Ok(())
 }
 
+/// Starts serving a new connection, within the bound on unauthenticated ones.
+fn admit(agent: &Rc<Agent>, mut stream: Box<dyn Transport>, peer: Peer, verdict: Result<(), String>) {
+    if let Err(reason) = verdict {
+        agent.drops.note("peers refused", format_args!("refused {}: {reason}", peer.name));
+        tokio::task::spawn_local(async move { session::refuse(&mut stream, &reason).await });
+        return;
+    }
+    if agent.pending.borrow().len() >= MAX_UNAUTHENTICATED {
+        agent.evict_oldest();
+    }
+    let id = agent.next_conn.get();
+    agent.next_conn.set(id + 1);
+    let task = tokio::task::spawn_local(connection(agent.clone(), id, stream, peer));
+    agent.pending.borrow_mut().push_back((id, task.abort_handle()));
+}
+
 fn stop_trace(agent: &Agent, reason: EndReason) {
     if let Some(stop) = agent.slot.borrow_mut().as_mut().and_then(|s| s.stop.take()) {
         let _ = stop.send(reason);
     }
 }
 
-/// Stops a trace nobody collects, and forgets a finished one nobody will collect.
+/// Stops a trace nobody collects, forgets a finished one nobody will collect, and reaps
+/// commands that outlived their trace.
 async fn watchdog(agent: Rc<Agent>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
-        if agent.connections.get() > 0 || agent.last_collector.get().elapsed() < agent.opts.orphan_timeout {
-            continue;
-        }
-        let ended = agent.slot.borrow().as_ref().map(|s| s.end.is_some());
-        match ended {
-            Some(false) => {
-                log(format_args!("no collector for {:?}: stopping the trace and detaching", agent.opts.orphan_timeout));
-                stop_trace(&agent, EndReason::Terminated);
+        agent.launched.borrow_mut().retain(|&pid| try_reap(pid).is_none());
+        let (running, forget) = match agent.slot.borrow().as_ref() {
+            Some(s) if s.heard.get().elapsed() >= agent.opts.orphan_timeout => {
+                (s.end.is_none(), s.end.is_some() && s.owner.is_none())
             }
-            Some(true) => *agent.slot.borrow_mut() = None,
-            None => {}
+            _ => (false, false),
+        };
+        if running {
+            log(format_args!(
+                "no word from the collector for {:?}: stopping the trace and detaching",
+                agent.opts.orphan_timeout
+            ));
+            stop_trace(&agent, EndReason::Terminated);
+        } else if forget {
+            *agent.slot.borrow_mut() = None;
         }
     }
 }
 
-/// Proves who we are and checks who the collector is.
-async fn handshake(agent: &Agent, stream: &mut Box<dyn tls::Transport>) -> Result<(), String> {
-    let Message::Hello { version, nonce: theirs } = read_message(stream).await.map_err(|e| e.to_string())? else {
-        return Err("it did not start with a hello".to_string());
+/// One connection: the handshake within its deadline, then the session.
+async fn connection(agent: Rc<Agent>, id: u64, stream: Box<dyn Transport>, peer: Peer) {
+    let handshake = async {
+        let stream = tls::accept(agent.opts.tls.as_ref(), stream).await.map_err(|e| report(&e))?;
+        session::server(stream, agent.opts.secret.as_ref(), &agent.opts.host).await.map_err(|e| report(&e))
     };
-    if version != PROTOCOL_VERSION {
-        let reason = format!("protocol version {version} is not {PROTOCOL_VERSION}");
-        let _ = write_message(stream, &Message::Refused { reason: reason.clone() }).await;
-        return Err(reason);
-    }
-    let ours = auth::nonce();
-    let proof = agent.opts.secret.as_ref().map(|s| s.prove(auth::AGENT, &theirs, &ours));
-    let challenge = Message::Challenge { version, proof, nonce: ours, host: agent.opts.host.clone() };
-    write_message(stream, &challenge).await.map_err(|e| e.to_string())?;
-    let proof = match read_message(stream).await.map_err(|e| e.to_string())? {
-        Message::Answer { proof } => proof,
-        Message::Refused { reason } => return Err(format!("the collector refused: {reason}")),
-        _ => return Err("it did not answer the challenge".to_string()),
-    };
-    if let Some(secret) = &agent.opts.secret {
-        let good = proof.is_some_and(|p| secret.verify(auth::COLLECTOR, &ours, &theirs, &p));
-        if !good {
-            let reason = "authentication failed: wrong or missing secret".to_string();
-            let _ = write_message(stream, &Message::Refused { reason: reason.clone() }).await;
-            return Err(reason);
+    let result = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await;
+    agent.pending.borrow_mut().retain(|(i, _)| *i != id);
+    let mut session = match result {
+        Err(_) => {
+            let detail = format_args!("closed {}: no handshake within {HANDSHAKE_TIMEOUT:?}", peer.name);
+            agent.drops.note("handshakes timed out", detail);
+            return;
         }
-    }
-    write_message(stream, &Message::Welcome).await.map_err(|e| e.to_string())
-}
-
-async fn serve_collector(agent: Rc<Agent>, mut stream: Box<dyn tls::Transport>, peer: SocketAddr) {
-    if let Err(reason) = handshake(&agent, &mut stream).await {
-        log(format_args!("refused {peer}: {reason}"));
+        Ok(Err(reason)) => {
+            agent.drops.note("handshakes failed", format_args!("refused {}: {reason}", peer.name));
+            return;
+        }
+        Ok(Ok(session)) => session,
+    };
+    if agent.collectors.get() >= MAX_COLLECTORS {
+        let reason = format!("{MAX_COLLECTORS} collectors are connected already");
+        let _ = session.writer.send(&Message::Refused { reason: reason.clone() }).await;
+        agent.drops.note("collectors refused", format_args!("refused {}: {reason}", peer.name));
         return;
     }
-    log(format_args!("collector {peer} connected"));
-    agent.connections.set(agent.connections.get() + 1);
-    let reason = session(&agent, stream).await;
-    agent.connections.set(agent.connections.get() - 1);
-    agent.last_collector.set(Instant::now());
-    log(format_args!("collector {peer} disconnected: {reason}"));
+    log(format_args!("collector {} connected", peer.name));
+    agent.collectors.set(agent.collectors.get() + 1);
+    let reason = serve_session(&agent, id, session, peer.creds.clone()).await;
+    agent.collectors.set(agent.collectors.get() - 1);
+    log(format_args!("collector {} disconnected: {reason}", peer.name));
+}
+
+/// What this connection has sent of the trace it streams.
+#[derive(Default)]
+struct Streaming {
+    /// The next sequence number to send, once this connection streams the trace.
+    cursor: Option<u64>,
+    sent_end: bool,
+    encoder: Encoder,
+}
+
+enum Wake {
+    Frame(Option<Result<Message, FrameError>>),
+    Changed,
 }
 
 /// Exchanges messages with an authenticated collector until the connection ends; returns why.
-async fn session(agent: &Rc<Agent>, stream: Box<dyn tls::Transport>) -> String {
-    let (mut reader, mut writer) = tokio::io::split(stream);
-    // Frames are read by a task of their own: a read cut short by `select!` would lose bytes.
+async fn serve_session(agent: &Rc<Agent>, id: u64, session: Session, creds: Option<PeerCreds>) -> String {
+    let Session { mut reader, mut writer, transcript, resume_key, .. } = session;
+    let conn = Conn { id, heard: Rc::new(Cell::new(Instant::now())), transcript, resume_key, creds };
+    // Frames are read by a task of their own: a read cut short by `select!` would lose bytes. Only
+    // frames from the collector count as hearing from it.
     let (tx, mut incoming) = mpsc::channel(64);
+    let heard = conn.heard.clone();
     let reading = tokio::task::spawn_local(async move {
         loop {
-            let message = read_message(&mut reader).await;
+            let message = reader.recv().await;
             let failed = message.is_err();
+            if !failed {
+                heard.set(Instant::now());
+            }
             if tx.send(message).await.is_err() || failed {
                 return;
             }
         }
     });
     let mut changed = agent.changed.subscribe();
-    let mut encoder = Encoder::default();
-    // The next sequence number to send on this connection, once a trace is being streamed here.
-    let mut cursor: Option<u64> = None;
-    let mut sent_end = false;
+    let mut streaming = Streaming::default();
     let reason = loop {
-        let message = tokio::select! {
-            message = incoming.recv() => message,
-            _ = changed.changed() => None,
-            _ = tokio::time::sleep(SILENCE) => break format!("silent for {SILENCE:?}"),
+        let silent_until = tokio::time::Instant::from_std(conn.heard.get() + SILENCE);
+        let wake = tokio::select! {
+            message = incoming.recv() => Wake::Frame(message),
+            _ = changed.changed() => Wake::Changed,
+            _ = tokio::time::sleep_until(silent_until) => break format!("silent for {SILENCE:?}"),
         };
-        agent.last_collector.set(Instant::now());
-        match message {
-            None if incoming.is_closed() => break "connection closed".to_string(),
-            None => {}
-            Some(Err(e)) => break e.to_string(),
-            Some(Ok(m)) => match handle(agent, m, &mut cursor, &mut sent_end, &mut encoder) {
+        match wake {
+            Wake::Frame(None) => break "connection closed".to_string(),
+            Wake::Frame(Some(Err(e))) => break report(&e),
+            Wake::Frame(Some(Ok(m))) => match handle(agent, &conn, m, &mut streaming) {
                 Ok(Some(reply)) => {
-                    if let Err(e) = write_message(&mut writer, &reply).await {
-                        break e.to_string();
+                    if let Err(e) = writer.send(&reply).await {
+                        break report(&e);
                     }
                 }
                 Ok(None) => {}
                 Err(reason) => break reason,
             },
+            Wake::Changed => {}
         }
-        if let Err(e) = send_pending(agent, &mut writer, &mut cursor, &mut sent_end, &mut encoder).await {
-            break e.to_string();
+        if let Err(e) = send_pending(agent, &conn, &mut writer, &mut streaming).await {
+            break report(&e);
         }
     };
     reading.abort();
+    if let Some(s) = agent.slot.borrow_mut().as_mut()
+        && s.owner == Some(conn.id)
+    {
+        s.owner = None;
+    }
     reason
 }
 
 /// Answers one message from the collector.
 fn handle(
     agent: &Rc<Agent>,
+    conn: &Conn,
     message: Message,
-    cursor: &mut Option<u64>,
-    sent_end: &mut bool,
-    encoder: &mut Encoder,
+    streaming: &mut Streaming,
 ) -> Result<Option<Message>, String> {
+    let owns = |s: &TraceSlot, trace_id: u64| s.id == trace_id && s.owner == Some(conn.id);
     Ok(match message {
         Message::ClockProbe { id } => Some(Message::ClockEcho { id, agent_ns: agent.now_ns() }),
-        Message::Start { trace_id, request } => match start_trace(agent, trace_id, request) {
+        Message::Start { trace_id, request } => match start_trace(agent, conn, trace_id, request) {
             Ok(start_json) => {
-                *cursor = Some(0);
-                *sent_end = false;
-                encoder.reset();
+                *streaming = Streaming { cursor: Some(0), ..Default::default() };
                 Some(Message::Started { trace_id, trace_start: start_json })
             }
             Err(error) => Some(Message::Failed { trace_id, error }),
         },
         Message::Stop { trace_id } => {
-            if agent.slot.borrow().as_ref().is_some_and(|s| s.id == trace_id) {
+            if agent.slot.borrow().as_ref().is_some_and(|s| owns(s, trace_id)) {
                 stop_trace(agent, EndReason::Stopped);
+                None
+            } else {
+                Some(Message::Failed { trace_id, error: format!("trace {trace_id} is not this connection's") })
             }
-            None
         }
-        Message::Resume { trace_id, next_seq } => {
-            let slot = agent.slot.borrow();
-            match slot.as_ref() {
-                Some(s) if s.id == trace_id => {
-                    *cursor = Some(next_seq);
-                    *sent_end = false;
-                    encoder.reset();
+        Message::Resume { trace_id, next_seq, proof } => {
+            let mut slot = agent.slot.borrow_mut();
+            match slot.as_mut() {
+                Some(s)
+                    if s.id == trace_id && auth::verify_resume(&s.resume_key, &conn.transcript, trace_id, &proof) =>
+                {
+                    // The same collector, back: this connection takes the trace over.
+                    s.owner = Some(conn.id);
+                    s.heard = conn.heard.clone();
+                    s.outbox.ack(next_seq);
+                    *streaming = Streaming { cursor: Some(next_seq), ..Default::default() };
                     // Again, in case the first one was lost with the connection.
                     Some(Message::Started { trace_id, trace_start: s.start_json.clone() })
                 }
-                _ => Some(Message::Failed { trace_id, error: "this agent has no such trace any more".to_string() }),
+                _ => Some(Message::Failed {
+                    trace_id,
+                    error: format!("this agent has no trace {trace_id} that this collector can resume"),
+                }),
             }
         }
         Message::Ack { next_seq } => {
-            if let Some(s) = agent.slot.borrow_mut().as_mut() {
+            if let Some(s) = agent.slot.borrow_mut().as_mut()
+                && s.owner == Some(conn.id)
+            {
                 s.outbox.ack(next_seq);
             }
             None
@@ -325,8 +488,8 @@ fn message_name(m: &Message) -> &'static str {
     match m {
         Message::Hello { .. } => "hello",
         Message::Challenge { .. } => "challenge",
-        Message::Answer { .. } => "answer",
-        Message::Welcome => "welcome",
+        Message::Answer => "answer",
+        Message::Welcome { .. } => "welcome",
         Message::Refused { .. } => "refusal",
         Message::ClockProbe { .. } => "clock probe",
         Message::ClockEcho { .. } => "clock echo",
@@ -342,19 +505,23 @@ fn message_name(m: &Message) -> &'static str {
     }
 }
 
-/// Sends what the collector does not have yet: a gap, events, and the end.
+/// Sends what the collector does not have yet: a gap, events, and the end; only to the
+/// connection that owns the trace.
 async fn send_pending<W: tokio::io::AsyncWrite + Unpin>(
     agent: &Agent,
-    writer: &mut W,
-    cursor: &mut Option<u64>,
-    sent_end: &mut bool,
-    encoder: &mut Encoder,
-) -> Result<(), super::protocol::FrameError> {
-    let Some(mut from) = *cursor else { return Ok(()) };
+    conn: &Conn,
+    writer: &mut SessionWriter<W>,
+    streaming: &mut Streaming,
+) -> Result<(), FrameError> {
+    let Some(mut from) = streaming.cursor else { return Ok(()) };
     loop {
         let (frames, done) = {
             let slot = agent.slot.borrow();
-            let Some(slot) = slot.as_ref() else { return Ok(()) };
+            let Some(slot) = slot.as_ref().filter(|s| s.owner == Some(conn.id)) else {
+                // Taken over by a reconnection of the same collector.
+                streaming.cursor = None;
+                return Ok(());
+            };
             let pending = slot.outbox.pending(from, BATCH);
             let mut frames = Vec::new();
             if let Some((first_seq, count)) = pending.gap {
@@ -362,25 +529,25 @@ async fn send_pending<W: tokio::io::AsyncWrite + Unpin>(
             }
             let n = pending.events.len() as u64;
             if n > 0 {
-                frames.push(Message::Events(encoder.batch(pending.first_seq, pending.events)));
+                frames.push(Message::Events(streaming.encoder.batch(pending.first_seq, pending.events)));
             }
             from = pending.first_seq + n;
             let all_sent = from == slot.outbox.next_seq();
             let mut done = n == 0;
             if all_sent
-                && !*sent_end
+                && !streaming.sent_end
                 && let Some((end, total)) = &slot.end
             {
                 frames.push(Message::Ended { trace_id: slot.id, trace_end: end.clone(), total_events: *total });
-                *sent_end = true;
+                streaming.sent_end = true;
                 done = true;
             }
             (frames, done)
         };
         for frame in &frames {
-            write_message(writer, frame).await?;
+            writer.send(frame).await?;
         }
-        *cursor = Some(from);
+        streaming.cursor = Some(from);
         if done {
             return Ok(());
         }
@@ -419,12 +586,18 @@ impl Sink for OutboxSink {
     }
 }
 
-fn options(agent: &Agent, request: TraceRequest) -> Result<RecordOptions, String> {
+fn options(agent: &Agent, conn: &Conn, request: TraceRequest) -> Result<RecordOptions, String> {
     let mut events = BTreeSet::new();
     for name in &request.events {
         events.extend(EventKind::parse_list_item(name)?);
     }
     let defaults = RecordOptions::default();
+    // A socket-group member's command runs as that member, never as root.
+    let run_as = conn.creds.as_ref().filter(|c| !c.is_root()).map(|c| RunAs {
+        uid: c.uid,
+        gid: c.gid,
+        groups: c.groups.clone(),
+    });
     Ok(RecordOptions {
         pids: request.pids,
         binaries: request.binaries.into_iter().map(PathBuf::from).collect(),
@@ -436,27 +609,36 @@ fn options(agent: &Agent, request: TraceRequest) -> Result<RecordOptions, String
         buffer_size: if request.buffer_size == 0 { defaults.buffer_size } else { request.buffer_size },
         max_probes: if request.max_probes == 0 { defaults.max_probes } else { request.max_probes as usize },
         host: agent.opts.host.clone(),
+        run_as,
     })
 }
 
-/// Starts recording; returns the trace's first line (JSON).
-fn start_trace(agent: &Rc<Agent>, trace_id: u64, request: TraceRequest) -> Result<String, String> {
-    if agent.slot.borrow().as_ref().is_some_and(|s| s.end.is_none()) {
-        return Err("a trace is already running on this agent".to_string());
+/// Starts recording for `conn`, which then owns the trace; returns the trace's first line (JSON).
+fn start_trace(agent: &Rc<Agent>, conn: &Conn, trace_id: u64, request: TraceRequest) -> Result<String, String> {
+    if let Some(s) = agent.slot.borrow().as_ref() {
+        if s.end.is_none() {
+            return Err("a trace is already running on this agent".to_string());
+        }
+        if s.owner.is_some_and(|o| o != conn.id) || (s.owner.is_none() && !s.outbox.is_empty()) {
+            return Err("the previous trace has not been collected yet (it waits for its collector)".to_string());
+        }
     }
-    let options = options(agent, request)?;
-    record::check_root().map_err(|e| e.to_string())?;
-    let plan = record::plan(options).map_err(|e| e.to_string())?;
+    if !request.command.is_empty() && !agent.opts.allow_commands {
+        return Err("this agent does not launch commands: start it with --allow-commands".to_string());
+    }
+    let options = options(agent, conn, request)?;
+    record::check_root().map_err(|e| report(&e))?;
+    let plan = record::plan(options).map_err(|e| report(&e))?;
     for w in &plan.warnings {
         log(format_args!("warning: {w}"));
     }
-    let recording = plan.start().map_err(|e| e.to_string())?;
+    let recording = plan.start().map_err(|e| report(&e))?;
     for w in &recording.warnings {
         log(format_args!("warning: {w}"));
     }
     let mut start = recording.trace_start().clone();
     start.ts = agent.skew(start.ts);
-    let start_json = serde_json::to_string(&start).map_err(|e| e.to_string())?;
+    let start_json = serde_json::to_string(&start).map_err(|e| report(&e))?;
     let (stop, stopped) = oneshot::channel();
     *agent.slot.borrow_mut() = Some(TraceSlot {
         id: trace_id,
@@ -464,6 +646,9 @@ fn start_trace(agent: &Rc<Agent>, trace_id: u64, request: TraceRequest) -> Resul
         start_json: start_json.clone(),
         end: None,
         stop: Some(stop),
+        owner: Some(conn.id),
+        heard: conn.heard.clone(),
+        resume_key: conn.resume_key,
     });
     log(format_args!("trace {trace_id} started: {} probes", start.probes));
     let agent = agent.clone();
@@ -471,9 +656,15 @@ fn start_trace(agent: &Rc<Agent>, trace_id: u64, request: TraceRequest) -> Resul
         let mut sink = OutboxSink { agent: agent.clone() };
         let stop = async { stopped.await.unwrap_or(EndReason::Stopped) };
         match recording.run(&mut sink, stop).await {
-            Ok(outcome) => log(format_args!("trace {trace_id} ended ({})", outcome.end.reason)),
+            Ok(outcome) => {
+                log(format_args!("trace {trace_id} ended ({})", outcome.end.reason));
+                if let Some(pid) = outcome.command_still_running {
+                    log(format_args!("the command (pid {pid}) is still running, untraced"));
+                    agent.launched.borrow_mut().push(pid);
+                }
+            }
             Err(e) => {
-                log(format_args!("trace {trace_id} failed: {e}"));
+                log(format_args!("trace {trace_id} failed: {}", report(&e)));
                 // The collector still gets an end, so that it stops waiting.
                 let _ = sink.end(&TraceEnd::new(agent.clock.now_unix_ns(), EndReason::Terminated, 0));
             }

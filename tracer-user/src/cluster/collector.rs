@@ -58,7 +58,7 @@
 
 use std::{
     collections::HashMap,
-    path::Path,
+    path::{Path, PathBuf},
     str::FromStr,
     sync::{
         Arc, Mutex,
@@ -68,41 +68,69 @@ use std::{
 };
 
 use tokio::{
-    net::TcpStream,
+    net::{TcpStream, UnixStream},
     sync::{Notify, mpsc, oneshot},
 };
 use tokio_rustls::TlsConnector;
 
 use super::{
-    auth::{self, Secret},
+    auth::{self, Key, Secret},
     clock_sync::ClockSample,
+    listener::peer_creds,
     merge::{HostTrace, MergedTrace, merge},
-    protocol::{Message, PROTOCOL_VERSION, TraceRequest, read_message, write_message},
-    tls::{self, Transport},
+    protocol::{Message, TraceRequest},
+    session::{self, HandshakeError, Session},
+    tls,
     wire::Decoder,
 };
 use crate::{
     clock::BootClock,
-    event::{EndReason, Event, EventKind, FORMAT_VERSION, TraceEnd, TraceStart},
+    errors::report,
+    event::{EndReason, Event, EventKind, FORMAT_VERSION, HostLoss, LossCause, TraceEnd, TraceStart},
     export::Format,
 };
 
-/// An agent to connect to: `NAME=HOST:PORT`.
+/// Where an agent listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgentAddr {
+    /// `HOST:PORT`.
+    Tcp(String),
+    /// `unix:PATH`: an agent on this machine.
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for AgentAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgentAddr::Tcp(a) => f.write_str(a),
+            AgentAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// An agent to connect to: `NAME=HOST:PORT`, or `NAME=unix:PATH` for one on this machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgentSpec {
     pub name: String,
-    pub addr: String,
+    pub addr: AgentAddr,
 }
 
 impl FromStr for AgentSpec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<AgentSpec, String> {
+        let bad = || format!("'{s}' is not NAME=HOST:PORT or NAME=unix:PATH");
         match s.split_once('=') {
-            Some((name, addr)) if !name.is_empty() && addr.contains(':') => {
-                Ok(AgentSpec { name: name.to_string(), addr: addr.to_string() })
+            Some((name, addr)) if !name.is_empty() => {
+                let addr = match addr.strip_prefix("unix:") {
+                    Some(path) if !path.is_empty() => AgentAddr::Unix(PathBuf::from(path)),
+                    Some(_) => return Err(bad()),
+                    None if addr.contains(':') => AgentAddr::Tcp(addr.to_string()),
+                    None => return Err(bad()),
+                };
+                Ok(AgentSpec { name: name.to_string(), addr })
             }
-            _ => Err(format!("'{s}' is not NAME=HOST:PORT")),
+            _ => Err(bad()),
         }
     }
 }
@@ -110,8 +138,8 @@ impl FromStr for AgentSpec {
 #[derive(Clone)]
 pub struct ClientOptions {
     pub secret: Option<Secret>,
-    /// TLS to every agent; the agent's certificate must name the host part of its address (or
-    /// `tls_server_name`).
+    /// TLS to every agent reached over TCP; the agent's certificate must name the host part of
+    /// its address (or `tls_server_name`).
     pub tls: Option<TlsConnector>,
     pub tls_server_name: Option<String>,
     /// How long to keep trying to reach an agent whose connection dropped.
@@ -119,6 +147,8 @@ pub struct ClientOptions {
     /// An agent that sends nothing for this long (it answers a clock probe every second) is taken
     /// for disconnected.
     pub silence: Duration,
+    /// How long [`ClusterTrace::stop`] waits for every host's last events.
+    pub stop_timeout: Duration,
 }
 
 impl Default for ClientOptions {
@@ -129,6 +159,7 @@ impl Default for ClientOptions {
             tls_server_name: None,
             reconnect_for: Duration::from_secs(60),
             silence: Duration::from_secs(3),
+            stop_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -149,7 +180,7 @@ pub enum ClusterError {
     StartFailed { agent: String, error: String },
     #[error("agent {agent}: {reason}")]
     Protocol { agent: String, reason: String },
-    #[error("writing the trace failed: {0}")]
+    #[error("writing the trace failed")]
     Output(#[from] std::io::Error),
 }
 
@@ -166,7 +197,12 @@ struct HostState {
     events: Vec<Event>,
     next_seq: u64,
     lost_in_transit: u64,
-    failure: Option<String>,
+    /// What makes this host's trace incomplete, so far.
+    losses: Vec<HostLoss>,
+    /// Nothing more will come for this trace (the agent is lost, or dropped or failed it).
+    given_up: bool,
+    /// The resume key of the connection that started the trace.
+    resume_key: Option<Key>,
     /// When the first and the latest events arrived (ingest rate).
     first_arrival: Option<Instant>,
     last_arrival: Option<Instant>,
@@ -174,7 +210,12 @@ struct HostState {
 
 impl HostState {
     fn finished(&self) -> bool {
-        self.failure.is_some() || self.total.is_some_and(|t| self.next_seq >= t)
+        self.given_up || self.total.is_some_and(|t| self.next_seq >= t)
+    }
+
+    fn lose(&mut self, cause: LossCause, detail: String) {
+        log(format_args!("host {}: {detail}", self.host));
+        self.losses.push(HostLoss { cause, detail });
     }
 }
 
@@ -189,6 +230,7 @@ struct Shared {
     subscribers: Mutex<Vec<Subscriber>>,
     changed: Notify,
     clock: BootClock,
+    stop_timeout: Duration,
 }
 
 enum Command {
@@ -208,78 +250,74 @@ pub struct Cluster {
     next_trace: AtomicU64,
 }
 
-/// One authenticated connection, ready for messages.
-struct Connection {
-    stream: Box<dyn Transport>,
-    host: String,
-}
-
 fn log(message: impl std::fmt::Display) {
     eprintln!("tracer collect: {message}");
 }
 
-/// Connects to an agent and authenticates both ways.
-async fn connect(spec: &AgentSpec, options: &ClientOptions) -> Result<Connection, ClusterError> {
+/// Connects to an agent and authenticates both ways: a raw session, for tools that speak the
+/// protocol themselves ([`Cluster`] is the way to trace).
+pub async fn connect_session(spec: &AgentSpec, options: &ClientOptions) -> Result<Session, ClusterError> {
     let unreachable =
-        |reason: String| ClusterError::Connect { agent: spec.name.clone(), addr: spec.addr.clone(), reason };
-    let tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(&spec.addr))
-        .await
-        .map_err(|_| unreachable("timed out".to_string()))?
-        .map_err(|e| unreachable(e.to_string()))?;
-    let _ = tcp.set_nodelay(true);
-    let server_name = options.tls_server_name.clone().unwrap_or_else(|| {
-        spec.addr.rsplit_once(':').map_or(spec.addr.clone(), |(h, _)| h.trim_matches(['[', ']']).to_string())
-    });
-    let mut stream =
-        tls::connect(options.tls.as_ref(), &server_name, tcp).await.map_err(|e| unreachable(e.to_string()))?;
-    let protocol =
-        |e: super::protocol::FrameError| ClusterError::Protocol { agent: spec.name.clone(), reason: e.to_string() };
-    let ours = auth::nonce();
-    write_message(&mut stream, &Message::Hello { version: PROTOCOL_VERSION, nonce: ours }).await.map_err(protocol)?;
-    let (proof, theirs, host) = match read_message(&mut stream).await.map_err(protocol)? {
-        Message::Challenge { proof, nonce, host, .. } => (proof, nonce, host),
-        Message::Refused { reason } => return Err(ClusterError::Refused { agent: spec.name.clone(), reason }),
-        other => {
-            return Err(ClusterError::Protocol { agent: spec.name.clone(), reason: format!("unexpected {other:?}") });
+        |reason: String| ClusterError::Connect { agent: spec.name.clone(), addr: spec.addr.to_string(), reason };
+    let timeout = Duration::from_secs(5);
+    let (stream, network): (Box<dyn tls::Transport>, bool) = match &spec.addr {
+        AgentAddr::Tcp(addr) => {
+            let tcp = tokio::time::timeout(timeout, TcpStream::connect(addr))
+                .await
+                .map_err(|_| unreachable("timed out".to_string()))?
+                .map_err(|e| unreachable(e.to_string()))?;
+            let _ = tcp.set_nodelay(true);
+            let server_name = options.tls_server_name.clone().unwrap_or_else(|| {
+                addr.rsplit_once(':').map_or(addr.clone(), |(h, _)| h.trim_matches(['[', ']']).to_string())
+            });
+            let stream = tls::connect(options.tls.as_ref(), &server_name, Box::new(tcp))
+                .await
+                .map_err(|e| unreachable(report(&e)))?;
+            (stream, true)
+        }
+        AgentAddr::Unix(path) => {
+            let unix = tokio::time::timeout(timeout, UnixStream::connect(path))
+                .await
+                .map_err(|_| unreachable("timed out".to_string()))?
+                .map_err(|e| unreachable(e.to_string()))?;
+            // Only root runs an agent: a socket served by anyone else is not one.
+            let creds = peer_creds(&unix).map_err(|e| unreachable(e.to_string()))?;
+            if !creds.is_root() {
+                return Err(unreachable(format!("the socket is served by uid {}, not by root", creds.uid)));
+            }
+            (Box::new(unix), false)
         }
     };
-    let answer = match (&options.secret, proof) {
-        (Some(secret), Some(p)) if secret.verify(auth::AGENT, &ours, &theirs, &p) => {
-            Some(secret.prove(auth::COLLECTOR, &theirs, &ours))
+    let agent = || spec.name.clone();
+    session::client(stream, options.secret.as_ref(), network).await.map_err(|e| match e {
+        HandshakeError::Refused(reason) if reason == session::AUTH_FAILED => {
+            ClusterError::AgentNotAuthenticated { agent: agent() }
         }
-        (Some(_), _) => {
-            let reason = "authentication failed: the secrets differ".to_string();
-            let _ = write_message(&mut stream, &Message::Refused { reason }).await;
-            return Err(ClusterError::AgentNotAuthenticated { agent: spec.name.clone() });
-        }
-        (None, Some(_)) => {
-            let reason = "authentication failed: the collector has no secret".to_string();
-            let _ = write_message(&mut stream, &Message::Refused { reason }).await;
-            return Err(ClusterError::SecretNeeded { agent: spec.name.clone() });
-        }
-        (None, None) => None,
-    };
-    write_message(&mut stream, &Message::Answer { proof: answer }).await.map_err(protocol)?;
-    match read_message(&mut stream).await.map_err(protocol)? {
-        Message::Welcome => Ok(Connection { stream, host }),
-        Message::Refused { reason } => Err(ClusterError::Refused { agent: spec.name.clone(), reason }),
-        other => Err(ClusterError::Protocol { agent: spec.name.clone(), reason: format!("unexpected {other:?}") }),
-    }
+        HandshakeError::Refused(reason) => ClusterError::Refused { agent: agent(), reason },
+        HandshakeError::SecretNeeded => ClusterError::SecretNeeded { agent: agent() },
+        HandshakeError::AgentNotAuthenticated => ClusterError::AgentNotAuthenticated { agent: agent() },
+        other => ClusterError::Protocol { agent: agent(), reason: report(&other) },
+    })
 }
+
+/// How long an agent may be silent while it starts a trace.
+const START_SILENCE: Duration = Duration::from_secs(30);
 
 /// Round trips before the first trace: the tightest gives the offset.
 const FIRST_PROBES: u32 = 16;
 
-/// Measures an agent's clock a few times on a fresh connection.
-async fn probe_clock(
-    conn: &mut Connection,
-    clock: &BootClock,
-) -> Result<Vec<ClockSample>, super::protocol::FrameError> {
+/// Measures an agent's clock a few times on a fresh connection; an agent silent for `silence`
+/// is an error.
+async fn probe_clock(conn: &mut Session, clock: &BootClock, silence: Duration) -> Result<Vec<ClockSample>, String> {
     let mut samples = Vec::new();
     for id in 0..FIRST_PROBES {
         let t0 = clock.now_unix_ns();
-        write_message(&mut conn.stream, &Message::ClockProbe { id }).await?;
-        if let Message::ClockEcho { id: echoed, agent_ns } = read_message(&mut conn.stream).await?
+        conn.writer.send(&Message::ClockProbe { id }).await.map_err(|e| report(&e))?;
+        let echo = tokio::time::timeout(silence, conn.reader.recv())
+            .await
+            .map_err(|_| format!("no answer to a clock probe within {silence:?}"))?
+            .map_err(|e| report(&e))?;
+        if let Message::ClockEcho { id: echoed, agent_ns } = echo
             && echoed == id
         {
             samples.push(ClockSample { t0, t1: clock.now_unix_ns(), agent_ns });
@@ -295,10 +333,10 @@ impl Cluster {
         let clock = BootClock::calibrate();
         let mut connections = Vec::new();
         for spec in &agents {
-            let mut conn = connect(spec, &options).await?;
-            let samples = probe_clock(&mut conn, &clock)
+            let mut conn = connect_session(spec, &options).await?;
+            let samples = probe_clock(&mut conn, &clock, options.silence)
                 .await
-                .map_err(|e| ClusterError::Protocol { agent: spec.name.clone(), reason: e.to_string() })?;
+                .map_err(|reason| ClusterError::Protocol { agent: spec.name.clone(), reason })?;
             connections.push((conn, samples));
         }
         let shared = Arc::new(Shared {
@@ -311,6 +349,7 @@ impl Cluster {
             subscribers: Mutex::new(Vec::new()),
             changed: Notify::new(),
             clock,
+            stop_timeout: options.stop_timeout,
         });
         let mut handles = Vec::new();
         for (index, ((conn, _), spec)) in connections.into_iter().zip(agents).enumerate() {
@@ -428,6 +467,7 @@ impl ClusterTrace {
                     end: h.end.clone(),
                     events: take(&mut h.events),
                     lost_in_transit: h.lost_in_transit,
+                    losses: h.losses.clone(),
                 }
             })
             .collect();
@@ -446,6 +486,7 @@ impl ClusterTrace {
             probes: 0,
             events: kinds.into_iter().collect(),
             follow_children: hosts.iter().filter_map(|h| h.start.as_ref()).any(|s| s.follow_children),
+            probe_paths: Default::default(),
             hosts: Vec::new(),
         };
         merge(hosts, &collector, reason)
@@ -517,17 +558,27 @@ impl ClusterTrace {
         self.stop_because(EndReason::Stopped).await
     }
 
-    /// Like [`ClusterTrace::stop`], naming why in the merged trace's end.
+    /// Like [`ClusterTrace::stop`], naming why in the merged trace's end. A host whose trace
+    /// could not be collected whole is named in the end's `hosts`, with what was lost and why.
     pub async fn stop_because(&self, reason: EndReason) -> Result<MergedTrace, ClusterError> {
         let ended_by_itself = self.is_finished();
         for c in &self.commands {
             let _ = c.send(Command::Stop { trace_id: self.id }).await;
         }
-        let _ = tokio::time::timeout(Duration::from_secs(60), self.finished()).await;
+        let timeout = self.shared.stop_timeout;
+        let _ = tokio::time::timeout(timeout, self.finished()).await;
         for &i in &self.hosts {
-            let h = self.shared.hosts[i].lock().unwrap();
-            if let Some(failure) = &h.failure {
-                log(format_args!("host {}: {failure}", h.host));
+            let mut h = self.shared.hosts[i].lock().unwrap();
+            if !h.finished() {
+                h.given_up = true;
+                let detail = match h.total {
+                    Some(total) => format!(
+                        "the trace did not end within {timeout:?} of the stop: {} of its {total} events arrived",
+                        h.next_seq
+                    ),
+                    None => format!("the trace did not end within {timeout:?} of the stop (no end from the agent)"),
+                };
+                h.lose(LossCause::StopTimedOut, detail);
             }
         }
         let reason = if ended_by_itself { EndReason::TargetsExited } else { reason };
@@ -568,7 +619,7 @@ async fn agent_task(
     options: ClientOptions,
     shared: Arc<Shared>,
     mut commands: mpsc::Receiver<Command>,
-    first: Connection,
+    first: Session,
 ) {
     let mut connection = Some(first);
     loop {
@@ -579,7 +630,12 @@ async fn agent_task(
                 None => {
                     let mut h = shared.hosts[index].lock().unwrap();
                     if h.trace_id.is_some() && !h.finished() {
-                        h.failure = Some(format!("lost for more than {:?}", options.reconnect_for));
+                        h.given_up = true;
+                        let detail = format!(
+                            "could not reach the agent again within {:?} (the reconnect window): events from #{} on are missing",
+                            options.reconnect_for, h.next_seq
+                        );
+                        h.lose(LossCause::ReconnectWindowUsedUp, detail);
                     }
                     drop(h);
                     shared.changed.notify_waiters();
@@ -596,10 +652,10 @@ async fn agent_task(
     }
 }
 
-async fn reconnect(spec: &AgentSpec, options: &ClientOptions) -> Option<Connection> {
+async fn reconnect(spec: &AgentSpec, options: &ClientOptions) -> Option<Session> {
     let deadline = Instant::now() + options.reconnect_for;
     while Instant::now() < deadline {
-        match connect(spec, options).await {
+        match connect_session(spec, options).await {
             Ok(c) => {
                 log(format_args!("reconnected to {}", spec.name));
                 return Some(c);
@@ -617,14 +673,14 @@ async fn session(
     options: &ClientOptions,
     shared: &Arc<Shared>,
     commands: &mut mpsc::Receiver<Command>,
-    conn: Connection,
+    conn: Session,
 ) -> Result<(), String> {
     let host: Arc<str> = Arc::from(conn.host.as_str());
-    let (mut reader, mut writer) = tokio::io::split(conn.stream);
+    let Session { mut reader, mut writer, transcript, resume_key, .. } = conn;
     let (tx, mut incoming) = mpsc::channel(256);
     let reading = tokio::spawn(async move {
         loop {
-            let message = read_message(&mut reader).await;
+            let message = reader.recv().await;
             let failed = message.is_err();
             if tx.send(message).await.is_err() || failed {
                 return;
@@ -634,22 +690,27 @@ async fn session(
     let result = async {
         let mut decoder = Decoder::default();
         let mut pending_start: Option<oneshot::Sender<Result<(), String>>> = None;
+        let mut resuming = false;
         let mut probes: HashMap<u32, u64> = HashMap::new();
         let mut next_probe = 1_000u32;
         let mut acked = 0;
-        // Carry on with a trace the previous connection was streaming.
+        // Carry on with a trace the previous connection was streaming, proving with the key of
+        // the connection that started it that this is the same collector.
         let resume = {
             let h = shared.hosts[index].lock().unwrap();
             // Only a trace the agent confirmed (a start in flight is answered on this connection).
-            match h.trace_id {
-                Some(trace_id) if h.start.is_some() && !h.finished() => {
-                    Some(Message::Resume { trace_id, next_seq: h.next_seq })
-                }
+            match (h.trace_id, h.resume_key) {
+                (Some(trace_id), Some(key)) if h.start.is_some() && !h.finished() => Some(Message::Resume {
+                    trace_id,
+                    next_seq: h.next_seq,
+                    proof: auth::resume_proof(&key, &transcript, trace_id),
+                }),
                 _ => None,
             }
         };
         if let Some(resume) = resume {
-            write_message(&mut writer, &resume).await.map_err(|e| e.to_string())?;
+            resuming = true;
+            writer.send(&resume).await.map_err(|e| report(&e))?;
         }
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let mut ticks = 0u64;
@@ -660,14 +721,14 @@ async fn session(
                     None => return Ok(()),
                     Some(Command::Start { trace_id, request, reply }) => {
                         pending_start = Some(reply);
-                        write_message(&mut writer, &Message::Start { trace_id, request }).await.map_err(|e| e.to_string())?;
+                        writer.send(&Message::Start { trace_id, request }).await.map_err(|e| report(&e))?;
                     }
                     Some(Command::Stop { trace_id }) => {
-                        write_message(&mut writer, &Message::Stop { trace_id }).await.map_err(|e| e.to_string())?;
+                        writer.send(&Message::Stop { trace_id }).await.map_err(|e| report(&e))?;
                     }
                 },
                 message = incoming.recv() => {
-                    let message = message.ok_or("connection closed")?.map_err(|e| e.to_string())?;
+                    let message = message.ok_or("connection closed")?.map_err(|e| report(&e))?;
                     last_heard = Instant::now();
                     match message {
                         Message::ClockEcho { id, agent_ns } => {
@@ -681,7 +742,12 @@ async fn session(
                             let mut h = shared.hosts[index].lock().unwrap();
                             if h.trace_id == Some(trace_id) {
                                 h.start = start;
+                                if !resuming {
+                                    // The key that will resume this trace after a dropped connection.
+                                    h.resume_key = Some(resume_key);
+                                }
                             }
+                            resuming = false;
                             drop(h);
                             decoder.reset();
                             if let Some(reply) = pending_start.take() {
@@ -693,8 +759,16 @@ async fn session(
                                 Some(reply) => {
                                     let _ = reply.send(Err(error));
                                 }
-                                None => shared.hosts[index].lock().unwrap().failure = Some(error),
+                                None => {
+                                    let mut h = shared.hosts[index].lock().unwrap();
+                                    if h.trace_id.is_some() && !h.finished() {
+                                        h.given_up = true;
+                                        let cause = if resuming { LossCause::AgentDroppedTrace } else { LossCause::AgentFailed };
+                                        h.lose(cause, format!("the agent says: {error}"));
+                                    }
+                                }
                             }
+                            resuming = false;
                             shared.changed.notify_waiters();
                         }
                         Message::Events(batch) => {
@@ -722,6 +796,11 @@ async fn session(
                             if first_seq == h.next_seq {
                                 h.lost_in_transit += count;
                                 h.next_seq += count;
+                                let detail = format!(
+                                    "the agent dropped events #{first_seq} to #{} while the collector was away (its --buffer-events was full)",
+                                    first_seq + count - 1
+                                );
+                                h.lose(LossCause::Gap, detail);
                             }
                         }
                         Message::Ended { trace_id, trace_end, total_events } => {
@@ -730,28 +809,39 @@ async fn session(
                                 h.end = serde_json::from_str(&trace_end).ok();
                                 h.total = Some(total_events);
                             }
-                            drop(h);
-                            shared.changed.notify_waiters();
                         }
                         Message::Refused { reason } => return Err(format!("refused: {reason}")),
                         other => return Err(format!("unexpected {other:?}")),
+                    }
+                    // Everything is here: say so at once, so that the agent can let the trace go
+                    // (it keeps an unacknowledged trace for its collector).
+                    let done = {
+                        let h = shared.hosts[index].lock().unwrap();
+                        h.total.is_some_and(|t| h.next_seq >= t).then_some(h.next_seq)
+                    };
+                    if let Some(next_seq) = done.filter(|&n| n != acked) {
+                        writer.send(&Message::Ack { next_seq }).await.map_err(|e| report(&e))?;
+                        acked = next_seq;
                     }
                     shared.changed.notify_waiters();
                 },
                 _ = tick.tick() => {
                     ticks += 1;
-                    if last_heard.elapsed() > options.silence {
-                        return Err(format!("silent for {:?}", options.silence));
+                    // An agent attaching probes answers nothing until it is done: that may take
+                    // seconds (large binaries, a loaded machine).
+                    let silence = if pending_start.is_some() { options.silence.max(START_SILENCE) } else { options.silence };
+                    if last_heard.elapsed() > silence {
+                        return Err(format!("silent for {silence:?}"));
                     }
                     let next_seq = shared.hosts[index].lock().unwrap().next_seq;
                     if next_seq != acked {
-                        write_message(&mut writer, &Message::Ack { next_seq }).await.map_err(|e| e.to_string())?;
+                        writer.send(&Message::Ack { next_seq }).await.map_err(|e| report(&e))?;
                         acked = next_seq;
                     }
                     if ticks.is_multiple_of(10) {
                         next_probe = next_probe.wrapping_add(1);
                         probes.insert(next_probe, shared.clock.now_unix_ns());
-                        write_message(&mut writer, &Message::ClockProbe { id: next_probe }).await.map_err(|e| e.to_string())?;
+                        writer.send(&Message::ClockProbe { id: next_probe }).await.map_err(|e| report(&e))?;
                     }
                 },
             }
@@ -779,9 +869,14 @@ mod tests {
     fn agent_specs() {
         assert_eq!(
             "web=10.0.0.1:7070".parse::<AgentSpec>(),
-            Ok(AgentSpec { name: "web".into(), addr: "10.0.0.1:7070".into() })
+            Ok(AgentSpec { name: "web".into(), addr: AgentAddr::Tcp("10.0.0.1:7070".into()) })
         );
-        assert_eq!("db=[::1]:7070".parse::<AgentSpec>().unwrap().addr, "[::1]:7070");
+        assert_eq!("db=[::1]:7070".parse::<AgentSpec>().unwrap().addr, AgentAddr::Tcp("[::1]:7070".into()));
+        assert_eq!(
+            "h=unix:/run/tracer/agent.sock".parse::<AgentSpec>().unwrap().addr,
+            AgentAddr::Unix("/run/tracer/agent.sock".into())
+        );
+        assert!("h=unix:".parse::<AgentSpec>().is_err());
         assert!("web".parse::<AgentSpec>().is_err());
         assert!("=1.2.3.4:5".parse::<AgentSpec>().is_err());
         assert!("web=host".parse::<AgentSpec>().is_err());

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::clock_sync::{ClockModel, ClockSample, Link, estimate, refine};
 use crate::{
-    event::{EndReason, Event, EventData, HostInfo, TraceEnd, TraceStart},
+    event::{EndReason, Event, EventData, HostEnd, HostInfo, HostLoss, TraceEnd, TraceStart},
     flows::FlowMatcher,
     sink::Sink,
 };
@@ -22,6 +22,8 @@ pub struct HostTrace {
     pub events: Vec<Event>,
     /// Events the agent had to drop while the collector was away.
     pub lost_in_transit: u64,
+    /// What the collector could not get from this host, and why (empty: complete).
+    pub losses: Vec<HostLoss>,
 }
 
 /// A whole multi-host trace, ready for any sink.
@@ -139,6 +141,21 @@ pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReaso
         }
     }
     lost.insert("in_transit".to_string(), hosts.iter().map(|t| t.lost_in_transit).sum());
+    let host_ends: Vec<HostEnd> = hosts
+        .iter()
+        .enumerate()
+        .map(|(h, t)| HostEnd {
+            name: t.host.clone(),
+            complete: t.losses.is_empty() && t.end.is_some(),
+            reason: t.end.as_ref().map(|e| e.reason),
+            events: counts[h],
+            command_exit_code: t.end.as_ref().and_then(|e| e.command_exit_code),
+            lost: t.losses.clone(),
+        })
+        .collect();
+    // One command: its code; several: the first that failed, as a shell's `&&` would tell.
+    let codes: Vec<i32> = host_ends.iter().filter_map(|h| h.command_exit_code).collect();
+    let command_exit_code = codes.iter().copied().find(|&c| c != 0).or(codes.first().copied());
     let end = TraceEnd {
         ts: hosts
             .iter()
@@ -154,8 +171,9 @@ pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReaso
             .filter_map(|t| t.end.as_ref())
             .map(|e| e.calls_without_return_probe)
             .sum(),
-        command_exit_code: None,
+        command_exit_code,
         ipc: matcher.stats.clone(),
+        hosts: host_ends,
     };
     MergedTrace { start, events, end }
 }

@@ -37,6 +37,11 @@ impl Outbox {
         self.base + self.events.len() as u64
     }
 
+    /// Whether every event has been acknowledged.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
     pub fn push(&mut self, event: Event) {
         if self.events.len() == self.max {
             self.events.pop_front();

@@ -1,8 +1,10 @@
-//! The agent/collector protocol: length-prefixed postcard frames over TCP (or TLS).
+//! The agent/collector protocol: length-prefixed postcard frames over a Unix socket, TCP or TLS.
 //!
-//! A frame is a little-endian `u32` length, then that many bytes of one postcard-encoded
-//! [`Message`]. Frames are bounded by [`MAX_FRAME`]; a frame that is too large, truncated, or does
-//! not decode closes that connection with the reason, and nothing else.
+//! A frame is a little-endian `u32` length, then that many bytes: one postcard-encoded
+//! [`Message`] and, on every frame after the handshake, its 32-byte MAC (see
+//! [`super::session`]). Frames are bounded by [`MAX_HANDSHAKE_FRAME`] until the peer has proved
+//! itself and by [`MAX_FRAME`] after; a frame that is too large, truncated, or does not decode
+//! closes that connection with the reason, and nothing else.
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
@@ -10,9 +12,12 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use super::wire::EventBatch;
 
 /// Version of this protocol; both ends must speak the same.
-pub const PROTOCOL_VERSION: u32 = 1;
-/// The largest frame either end accepts.
+pub const PROTOCOL_VERSION: u32 = 2;
+/// The largest frame either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
+/// The largest frame either end accepts before the peer has proved itself: an unauthenticated
+/// peer cannot make the other side allocate more than this.
+pub const MAX_HANDSHAKE_FRAME: usize = 4 << 10;
 
 pub type Nonce = [u8; 32];
 pub type Proof = [u8; 32];
@@ -51,16 +56,17 @@ impl Default for TraceRequest {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Message {
-    /// Collector → agent, first: the collector's challenge to the agent.
+    /// Collector → agent, first (plain): its fresh nonce.
     Hello { version: u32, nonce: Nonce },
-    /// Agent → collector: the agent's answer (`None` without a shared secret), its own challenge,
-    /// and who it is.
-    Challenge { version: u32, proof: Option<Proof>, nonce: Nonce, host: String },
-    /// Collector → agent: the collector's answer.
-    Answer { proof: Option<Proof> },
-    /// Agent → collector: authenticated.
-    Welcome,
-    /// Either way: the connection is refused, and why.
+    /// Agent → collector (plain): its fresh nonce, and whether the collector must know the
+    /// secret. Proves nothing: the agent proves itself only after the collector has.
+    Challenge { version: u32, nonce: Nonce, secret_required: bool },
+    /// Collector → agent, the first MAC'd frame: its MAC proves the collector holds the key
+    /// derived from the secret and both nonces.
+    Answer,
+    /// Agent → collector, the agent's first MAC'd frame (its proof), and who it is.
+    Welcome { host: String },
+    /// Either way: the connection is refused, and why (plain during the handshake).
     Refused { reason: String },
 
     /// Collector → agent: answer at once with your clock (clock offset estimation).
@@ -70,7 +76,9 @@ pub enum Message {
 
     /// Collector → agent: start tracing.
     Start { trace_id: u64, request: TraceRequest },
-    /// Agent → collector: tracing; the trace's first line (JSON).
+    /// Agent → collector: tracing; the trace's first line (JSON). The trace belongs to this
+    /// connection: only it, or a reconnection proving it is the same collector, can receive,
+    /// acknowledge or stop it.
     Started { trace_id: u64, trace_start: String },
     /// Agent → collector: the trace could not start (one sentence).
     Failed { trace_id: u64, error: String },
@@ -85,26 +93,31 @@ pub enum Message {
     Stop { trace_id: u64 },
     /// Agent → collector: the trace is over; its last line (JSON) and how many events it had.
     Ended { trace_id: u64, trace_end: String, total_events: u64 },
-    /// Collector → agent, after reconnecting: carry on with the trace from `next_seq`.
-    Resume { trace_id: u64, next_seq: u64 },
+    /// Collector → agent, after reconnecting: carry on with the trace from `next_seq`. `proof`
+    /// is [`super::auth::resume_proof`] with the resume key of the connection that started it.
+    Resume { trace_id: u64, next_seq: u64, proof: Proof },
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
     #[error("the peer closed the connection")]
     Closed,
-    #[error("frame of {0} bytes is larger than the limit ({MAX_FRAME})")]
-    TooLarge(usize),
+    #[error("frame of {len} bytes is larger than the limit ({limit})")]
+    TooLarge { len: usize, limit: usize },
     #[error("frame is truncated (the connection ended inside it)")]
     Truncated,
     #[error("malformed frame: {0}")]
     Malformed(String),
-    #[error("connection error: {0}")]
+    #[error("frame {seq} failed authentication (forged, modified, replayed or out of order): closing the connection")]
+    Forged { seq: u64 },
+    #[error("writing to the peer timed out after {0:?}")]
+    WriteTimeout(std::time::Duration),
+    #[error("connection error")]
     Io(#[from] std::io::Error),
 }
 
-/// Reads one message.
-pub async fn read_message<R: AsyncRead + Unpin>(r: &mut R) -> Result<Message, FrameError> {
+/// Reads one frame's body, refusing one longer than `limit` before reading (or allocating) it.
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, limit: usize) -> Result<Vec<u8>, FrameError> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len).await {
         Ok(_) => {}
@@ -112,15 +125,20 @@ pub async fn read_message<R: AsyncRead + Unpin>(r: &mut R) -> Result<Message, Fr
         Err(e) => return Err(e.into()),
     }
     let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(FrameError::TooLarge(len));
+    if len > limit {
+        return Err(FrameError::TooLarge { len, limit });
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).await.map_err(|e| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => FrameError::Truncated,
         _ => e.into(),
     })?;
-    decode(&body)
+    Ok(body)
+}
+
+/// Reads one plain (handshake) message.
+pub async fn read_message<R: AsyncRead + Unpin>(r: &mut R) -> Result<Message, FrameError> {
+    decode(&read_frame(r, MAX_HANDSHAKE_FRAME).await?)
 }
 
 /// Decodes one frame's body; trailing bytes are malformed too.
@@ -132,19 +150,30 @@ pub fn decode(body: &[u8]) -> Result<Message, FrameError> {
     Ok(message)
 }
 
-/// Encodes one message as a frame.
-pub fn encode(message: &Message) -> Result<Vec<u8>, FrameError> {
-    let body = postcard::to_stdvec(message).map_err(|e| FrameError::Malformed(e.to_string()))?;
-    if body.len() > MAX_FRAME {
-        return Err(FrameError::TooLarge(body.len()));
+/// Encodes one message (its body, without length).
+pub fn encode_body(message: &Message) -> Result<Vec<u8>, FrameError> {
+    postcard::to_stdvec(message).map_err(|e| FrameError::Malformed(e.to_string()))
+}
+
+/// Makes a frame of a body and an optional tag.
+pub fn frame(body: &[u8], tag: &[u8]) -> Result<Vec<u8>, FrameError> {
+    let len = body.len() + tag.len();
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge { len, limit: MAX_FRAME });
     }
-    let mut frame = Vec::with_capacity(4 + body.len());
-    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    frame.extend_from_slice(&body);
+    let mut frame = Vec::with_capacity(4 + len);
+    frame.extend_from_slice(&(len as u32).to_le_bytes());
+    frame.extend_from_slice(body);
+    frame.extend_from_slice(tag);
     Ok(frame)
 }
 
-/// Writes one message.
+/// Encodes one message as a plain (handshake) frame.
+pub fn encode(message: &Message) -> Result<Vec<u8>, FrameError> {
+    frame(&encode_body(message)?, &[])
+}
+
+/// Writes one plain (handshake) message.
 pub async fn write_message<W: AsyncWrite + Unpin>(w: &mut W, message: &Message) -> Result<(), FrameError> {
     w.write_all(&encode(message)?).await?;
     w.flush().await?;
@@ -165,7 +194,9 @@ mod tests {
     async fn messages_round_trip() {
         for m in [
             Message::Hello { version: PROTOCOL_VERSION, nonce: [7; 32] },
-            Message::Challenge { version: 1, proof: Some([1; 32]), nonce: [2; 32], host: "a".into() },
+            Message::Challenge { version: 1, nonce: [2; 32], secret_required: true },
+            Message::Welcome { host: "a".into() },
+            Message::Resume { trace_id: 1, next_seq: 2, proof: [3; 32] },
             Message::Start {
                 trace_id: 9,
                 request: TraceRequest { pids: vec![1], events: vec!["call".into()], ..Default::default() },
@@ -183,14 +214,18 @@ mod tests {
         assert!(matches!(closed, FrameError::Closed), "{closed}");
         let mut huge = Vec::new();
         huge.extend_from_slice(&(MAX_FRAME as u32 + 1).to_le_bytes());
-        let err = read_message(&mut &huge[..]).await.unwrap_err();
+        let err = read_frame(&mut &huge[..], MAX_FRAME).await.unwrap_err();
         assert_eq!(err.to_string(), format!("frame of {} bytes is larger than the limit ({MAX_FRAME})", MAX_FRAME + 1));
-        let mut cut = encode(&Message::Welcome).unwrap();
+        // Before authentication, a few KiB at most: nothing is allocated for a bigger frame.
+        let mut big = Vec::new();
+        big.extend_from_slice(&(MAX_HANDSHAKE_FRAME as u32 + 1).to_le_bytes());
+        assert!(matches!(read_message(&mut &big[..]).await, Err(FrameError::TooLarge { .. })));
+        let mut cut = encode(&Message::Answer).unwrap();
         cut[0] = 10;
         assert!(matches!(read_message(&mut &cut[..]).await, Err(FrameError::Truncated)));
         let garbage = [3u8, 0, 0, 0, 0xff, 0xff, 0xff];
         assert!(matches!(read_message(&mut &garbage[..]).await, Err(FrameError::Malformed(_))));
-        let mut trailing = encode(&Message::Welcome).unwrap();
+        let mut trailing = encode(&Message::Answer).unwrap();
         trailing[0] += 1;
         trailing.push(0);
         assert!(matches!(read_message(&mut &trailing[..]).await, Err(FrameError::Malformed(_))));
@@ -227,7 +262,12 @@ fn write_fuzz_seeds() {
         host: "h".into(),
         pid: 1,
         tid: 1,
-        data: crate::event::EventData::Call { function: "f".into(), module: "m".into(), args: [1; 6] },
+        data: crate::event::EventData::Call {
+            function: "f".into(),
+            module: "m".into(),
+            args: [1; 6].into(),
+            goid: None,
+        },
     };
     let seeds = [
         Message::Hello { version: PROTOCOL_VERSION, nonce: [1; 32] },

@@ -2,10 +2,7 @@
 
 use std::{path::Path, sync::Arc};
 
-use tokio::{
-    io::{AsyncRead, AsyncWrite},
-    net::TcpStream,
-};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::{
     TlsAcceptor, TlsConnector,
     rustls::{
@@ -22,8 +19,8 @@ pub enum TlsError {
     Config(String),
     #[error("'{0}' is not a valid TLS server name")]
     ServerName(String),
-    #[error("TLS handshake failed: {0}")]
-    Handshake(std::io::Error),
+    #[error("TLS handshake failed")]
+    Handshake(#[source] std::io::Error),
 }
 
 /// A connection, plain or encrypted.
@@ -78,17 +75,21 @@ pub fn connector(ca: &Path) -> Result<TlsConnector, TlsError> {
 }
 
 /// Wraps an accepted connection, if TLS is on.
-pub async fn accept(tls: Option<&TlsAcceptor>, tcp: TcpStream) -> Result<Box<dyn Transport>, TlsError> {
+pub async fn accept(tls: Option<&TlsAcceptor>, tcp: Box<dyn Transport>) -> Result<Box<dyn Transport>, TlsError> {
     match tls {
-        None => Ok(Box::new(tcp)),
+        None => Ok(tcp),
         Some(acceptor) => Ok(Box::new(acceptor.accept(tcp).await.map_err(TlsError::Handshake)?)),
     }
 }
 
 /// Wraps an outgoing connection, if TLS is on; `name` is the agent's name in its certificate.
-pub async fn connect(tls: Option<&TlsConnector>, name: &str, tcp: TcpStream) -> Result<Box<dyn Transport>, TlsError> {
+pub async fn connect(
+    tls: Option<&TlsConnector>,
+    name: &str,
+    tcp: Box<dyn Transport>,
+) -> Result<Box<dyn Transport>, TlsError> {
     match tls {
-        None => Ok(Box::new(tcp)),
+        None => Ok(tcp),
         Some(connector) => {
             let name = ServerName::try_from(name.to_string()).map_err(|_| TlsError::ServerName(name.to_string()))?;
             Ok(Box::new(connector.connect(name, tcp).await.map_err(TlsError::Handshake)?))

@@ -6,7 +6,7 @@ use std::{collections::HashMap, net::SocketAddr, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Channel, Event, EventData, SignalId, SpawnHow, Syscall};
+use crate::event::{Args, Channel, Event, EventData, SignalId, SpawnHow, Syscall};
 
 /// `Channel` without serde's internal tagging, which postcard cannot read back.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,13 +60,15 @@ pub enum WireData {
     Call {
         function: u32,
         module: u32,
-        args: [u64; 6],
+        args: Args,
+        goid: Option<u64>,
     },
     Return {
         function: u32,
         module: u32,
         retval: u64,
         duration_ns: Option<u64>,
+        goid: Option<u64>,
     },
     Spawn {
         parent_pid: u32,
@@ -154,16 +156,18 @@ impl Encoder {
                 pid: e.pid,
                 tid: e.tid,
                 data: match &e.data {
-                    EventData::Call { function, module, args } => WireData::Call {
+                    EventData::Call { function, module, args, goid } => WireData::Call {
                         function: self.number(function, &mut strings),
                         module: self.number(module, &mut strings),
                         args: *args,
+                        goid: *goid,
                     },
-                    EventData::Return { function, module, retval, duration_ns } => WireData::Return {
+                    EventData::Return { function, module, retval, duration_ns, goid } => WireData::Return {
                         function: self.number(function, &mut strings),
                         module: self.number(module, &mut strings),
                         retval: *retval,
                         duration_ns: *duration_ns,
+                        goid: *goid,
                     },
                     EventData::Spawn { parent_pid, child_pid, child_tid, how, comm, filename } => WireData::Spawn {
                         parent_pid: *parent_pid,
@@ -248,14 +252,15 @@ impl Decoder {
             .into_iter()
             .map(|w| {
                 let data = match w.data {
-                    WireData::Call { function, module, args } => {
-                        EventData::Call { function: self.string(function)?, module: self.string(module)?, args }
+                    WireData::Call { function, module, args, goid } => {
+                        EventData::Call { function: self.string(function)?, module: self.string(module)?, args, goid }
                     }
-                    WireData::Return { function, module, retval, duration_ns } => EventData::Return {
+                    WireData::Return { function, module, retval, duration_ns, goid } => EventData::Return {
                         function: self.string(function)?,
                         module: self.string(module)?,
                         retval,
                         duration_ns,
+                        goid,
                     },
                     WireData::Spawn { parent_pid, child_pid, child_tid, how, comm, filename } => {
                         EventData::Spawn { parent_pid, child_pid, child_tid, how, comm, filename }
@@ -309,12 +314,31 @@ mod tests {
     fn events(host: &str) -> Vec<Event> {
         let ev = |data| Event { ts: 10, host: host.into(), pid: 1, tid: 2, data };
         vec![
-            ev(EventData::Call { function: "fib".into(), module: "/bin/app".into(), args: [1, 2, 3, 4, 5, 6] }),
+            ev(EventData::Call {
+                function: "fib".into(),
+                module: "/bin/app".into(),
+                args: [1, 2, 3, 4, 5, 6].into(),
+                goid: None,
+            }),
             ev(EventData::Return {
                 function: "fib".into(),
                 module: "/bin/app".into(),
                 retval: 8,
                 duration_ns: Some(4),
+                goid: None,
+            }),
+            ev(EventData::Call {
+                function: "main.work".into(),
+                module: "/bin/gof".into(),
+                args: [1, 2, 3, 4, 5, 6, 7, 8, 9].into(),
+                goid: Some(18),
+            }),
+            ev(EventData::Return {
+                function: "main.work".into(),
+                module: "/bin/gof".into(),
+                retval: 2,
+                duration_ns: Some(5),
+                goid: Some(18),
             }),
             ev(EventData::Spawn {
                 parent_pid: 1,
@@ -363,7 +387,15 @@ mod tests {
         let sent = events("h");
         let mut encoder = Encoder::default();
         let batch = encoder.batch(42, &sent);
-        assert_eq!(batch.strings, [(0, "fib".to_string()), (1, "/bin/app".to_string())]);
+        assert_eq!(
+            batch.strings,
+            [
+                (0, "fib".to_string()),
+                (1, "/bin/app".to_string()),
+                (2, "main.work".to_string()),
+                (3, "/bin/gof".to_string())
+            ]
+        );
         let bytes = postcard::to_stdvec(&batch).unwrap();
         let again = encoder.batch(49, &sent[..2]);
         assert!(again.strings.is_empty(), "strings already sent are not sent again");

@@ -1,7 +1,8 @@
 //! Chrome's Trace Event Format (JSON object form), as the Perfetto UI, chrome://tracing and
 //! speedscope read it.
 //!
-//! - Each call is a complete (`X`) slice on its thread, written when it ends, as
+//! - Each call is a complete (`X`) slice on its thread (a Go call on its goroutine's track, named
+//!   `goroutine N`, numbered from [`GOROUTINE_TID_BASE`]: a goroutine moves between threads), written when it ends, as
 //!   [`crate::analysis::call_tree`] reconstructs it (a return's start is its timestamp minus the
 //!   recorded duration, so recursion pairs exactly as recorded).
 //! - A call that never returned ends when its caller returns, its thread exits or execs, or at the
@@ -25,7 +26,7 @@ use serde_json::{Value, json};
 
 use super::{MAX_REMEMBERED_SENDS, lifecycle_name};
 use crate::{
-    analysis::call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Slice},
+    analysis::call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Slice, Track},
     event::{Event, EventData, SpawnHow, TargetInfo, TraceEnd, TraceStart},
     sink::Sink,
 };
@@ -70,6 +71,18 @@ struct TraceEvent<'a> {
     args: Value,
 }
 
+/// Goroutine tracks are numbered from here, above any thread id (Linux's `pid_max` is at most
+/// 2^22): goroutine N is `GOROUTINE_TID_BASE + N` (its low 30 bits).
+pub const GOROUTINE_TID_BASE: u32 = 1 << 30;
+
+/// The `tid` a call on `track` is drawn on.
+pub fn track_tid(track: Track) -> u32 {
+    match track {
+        Track::Thread(tid) => tid,
+        Track::Goroutine(goid) => GOROUTINE_TID_BASE | (goid as u32 & (GOROUTINE_TID_BASE - 1)),
+    }
+}
+
 /// A register value as a JSON number when a double holds it exactly, else as a hex string.
 fn register(v: u64) -> Value {
     if v <= (1 << 53) { json!(v) } else { json!(format!("{v:#x}")) }
@@ -112,6 +125,11 @@ impl<W: Write> ChromeWriter<W> {
         let call = slice.frame;
         let mut args = serde_json::Map::new();
         args.insert("module".into(), json!(&*call.module));
+        if let Track::Goroutine(goid) = slice.track {
+            args.insert("goid".into(), json!(goid));
+            args.insert("return_tid".into(), json!(slice.tid));
+            self.thread_names.entry((slice.pid, track_tid(slice.track))).or_insert_with(|| format!("goroutine {goid}"));
+        }
         if slice.call_seen {
             for (i, a) in call.args.iter().enumerate() {
                 args.insert(format!("arg{i}"), register(*a));
@@ -133,7 +151,7 @@ impl<W: Write> ChromeWriter<W> {
             ts: self.ts(call.start),
             dur: Some(micros(slice.duration() as i128)),
             pid: slice.pid,
-            tid: slice.tid,
+            tid: track_tid(slice.track),
             s: None,
             args: Value::Object(args),
         };
@@ -334,11 +352,30 @@ mod tests {
     }
 
     fn call(ts: u64, tid: u32, f: &str) -> Event {
-        ev(ts, tid, EventData::Call { function: f.into(), module: "/bin/app".into(), args: [ts, 0, 0, 0, 0, u64::MAX] })
+        ev(
+            ts,
+            tid,
+            EventData::Call {
+                function: f.into(),
+                module: "/bin/app".into(),
+                args: [ts, 0, 0, 0, 0, u64::MAX].into(),
+                goid: None,
+            },
+        )
     }
 
     fn ret(ts: u64, tid: u32, f: &str, dur: Option<u64>) -> Event {
-        ev(ts, tid, EventData::Return { function: f.into(), module: "/bin/app".into(), retval: 7, duration_ns: dur })
+        ev(
+            ts,
+            tid,
+            EventData::Return {
+                function: f.into(),
+                module: "/bin/app".into(),
+                retval: 7,
+                duration_ns: dur,
+                goid: None,
+            },
+        )
     }
 
     fn export(events: &[Event], end_ts: u64) -> Value {
@@ -369,6 +406,20 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn go_calls_are_slices_on_their_goroutine_track() {
+        use crate::analysis::call_tree::tests::{go_call, go_ret};
+        let trace =
+            export(&[go_call(1_000_100, 1, 9, "main.blocker"), go_ret(1_000_400, 2, 9, "main.blocker", 300)], 0);
+        let tid = u64::from(GOROUTINE_TID_BASE) + 9;
+        assert_eq!(slices(&trace), vec![("main.blocker".to_string(), 0.1, 0.3, tid, false)]);
+        let events = trace["traceEvents"].as_array().unwrap();
+        let slice = events.iter().find(|e| e["ph"] == "X").unwrap();
+        assert_eq!((&slice["args"]["goid"], &slice["args"]["return_tid"]), (&json!(9), &json!(2)));
+        let name = events.iter().find(|e| e["name"] == "thread_name" && e["tid"] == tid).expect("a named track");
+        assert_eq!(name["args"]["name"], "goroutine 9");
     }
 
     #[test]

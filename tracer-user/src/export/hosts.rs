@@ -162,6 +162,7 @@ mod tests {
                 calls_without_return_probe: 0,
                 command_exit_code: None,
                 ipc: Default::default(),
+                hosts: Vec::new(),
             })
             .unwrap();
         }

@@ -33,6 +33,9 @@ impl<W: Write> Sink for JsonlWriter<W> {
         self.line(end)?;
         self.out.flush()
     }
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// A line of a trace file.
@@ -47,7 +50,7 @@ pub enum TraceLine {
 pub enum ReadError {
     #[error("line {line}: {message}")]
     Malformed { line: u64, message: String },
-    #[error("cannot read the trace: {0}")]
+    #[error("cannot read the trace")]
     Io(#[from] io::Error),
     #[error("the trace is empty")]
     Empty,
@@ -56,16 +59,25 @@ pub enum ReadError {
 }
 
 /// Reads a JSON lines trace, one line at a time (memory does not grow with the trace).
+///
+/// A last line that has no newline and does not parse is the torn tail of a trace whose writer
+/// was killed mid-write: it ends the trace (see [`TraceReader::torn`]) instead of failing it.
 pub struct TraceReader<R: BufRead> {
     input: R,
     buf: String,
     line: u64,
     interner: Interner,
+    torn: bool,
 }
 
 impl<R: BufRead> TraceReader<R> {
     pub fn new(input: R) -> Self {
-        TraceReader { input, buf: String::new(), line: 0, interner: Interner::default() }
+        TraceReader { input, buf: String::new(), line: 0, interner: Interner::default(), torn: false }
+    }
+
+    /// Whether the trace ended in a torn line (left out).
+    pub fn torn(&self) -> bool {
+        self.torn
     }
 
     fn parse(&mut self) -> Result<TraceLine, ReadError> {
@@ -96,7 +108,12 @@ impl<R: BufRead> Iterator for TraceReader<R> {
                     if self.buf.trim().is_empty() {
                         continue;
                     }
-                    return Some(self.parse());
+                    let parsed = self.parse();
+                    if parsed.is_err() && !self.buf.ends_with('\n') {
+                        self.torn = true;
+                        return None;
+                    }
+                    return Some(parsed);
                 }
                 Err(e) => return Some(Err(e.into())),
             }
@@ -110,6 +127,8 @@ pub struct Replayed {
     pub events: u64,
     /// The trace had no `trace_end` (it was cut short); one was made up from the last event.
     pub end_missing: bool,
+    /// Its last line was torn (the writer was killed while writing it) and was left out.
+    pub torn: bool,
 }
 
 /// Feeds a whole trace to a sink: the start line, each event, the end line.
@@ -133,7 +152,7 @@ pub fn replay<R: BufRead>(reader: TraceReader<R>, sink: &mut dyn Sink) -> Result
             }
             TraceLine::End(end) => {
                 sink.end(&end)?;
-                return Ok(Replayed { events, end_missing: false });
+                return Ok(Replayed { events, end_missing: false, torn: false });
             }
             TraceLine::Start(_) => {
                 return Err(ReadError::Malformed { line: lines.line, message: "a second trace_start".to_string() });
@@ -141,7 +160,7 @@ pub fn replay<R: BufRead>(reader: TraceReader<R>, sink: &mut dyn Sink) -> Result
         }
     }
     sink.end(&TraceEnd::new(last_ts, EndReason::InputEnded, events))?;
-    Ok(Replayed { events, end_missing: true })
+    Ok(Replayed { events, end_missing: true, torn: lines.torn() })
 }
 
 #[cfg(test)]
@@ -159,7 +178,7 @@ mod tests {
             host: "h".into(),
             pid: 1,
             tid: 1,
-            data: EventData::Call { function: "f".into(), module: "m".into(), args: [0; 6] },
+            data: EventData::Call { function: "f".into(), module: "m".into(), args: [0; 6].into(), goid: None },
         }
     }
 
@@ -190,6 +209,7 @@ mod tests {
             calls_without_return_probe: 0,
             command_exit_code: None,
             ipc: Default::default(),
+            hosts: Vec::new(),
         };
         let bytes = write_trace(&[call(2), call(3)], Some(&end));
         let text = String::from_utf8(bytes.clone()).unwrap();
@@ -212,12 +232,27 @@ mod tests {
         let bytes = write_trace(&[call(2_000), call(7_000)], None);
         let mut out = Vec::new();
         let replayed = replay(TraceReader::new(&bytes[..]), &mut JsonlWriter::new(&mut out)).unwrap();
-        assert_eq!(replayed, Replayed { events: 2, end_missing: true });
+        assert_eq!(replayed, Replayed { events: 2, end_missing: true, torn: false });
         let last = String::from_utf8(out).unwrap().lines().last().unwrap().to_string();
         assert!(
             last.starts_with(r#"{"kind":"trace_end","ts":7000,"reason":"input_ended","events_written":2"#),
             "{last}"
         );
+    }
+
+    /// A writer killed mid-line leaves a last line without its newline: the events before it are
+    /// read, and the torn line is reported, not taken for a malformed trace.
+    #[test]
+    fn a_torn_last_line_ends_the_trace() {
+        let mut bytes = write_trace(&[call(2_000), call(7_000)], None);
+        let whole = serde_json::to_string(&call(9_000)).unwrap();
+        bytes.extend_from_slice(&whole.as_bytes()[..whole.len() / 2]);
+        let replayed = replay(TraceReader::new(&bytes[..]), &mut JsonlWriter::new(Vec::new())).unwrap();
+        assert_eq!(replayed, Replayed { events: 2, end_missing: true, torn: true });
+        // A bad line inside the trace is still an error.
+        bytes.extend_from_slice(b"\n");
+        bytes.extend_from_slice(serde_json::to_string(&call(9_500)).unwrap().as_bytes());
+        assert!(replay(TraceReader::new(&bytes[..]), &mut JsonlWriter::new(Vec::new())).is_err());
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //!   and thread's names, emitted when first used and again when a process is renamed by exec).
 //! - Each call is a slice on its thread's track: `SLICE_BEGIN` when it is called, `SLICE_END` when
 //!   it ends as [`crate::analysis::call_tree`] reconstructs it. Arguments and the module go on the
-//!   begin, the return value (or why it did not return) on the end.
+//!   begin, the return value (or why it did not return) on the end. A Go call is on its
+//!   goroutine's track (`goroutine N`, under the process), since a goroutine moves between
+//!   threads; the threads it began and ended on are its `tid` and `return_tid`.
 //! - Spawns and exits are instants on the thread's track.
 //! - A send and a receive are slices spanning their syscall, linked by a flow with an explicit id:
 //!   the send lists it in `flow_ids`, the receive in `terminating_flow_ids`. A send whose bytes
@@ -28,7 +30,7 @@ use prost::Message as _;
 use super::{MAX_REMEMBERED_SENDS, lifecycle_name};
 use crate::{
     analysis::{
-        call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Frame},
+        call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Frame, Track},
         processes::ProcessNames,
     },
     event::{Event, EventData, SpawnHow, TraceEnd, TraceStart},
@@ -57,6 +59,11 @@ pub fn process_track(pid: u32) -> u64 {
 /// The track of a thread (pids and tids are below 2^22, so the two kinds never collide).
 pub fn thread_track(pid: u32, tid: u32) -> u64 {
     u64::from(pid) << 32 | u64::from(tid)
+}
+
+/// The track of a goroutine's calls, under its process.
+pub fn goroutine_track(pid: u32, goid: u64) -> u64 {
+    1 << 62 | u64::from(pid) << 32 | (goid & 0xffff_ffff)
 }
 
 /// Where a traced send happened, for the flows to its receives.
@@ -99,6 +106,7 @@ pub struct PerfettoWriter<W: Write> {
     thread_names: HashMap<(u32, u32), String>,
     processes_declared: HashSet<u32>,
     threads_declared: HashSet<(u32, u32)>,
+    goroutines_declared: HashSet<u64>,
     sends: BTreeMap<u64, SentFrom>,
     /// The Perfetto flow of each signal generation, by the trace's flow id.
     signals: HashMap<u64, u64>,
@@ -116,6 +124,7 @@ impl<W: Write> PerfettoWriter<W> {
             thread_names: HashMap::new(),
             processes_declared: HashSet::new(),
             threads_declared: HashSet::new(),
+            goroutines_declared: HashSet::new(),
             sends: BTreeMap::new(),
             signals: HashMap::new(),
             next_flow: 1,
@@ -176,8 +185,35 @@ impl<W: Write> PerfettoWriter<W> {
         Ok(thread_track(pid, tid))
     }
 
+    /// The track calls on `track` go to: their thread's, or their goroutine's (declared, named
+    /// `goroutine N`, before its first slice).
+    fn call_track(&mut self, pid: u32, track: Track) -> io::Result<u64> {
+        let goid = match track {
+            Track::Thread(tid) => return self.thread(pid, tid),
+            Track::Goroutine(goid) => goid,
+        };
+        let uuid = goroutine_track(pid, goid);
+        if self.goroutines_declared.insert(uuid) {
+            if !self.processes_declared.contains(&pid) {
+                self.declare_process(pid)?;
+            }
+            let track = TrackDescriptor {
+                uuid: Some(uuid),
+                parent_uuid: Some(process_track(pid)),
+                name: Some(format!("goroutine {goid}")),
+                ..TrackDescriptor::default()
+            };
+            self.packet(None, trace_packet::Data::TrackDescriptor(track))?;
+        }
+        Ok(uuid)
+    }
+
     fn track_event(&mut self, (pid, tid): (u32, u32), ts: u64, kind: track_event::Type, mark: Mark) -> io::Result<()> {
         let track = self.thread(pid, tid)?;
+        self.event_on(track, ts, kind, mark)
+    }
+
+    fn event_on(&mut self, track: u64, ts: u64, kind: track_event::Type, mark: Mark) -> io::Result<()> {
         let debug_annotations = mark
             .args
             .into_iter()
@@ -202,19 +238,24 @@ impl<W: Write> PerfettoWriter<W> {
         self.packet(Some(ts), trace_packet::Data::TrackEvent(event))
     }
 
-    fn begin_call(&mut self, pid: u32, tid: u32, frame: &Frame, call_seen: bool) -> io::Result<()> {
+    fn begin_call(&mut self, pid: u32, tid: u32, track: Track, frame: &Frame, call_seen: bool) -> io::Result<()> {
         let mut args = vec![("module", Arg::Str(frame.module.to_string()))];
+        if let Track::Goroutine(goid) = track {
+            args.push(("goid", Arg::Uint(goid)));
+            args.push(("tid", Arg::Uint(tid.into())));
+        }
         if call_seen {
             args.extend(
                 frame
                     .args
                     .iter()
-                    .zip(["arg0", "arg1", "arg2", "arg3", "arg4", "arg5"])
+                    .zip(["arg0", "arg1", "arg2", "arg3", "arg4", "arg5", "arg6", "arg7", "arg8"])
                     .map(|(a, n)| (n, Arg::Uint(*a))),
             );
         }
         let mark = Mark { name: Some(frame.function.to_string()), category: "call", args, ..Mark::default() };
-        self.track_event((pid, tid), frame.start, track_event::Type::SliceBegin, mark)
+        let uuid = self.call_track(pid, track)?;
+        self.event_on(uuid, frame.start, track_event::Type::SliceBegin, mark)
     }
 
     /// A slice `[start, end]` for a syscall that moved IPC data.
@@ -236,22 +277,21 @@ impl<W: Write> CallSink for PerfettoWriter<W> {
 
     fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
         match c {
-            CallEvent::Begin { pid, tid, frame, .. } => self.begin_call(pid, tid, frame, true),
+            CallEvent::Begin { pid, tid, track, frame, .. } => self.begin_call(pid, tid, track, frame, true),
             CallEvent::End(slice) => {
                 if !slice.call_seen {
                     // Its call line is missing: the slice begins where the return's duration says.
-                    self.begin_call(slice.pid, slice.tid, slice.frame, false)?;
+                    self.begin_call(slice.pid, slice.tid, slice.track, slice.frame, false)?;
                 }
-                let args = match slice.ending {
+                let mut args = match slice.ending {
                     Ending::Returned { retval } => vec![("retval", Arg::Uint(retval))],
                     other => vec![("unfinished", Arg::Str(other.unfinished_reason().unwrap_or_default().to_string()))],
                 };
-                self.track_event(
-                    (slice.pid, slice.tid),
-                    slice.end,
-                    track_event::Type::SliceEnd,
-                    Mark { args, ..Mark::default() },
-                )
+                if let Track::Goroutine(_) = slice.track {
+                    args.push(("return_tid", Arg::Uint(slice.tid.into())));
+                }
+                let uuid = self.call_track(slice.pid, slice.track)?;
+                self.event_on(uuid, slice.end, track_event::Type::SliceEnd, Mark { args, ..Mark::default() })
             }
         }
     }
@@ -376,7 +416,7 @@ impl<W: Write> Sink for PerfettoWriter<W> {
 mod tests {
     use super::*;
     use crate::{
-        analysis::call_tree::tests::{call, ev, ret},
+        analysis::call_tree::tests::{call, ev, go_call, go_ret, ret},
         event::fixtures::{end, start},
         event::{Channel, SignalId, Syscall},
     };
@@ -468,6 +508,37 @@ mod tests {
             Some(debug_annotation::Value::StringValue("tracing stopped".into())),
             "{main_end:?}"
         );
+    }
+
+    #[test]
+    fn go_calls_are_slices_on_goroutine_tracks() {
+        use track_event::Type::{SliceBegin as B, SliceEnd as E};
+        // Goroutine 9's call begins on thread 1 and ends on thread 2: one slice on its track.
+        let packets = export(&[go_call(100, 1, 9, "main.blocker"), go_ret(400, 2, 9, "main.blocker", 300)], 1000);
+        let t = tracks(&packets);
+        let g = t.iter().find(|t| t.uuid == Some(goroutine_track(1, 9))).expect("a goroutine track");
+        assert_eq!(g.name.as_deref(), Some("goroutine 9"));
+        assert_eq!(g.parent_uuid, Some(process_track(1)));
+        let uuid = goroutine_track(1, 9);
+        let none = Vec::<u64>::new;
+        assert_eq!(
+            events(&packets),
+            vec![(100, uuid, B, "main.blocker".into(), none(), none()), (400, uuid, E, "".into(), none(), none())]
+        );
+        let Some(trace_packet::Data::TrackEvent(begin)) =
+            &packets.iter().find(|p| matches!(p.data, Some(trace_packet::Data::TrackEvent(_)))).unwrap().data
+        else {
+            panic!("an event")
+        };
+        let names: Vec<&str> = begin
+            .debug_annotations
+            .iter()
+            .filter_map(|a| match &a.name_field {
+                Some(debug_annotation::NameField::Name(n)) => Some(n.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["module", "goid", "tid", "arg0"]);
     }
 
     #[test]

@@ -130,12 +130,12 @@ impl DebugPlan {
         if selection.probes.is_empty() {
             return Err(RecordError::NoUsdtProbes);
         }
-        let child = command.as_ref().map(|path| spawn_stopped(path, &options.command)).transpose()?;
+        let child = command.as_ref().map(|path| spawn_stopped(path, &options.command, None)).transpose()?;
         let config = Config {
             enabled_kinds: kind_bit(RecordKind::UserEvent) | kind_bit(RecordKind::Usdt),
             follow_children: 1,
             has_target_inodes: 0,
-            _pad: 0,
+            top_by_process: 0,
             wakeup_bytes: wakeup_bytes(options.buffer_size),
             offsets: KernelBtf::load()?.offsets()?,
         };

@@ -1,0 +1,162 @@
+//! What a user sees when things go wrong around `tracer record`: the tracer killed with SIGKILL
+//! (the file holds every event up to about a second before), a torn last line (read, with a
+//! warning), signals (passed on to the command), and a reader that stops reading.
+
+use std::{
+    io::Read as _,
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use serde_json::Value;
+use tracer_tests::{Background, TracerRun, fixture, temp_dir, tracer, tracer_bin, u64_field};
+
+fn now_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+/// Every whole line of a file that may end in a torn one.
+fn whole_lines(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.split_inclusive('\n').filter(|l| l.ends_with('\n')).map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// `tick(i)` arguments in order: the fixture calls tick(0), tick(1), ... every 2 ms.
+fn ticks(lines: &[Value]) -> Vec<(u64, u64)> {
+    lines
+        .iter()
+        .filter(|e| e["kind"] == "call" && e["function"] == "tick")
+        .map(|e| (e["args"][0].as_u64().unwrap(), u64_field(e, "ts")))
+        .collect()
+}
+
+fn check_crash_file(path: &Path, killed_at: u64) -> usize {
+    let lines = whole_lines(path);
+    assert_eq!(lines[0]["kind"], "trace_start", "the first line is there");
+    let ticks = ticks(&lines);
+    assert!(ticks.windows(2).all(|w| w[1].0 == w[0].0 + 1), "no hole in the ticks");
+    let last = ticks.last().expect("ticks were written").1;
+    assert!(
+        last + 1_000_000_000 >= killed_at,
+        "the last event is {} ms before the kill",
+        (killed_at - last) / 1_000_000
+    );
+    ticks.len()
+}
+
+#[test]
+fn a_killed_recording_keeps_the_events_up_to_a_second_before() {
+    let dir = temp_dir();
+    let target = Background::start(&fixture("calls"), &["loop"]);
+    let pid = target.pid().to_string();
+    let run = TracerRun::start(dir.path(), &["-p", &pid, "-f", "tick", "-e", "call,return,spawn,exit"]);
+    std::thread::sleep(Duration::from_millis(2500));
+    let killed_at = now_ns();
+    run.kill();
+    let file = dir.path().join("trace.jsonl");
+    let ticks = check_crash_file(&file, killed_at);
+    assert!(ticks > 500, "{ticks} ticks");
+    // report, calls and export read it, and say how much they read.
+    for args in [vec!["report"], vec!["calls"], vec!["export", "-o", dir.path().join("t.json").to_str().unwrap()]] {
+        let mut all = args.clone();
+        all.insert(1, file.to_str().unwrap());
+        let run = tracer(&all);
+        assert_eq!(run.code(), 0, "{run:?}");
+        let warning = run.stderr.lines().find(|l| l.contains("was cut short")).unwrap_or_else(|| panic!("{run:?}"));
+        assert!(warning.contains(": read ") && warning.ends_with(" events"), "{warning}");
+    }
+
+    // A format only readable once complete: the events are in a JSON lines spool beside it.
+    let chrome = dir.path().join("t.json");
+    let run = TracerRun::spawn(&["record", "-p", &pid, "-f", "tick", "-o", chrome.to_str().unwrap()], chrome.clone());
+    std::thread::sleep(Duration::from_millis(2000));
+    let killed_at = now_ns();
+    run.kill();
+    let spool = dir.path().join("t.json.partial.jsonl");
+    check_crash_file(&spool, killed_at);
+    let recovered = dir.path().join("recovered.json");
+    let run = tracer(&["export", spool.to_str().unwrap(), "-o", recovered.to_str().unwrap()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&recovered).unwrap()).unwrap();
+    assert!(trace["traceEvents"].as_array().unwrap().iter().any(|e| e["name"] == "tick"));
+    // A clean end removes the spool.
+    let run = tracer(&["record", "-p", &pid, "-f", "tick", "-d", "0.3", "-o", chrome.to_str().unwrap()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert!(!spool.exists(), "the spool of a complete trace is removed");
+}
+
+#[test]
+fn a_torn_last_line_is_read_with_a_warning() {
+    let dir = temp_dir();
+    let file = dir.path().join("t.jsonl");
+    let calls = fixture("calls");
+    let run = tracer(&["record", "-o", file.to_str().unwrap(), "-f", "fib", "--", calls.to_str().unwrap(), "run", "0"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    // Cut inside the 101st line.
+    let cut: usize = text.split_inclusive('\n').take(100).map(str::len).sum::<usize>() + 20;
+    std::fs::write(&file, &text[..cut]).unwrap();
+    let run = tracer(&["report", file.to_str().unwrap()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert!(
+        run.stderr.contains("was cut short (no trace_end line, and its last line is torn): read 99 events"),
+        "{run:?}"
+    );
+}
+
+/// The command starts with default dispositions and no blocked signal (the tracer ignores
+/// SIGPIPE, as Rust programs do), and SIGINT, SIGTERM and SIGHUP sent to the tracer reach it.
+#[test]
+fn the_command_runs_as_if_started_by_a_shell() {
+    let dir = temp_dir();
+    let out = dir.path().join("t.jsonl");
+    let output = Command::new(tracer_bin())
+        .args([
+            "record",
+            "-e",
+            "exit",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            "grep",
+            "-E",
+            "^Sig(Blk|Ign)",
+            "/proc/self/status",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
+
+    let calls = fixture("calls");
+    for (signal, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGINT, "SIGINT"), (libc::SIGHUP, "SIGHUP")] {
+        let run = TracerRun::start(dir.path(), &["-e", "spawn,exit", "--", calls.to_str().unwrap(), "sleep", "20000"]);
+        std::thread::sleep(Duration::from_millis(200));
+        run.signal(signal);
+        let (run, t) = run.finish();
+        assert_eq!(run.code(), 128 + signal, "{name}: {run:?}");
+        assert!(run.stderr.contains(&format!("tracer: {name} passed on to the command")), "{run:?}");
+        assert_eq!(t.end["reason"], "command_exited", "{}", t.end);
+        let exit = t.of_kind("exit").find(|e| e["thread"] == false).expect("the command's exit");
+        assert_eq!(exit["signal"], signal, "{exit}");
+    }
+}
+
+/// `tracer record -o - | head`: the reader goes away, the tracer ends quietly.
+#[test]
+fn a_reader_that_stops_reading_ends_the_trace_quietly() {
+    let target = Background::start(&fixture("calls"), &["loop"]);
+    let mut child = Command::new(tracer_bin())
+        .args(["record", "-o", "-", "-f", "tick", "-p", &target.pid().to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut head = [0u8; 300];
+    child.stdout.as_mut().unwrap().read_exact(&mut head).unwrap();
+    drop(child.stdout.take());
+    let run = tracer_tests::wait_with_timeout(child, "tracer");
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert!(!run.stderr.contains("error"), "{run:?}");
+}

@@ -1,0 +1,173 @@
+//! `tracer top`: per-function statistics kept here, in the kernel, instead of a record per call.
+//!
+//! The entry program pushes the call's start (time, stack pointer, function) on its thread's
+//! stack; the return program pops it and adds the duration to the function's count, total and
+//! log-linear histogram (`tracer_common::top`). The counters are shared by all CPUs and updated
+//! with atomic adds: per-CPU copies of a 4 KiB histogram per function would cost megabytes per
+//! CPU. Everything that could not be counted is counted in `LOST` under a `TOP_*` slot.
+//!
+//! A return is matched to its call by the stack pointer (the uretprobe runs after `ret`, so it
+//! sees the entry's stack pointer plus 8): calls left by `longjmp` or an exception, whose returns
+//! never come, are found and dropped from the stack at the next return below them.
+
+use aya_ebpf::{
+    EbpfContext as _,
+    bindings::BPF_F_NO_PREALLOC,
+    helpers::generated::{bpf_get_attach_cookie, bpf_ktime_get_ns},
+    macros::{map, uprobe, uretprobe},
+    maps::{Array, HashMap, PerCpuArray},
+    programs::{ProbeContext, RetProbeContext},
+};
+use tracer_common::{
+    cookie, lost_slot,
+    top::{self, Frame, Key, MAX_DEPTH, Stack, Stats},
+};
+
+use crate::maps::{config, count_lost, current_ids, is_traced};
+
+/// Statistics per function, indexed by the cookie's function index (user space sizes it to the
+/// number of probed functions).
+#[map]
+pub static TOP_FUNCTIONS: Array<Stats> = Array::with_max_entries(1, 0);
+
+/// Statistics per process and function, with `--by-process`.
+#[map]
+pub static TOP_BY_PROCESS: HashMap<Key, Stats> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// Each traced thread's open calls, by thread id; removed when the thread exits.
+#[map]
+pub static TOP_STACKS: HashMap<u32, Stack> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// Zeroed values to insert from (too big for the BPF stack).
+#[map]
+static TOP_ZERO_STACK: PerCpuArray<Stack> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static TOP_ZERO_STATS: PerCpuArray<Stats> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn add(counter: &mut u64, value: u64) {
+    // SAFETY: a pointer into a map value, valid for this program run; other CPUs update the same
+    // counters, hence the atomic add.
+    unsafe { core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(counter, value) };
+}
+
+/// The statistics of `function` (of process `tgid` with `--by-process`), created on first use.
+#[inline(always)]
+fn stats(tgid: u32, function: u32) -> Option<&'static mut Stats> {
+    if config().top_by_process == 0 {
+        // SAFETY: a map value, valid for this program run.
+        return TOP_FUNCTIONS.get_ptr_mut(function).map(|p| unsafe { &mut *p });
+    }
+    let key = Key { pid: tgid, function };
+    if let Some(p) = TOP_BY_PROCESS.get_ptr_mut(&key) {
+        // SAFETY: as above.
+        return Some(unsafe { &mut *p });
+    }
+    let zero = TOP_ZERO_STATS.get_ptr(0)?;
+    // SAFETY: a per-CPU map value that is never written: all zeros.
+    if TOP_BY_PROCESS.insert(&key, unsafe { &*zero }, 0).is_err() {
+        count_lost(lost_slot::TOP_KEYS_FULL);
+        return None;
+    }
+    // SAFETY: as above.
+    TOP_BY_PROCESS.get_ptr_mut(&key).map(|p| unsafe { &mut *p })
+}
+
+#[uprobe]
+pub fn top_entry(ctx: ProbeContext) -> u32 {
+    try_top_entry(&ctx).unwrap_or(0)
+}
+
+fn try_top_entry(ctx: &ProbeContext) -> Result<u32, i64> {
+    let (tgid, tid) = current_ids();
+    let stack = match TOP_STACKS.get_ptr_mut(&tid) {
+        Some(stack) => stack,
+        None => {
+            if !is_traced(tgid) {
+                return Ok(0);
+            }
+            let Some(zero) = TOP_ZERO_STACK.get_ptr(0) else { return Ok(0) };
+            // SAFETY: a per-CPU map value that is never written: all zeros.
+            if TOP_STACKS.insert(&tid, unsafe { &*zero }, 0).is_err() {
+                count_lost(lost_slot::TOP_THREADS_FULL);
+                return Ok(0);
+            }
+            match TOP_STACKS.get_ptr_mut(&tid) {
+                Some(stack) => stack,
+                None => return Ok(0),
+            }
+        }
+    };
+    // SAFETY: `bpf_get_attach_cookie` only reads the program's run context.
+    let function = cookie::function(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    let Some(stats) = stats(tgid, function) else { return Ok(0) };
+    add(&mut stats.calls, 1);
+    // SAFETY: the thread's own stack entry (only this thread's programs touch it), valid for this
+    // program run.
+    let stack = unsafe { &mut *stack };
+    let depth = stack.depth as usize;
+    let Some(frame) = stack.frames.get_mut(depth) else {
+        // The kernel gives no return probe past its limit either: counted, not timed.
+        count_lost(lost_slot::TOP_TOO_DEEP);
+        return Ok(0);
+    };
+    // SAFETY: a uprobe's context is the user registers, readable in place.
+    let sp = unsafe { (*ctx.regs).rsp };
+    // SAFETY: a helper without preconditions.
+    *frame = Frame { ts: unsafe { bpf_ktime_get_ns() }, sp, function, _pad: 0 };
+    stack.depth = depth as u32 + 1;
+    Ok(0)
+}
+
+#[uretprobe]
+pub fn top_return(ctx: RetProbeContext) -> u32 {
+    try_top_return(&ctx).unwrap_or(0)
+}
+
+fn try_top_return(ctx: &RetProbeContext) -> Result<u32, i64> {
+    // SAFETY: a helper without preconditions; read first, so the program's own time is not in it.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let (tgid, tid) = current_ids();
+    let Some(stack) = TOP_STACKS.get_ptr_mut(&tid) else { return Ok(0) };
+    // SAFETY: as in `try_top_entry`.
+    let stack = unsafe { &mut *stack };
+    // SAFETY: as in `try_top_entry`.
+    let sp = unsafe { (*ctx.regs).rsp };
+    let mut matched: Option<Frame> = None;
+    for _ in 0..MAX_DEPTH {
+        let depth = stack.depth as usize;
+        if depth == 0 {
+            break;
+        }
+        let Some(frame) = stack.frames.get(depth - 1) else { break };
+        let frame = *frame;
+        let returns_at = frame.sp.wrapping_add(8);
+        if returns_at > sp {
+            // A return of a call this stack does not hold (deeper than MAX_DEPTH).
+            break;
+        }
+        stack.depth = depth as u32 - 1;
+        if returns_at == sp {
+            matched = Some(frame);
+            break;
+        }
+        // A call below the returning one whose return never came.
+        count_lost(lost_slot::TOP_NO_RETURN);
+    }
+    let Some(frame) = matched else { return Ok(0) };
+    let Some(stats) = stats(tgid, frame.function) else { return Ok(0) };
+    let ns = now.saturating_sub(frame.ts);
+    add(&mut stats.returns, 1);
+    add(&mut stats.total_ns, ns);
+    let bucket = top::bucket(ns);
+    if let Some(slot) = stats.histogram.get_mut(bucket) {
+        add(slot, 1);
+    }
+    Ok(0)
+}
+
+/// Forgets an exiting thread's stack (called from `sched_process_exit`).
+#[inline(always)]
+pub fn forget_thread(tid: u32) {
+    let _ = TOP_STACKS.remove(&tid);
+}

@@ -1,0 +1,171 @@
+//! `tracer top`: the command line of live in-kernel statistics (see [`crate::top`]).
+
+use std::{
+    ffi::OsString,
+    io::{IsTerminal as _, Write as _},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use clap::Args;
+
+use super::{parse_seconds, stop_signal};
+use crate::{
+    event::EndReason,
+    launch::ChildExit,
+    record::{self, RecordOptions},
+    top::{Snapshot, Top, plan_top},
+};
+
+/// How often liveness of the targets is checked between snapshots.
+const TICK: Duration = Duration::from_millis(50);
+/// Rows a terminal shows.
+const TERMINAL_ROWS: usize = 40;
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Trace this running process (repeatable).
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Trace every process that runs this executable, now or later (repeatable).
+    #[arg(short, long = "binary", value_name = "PATH")]
+    pub binaries: Vec<PathBuf>,
+    /// Functions to probe (repeatable), as for `record`. Default: every function of the main
+    /// executable.
+    #[arg(short, long = "functions", value_name = "PATTERN")]
+    pub functions: Vec<String>,
+    /// Seconds between updates.
+    #[arg(short, long, value_name = "SECONDS", value_parser = parse_seconds, default_value = "1")]
+    pub interval: Duration,
+    /// Stop after this many seconds.
+    #[arg(short, long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub duration: Option<Duration>,
+    /// One row per process and function.
+    #[arg(long)]
+    pub by_process: bool,
+    /// One JSON object per interval on standard output (the default when it is not a terminal).
+    #[arg(long)]
+    pub json: bool,
+    /// Do not follow children (following forks and execs is the default).
+    #[arg(long)]
+    pub no_follow: bool,
+    /// Refuse to probe more functions than this without -f.
+    #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
+    pub max_probes: usize,
+    /// The command to launch and trace, after `--`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+pub fn top(args: TopArgs) -> anyhow::Result<i32> {
+    record::check_root()?;
+    if args.interval.is_zero() {
+        anyhow::bail!("--interval must be more than 0 seconds");
+    }
+    let options = RecordOptions {
+        pids: args.pids,
+        binaries: args.binaries,
+        command: args.command,
+        functions: args.functions,
+        follow_children: !args.no_follow,
+        duration: args.duration,
+        max_probes: args.max_probes,
+        ..RecordOptions::default()
+    };
+    let terminal = !args.json && std::io::stdout().is_terminal();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let stop = stop_signal()?;
+        let plan = plan_top(options)?;
+        for w in &plan.warnings {
+            eprintln!("tracer: warning: {w}");
+        }
+        if let Some(line) = &plan.probe_summary {
+            eprintln!("tracer: {line}");
+        }
+        let mut top = Top::start(plan, args.by_process)?;
+        for w in &top.warnings {
+            eprintln!("tracer: warning: {w}");
+        }
+        eprintln!(
+            "tracer: tracing {} function(s); statistics every {} s to standard output",
+            top.probes,
+            args.interval.as_secs_f64()
+        );
+        let start = Instant::now();
+        let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + args.interval, args.interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_snapshot = start;
+        tokio::pin!(stop);
+        let reason = loop {
+            tokio::select! {
+                biased;
+                reason = &mut stop => break reason,
+                _ = sleep_until(deadline) => break EndReason::Duration,
+                _ = every.tick() => {
+                    let now = Instant::now();
+                    let snapshot = top.snapshot(now - start, now - last_snapshot, false)?;
+                    last_snapshot = now;
+                    show(&snapshot, terminal)?;
+                }
+                _ = tick.tick() => {
+                    if top.targets_gone() {
+                        break if top.command_running().is_some() || top.command_exit().is_some() { EndReason::CommandExited } else { EndReason::TargetsExited };
+                    }
+                }
+            }
+        };
+        top.stop();
+        let now = Instant::now();
+        let snapshot = top.snapshot(now - start, now - last_snapshot, true)?;
+        show(&snapshot, terminal)?;
+        let exit = top.command_exit();
+        let running = top.command_running();
+        drop(top);
+        eprintln!("tracer: top ended ({reason})");
+        if snapshot.lost.total() > 0 {
+            let l = &snapshot.lost;
+            eprintln!(
+                "tracer: warning: calls not counted or not timed: {} (threads_full: {}, keys_full: {}, too_deep: {}, no_return: {}, untraced_children: {})",
+                l.total(),
+                l.threads_full,
+                l.keys_full,
+                l.too_deep,
+                l.no_return,
+                l.untraced_children
+            );
+        }
+        if let Some(pid) = running {
+            eprintln!("tracer: the command (pid {pid}) is still running, untraced");
+        }
+        Ok(match (exit, reason) {
+            (Some(exit), _) => ChildExit::shell_code(exit),
+            (None, EndReason::Interrupted) if running.is_some() => 130,
+            _ => 0,
+        })
+    })
+}
+
+/// Writes a snapshot: a redrawn table on a terminal, otherwise one JSON line.
+fn show(snapshot: &Snapshot, terminal: bool) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if terminal {
+        // Home and clear, then the table: `top`'s redraw.
+        write!(out, "\x1b[H\x1b[2J{}", snapshot.table(TERMINAL_ROWS))?;
+    } else {
+        serde_json::to_writer(&mut out, snapshot)?;
+        writeln!(out)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
