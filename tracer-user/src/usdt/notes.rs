@@ -25,7 +25,7 @@ const NOTE_TYPE: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NoteError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path} is not a 64-bit ELF file ({reason})")]
     NotElf { path: PathBuf, reason: String },
