@@ -9,6 +9,7 @@ use std::{
     },
     time::Duration,
 };
+use tracer_user::event::data;
 
 use serde_json::Value;
 use tracer_tests::{Background, LocalAgent, fixture, temp_dir};
@@ -25,11 +26,11 @@ fn spec(agent: &LocalAgent, name: &str) -> AgentSpec {
 }
 
 fn is_call_of(e: &Event, name: &str) -> bool {
-    matches!(&e.data, EventData::Call { function, .. } if &**function == name)
+    matches!(&e.data, EventData::Call(data::Call { function, .. }) if &**function == name)
 }
 
 fn is_return_of(e: &Event, name: &str) -> bool {
-    matches!(&e.data, EventData::Return { function, .. } if &**function == name)
+    matches!(&e.data, EventData::Return(data::Return { function, .. }) if &**function == name)
 }
 
 #[tokio::test]
@@ -151,7 +152,7 @@ async fn one_trace_per_connection() {
         .events
         .iter()
         .filter_map(|e| match &e.data {
-            EventData::Call { function, args, .. } if &**function == "tick" => Some(args[0]),
+            EventData::Call(data::Call { function, args, .. }) if &**function == "tick" => Some(args[0]),
             _ => None,
         })
         .collect();

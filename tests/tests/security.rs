@@ -15,6 +15,7 @@ use tracer_tests::{
     Background, LocalAgent, Run, fixture, gen_secret, temp_dir, tracer, tracer_bin, wait_with_timeout, zombie_children,
 };
 use tracer_user::cluster::protocol::{Message, TraceRequest, encode_body, frame};
+use tracer_user::event::{EndReason, TraceEnd};
 
 /// `tracer ARGS` as uid/gid 65534 (nobody), with these supplementary groups.
 fn tracer_as_nobody(args: &[&str], groups: Option<&str>) -> Run {
@@ -168,7 +169,11 @@ fn relay(agent: String, meddle: Meddle, marker: &Path) -> String {
                 n += 1;
                 // Frame 1 from the agent is its welcome: the handshake is over.
                 if n == 2 && matches!(meddle, Meddle::InjectToCollector) {
-                    let fake = Message::Ended { trace_id: 1, trace_end: "{}".into(), total_events: 0 };
+                    let fake = Message::Ended {
+                        trace_id: 1,
+                        trace_end: TraceEnd::new(0, EndReason::Stopped, 0),
+                        total_events: 0,
+                    };
                     let _ = c_out.write_all(&forged(&fake));
                 }
             }

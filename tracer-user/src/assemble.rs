@@ -1,6 +1,7 @@
 //! From kernel records to [`Event`]s: Unix timestamps, function names, call durations, exit
 //! statuses.
 
+use crate::event::data;
 use std::sync::Arc;
 
 use tracer_common::{
@@ -80,12 +81,12 @@ impl EventAssembler {
                     self.undecodable += 1;
                     return None;
                 };
-                let data = EventData::Call {
+                let data = EventData::Call(data::Call {
                     function: f.name.clone(),
                     module: f.module.clone(),
                     args: Args::new(&r.args),
                     goid: None,
-                };
+                });
                 self.stacks.call(h.tid, cookie::function(r.cookie), h.ts_boot_ns);
                 data
             }
@@ -96,19 +97,19 @@ impl EventAssembler {
                 };
                 let (function, module) = (f.name.clone(), f.module.clone());
                 let duration_ns = self.stacks.ret(h.tid, cookie::function(r.cookie), h.ts_boot_ns);
-                EventData::Return { function, module, retval: r.retval, duration_ns, goid: None }
+                EventData::Return(data::Return { function, module, retval: r.retval, duration_ns, goid: None })
             }
             Record::GoCall(r) => {
                 let Some(f) = function(r.cookie) else {
                     self.undecodable += 1;
                     return None;
                 };
-                let data = EventData::Call {
+                let data = EventData::Call(data::Call {
                     function: f.name.clone(),
                     module: f.module.clone(),
                     args: Args::new(&r.args),
                     goid: Some(r.goid),
-                };
+                });
                 let key = cookie::function(r.cookie);
                 self.go_stacks.call(h.pid, h.tid, r.goid, key, r.stack_depth, h.ts_boot_ns);
                 data
@@ -121,24 +122,24 @@ impl EventAssembler {
                 let (function, module) = (f.name.clone(), f.module.clone());
                 let key = cookie::function(r.cookie);
                 let duration_ns = self.go_stacks.ret(h.pid, h.tid, r.goid, key, r.stack_depth, h.ts_boot_ns);
-                EventData::Return { function, module, retval: r.retval, duration_ns, goid: Some(r.goid) }
+                EventData::Return(data::Return { function, module, retval: r.retval, duration_ns, goid: Some(r.goid) })
             }
-            Record::Fork(r) => EventData::Spawn {
+            Record::Fork(r) => EventData::Spawn(data::Spawn {
                 parent_pid: h.pid,
                 child_pid: r.child_pid,
                 child_tid: r.child_tid,
                 how: if r.is_thread != 0 { SpawnHow::Thread } else { SpawnHow::Fork },
                 comm: comm(&r.comm),
                 filename: None,
-            },
-            Record::Exec(r) => EventData::Spawn {
+            }),
+            Record::Exec(r) => EventData::Spawn(data::Spawn {
                 parent_pid: h.pid,
                 child_pid: h.pid,
                 child_tid: h.tid,
                 how: SpawnHow::Exec,
                 comm: comm(&r.comm),
                 filename: Some(String::from_utf8_lossy(c_bytes(&r.filename)).into_owned()),
-            },
+            }),
             Record::Exit(r) => {
                 self.stacks.thread_exited(h.tid);
                 self.go_stacks.thread_exited(h.pid, h.tid);
@@ -146,7 +147,7 @@ impl EventAssembler {
                     self.go_stacks.process_exited(h.pid);
                 }
                 let (exit_code, signal) = exit_status(r.exit_code);
-                EventData::Exit { exit_code, signal, thread: r.group_dead == 0, comm: comm(&r.comm) }
+                EventData::Exit(data::Exit { exit_code, signal, thread: r.group_dead == 0, comm: comm(&r.comm) })
             }
             Record::Ipc(r) => match self.channels.ipc_event(h.pid, &r) {
                 Some(data) => data,
@@ -218,24 +219,24 @@ mod tests {
         assert_eq!((e.pid, e.tid), (100, 101));
         assert_eq!(
             e.data,
-            EventData::Call {
+            EventData::Call(data::Call {
                 function: "fib".into(),
                 module: "/bin/fix".into(),
                 args: [5, 0, 0, 0, 0, 0].into(),
                 goid: None
-            }
+            })
         );
         let ret = ReturnRecord { header: header(RecordKind::Return, 25, 101), cookie: 0, retval: 8 };
         let e = a.assemble(&bytes(&ret)).unwrap();
         assert_eq!(
             e.data,
-            EventData::Return {
+            EventData::Return(data::Return {
                 function: "fib".into(),
                 module: "/bin/fix".into(),
                 retval: 8,
                 duration_ns: Some(15),
                 goid: None
-            }
+            })
         );
     }
 
@@ -252,12 +253,12 @@ mod tests {
         let e = a.assemble(&bytes(&call)).unwrap();
         assert_eq!(
             e.data,
-            EventData::Call {
+            EventData::Call(data::Call {
                 function: "fib".into(),
                 module: "/bin/fix".into(),
                 args: [1, 2, 3, 4, 5, 6, 7, 8, 9].into(),
                 goid: Some(7)
-            }
+            })
         );
         // The goroutine returns on another thread.
         let ret = GoReturnRecord {
@@ -270,13 +271,13 @@ mod tests {
         let e = a.assemble(&bytes(&ret)).unwrap();
         assert_eq!(
             e.data,
-            EventData::Return {
+            EventData::Return(data::Return {
                 function: "fib".into(),
                 module: "/bin/fix".into(),
                 retval: 45,
                 duration_ns: Some(30),
                 goid: Some(7)
-            }
+            })
         );
         assert_eq!(lost_slot_name(RecordKind::GoCall as u32), Some("call"));
         assert_eq!(lost_slot_name(RecordKind::GoReturn as u32), Some("return"));
@@ -320,14 +321,14 @@ mod tests {
         let e = a.assemble(&bytes(&fork)).unwrap();
         assert_eq!(
             e.data,
-            EventData::Spawn {
+            EventData::Spawn(data::Spawn {
                 parent_pid: 100,
                 child_pid: 200,
                 child_tid: 200,
                 how: SpawnHow::Fork,
                 comm: "fixture".into(),
                 filename: None
-            }
+            })
         );
         let mut exec = ExecRecord {
             header: header(RecordKind::Exec, 2, 100),
@@ -341,19 +342,22 @@ mod tests {
         let e = a.assemble(&bytes(&exec)).unwrap();
         assert_eq!(
             e.data,
-            EventData::Spawn {
+            EventData::Spawn(data::Spawn {
                 parent_pid: 100,
                 child_pid: 100,
                 child_tid: 100,
                 how: SpawnHow::Exec,
                 comm: "ls".into(),
                 filename: Some("/bin/ls".into())
-            }
+            })
         );
         let exit =
             ExitRecord { header: header(RecordKind::Exit, 3, 100), exit_code: 3 << 8, group_dead: 1, comm: [0; 16] };
         let e = a.assemble(&bytes(&exit)).unwrap();
-        assert_eq!(e.data, EventData::Exit { exit_code: Some(3), signal: None, thread: false, comm: String::new() });
+        assert_eq!(
+            e.data,
+            EventData::Exit(data::Exit { exit_code: Some(3), signal: None, thread: false, comm: String::new() })
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! From the kernel's IPC and signal records to events: which channel a transfer went through, named
 //! so that both ends agree, and what the flow matcher needs to link them.
 
+use crate::event::data;
 use std::{
     collections::{HashMap, hash_map::RandomState},
     hash::{BuildHasher as _, Hasher as _},
@@ -154,7 +155,7 @@ impl ChannelResolver {
         let seq = (r.pos_valid != 0).then_some(r.stream_pos);
         let digest = digest_of.map(|()| digest(r.bytes, &r.head[..(r.head_len as usize).min(r.head.len())]));
         Some(if send {
-            EventData::Send {
+            EventData::Send(data::Send {
                 channel,
                 fd: r.fd,
                 bytes: r.bytes,
@@ -163,9 +164,9 @@ impl ChannelResolver {
                 syscall_ns: r.syscall_ns,
                 seq,
                 digest,
-            }
+            })
         } else {
-            EventData::Recv {
+            EventData::Recv(data::Recv {
                 channel,
                 fd: r.fd,
                 bytes: r.bytes,
@@ -174,7 +175,7 @@ impl ChannelResolver {
                 syscall_ns: r.syscall_ns,
                 seq,
                 digest,
-            }
+            })
         })
     }
 }
@@ -182,7 +183,7 @@ impl ChannelResolver {
 /// The event for a signal record, with its `flow_id` left for the flow matcher.
 pub fn signal_event(pid: u32, r: &SignalRecord) -> EventData {
     let delivered = r.delivered != 0;
-    EventData::Signal {
+    EventData::Signal(data::Signal {
         signal: SignalId::new(r.signal as i32),
         // At generation the sender is the current process; at delivery the siginfo says who sent
         // it (the matcher replaces it with the generation's sender when it links them).
@@ -194,7 +195,7 @@ pub fn signal_event(pid: u32, r: &SignalRecord) -> EventData {
         group: r.group != 0,
         // TRACE_SIGNAL_DELIVERED (0) and TRACE_SIGNAL_LOSE_INFO (4) leave the signal pending.
         queued: delivered || r.result == 0 || r.result == 4,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -230,8 +231,10 @@ mod tests {
         recv.syscall = IpcSyscall::Read as u32;
         (recv.local_port, recv.remote_port) = (8080, 40000);
         let mut resolver = ChannelResolver::default();
-        let Some(EventData::Send { channel: a, seq, .. }) = resolver.ipc_event(10, &send) else { panic!() };
-        let Some(EventData::Recv { channel: b, syscall, .. }) = resolver.ipc_event(11, &recv) else { panic!() };
+        let Some(EventData::Send(data::Send { channel: a, seq, .. })) = resolver.ipc_event(10, &send) else { panic!() };
+        let Some(EventData::Recv(data::Recv { channel: b, syscall, .. })) = resolver.ipc_event(11, &recv) else {
+            panic!()
+        };
         assert_eq!(a, b);
         assert_eq!(a, Channel::Tcp { src: "127.0.0.1:40000".parse().unwrap(), dst: "127.0.0.1:8080".parse().unwrap() });
         assert_eq!(seq, Some(1000));
@@ -257,7 +260,8 @@ mod tests {
         send.remote_port = 9999;
         send.head[..5].copy_from_slice(b"hello");
         send.head_len = 5;
-        let Some(EventData::Send { channel, digest: d, seq, .. }) = ChannelResolver::default().ipc_event(1, &send)
+        let Some(EventData::Send(data::Send { channel, digest: d, seq, .. })) =
+            ChannelResolver::default().ipc_event(1, &send)
         else {
             panic!()
         };
@@ -296,9 +300,9 @@ mod tests {
         let mut c = record(ChannelKind::UnixStream, Direction::Send);
         (c.local_sk, c.peer_sk) = (a.peer_sk, a.local_sk);
         let mut resolver = ChannelResolver::default();
-        let Some(EventData::Send { channel: ca, .. }) = resolver.ipc_event(1, &a) else { panic!() };
-        let Some(EventData::Recv { channel: cb, .. }) = resolver.ipc_event(1, &b) else { panic!() };
-        let Some(EventData::Send { channel: cc, .. }) = resolver.ipc_event(1, &c) else { panic!() };
+        let Some(EventData::Send(data::Send { channel: ca, .. })) = resolver.ipc_event(1, &a) else { panic!() };
+        let Some(EventData::Recv(data::Recv { channel: cb, .. })) = resolver.ipc_event(1, &b) else { panic!() };
+        let Some(EventData::Send(data::Send { channel: cc, .. })) = resolver.ipc_event(1, &c) else { panic!() };
         assert_eq!(ca, cb, "a send and its receive name the same channel");
         let (Channel::UnixStream { id: ida, to: toa, .. }, Channel::UnixStream { id: idc, to: toc, .. }) = (&ca, &cc)
         else {
@@ -322,12 +326,12 @@ mod tests {
             group: 1,
             result: 2,
         };
-        let EventData::Signal { queued, sender_pid, group, .. } = signal_event(7, &r) else { panic!() };
+        let EventData::Signal(data::Signal { queued, sender_pid, group, .. }) = signal_event(7, &r) else { panic!() };
         assert!(!queued, "already pending: not queued again");
         assert_eq!(sender_pid, 7);
         assert!(group);
         r.result = 0;
-        let EventData::Signal { queued, .. } = signal_event(7, &r) else { panic!() };
+        let EventData::Signal(data::Signal { queued, .. }) = signal_event(7, &r) else { panic!() };
         assert!(queued);
     }
 }

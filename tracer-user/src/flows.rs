@@ -17,6 +17,7 @@
 //! Events must come in time order (see [`crate::order`]): a send is stamped at its syscall's entry
 //! and a receive at its exit, so a send always precedes the receives of its bytes.
 
+use crate::event::data;
 use std::{
     collections::{HashMap, VecDeque},
     net::SocketAddr,
@@ -124,7 +125,7 @@ impl FlowMatcher {
     pub fn process(&mut self, event: &mut Event) {
         let host = event.host.clone();
         match &mut event.data {
-            EventData::Send { channel, bytes, flow_id, seq, digest, .. } => {
+            EventData::Send(data::Send { channel, bytes, flow_id, seq, digest, .. }) => {
                 self.stats.sends += 1;
                 *flow_id = self.new_flow();
                 let key = flow_key(&host, channel);
@@ -138,7 +139,7 @@ impl FlowMatcher {
                     push_bounded(self.datagrams.entry(key).or_default(), datagram);
                 }
             }
-            EventData::Recv { channel, bytes, flow_ids, seq, digest, .. } => {
+            EventData::Recv(data::Recv { channel, bytes, flow_ids, seq, digest, .. }) => {
                 self.stats.recvs += 1;
                 let key = flow_key(&host, channel);
                 if let Some(seq) = *seq {
@@ -188,7 +189,16 @@ impl FlowMatcher {
                     self.stats.linked_recvs += 1;
                 }
             }
-            EventData::Signal { signal, sender_pid, target_pid, target_tid, delivered, flow_id, group, queued } => {
+            EventData::Signal(data::Signal {
+                signal,
+                sender_pid,
+                target_pid,
+                target_tid,
+                delivered,
+                flow_id,
+                group,
+                queued,
+            }) => {
                 let sig = signal.number;
                 if !*delivered {
                     if *queued {
@@ -236,7 +246,7 @@ mod tests {
             host: host.into(),
             pid: 1,
             tid: 1,
-            data: EventData::Send {
+            data: EventData::Send(data::Send {
                 channel,
                 fd: 3,
                 bytes,
@@ -245,7 +255,7 @@ mod tests {
                 syscall_ns: 0,
                 seq,
                 digest,
-            },
+            }),
         }
     }
 
@@ -255,7 +265,7 @@ mod tests {
             host: host.into(),
             pid: 2,
             tid: 2,
-            data: EventData::Recv {
+            data: EventData::Recv(data::Recv {
                 channel,
                 fd: 4,
                 bytes,
@@ -264,20 +274,20 @@ mod tests {
                 syscall_ns: 0,
                 seq,
                 digest,
-            },
+            }),
         }
     }
 
     fn flow_of(e: &Event) -> u64 {
         match &e.data {
-            EventData::Send { flow_id, .. } => *flow_id,
+            EventData::Send(data::Send { flow_id, .. }) => *flow_id,
             _ => panic!("not a send"),
         }
     }
 
     fn links(e: &Event) -> Vec<u64> {
         match &e.data {
-            EventData::Recv { flow_ids, .. } => flow_ids.clone(),
+            EventData::Recv(data::Recv { flow_ids, .. }) => flow_ids.clone(),
             _ => panic!("not a receive"),
         }
     }
@@ -422,7 +432,7 @@ mod tests {
             ],
         );
         assert_eq!(links(&out[2]), [flow_of(&out[0])]);
-        let EventData::Recv { channel, .. } = &out[2].data else { panic!() };
+        let EventData::Recv(data::Recv { channel, .. }) = &out[2].data else { panic!() };
         assert_eq!(*channel, sent);
         assert!(links(&out[3]).is_empty());
         assert_eq!(links(&out[4]), [flow_of(&out[1])], "another sender's datagram stays queued");
@@ -480,7 +490,7 @@ mod tests {
             host: "h".into(),
             pid: if delivered { 20 } else { 10 },
             tid: if delivered { tid } else { 10 },
-            data: EventData::Signal {
+            data: EventData::Signal(data::Signal {
                 signal: SignalId::new(10),
                 sender_pid: if delivered { 0 } else { 10 },
                 target_pid: 20,
@@ -489,13 +499,13 @@ mod tests {
                 flow_id: None,
                 group,
                 queued,
-            },
+            }),
         }
     }
 
     fn signal_flow(e: &Event) -> Option<u64> {
         match &e.data {
-            EventData::Signal { flow_id, .. } => *flow_id,
+            EventData::Signal(data::Signal { flow_id, .. }) => *flow_id,
             _ => panic!(),
         }
     }
@@ -518,7 +528,7 @@ mod tests {
         assert_eq!(signal_flow(&out[1]), None);
         assert_eq!(signal_flow(&out[3]), signal_flow(&out[2]));
         assert_eq!(signal_flow(&out[4]), signal_flow(&out[0]), "then the process-wide one");
-        let EventData::Signal { sender_pid, .. } = &out[4].data else { panic!() };
+        let EventData::Signal(data::Signal { sender_pid, .. }) = &out[4].data else { panic!() };
         assert_eq!(*sender_pid, 10, "the delivery names the sender");
         assert_eq!(m.stats.linked_signals, 2);
     }

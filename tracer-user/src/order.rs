@@ -75,6 +75,7 @@ impl Reorder {
 mod tests {
     use super::*;
     use crate::event::EventData;
+    use crate::event::data;
 
     fn ev(ts: u64, tid: u32) -> Event {
         Event {
@@ -82,7 +83,7 @@ mod tests {
             host: "h".into(),
             pid: 1,
             tid,
-            data: EventData::Exit { exit_code: Some(0), signal: None, thread: true, comm: String::new() },
+            data: EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: true, comm: String::new() }),
         }
     }
 

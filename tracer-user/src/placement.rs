@@ -214,7 +214,7 @@ pub struct ProbePaths {
     #[serde(default)]
     pub trap: Vec<String>,
     /// Functions whose probes are not at their symbol, and how many bytes after it they are.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[serde(default)]
     pub moved: std::collections::BTreeMap<String, u64>,
 }
 

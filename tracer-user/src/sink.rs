@@ -3,7 +3,7 @@
 
 use std::io;
 
-use crate::event::{Event, TraceEnd, TraceStart};
+use crate::event::{Event, TraceEnd, TraceItem, TraceStart};
 
 pub trait Sink {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()>;
@@ -15,14 +15,6 @@ pub trait Sink {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
-}
-
-/// One item of a trace, as a channel delivers it.
-#[derive(Clone, Debug, PartialEq)]
-pub enum TraceItem {
-    Start(Box<TraceStart>),
-    Event(Event),
-    End(TraceEnd),
 }
 
 /// Sends every item to a channel. A closed receiver is an error (the trace would be lost).

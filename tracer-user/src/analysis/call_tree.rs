@@ -20,6 +20,7 @@
 //! memory without bound: a call made deeper is not tracked, and its time stays in the call at the
 //! cap (a flame graph shows it folded into that frame).
 
+use crate::event::data;
 use std::{collections::HashMap, io, sync::Arc};
 
 pub use crate::event::Track;
@@ -148,7 +149,7 @@ impl CallTracker {
     pub fn event(&mut self, e: &Event, on: &mut dyn FnMut(CallEvent)) {
         let at = At { pid: e.pid, tid: e.tid, track: e.track() };
         match &e.data {
-            EventData::Call { function, module, args, .. } => {
+            EventData::Call(data::Call { function, module, args, .. }) => {
                 let max_depth = self.max_depth;
                 let thread = self.threads.entry((e.pid, at.track)).or_default();
                 thread.last_tid = e.tid;
@@ -166,7 +167,7 @@ impl CallTracker {
                 let depth = thread.frames.len() - 1;
                 on(CallEvent::Begin { pid: e.pid, tid: e.tid, track: at.track, frame: &thread.frames[depth], depth });
             }
-            EventData::Return { function, module, retval, duration_ns, .. } => {
+            EventData::Return(data::Return { function, module, retval, duration_ns, .. }) => {
                 // Without a duration the call was not seen: there is no slice.
                 let Some(duration) = duration_ns else { return };
                 let start = e.ts.saturating_sub(*duration);
@@ -176,7 +177,7 @@ impl CallTracker {
                 let ret = Return { function, module, start, end: e.ts, retval: *retval };
                 thread.ret(at, ret, max_depth, on);
             }
-            EventData::Exit { thread, .. } => {
+            EventData::Exit(data::Exit { thread, .. }) => {
                 if let Some(mut calls) = self.threads.remove(&(e.pid, Track::Thread(e.tid))) {
                     calls.close_above(at, 0, e.ts, Ending::ThreadExited, on);
                 }
@@ -185,7 +186,7 @@ impl CallTracker {
                     self.close_process(e.pid, e.ts, Ending::ThreadExited, on);
                 }
             }
-            EventData::Spawn { how: SpawnHow::Exec, .. } => {
+            EventData::Spawn(data::Spawn { how: SpawnHow::Exec, .. }) => {
                 // The old program's calls never return, on any thread or goroutine of the process.
                 self.close_process(e.pid, e.ts, Ending::Exec, on);
             }
@@ -346,12 +347,12 @@ pub(crate) mod tests {
             ts,
             1,
             tid,
-            EventData::Call {
+            EventData::Call(data::Call {
                 function: f.into(),
                 module: "/bin/app".into(),
                 args: [ts, 0, 0, 0, 0, 0].into(),
                 goid: None,
-            },
+            }),
         )
     }
 
@@ -360,13 +361,13 @@ pub(crate) mod tests {
             ts,
             1,
             tid,
-            EventData::Return {
+            EventData::Return(data::Return {
                 function: f.into(),
                 module: "/bin/app".into(),
                 retval: 7,
                 duration_ns: dur,
                 goid: None,
-            },
+            }),
         )
     }
 
@@ -376,7 +377,12 @@ pub(crate) mod tests {
             ts,
             1,
             tid,
-            EventData::Call { function: f.into(), module: "/bin/gof".into(), args: [ts].into(), goid: Some(goid) },
+            EventData::Call(data::Call {
+                function: f.into(),
+                module: "/bin/gof".into(),
+                args: [ts].into(),
+                goid: Some(goid),
+            }),
         )
     }
 
@@ -385,13 +391,13 @@ pub(crate) mod tests {
             ts,
             1,
             tid,
-            EventData::Return {
+            EventData::Return(data::Return {
                 function: f.into(),
                 module: "/bin/gof".into(),
                 retval: 7,
                 duration_ns: Some(dur),
                 goid: Some(goid),
-            },
+            }),
         )
     }
 
@@ -502,19 +508,24 @@ pub(crate) mod tests {
 
     #[test]
     fn open_calls_end_at_exit_exec_and_stop() {
-        let exit = ev(500, 1, 2, EventData::Exit { exit_code: Some(0), signal: None, thread: true, comm: "w".into() });
+        let exit = ev(
+            500,
+            1,
+            2,
+            EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: true, comm: "w".into() }),
+        );
         let exec = ev(
             600,
             1,
             1,
-            EventData::Spawn {
+            EventData::Spawn(data::Spawn {
                 parent_pid: 1,
                 child_pid: 1,
                 child_tid: 1,
                 how: SpawnHow::Exec,
                 comm: "new".into(),
                 filename: None,
-            },
+            }),
         );
         let mut ends = Vec::new();
         let mut tracker = CallTracker::default();
@@ -590,7 +601,12 @@ pub(crate) mod tests {
         // A goroutine's open calls end with its process.
         let mut tracker = CallTracker::default();
         let mut ended = Vec::new();
-        let exit = ev(500, 1, 1, EventData::Exit { exit_code: Some(0), signal: None, thread: false, comm: "g".into() });
+        let exit = ev(
+            500,
+            1,
+            1,
+            EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: false, comm: "g".into() }),
+        );
         for e in [go_call(100, 3, 5, "blocked"), exit] {
             tracker.event(&e, &mut |c| {
                 if let CallEvent::End(s) = c {

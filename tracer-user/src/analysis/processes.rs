@@ -1,5 +1,6 @@
 //! What a process is called: the trace's targets, then what spawns, execs and exits say.
 
+use crate::event::data;
 use std::collections::HashMap;
 
 use crate::event::{Event, EventData, SpawnHow, TargetInfo, TraceStart};
@@ -32,9 +33,9 @@ impl ProcessNames {
     pub fn event(&mut self, e: &Event) -> Option<u32> {
         let (pid, comm) = match &e.data {
             // A forked child starts with its parent's name; an exec renames the process.
-            EventData::Spawn { child_pid, how: SpawnHow::Fork, comm, .. } => (*child_pid, comm),
-            EventData::Spawn { how: SpawnHow::Exec, comm, .. } => (e.pid, comm),
-            EventData::Exit { thread: false, comm, .. } => (e.pid, comm),
+            EventData::Spawn(data::Spawn { child_pid, how: SpawnHow::Fork, comm, .. }) => (*child_pid, comm),
+            EventData::Spawn(data::Spawn { how: SpawnHow::Exec, comm, .. }) => (e.pid, comm),
+            EventData::Exit(data::Exit { thread: false, comm, .. }) => (e.pid, comm),
             _ => return None,
         };
         if comm.is_empty() || self.names.get(&pid) == Some(comm) {
@@ -70,26 +71,27 @@ mod tests {
             vec![TargetInfo::Command { pid: 1, argv: vec![], exe: "/usr/bin/a_very_long_program_name".into() }];
         names.begin(&start);
         assert_eq!(names.label(1), "a_very_long_pro (1)");
-        let fork = EventData::Spawn {
+        let fork = EventData::Spawn(data::Spawn {
             parent_pid: 1,
             child_pid: 2,
             child_tid: 2,
             how: SpawnHow::Fork,
             comm: "a_very_long_pro".into(),
             filename: None,
-        };
+        });
         assert_eq!(names.event(&ev(1, 1, 1, fork)), Some(2));
-        let exec = EventData::Spawn {
+        let exec = EventData::Spawn(data::Spawn {
             parent_pid: 1,
             child_pid: 2,
             child_tid: 2,
             how: SpawnHow::Exec,
             comm: "child".into(),
             filename: Some("/bin/child".into()),
-        };
+        });
         assert_eq!(names.event(&ev(2, 2, 2, exec)), Some(2));
         assert_eq!(names.label(2), "child (2)");
-        let exit = EventData::Exit { exit_code: Some(0), signal: None, thread: false, comm: "child".into() };
+        let exit =
+            EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: false, comm: "child".into() });
         assert_eq!(names.event(&ev(3, 2, 2, exit)), None, "same name");
         assert_eq!(names.label(3), "pid 3");
     }

@@ -175,6 +175,7 @@ pub fn folded_lines(roots: &[FlameNode]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::data;
     use crate::{
         analysis::call_tree::tests::{call, ev, ret},
         event::EventData,
@@ -271,28 +272,33 @@ mod tests {
             ret(150, 1, "short", Some(50)),
             other(
                 100,
-                EventData::Call { function: "long".into(), module: "m".into(), args: [0; 6].into(), goid: None },
+                EventData::Call(data::Call {
+                    function: "long".into(),
+                    module: "m".into(),
+                    args: [0; 6].into(),
+                    goid: None,
+                }),
             ),
             other(
                 400,
-                EventData::Return {
+                EventData::Return(data::Return {
                     function: "long".into(),
                     module: "m".into(),
                     retval: 0,
                     duration_ns: Some(300),
                     goid: None,
-                },
+                }),
             ),
             ev(
                 100,
                 3,
                 3,
-                EventData::Call {
+                EventData::Call(data::Call {
                     function: "never_returns".into(),
                     module: "m".into(),
                     args: [0; 6].into(),
                     goid: None,
-                },
+                }),
             ),
         ];
         let roots = flame(64, &events, 1000);

@@ -9,6 +9,7 @@
 //! Memory grows with the number of functions and processes, not with the number of events (see
 //! [`super::percentile`] for how durations are summarised).
 
+use crate::event::data;
 use std::{
     collections::{BTreeMap, HashMap},
     io::{self, Write},
@@ -205,21 +206,21 @@ impl Sink for ReportBuilder {
         call_tree::follow_event(self, e)?;
         self.process(e.pid, e.ts);
         match &e.data {
-            EventData::Spawn { child_pid, how: SpawnHow::Fork, .. } => {
+            EventData::Spawn(data::Spawn { child_pid, how: SpawnHow::Fork, .. }) => {
                 self.process(e.pid, e.ts).children += 1;
                 // The child exists from its fork on, whatever it did first.
                 let child = self.process(*child_pid, e.ts);
                 child.start_ns = child.start_ns.min(e.ts);
             }
-            EventData::Spawn { how: SpawnHow::Thread, .. } => self.process(e.pid, e.ts).threads += 1,
-            EventData::Exit { exit_code, signal, thread: false, .. } => {
+            EventData::Spawn(data::Spawn { how: SpawnHow::Thread, .. }) => self.process(e.pid, e.ts).threads += 1,
+            EventData::Exit(data::Exit { exit_code, signal, thread: false, .. }) => {
                 let p = self.process(e.pid, e.ts);
                 p.end_ns = Some(e.ts);
                 p.exit_code = *exit_code;
                 p.signal = *signal;
             }
-            EventData::Send { bytes, .. } => self.process(e.pid, e.ts).bytes_sent += bytes,
-            EventData::Recv { bytes, .. } => self.process(e.pid, e.ts).bytes_received += bytes,
+            EventData::Send(data::Send { bytes, .. }) => self.process(e.pid, e.ts).bytes_sent += bytes,
+            EventData::Recv(data::Recv { bytes, .. }) => self.process(e.pid, e.ts).bytes_received += bytes,
             _ => {}
         }
         Ok(())
@@ -378,14 +379,14 @@ mod tests {
             ts,
             1,
             1,
-            EventData::Spawn {
+            EventData::Spawn(data::Spawn {
                 parent_pid: 1,
                 child_pid: child,
                 child_tid: child,
                 how: SpawnHow::Fork,
                 comm: "app".into(),
                 filename: None,
-            },
+            }),
         )
     }
 
@@ -461,17 +462,22 @@ mod tests {
                 ret(200, 1, "f", Some(100)),
                 other(
                     100,
-                    EventData::Call { function: "f".into(), module: "m".into(), args: [0; 6].into(), goid: None },
+                    EventData::Call(data::Call {
+                        function: "f".into(),
+                        module: "m".into(),
+                        args: [0; 6].into(),
+                        goid: None,
+                    }),
                 ),
                 other(
                     400,
-                    EventData::Return {
+                    EventData::Return(data::Return {
                         function: "f".into(),
                         module: "m".into(),
                         retval: 0,
                         duration_ns: Some(300),
                         goid: None,
-                    },
+                    }),
                 ),
             ],
             1000,
@@ -499,7 +505,7 @@ mod tests {
                     150,
                     1,
                     1,
-                    EventData::Send {
+                    EventData::Send(data::Send {
                         channel: channel.clone(),
                         fd: 4,
                         bytes: 10,
@@ -508,13 +514,13 @@ mod tests {
                         syscall_ns: 5,
                         seq: None,
                         digest: None,
-                    },
+                    }),
                 ),
                 ev(
                     160,
                     2,
                     2,
-                    EventData::Recv {
+                    EventData::Recv(data::Recv {
                         channel,
                         fd: 3,
                         bytes: 10,
@@ -523,11 +529,26 @@ mod tests {
                         syscall_ns: 5,
                         seq: None,
                         digest: None,
-                    },
+                    }),
                 ),
-                ev(300, 2, 2, EventData::Exit { exit_code: Some(7), signal: None, thread: false, comm: "kid".into() }),
+                ev(
+                    300,
+                    2,
+                    2,
+                    EventData::Exit(data::Exit { exit_code: Some(7), signal: None, thread: false, comm: "kid".into() }),
+                ),
                 fork(400, 3),
-                ev(500, 3, 3, EventData::Exit { exit_code: None, signal: Some(15), thread: false, comm: "app".into() }),
+                ev(
+                    500,
+                    3,
+                    3,
+                    EventData::Exit(data::Exit {
+                        exit_code: None,
+                        signal: Some(15),
+                        thread: false,
+                        comm: "app".into(),
+                    }),
+                ),
             ],
             1000,
         );

@@ -107,9 +107,9 @@ pub enum AgentError {
 struct TraceSlot {
     id: u64,
     outbox: Outbox,
-    start_json: String,
+    start: Box<TraceStart>,
     /// The trace's last line and event count, once it is over.
-    end: Option<(String, u64)>,
+    end: Option<(TraceEnd, u64)>,
     stop: Option<oneshot::Sender<EndReason>>,
     /// The connection streaming it, if one is.
     owner: Option<u64>,
@@ -438,9 +438,9 @@ fn handle(
     Ok(match message {
         Message::ClockProbe { id } => Some(Message::ClockEcho { id, agent_ns: agent.now_ns() }),
         Message::Start { trace_id, request } => match start_trace(agent, conn, trace_id, request) {
-            Ok(start_json) => {
+            Ok(start) => {
                 *streaming = Streaming { cursor: Some(0), ..Default::default() };
-                Some(Message::Started { trace_id, trace_start: start_json })
+                Some(Message::Started { trace_id, trace_start: start })
             }
             Err(error) => Some(Message::Failed { trace_id, error }),
         },
@@ -464,7 +464,7 @@ fn handle(
                     s.outbox.ack(next_seq);
                     *streaming = Streaming { cursor: Some(next_seq), ..Default::default() };
                     // Again, in case the first one was lost with the connection.
-                    Some(Message::Started { trace_id, trace_start: s.start_json.clone() })
+                    Some(Message::Started { trace_id, trace_start: s.start.clone() })
                 }
                 _ => Some(Message::Failed {
                     trace_id,
@@ -577,9 +577,8 @@ impl Sink for OutboxSink {
     fn end(&mut self, end: &TraceEnd) -> std::io::Result<()> {
         let mut end = end.clone();
         end.ts = self.agent.skew(end.ts);
-        let json = serde_json::to_string(&end)?;
         if let Some(slot) = self.agent.slot.borrow_mut().as_mut() {
-            slot.end = Some((json, slot.outbox.next_seq()));
+            slot.end = Some((end, slot.outbox.next_seq()));
         }
         self.agent.bump();
         Ok(())
@@ -614,7 +613,12 @@ fn options(agent: &Agent, conn: &Conn, request: TraceRequest) -> Result<RecordOp
 }
 
 /// Starts recording for `conn`, which then owns the trace; returns the trace's first line (JSON).
-fn start_trace(agent: &Rc<Agent>, conn: &Conn, trace_id: u64, request: TraceRequest) -> Result<String, String> {
+fn start_trace(
+    agent: &Rc<Agent>,
+    conn: &Conn,
+    trace_id: u64,
+    request: TraceRequest,
+) -> Result<Box<TraceStart>, String> {
     if let Some(s) = agent.slot.borrow().as_ref() {
         if s.end.is_none() {
             return Err("a trace is already running on this agent".to_string());
@@ -638,12 +642,11 @@ fn start_trace(agent: &Rc<Agent>, conn: &Conn, trace_id: u64, request: TraceRequ
     }
     let mut start = recording.trace_start().clone();
     start.ts = agent.skew(start.ts);
-    let start_json = serde_json::to_string(&start).map_err(|e| report(&e))?;
     let (stop, stopped) = oneshot::channel();
     *agent.slot.borrow_mut() = Some(TraceSlot {
         id: trace_id,
         outbox: Outbox::new(agent.opts.max_buffered),
-        start_json: start_json.clone(),
+        start: Box::new(start.clone()),
         end: None,
         stop: Some(stop),
         owner: Some(conn.id),
@@ -670,5 +673,5 @@ fn start_trace(agent: &Rc<Agent>, conn: &Conn, trace_id: u64, request: TraceRequ
             }
         }
     });
-    Ok(start_json)
+    Ok(Box::new(start))
 }

@@ -738,10 +738,9 @@ async fn session(
                             }
                         }
                         Message::Started { trace_id, trace_start } => {
-                            let start: Option<TraceStart> = serde_json::from_str(&trace_start).ok();
                             let mut h = shared.hosts[index].lock().unwrap();
                             if h.trace_id == Some(trace_id) {
-                                h.start = start;
+                                h.start = Some(*trace_start);
                                 if !resuming {
                                     // The key that will resume this trace after a dropped connection.
                                     h.resume_key = Some(resume_key);
@@ -806,7 +805,7 @@ async fn session(
                         Message::Ended { trace_id, trace_end, total_events } => {
                             let mut h = shared.hosts[index].lock().unwrap();
                             if h.trace_id == Some(trace_id) {
-                                h.end = serde_json::from_str(&trace_end).ok();
+                                h.end = Some(trace_end);
                                 h.total = Some(total_events);
                             }
                         }

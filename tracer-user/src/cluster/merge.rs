@@ -1,6 +1,7 @@
 //! One timeline from several hosts: clocks corrected, messages linked across hosts, events in one
 //! time order.
 
+use crate::event::data;
 use std::collections::HashMap;
 
 use super::clock_sync::{ClockModel, ClockSample, Link, estimate, refine};
@@ -59,12 +60,12 @@ pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReaso
     let mut per_host: Vec<Vec<Event>> = hosts.iter_mut().map(|h| std::mem::take(&mut h.events)).collect();
     let mut matcher = FlowMatcher::default();
     for events in per_host.iter_mut() {
-        for e in events.iter_mut().filter(|e| matches!(e.data, EventData::Send { .. })) {
+        for e in events.iter_mut().filter(|e| matches!(e.data, EventData::Send(data::Send { .. }))) {
             matcher.process(e);
         }
     }
     for events in per_host.iter_mut() {
-        for e in events.iter_mut().filter(|e| !matches!(e.data, EventData::Send { .. })) {
+        for e in events.iter_mut().filter(|e| !matches!(e.data, EventData::Send(data::Send { .. }))) {
             matcher.process(e);
         }
     }
@@ -73,7 +74,7 @@ pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReaso
     let mut sends: HashMap<u64, (usize, i64)> = HashMap::new();
     for (h, events) in per_host.iter().enumerate() {
         for e in events {
-            if let EventData::Send { flow_id, .. } = e.data {
+            if let EventData::Send(data::Send { flow_id, .. }) = e.data {
                 sends.insert(flow_id, (h, without_drift(&models[h], e.ts)));
             }
         }
@@ -81,7 +82,7 @@ pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReaso
     let mut links = Vec::new();
     for (h, events) in per_host.iter().enumerate() {
         for e in events {
-            if let EventData::Recv { flow_ids, .. } = &e.data {
+            if let EventData::Recv(data::Recv { flow_ids, .. }) = &e.data {
                 for id in flow_ids {
                     if let Some(&(from, sent)) = sends.get(id)
                         && from != h
@@ -196,7 +197,7 @@ mod tests {
 
     fn transfer(host: &str, ts: u64, send: bool, channel: Channel, seq: u64) -> Event {
         let data = if send {
-            EventData::Send {
+            EventData::Send(data::Send {
                 channel,
                 fd: 3,
                 bytes: 10,
@@ -205,9 +206,9 @@ mod tests {
                 syscall_ns: 1,
                 seq: Some(seq),
                 digest: None,
-            }
+            })
         } else {
-            EventData::Recv {
+            EventData::Recv(data::Recv {
                 channel,
                 fd: 3,
                 bytes: 10,
@@ -216,7 +217,7 @@ mod tests {
                 syscall_ns: 1,
                 seq: Some(seq),
                 digest: None,
-            }
+            })
         };
         Event { ts, host: host.into(), pid: 1, tid: 1, data }
     }
@@ -260,15 +261,17 @@ mod tests {
         let order: Vec<(String, &str)> = m
             .events
             .iter()
-            .map(|e| (e.host.to_string(), if matches!(e.data, EventData::Send { .. }) { "send" } else { "recv" }))
+            .map(|e| {
+                (e.host.to_string(), if matches!(e.data, EventData::Send(data::Send { .. })) { "send" } else { "recv" })
+            })
             .collect();
         assert_eq!(
             order,
             [("a".into(), "send"), ("b".into(), "recv"), ("b".into(), "send"), ("a".into(), "recv")],
             "one time order across hosts"
         );
-        let EventData::Send { flow_id, .. } = m.events[0].data else { panic!() };
-        let EventData::Recv { flow_ids, .. } = &m.events[1].data else { panic!() };
+        let EventData::Send(data::Send { flow_id, .. }) = m.events[0].data else { panic!() };
+        let EventData::Recv(data::Recv { flow_ids, .. }) = &m.events[1].data else { panic!() };
         assert_eq!(flow_ids, &[flow_id]);
         assert_eq!(m.end.ipc.linked_recvs, 2);
         assert_eq!(m.end.events_written, 4);

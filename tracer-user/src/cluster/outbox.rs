@@ -70,6 +70,7 @@ impl Outbox {
 mod tests {
     use super::*;
     use crate::event::EventData;
+    use crate::event::data;
 
     fn ev(ts: u64) -> Event {
         Event {
@@ -77,7 +78,7 @@ mod tests {
             host: "h".into(),
             pid: 1,
             tid: 1,
-            data: EventData::Exit { exit_code: Some(0), signal: None, thread: true, comm: String::new() },
+            data: EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: true, comm: String::new() }),
         }
     }
 

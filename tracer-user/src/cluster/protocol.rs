@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
 use super::wire::EventBatch;
+use crate::event::{TraceEnd, TraceStart};
 
 /// Version of this protocol; both ends must speak the same.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// The largest frame either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated
@@ -54,7 +55,7 @@ impl Default for TraceRequest {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Message {
     /// Collector → agent, first (plain): its fresh nonce.
     Hello { version: u32, nonce: Nonce },
@@ -76,10 +77,10 @@ pub enum Message {
 
     /// Collector → agent: start tracing.
     Start { trace_id: u64, request: TraceRequest },
-    /// Agent → collector: tracing; the trace's first line (JSON). The trace belongs to this
+    /// Agent → collector: tracing; the trace's start. The trace belongs to this
     /// connection: only it, or a reconnection proving it is the same collector, can receive,
     /// acknowledge or stop it.
-    Started { trace_id: u64, trace_start: String },
+    Started { trace_id: u64, trace_start: Box<TraceStart> },
     /// Agent → collector: the trace could not start (one sentence).
     Failed { trace_id: u64, error: String },
     /// Agent → collector: events, numbered.
@@ -91,8 +92,8 @@ pub enum Message {
     Ack { next_seq: u64 },
     /// Collector → agent: stop tracing.
     Stop { trace_id: u64 },
-    /// Agent → collector: the trace is over; its last line (JSON) and how many events it had.
-    Ended { trace_id: u64, trace_end: String, total_events: u64 },
+    /// Agent → collector: the trace is over; its end and how many events it had.
+    Ended { trace_id: u64, trace_end: TraceEnd, total_events: u64 },
     /// Collector → agent, after reconnecting: carry on with the trace from `next_seq`. `proof`
     /// is [`super::auth::resume_proof`] with the resume key of the connection that started it.
     Resume { trace_id: u64, next_seq: u64, proof: Proof },
@@ -202,7 +203,11 @@ mod tests {
                 request: TraceRequest { pids: vec![1], events: vec!["call".into()], ..Default::default() },
             },
             Message::Gap { first_seq: 10, count: 5 },
-            Message::Ended { trace_id: 9, trace_end: "{}".into(), total_events: 3 },
+            Message::Ended {
+                trace_id: 9,
+                trace_end: crate::event::TraceEnd::new(5, crate::event::EndReason::Stopped, 3),
+                total_events: 3,
+            },
         ] {
             assert_eq!(round_trip(&m).await, m);
         }
@@ -262,18 +267,22 @@ fn write_fuzz_seeds() {
         host: "h".into(),
         pid: 1,
         tid: 1,
-        data: crate::event::EventData::Call {
+        data: crate::event::EventData::Call(crate::event::data::Call {
             function: "f".into(),
             module: "m".into(),
             args: [1; 6].into(),
             goid: None,
-        },
+        }),
     };
     let seeds = [
         Message::Hello { version: PROTOCOL_VERSION, nonce: [1; 32] },
         Message::Start { trace_id: 1, request: TraceRequest { pids: vec![1], ..Default::default() } },
         Message::Events(super::wire::Encoder::default().batch(0, &[event.clone(), event])),
-        Message::Ended { trace_id: 1, trace_end: "{}".into(), total_events: 2 },
+        Message::Ended {
+            trace_id: 1,
+            trace_end: crate::event::TraceEnd::new(5, crate::event::EndReason::Stopped, 3),
+            total_events: 2,
+        },
     ];
     for (i, m) in seeds.iter().enumerate() {
         let frame = encode(m).unwrap();

@@ -16,6 +16,7 @@
 //! The event array is streamed: one serde_json value per event, so memory is bounded by the open
 //! calls, not by the trace.
 
+use crate::event::data;
 use std::{
     collections::{BTreeMap, HashMap},
     io::{self, BufWriter, Write},
@@ -27,7 +28,10 @@ use serde_json::{Value, json};
 use super::{MAX_REMEMBERED_SENDS, lifecycle_name};
 use crate::{
     analysis::call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Slice, Track},
-    event::{Event, EventData, SpawnHow, TargetInfo, TraceEnd, TraceStart},
+    event::{
+        Event, EventData, SpawnHow, TargetInfo, TraceEnd, TraceStart,
+        json::{Json, Line},
+    },
     sink::Sink,
 };
 
@@ -253,8 +257,8 @@ impl<W: Write> Sink for ChromeWriter<W> {
         // Calls and returns make slices; an exit or exec ends the calls still open.
         call_tree::follow_event(self, e)?;
         match &e.data {
-            EventData::Call { .. } | EventData::Return { .. } => {}
-            EventData::Spawn { parent_pid, child_pid, child_tid, how, comm, filename } => {
+            EventData::Call(data::Call { .. }) | EventData::Return(data::Return { .. }) => {}
+            EventData::Spawn(data::Spawn { parent_pid, child_pid, child_tid, how, comm, filename }) => {
                 match how {
                     SpawnHow::Fork => {
                         self.process_names.insert(*child_pid, comm.clone());
@@ -275,7 +279,7 @@ impl<W: Write> Sink for ChromeWriter<W> {
                 });
                 self.instant(e, &name, args)?;
             }
-            EventData::Exit { exit_code, signal, thread, comm } => {
+            EventData::Exit(data::Exit { exit_code, signal, thread, comm }) => {
                 if !comm.is_empty() {
                     self.thread_names.entry((e.pid, e.tid)).or_insert_with(|| comm.clone());
                     if !thread {
@@ -286,19 +290,17 @@ impl<W: Write> Sink for ChromeWriter<W> {
                 let args = json!({ "exit_code": exit_code, "signal": signal, "thread": thread });
                 self.instant(e, &name, args)?;
             }
-            EventData::Send { channel, fd, bytes, syscall, flow_id, syscall_ns, .. } => {
-                let args =
-                    json!({ "channel": channel, "fd": fd, "bytes": bytes, "syscall": syscall, "flow_id": flow_id });
+            EventData::Send(data::Send { channel, fd, bytes, syscall, flow_id, syscall_ns, .. }) => {
+                let args = json!({ "channel": Json(channel), "fd": fd, "bytes": bytes, "syscall": syscall, "flow_id": flow_id });
                 self.ipc_slice(e, &format!("send {bytes} B"), e.ts, *syscall_ns, args)?;
                 if self.sends.len() >= MAX_REMEMBERED_SENDS {
                     self.sends.pop_first();
                 }
                 self.sends.insert(*flow_id, FlowEnd { pid: e.pid, tid: e.tid, ts: e.ts + syscall_ns / 2 });
             }
-            EventData::Recv { channel, fd, bytes, syscall, flow_ids, syscall_ns, .. } => {
+            EventData::Recv(data::Recv { channel, fd, bytes, syscall, flow_ids, syscall_ns, .. }) => {
                 let start = e.ts.saturating_sub(*syscall_ns);
-                let args =
-                    json!({ "channel": channel, "fd": fd, "bytes": bytes, "syscall": syscall, "flow_ids": flow_ids });
+                let args = json!({ "channel": Json(channel), "fd": fd, "bytes": bytes, "syscall": syscall, "flow_ids": flow_ids });
                 self.ipc_slice(e, &format!("recv {bytes} B"), start, *syscall_ns, args)?;
                 let to = FlowEnd { pid: e.pid, tid: e.tid, ts: start + syscall_ns / 2 };
                 for id in flow_ids {
@@ -307,7 +309,9 @@ impl<W: Write> Sink for ChromeWriter<W> {
                     }
                 }
             }
-            EventData::Signal { signal, sender_pid, target_pid, target_tid, delivered, flow_id, .. } => {
+            EventData::Signal(data::Signal {
+                signal, sender_pid, target_pid, target_tid, delivered, flow_id, ..
+            }) => {
                 let name = format!("{} {}", if *delivered { "deliver" } else { "kill" }, signal.name);
                 let args = json!({
                     "signal": signal, "sender_pid": sender_pid, "target_pid": target_pid,
@@ -336,7 +340,10 @@ impl<W: Write> Sink for ChromeWriter<W> {
         call_tree::follow_end(self, end.ts)?;
         self.name_metadata()?;
         self.out.write_all(b"\n],\"displayTimeUnit\":\"ns\",\"metadata\":")?;
-        serde_json::to_writer(&mut self.out, &json!({ "trace_start": self.start, "trace_end": end }))?;
+        serde_json::to_writer(
+            &mut self.out,
+            &json!({ "trace_start": self.start.as_ref().map(Line::Start), "trace_end": Line::End(end) }),
+        )?;
         self.out.write_all(b"}\n")?;
         self.out.flush()
     }
@@ -355,12 +362,12 @@ mod tests {
         ev(
             ts,
             tid,
-            EventData::Call {
+            EventData::Call(data::Call {
                 function: f.into(),
                 module: "/bin/app".into(),
                 args: [ts, 0, 0, 0, 0, u64::MAX].into(),
                 goid: None,
-            },
+            }),
         )
     }
 
@@ -368,13 +375,13 @@ mod tests {
         ev(
             ts,
             tid,
-            EventData::Return {
+            EventData::Return(data::Return {
                 function: f.into(),
                 module: "/bin/app".into(),
                 retval: 7,
                 duration_ns: dur,
                 goid: None,
-            },
+            }),
         )
     }
 
@@ -488,35 +495,40 @@ mod tests {
                 ev(
                     1_000_010,
                     1,
-                    EventData::Spawn {
+                    EventData::Spawn(data::Spawn {
                         parent_pid: 1,
                         child_pid: 2,
                         child_tid: 2,
                         how: SpawnHow::Fork,
                         comm: "app".into(),
                         filename: None,
-                    },
+                    }),
                 ),
                 Event {
                     ts: 1_000_020,
                     host: "h".into(),
                     pid: 2,
                     tid: 2,
-                    data: EventData::Spawn {
+                    data: EventData::Spawn(data::Spawn {
                         parent_pid: 2,
                         child_pid: 2,
                         child_tid: 2,
                         how: SpawnHow::Exec,
                         comm: "child".into(),
                         filename: Some("/bin/child".into()),
-                    },
+                    }),
                 },
                 Event {
                     ts: 1_000_030,
                     host: "h".into(),
                     pid: 2,
                     tid: 2,
-                    data: EventData::Exit { exit_code: Some(3), signal: None, thread: false, comm: "child".into() },
+                    data: EventData::Exit(data::Exit {
+                        exit_code: Some(3),
+                        signal: None,
+                        thread: false,
+                        comm: "child".into(),
+                    }),
                 },
             ],
             1_000_100,

@@ -3,6 +3,7 @@
 //! `i * 2^22`, above any Linux pid) and process and thread names start with the host's name:
 //! each host's processes sort together, under its name. A single-host trace passes through as is.
 
+use crate::event::data;
 use std::io;
 
 use crate::{
@@ -77,14 +78,14 @@ impl<S: Sink> Sink for HostGrouping<S> {
         e.pid += offset;
         e.tid += offset;
         match &mut e.data {
-            EventData::Spawn { parent_pid, child_pid, child_tid, comm, .. } => {
+            EventData::Spawn(data::Spawn { parent_pid, child_pid, child_tid, comm, .. }) => {
                 *parent_pid += offset;
                 *child_pid += offset;
                 *child_tid += offset;
                 named(&host, comm);
             }
-            EventData::Exit { comm, .. } => named(&host, comm),
-            EventData::Signal { sender_pid, target_pid, target_tid, .. } => {
+            EventData::Exit(data::Exit { comm, .. }) => named(&host, comm),
+            EventData::Signal(data::Signal { sender_pid, target_pid, target_tid, .. }) => {
                 *sender_pid += offset;
                 *target_pid += offset;
                 *target_tid += offset;
@@ -134,14 +135,14 @@ mod tests {
             host: host.into(),
             pid: 10,
             tid: 10,
-            data: EventData::Spawn {
+            data: EventData::Spawn(data::Spawn {
                 parent_pid: 10,
                 child_pid: 11,
                 child_tid: 11,
                 how: SpawnHow::Fork,
                 comm: "srv".into(),
                 filename: None,
-            },
+            }),
         }
     }
 
@@ -174,7 +175,7 @@ mod tests {
         let out = group(&start(&["a", "b"]), &[spawn("a"), spawn("b")]);
         let ids: Vec<(u32, u32)> = out.iter().map(|e| (e.pid, e.tid)).collect();
         assert_eq!(ids, [(10, 10), (PID_SPACE + 10, PID_SPACE + 10)]);
-        let EventData::Spawn { child_pid, comm, .. } = &out[1].data else { panic!() };
+        let EventData::Spawn(data::Spawn { child_pid, comm, .. }) = &out[1].data else { panic!() };
         assert_eq!((*child_pid, comm.as_str()), (PID_SPACE + 11, "b: srv"));
     }
 

@@ -3,7 +3,10 @@
 use std::io::{self, BufRead, BufWriter, Write};
 
 use crate::{
-    event::{EndReason, Event, Interner, LineKind, RawEvent, TraceEnd, TraceStart},
+    event::{
+        EndReason, Event, Interner, TraceEnd, TraceItem, TraceStart,
+        json::{self, Line},
+    },
     sink::Sink,
 };
 
@@ -16,34 +19,26 @@ impl<W: Write> JsonlWriter<W> {
         JsonlWriter { out: BufWriter::with_capacity(1 << 20, out) }
     }
 
-    fn line(&mut self, value: &impl serde::Serialize) -> io::Result<()> {
-        serde_json::to_writer(&mut self.out, value)?;
+    fn line(&mut self, line: Line) -> io::Result<()> {
+        serde_json::to_writer(&mut self.out, &line)?;
         self.out.write_all(b"\n")
     }
 }
 
 impl<W: Write> Sink for JsonlWriter<W> {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
-        self.line(start)
+        self.line(Line::Start(start))
     }
     fn event(&mut self, event: &Event) -> io::Result<()> {
-        self.line(event)
+        self.line(Line::Event(event))
     }
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        self.line(end)?;
+        self.line(Line::End(end))?;
         self.out.flush()
     }
     fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
     }
-}
-
-/// A line of a trace file.
-#[derive(Clone, Debug, PartialEq)]
-pub enum TraceLine {
-    Start(Box<TraceStart>),
-    Event(Event),
-    End(TraceEnd),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,23 +75,14 @@ impl<R: BufRead> TraceReader<R> {
         self.torn
     }
 
-    fn parse(&mut self) -> Result<TraceLine, ReadError> {
-        let line = self.line;
-        let malformed = |message: String| ReadError::Malformed { line, message };
-        let text = self.buf.trim_end();
-        let raw: RawEvent = serde_json::from_str(text).map_err(|e| malformed(e.to_string()))?;
-        Ok(match raw.kind {
-            LineKind::TraceStart => {
-                TraceLine::Start(Box::new(serde_json::from_str(text).map_err(|e| malformed(e.to_string()))?))
-            }
-            LineKind::TraceEnd => TraceLine::End(serde_json::from_str(text).map_err(|e| malformed(e.to_string()))?),
-            _ => TraceLine::Event(raw.into_event(&mut self.interner).map_err(malformed)?),
-        })
+    fn parse(&mut self) -> Result<TraceItem, ReadError> {
+        json::parse_line(self.buf.trim_end(), &mut self.interner)
+            .map_err(|message| ReadError::Malformed { line: self.line, message })
     }
 }
 
 impl<R: BufRead> Iterator for TraceReader<R> {
-    type Item = Result<TraceLine, ReadError>;
+    type Item = Result<TraceItem, ReadError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
@@ -136,7 +122,7 @@ pub fn replay<R: BufRead>(reader: TraceReader<R>, sink: &mut dyn Sink) -> Result
     let mut lines = reader;
     let start = match lines.next() {
         None => return Err(ReadError::Empty),
-        Some(Ok(TraceLine::Start(start))) => start,
+        Some(Ok(TraceItem::Start(start))) => start,
         Some(Ok(_)) => return Err(ReadError::NoStart),
         Some(Err(e)) => return Err(e),
     };
@@ -145,16 +131,16 @@ pub fn replay<R: BufRead>(reader: TraceReader<R>, sink: &mut dyn Sink) -> Result
     let mut last_ts = start.ts;
     for line in lines.by_ref() {
         match line? {
-            TraceLine::Event(e) => {
+            TraceItem::Event(e) => {
                 last_ts = last_ts.max(e.ts);
                 sink.event(&e)?;
                 events += 1;
             }
-            TraceLine::End(end) => {
+            TraceItem::End(end) => {
                 sink.end(&end)?;
                 return Ok(Replayed { events, end_missing: false, torn: false });
             }
-            TraceLine::Start(_) => {
+            TraceItem::Start(_) => {
                 return Err(ReadError::Malformed { line: lines.line, message: "a second trace_start".to_string() });
             }
         }
@@ -167,6 +153,7 @@ pub fn replay<R: BufRead>(reader: TraceReader<R>, sink: &mut dyn Sink) -> Result
 mod tests {
     use super::*;
     use crate::event::EventData;
+    use crate::event::data;
 
     fn start() -> TraceStart {
         crate::event::fixtures::start(1_000)
@@ -178,8 +165,17 @@ mod tests {
             host: "h".into(),
             pid: 1,
             tid: 1,
-            data: EventData::Call { function: "f".into(), module: "m".into(), args: [0; 6].into(), goid: None },
+            data: EventData::Call(data::Call {
+                function: "f".into(),
+                module: "m".into(),
+                args: [0; 6].into(),
+                goid: None,
+            }),
         }
+    }
+
+    fn to_line(e: &Event) -> String {
+        serde_json::to_string(&Line::Event(e)).unwrap()
     }
 
     fn write_trace(events: &[Event], end: Option<&TraceEnd>) -> Vec<u8> {
@@ -215,14 +211,14 @@ mod tests {
         let text = String::from_utf8(bytes.clone()).unwrap();
         assert_eq!(text.lines().count(), 4);
         assert!(text.starts_with(r#"{"kind":"trace_start""#));
-        let lines: Vec<TraceLine> = TraceReader::new(&bytes[..]).collect::<Result<_, _>>().unwrap();
+        let lines: Vec<TraceItem> = TraceReader::new(&bytes[..]).collect::<Result<_, _>>().unwrap();
         assert_eq!(
             lines,
             vec![
-                TraceLine::Start(Box::new(start())),
-                TraceLine::Event(call(2)),
-                TraceLine::Event(call(3)),
-                TraceLine::End(end)
+                TraceItem::Start(Box::new(start())),
+                TraceItem::Event(call(2)),
+                TraceItem::Event(call(3)),
+                TraceItem::End(end)
             ]
         );
     }
@@ -245,13 +241,13 @@ mod tests {
     #[test]
     fn a_torn_last_line_ends_the_trace() {
         let mut bytes = write_trace(&[call(2_000), call(7_000)], None);
-        let whole = serde_json::to_string(&call(9_000)).unwrap();
+        let whole = to_line(&call(9_000));
         bytes.extend_from_slice(&whole.as_bytes()[..whole.len() / 2]);
         let replayed = replay(TraceReader::new(&bytes[..]), &mut JsonlWriter::new(Vec::new())).unwrap();
         assert_eq!(replayed, Replayed { events: 2, end_missing: true, torn: true });
         // A bad line inside the trace is still an error.
         bytes.extend_from_slice(b"\n");
-        bytes.extend_from_slice(serde_json::to_string(&call(9_500)).unwrap().as_bytes());
+        bytes.extend_from_slice(to_line(&call(9_500)).as_bytes());
         assert!(replay(TraceReader::new(&bytes[..]), &mut JsonlWriter::new(Vec::new())).is_err());
     }
 
@@ -265,7 +261,7 @@ mod tests {
         assert!(err.to_string().starts_with("line 1: "), "{err}");
         let err = replay(TraceReader::new(&b""[..]), &mut JsonlWriter::new(Vec::new())).unwrap_err();
         assert_eq!(err.to_string(), "the trace is empty");
-        let only_event = serde_json::to_string(&call(1)).unwrap();
+        let only_event = to_line(&call(1));
         let err = replay(TraceReader::new(only_event.as_bytes()), &mut JsonlWriter::new(Vec::new())).unwrap_err();
         assert_eq!(err.to_string(), "line 1: a trace must start with a trace_start line");
     }

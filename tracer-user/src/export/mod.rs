@@ -8,6 +8,7 @@ pub mod jsonl;
 pub mod perfetto;
 pub mod svg;
 
+use crate::event::data;
 use std::{io::Write, path::Path};
 
 use crate::{
@@ -81,12 +82,12 @@ impl Format {
 /// The name of the instant that marks a spawn or an exit on a timeline.
 pub(crate) fn lifecycle_name(data: &EventData) -> Option<String> {
     Some(match data {
-        EventData::Spawn { child_pid, child_tid, how, comm, filename, .. } => match how {
+        EventData::Spawn(data::Spawn { child_pid, child_tid, how, comm, filename, .. }) => match how {
             SpawnHow::Fork => format!("fork {child_pid}"),
             SpawnHow::Thread => format!("thread {child_tid}"),
             SpawnHow::Exec => format!("exec {}", filename.as_deref().unwrap_or(comm)),
         },
-        EventData::Exit { exit_code, signal, thread, .. } => {
+        EventData::Exit(data::Exit { exit_code, signal, thread, .. }) => {
             let name = match (exit_code, signal) {
                 (_, Some(sig)) => format!("killed by signal {sig}"),
                 (Some(code), None) => format!("exit {code}"),

@@ -20,6 +20,7 @@
 //! single-packet `Trace` at a time, which is the same bytes (repeated fields concatenate), so
 //! memory is bounded by the open calls and remembered sends, not by the trace.
 
+use crate::event::data;
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     io::{self, BufWriter, Write},
@@ -299,7 +300,7 @@ impl<W: Write> CallSink for PerfettoWriter<W> {
 
 /// A value as the JSON lines trace writes it: a name as itself, anything else as JSON.
 fn serde_arg(value: &impl serde::Serialize) -> Arg {
-    match serde_json::to_value(value) {
+    match serde_json::to_value(crate::event::json::Json(value)) {
         Ok(serde_json::Value::String(s)) => Arg::Str(s),
         Ok(other) => Arg::Str(other.to_string()),
         Err(e) => Arg::Str(format!("({e})")),
@@ -319,17 +320,17 @@ impl<W: Write> Sink for PerfettoWriter<W> {
             // Renamed by exec: the track takes the new name.
             self.declare_process(pid)?;
         }
-        if let EventData::Spawn { child_pid, child_tid, how: SpawnHow::Thread, comm, .. } = &e.data {
+        if let EventData::Spawn(data::Spawn { child_pid, child_tid, how: SpawnHow::Thread, comm, .. }) = &e.data {
             self.thread_names.insert((*child_pid, *child_tid), comm.clone());
         }
         call_tree::follow_event(self, e)?;
         match &e.data {
-            EventData::Call { .. } | EventData::Return { .. } => Ok(()),
-            EventData::Spawn { .. } | EventData::Exit { .. } => {
+            EventData::Call(data::Call { .. }) | EventData::Return(data::Return { .. }) => Ok(()),
+            EventData::Spawn(data::Spawn { .. }) | EventData::Exit(data::Exit { .. }) => {
                 let name = lifecycle_name(&e.data);
                 let category = e.data.kind().name();
                 let args = match &e.data {
-                    EventData::Spawn { child_pid, child_tid, .. } => {
+                    EventData::Spawn(data::Spawn { child_pid, child_tid, .. }) => {
                         vec![
                             ("child_pid", Arg::Uint((*child_pid).into())),
                             ("child_tid", Arg::Uint((*child_tid).into())),
@@ -340,7 +341,7 @@ impl<W: Write> Sink for PerfettoWriter<W> {
                 let mark = Mark { name, category, args, ..Mark::default() };
                 self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
             }
-            EventData::Send { channel, fd, bytes, syscall, flow_id, syscall_ns, .. } => {
+            EventData::Send(data::Send { channel, fd, bytes, syscall, flow_id, syscall_ns, .. }) => {
                 let flow = self.new_flow();
                 if self.sends.len() >= MAX_REMEMBERED_SENDS {
                     self.sends.pop_first();
@@ -357,7 +358,7 @@ impl<W: Write> Sink for PerfettoWriter<W> {
                 let mark = Mark { name: Some(format!("send {bytes} B")), args, flows: vec![flow], ..Mark::default() };
                 self.ipc_slice(e, (e.ts, e.ts + syscall_ns), mark)
             }
-            EventData::Recv { channel, fd, bytes, syscall, flow_ids, syscall_ns, .. } => {
+            EventData::Recv(data::Recv { channel, fd, bytes, syscall, flow_ids, syscall_ns, .. }) => {
                 let mut ending = Vec::new();
                 for id in flow_ids {
                     let Some(from) = self.sends.get_mut(id) else { continue };
@@ -384,7 +385,9 @@ impl<W: Write> Sink for PerfettoWriter<W> {
                 let mark = Mark { name, args, terminating_flows: ending, ..Mark::default() };
                 self.ipc_slice(e, (e.ts.saturating_sub(*syscall_ns), e.ts), mark)
             }
-            EventData::Signal { signal, sender_pid, target_pid, target_tid, delivered, flow_id, .. } => {
+            EventData::Signal(data::Signal {
+                signal, sender_pid, target_pid, target_tid, delivered, flow_id, ..
+            }) => {
                 let (flows, terminating_flows) = match (flow_id, delivered) {
                     (Some(id), false) => {
                         let flow = self.new_flow();
@@ -550,7 +553,7 @@ mod tests {
                 ts,
                 1,
                 1,
-                EventData::Send {
+                EventData::Send(data::Send {
                     channel: pipe.clone(),
                     fd: 4,
                     bytes: 8,
@@ -559,7 +562,7 @@ mod tests {
                     syscall_ns: 10,
                     seq: None,
                     digest: None,
-                },
+                }),
             )
         };
         let recv = |ts, flow_ids: Vec<u64>| {
@@ -567,7 +570,7 @@ mod tests {
                 ts,
                 2,
                 2,
-                EventData::Recv {
+                EventData::Recv(data::Recv {
                     channel: pipe.clone(),
                     fd: 3,
                     bytes: 4,
@@ -576,7 +579,7 @@ mod tests {
                     syscall_ns: 10,
                     seq: None,
                     digest: None,
-                },
+                }),
             )
         };
         let signal = |ts, pid, delivered| {
@@ -584,7 +587,7 @@ mod tests {
                 ts,
                 pid,
                 pid,
-                EventData::Signal {
+                EventData::Signal(data::Signal {
                     signal: SignalId::new(10),
                     sender_pid: 1,
                     target_pid: 2,
@@ -593,7 +596,7 @@ mod tests {
                     flow_id: Some(77),
                     group: false,
                     queued: true,
-                },
+                }),
             )
         };
         let packets = export(

@@ -1,0 +1,294 @@
+//! Each event kind's own fields, defined once: the JSON lines encoding ([`super::json`]) and the
+//! wire protocol (postcard) both follow from these structs. A kind's fields are written in the
+//! order declared here. `N` is the type of the names that repeat on every call (function,
+//! module): shared strings in a trace, numbers into a string table on the wire.
+
+use std::{fmt, sync::Arc};
+
+use serde::{Deserialize, Serialize, Serializer};
+
+/// Most argument registers a call records: Go's nine (rax, rbx, rcx, rdi, rsi, r8-r11).
+pub const MAX_ARGS: usize = 9;
+
+/// A call's integer argument registers: six for System V code (rdi, rsi, rdx, rcx, r8, r9), nine
+/// for Go. Kept inline (a call event allocates nothing for them); a JSON array of that many.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Args {
+    len: u8,
+    values: [u64; MAX_ARGS],
+}
+
+impl Args {
+    /// The first [`MAX_ARGS`] of `values`.
+    pub fn new(values: &[u64]) -> Args {
+        let len = values.len().min(MAX_ARGS);
+        let mut args = Args { len: len as u8, values: [0; MAX_ARGS] };
+        args.values[..len].copy_from_slice(&values[..len]);
+        args
+    }
+
+    pub fn as_slice(&self) -> &[u64] {
+        &self.values[..self.len as usize]
+    }
+}
+
+impl<const N: usize> From<[u64; N]> for Args {
+    fn from(values: [u64; N]) -> Args {
+        Args::new(&values)
+    }
+}
+
+impl std::ops::Deref for Args {
+    type Target = [u64];
+
+    fn deref(&self) -> &[u64] {
+        self.as_slice()
+    }
+}
+
+impl fmt::Debug for Args {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl Serialize for Args {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.as_slice().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Args {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Args, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Args;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "at most {MAX_ARGS} integer arguments")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Args, A::Error> {
+                let mut args = Args::default();
+                while let Some(value) = seq.next_element::<u64>()? {
+                    if args.len as usize == MAX_ARGS {
+                        return Err(serde::de::Error::invalid_length(MAX_ARGS + 1, &self));
+                    }
+                    args.values[args.len as usize] = value;
+                    args.len += 1;
+                }
+                Ok(args)
+            }
+        }
+        deserializer.deserialize_seq(Visitor)
+    }
+}
+
+/// A traced function was entered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Call<N = Arc<str>> {
+    pub function: N,
+    pub module: N,
+    pub args: Args,
+    /// The goroutine that made the call (Go functions only).
+    #[serde(default)]
+    pub goid: Option<u64>,
+}
+
+/// A traced function returned.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Return<N = Arc<str>> {
+    pub function: N,
+    pub module: N,
+    pub retval: u64,
+    /// `None` when the call was not seen (it began before tracing did, or its record was lost).
+    pub duration_ns: Option<u64>,
+    /// The goroutine that returned (Go functions only).
+    #[serde(default)]
+    pub goid: Option<u64>,
+}
+
+/// A process forked, a thread was created, or a program was exec'd.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spawn {
+    pub parent_pid: u32,
+    pub child_pid: u32,
+    /// The new thread (for `fork`, the child's main thread; for `exec`, the thread that exec'd).
+    /// Absent in JSON: the child's pid.
+    #[serde(default)]
+    pub child_tid: u32,
+    pub how: SpawnHow,
+    #[serde(default)]
+    pub comm: String,
+    /// The program exec'd (`exec` only).
+    #[serde(default)]
+    pub filename: Option<String>,
+}
+
+/// A process or thread ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exit {
+    /// The status passed to `exit`, `None` when killed by a signal.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// The signal that killed it (a number), `None` unless killed.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    /// True for the exit of one thread while others live on.
+    pub thread: bool,
+    #[serde(default)]
+    pub comm: String,
+}
+
+/// Bytes left this thread through a socket or pipe. `ts` is the syscall's entry (the bytes
+/// cannot have arrived anywhere before it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Send {
+    pub channel: Channel,
+    pub fd: i32,
+    /// What the syscall (or this message of `sendmmsg`) actually transferred.
+    pub bytes: u64,
+    pub syscall: Syscall,
+    /// Identifies this send; every receive that consumed its bytes names it.
+    pub flow_id: u64,
+    /// How long the syscall took.
+    #[serde(default)]
+    pub syscall_ns: u64,
+    /// Streams: the position of the first byte (TCP: its 32-bit sequence number; Unix streams
+    /// and pipes: the tracer's byte count). What links a receive to the sends it read.
+    #[serde(default)]
+    pub seq: Option<u64>,
+    /// Datagrams: a hash of the length and first payload bytes, which tells datagrams apart.
+    #[serde(default)]
+    pub digest: Option<u64>,
+}
+
+/// Bytes arrived at this thread through a socket or pipe. `ts` is the syscall's exit (the bytes
+/// are there from then on).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recv {
+    pub channel: Channel,
+    pub fd: i32,
+    pub bytes: u64,
+    pub syscall: Syscall,
+    /// The `flow_id`s of the traced sends whose bytes this receive consumed, in stream order
+    /// (empty when none was traced). JSON also has `flow_id`: the first of them, or null.
+    #[serde(default)]
+    pub flow_ids: Vec<u64>,
+    #[serde(default)]
+    pub syscall_ns: u64,
+    #[serde(default)]
+    pub seq: Option<u64>,
+    #[serde(default)]
+    pub digest: Option<u64>,
+}
+
+/// A signal generated for a traced process (`delivered: false`), or delivered to a traced
+/// thread (`delivered: true`). A generation and its delivery share a `flow_id`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Signal {
+    pub signal: SignalId,
+    /// The process that sent it (the kernel's own signals name the process they were raised in).
+    pub sender_pid: u32,
+    pub target_pid: u32,
+    #[serde(default)]
+    pub target_tid: u32,
+    pub delivered: bool,
+    /// Links a generation to its delivery; `None` for a generation the kernel dropped (the
+    /// signal was already pending or ignored) or a delivery whose generation was not seen.
+    #[serde(default)]
+    pub flow_id: Option<u64>,
+    /// Generation: aimed at the whole process (any thread may take it), not one thread.
+    #[serde(default)]
+    pub group: bool,
+    /// Generation: the kernel queued it for delivery (false: ignored, or already pending).
+    #[serde(default = "queued_by_default")]
+    pub queued: bool,
+}
+
+fn queued_by_default() -> bool {
+    true
+}
+
+/// What an IPC transfer went through. Both ends of a conversation compute the same channel: for
+/// TCP and UDP, `src` is the sending end and `dst` the receiving end, on either side.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Channel {
+    Tcp {
+        src: std::net::SocketAddr,
+        dst: std::net::SocketAddr,
+    },
+    Udp {
+        src: std::net::SocketAddr,
+        dst: std::net::SocketAddr,
+    },
+    /// A Unix stream socket (named or a socketpair). `id` names the connection, the same at both
+    /// ends and in both directions; `to` names the receiving socket, which tells the directions
+    /// apart. Both are derived from the kernel's socket objects, stable within one trace.
+    UnixStream {
+        id: u64,
+        to: u64,
+        path: Option<String>,
+    },
+    /// A Unix datagram (or seqpacket) socket. A named receiver is known by its `path` at both
+    /// ends (a sender that addresses it by path learns nothing else); an unnamed one (a
+    /// socketpair) by its inode number, `id`.
+    UnixDgram {
+        id: Option<u64>,
+        path: Option<String>,
+    },
+    /// An anonymous pipe; `id` is its inode number.
+    Pipe {
+        id: u64,
+    },
+    /// A named pipe; `id` is its inode number.
+    Fifo {
+        id: u64,
+        path: Option<String>,
+    },
+}
+
+/// The syscalls that move IPC data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Syscall {
+    Read,
+    Write,
+    Readv,
+    Writev,
+    Sendto,
+    Recvfrom,
+    Sendmsg,
+    Recvmsg,
+    Sendmmsg,
+    Recvmmsg,
+}
+
+/// A signal, by number and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SignalId {
+    pub number: i32,
+    pub name: String,
+}
+
+impl SignalId {
+    pub fn new(number: i32) -> SignalId {
+        let name = nix::sys::signal::Signal::try_from(number).map(|s| s.as_str().to_string()).unwrap_or_else(|_| {
+            if number >= libc::SIGRTMIN() {
+                format!("SIGRTMIN+{}", number - libc::SIGRTMIN())
+            } else {
+                format!("SIG{number}")
+            }
+        });
+        SignalId { number, name }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpawnHow {
+    Fork,
+    Thread,
+    Exec,
+}

@@ -1,0 +1,520 @@
+//! The one event model every sink, exporter, analysis and the wire protocol speak.
+//!
+//! A trace is a [`TraceStart`], then [`Event`]s, then a [`TraceEnd`] ([`TraceItem`]). Each
+//! event kind's fields are one struct in [`data`], collected in [`EventData`]; the model's serde
+//! derives are the wire protocol's encoding (postcard), and [`json`] is the JSON lines encoding
+//! (a `kind` first, then the head `ts, host, pid, tid`, then the kind's fields). A new kind or
+//! field is one edit here, and every encoding follows.
+
+pub mod data;
+pub mod json;
+mod trace;
+
+use std::{collections::HashSet, fmt, sync::Arc};
+
+use serde::{Deserialize, Serialize};
+
+pub use data::{Args, Channel, MAX_ARGS, SignalId, SpawnHow, Syscall};
+pub use trace::{
+    ClockInfo, EndReason, HostEnd, HostInfo, HostLoss, IpcStats, LossCause, TargetInfo, TraceEnd, TraceStart,
+};
+
+pub use crate::placement::ProbePaths;
+
+/// Version of the JSON lines format written in `trace_start.format_version`.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One event. Its serde derives are its wire form: the host is left out (a connection is one
+/// host's); JSON lines write it through [`json::Line`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event<N = Arc<str>> {
+    /// Nanoseconds since the Unix epoch.
+    pub ts: u64,
+    #[serde(skip)]
+    pub host: Arc<str>,
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    pub data: EventData<N>,
+}
+
+/// What happened, by kind. The variant names are the kinds' names (`call`, `return`, ...).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventData<N = Arc<str>> {
+    Call(data::Call<N>),
+    Return(data::Return<N>),
+    Spawn(data::Spawn),
+    Exit(data::Exit),
+    Send(data::Send),
+    Recv(data::Recv),
+    Signal(data::Signal),
+}
+
+/// One item of a trace: its start, an event, or its end (as a channel delivers it, or a line of a
+/// JSON lines file).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TraceItem {
+    Start(Box<TraceStart>),
+    Event(Event),
+    End(TraceEnd),
+}
+
+/// The event kinds a user can select with `--events`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Call,
+    Return,
+    Spawn,
+    Exit,
+    Send,
+    Recv,
+    Signal,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 7] = [
+        EventKind::Call,
+        EventKind::Return,
+        EventKind::Spawn,
+        EventKind::Exit,
+        EventKind::Send,
+        EventKind::Recv,
+        EventKind::Signal,
+    ];
+    /// What `--events ipc` stands for.
+    pub const IPC: [EventKind; 3] = [EventKind::Send, EventKind::Recv, EventKind::Signal];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Call => "call",
+            EventKind::Return => "return",
+            EventKind::Spawn => "spawn",
+            EventKind::Exit => "exit",
+            EventKind::Send => "send",
+            EventKind::Recv => "recv",
+            EventKind::Signal => "signal",
+        }
+    }
+
+    /// Parses one `--events` item: a kind, or `ipc` for send, recv and signal.
+    pub fn parse_list_item(s: &str) -> Result<Vec<EventKind>, String> {
+        if s == "ipc" {
+            return Ok(EventKind::IPC.to_vec());
+        }
+        s.parse().map(|k| vec![k])
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for EventKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        EventKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
+            let known: Vec<_> = EventKind::ALL.iter().map(|k| k.name()).collect();
+            format!("unknown event kind '{s}' (known: {}, ipc)", known.join(", "))
+        })
+    }
+}
+
+/// Where a call runs, as call stacks and exports see it: a thread, or a goroutine (which moves
+/// between threads, so its calls nest on it and not on any thread).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Track {
+    Thread(u32),
+    Goroutine(u64),
+}
+
+impl<N> Event<N> {
+    /// The same event with its names mapped (to and from the wire's string table, or from names
+    /// borrowed from a JSON line).
+    pub fn map_names<M, E>(self, f: impl FnMut(N) -> Result<M, E>) -> Result<Event<M>, E> {
+        Ok(Event { ts: self.ts, host: self.host, pid: self.pid, tid: self.tid, data: self.data.map_names(f)? })
+    }
+}
+
+impl Event {
+    /// The track of a call or return: its goroutine for Go code (goid 0, a thread's own system
+    /// stack, stays with the thread), else its thread. Other events are on their thread.
+    pub fn track(&self) -> Track {
+        match &self.data {
+            EventData::Call(data::Call { goid: Some(goid), .. })
+            | EventData::Return(data::Return { goid: Some(goid), .. })
+                if *goid != 0 =>
+            {
+                Track::Goroutine(*goid)
+            }
+            _ => Track::Thread(self.tid),
+        }
+    }
+}
+
+impl<N> EventData<N> {
+    pub fn kind(&self) -> EventKind {
+        match self {
+            EventData::Call(_) => EventKind::Call,
+            EventData::Return(_) => EventKind::Return,
+            EventData::Spawn(_) => EventKind::Spawn,
+            EventData::Exit(_) => EventKind::Exit,
+            EventData::Send(_) => EventKind::Send,
+            EventData::Recv(_) => EventKind::Recv,
+            EventData::Signal(_) => EventKind::Signal,
+        }
+    }
+
+    /// The one place that knows which fields are names.
+    pub fn map_names<M, E>(self, mut f: impl FnMut(N) -> Result<M, E>) -> Result<EventData<M>, E> {
+        Ok(match self {
+            EventData::Call(c) => EventData::Call(data::Call {
+                function: f(c.function)?,
+                module: f(c.module)?,
+                args: c.args,
+                goid: c.goid,
+            }),
+            EventData::Return(r) => EventData::Return(data::Return {
+                function: f(r.function)?,
+                module: f(r.module)?,
+                retval: r.retval,
+                duration_ns: r.duration_ns,
+                goid: r.goid,
+            }),
+            EventData::Spawn(s) => EventData::Spawn(s),
+            EventData::Exit(e) => EventData::Exit(e),
+            EventData::Send(s) => EventData::Send(s),
+            EventData::Recv(r) => EventData::Recv(r),
+            EventData::Signal(s) => EventData::Signal(s),
+        })
+    }
+
+    /// Forgets the links between events that flow linking made (a send's `flow_id`, a receive's
+    /// `flow_ids`, a signal's `flow_id`): a collector links flows across hosts itself.
+    pub fn clear_flow_links(&mut self) {
+        match self {
+            EventData::Send(s) => s.flow_id = 0,
+            EventData::Recv(r) => r.flow_ids.clear(),
+            EventData::Signal(s) => s.flow_id = None,
+            EventData::Call(_) | EventData::Return(_) | EventData::Spawn(_) | EventData::Exit(_) => {}
+        }
+    }
+}
+
+/// Interns the strings that repeat on every line (host, function, module), so that a reader
+/// allocates each once.
+#[derive(Default)]
+pub struct Interner {
+    strings: HashSet<Arc<str>>,
+}
+
+impl Interner {
+    pub fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(found) = self.strings.get(s) {
+            return found.clone();
+        }
+        let new: Arc<str> = Arc::from(s);
+        self.strings.insert(new.clone());
+        new
+    }
+}
+/// A trace's first and last lines for unit tests: host `h`, one target (`app`, pid 1, running
+/// `/bin/app`), every event kind.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    pub fn start(ts: u64) -> TraceStart {
+        TraceStart {
+            format_version: FORMAT_VERSION,
+            host: "h".into(),
+            tracer_version: "0".into(),
+            ts,
+            clock: ClockInfo { source: "test".into(), offset_ns: 0, uncertainty_ns: 0 },
+            targets: vec![TargetInfo::Process { pid: 1, comm: "app".into(), exe: "/bin/app".into() }],
+            probes: 2,
+            events: EventKind::ALL.to_vec(),
+            follow_children: true,
+            probe_paths: ProbePaths::default(),
+            hosts: vec![],
+        }
+    }
+
+    /// Ends with three lost calls, so that exports show that they carry the losses.
+    pub fn end(ts: u64) -> TraceEnd {
+        let mut end = TraceEnd::new(ts, EndReason::TargetsExited, 0);
+        end.lost_events.insert("call".to_string(), 3);
+        end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn event(data: EventData) -> Event {
+        Event { ts: 1_700_000_000_000_000_123, host: "h1".into(), pid: 10, tid: 11, data }
+    }
+
+    fn to_line(e: &Event) -> String {
+        serde_json::to_string(&json::Line::Event(e)).unwrap()
+    }
+
+    fn parse(line: &str) -> Result<TraceItem, String> {
+        json::parse_line(line, &mut Interner::default())
+    }
+
+    fn round_trip(e: &Event) -> Event {
+        match parse(&to_line(e)).unwrap() {
+            TraceItem::Event(e) => e,
+            other => panic!("not an event: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn call_line_has_contract_fields_in_order() {
+        let e = event(EventData::Call(data::Call {
+            function: "fib".into(),
+            module: "/bin/x".into(),
+            args: [1, 2, 3, 4, 5, u64::MAX].into(),
+            goid: None,
+        }));
+        assert_eq!(
+            to_line(&e),
+            r#"{"kind":"call","ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"function":"fib","module":"/bin/x","args":[1,2,3,4,5,18446744073709551615]}"#
+        );
+        assert_eq!(round_trip(&e), e);
+        assert_eq!(e.track(), Track::Thread(11));
+    }
+
+    #[test]
+    fn go_calls_carry_nine_arguments_and_their_goroutine() {
+        let e = event(EventData::Call(data::Call {
+            function: "main.work".into(),
+            module: "/bin/gof".into(),
+            args: [1, 2, 3, 4, 5, 6, 7, 8, 9].into(),
+            goid: Some(18),
+        }));
+        let line = to_line(&e);
+        assert!(line.ends_with(r#""args":[1,2,3,4,5,6,7,8,9],"goid":18}"#), "{line}");
+        assert_eq!(round_trip(&e), e);
+        assert_eq!(e.track(), Track::Goroutine(18));
+        let r = event(EventData::Return(data::Return {
+            function: "main.work".into(),
+            module: "/bin/gof".into(),
+            retval: 3,
+            duration_ns: Some(9),
+            goid: Some(0),
+        }));
+        assert!(to_line(&r).ends_with(r#""duration_ns":9,"goid":0}"#));
+        assert_eq!(round_trip(&r), r);
+        assert_eq!(r.track(), Track::Thread(11), "goid 0 is the thread's own system stack");
+        let ten = r#"{"kind":"call","ts":1,"host":"h","pid":1,"tid":1,"function":"f","module":"m","args":[0,0,0,0,0,0,0,0,0,0]}"#;
+        assert!(parse(ten).is_err(), "at most nine arguments");
+    }
+
+    #[test]
+    fn return_keeps_null_duration() {
+        let e = event(EventData::Return(data::Return {
+            function: "f".into(),
+            module: "m".into(),
+            retval: 7,
+            duration_ns: None,
+            goid: None,
+        }));
+        let line = to_line(&e);
+        assert!(line.ends_with(r#""retval":7,"duration_ns":null}"#), "{line}");
+        assert_eq!(round_trip(&e), e);
+        let e = event(EventData::Return(data::Return {
+            function: "f".into(),
+            module: "m".into(),
+            retval: 7,
+            duration_ns: Some(5),
+            goid: None,
+        }));
+        assert_eq!(round_trip(&e), e);
+    }
+
+    #[test]
+    fn spawn_and_exit_round_trip() {
+        for e in [
+            event(EventData::Spawn(data::Spawn {
+                parent_pid: 1,
+                child_pid: 2,
+                child_tid: 2,
+                how: SpawnHow::Exec,
+                comm: "ls".into(),
+                filename: Some("/bin/ls".into()),
+            })),
+            event(EventData::Spawn(data::Spawn {
+                parent_pid: 1,
+                child_pid: 1,
+                child_tid: 3,
+                how: SpawnHow::Thread,
+                comm: "a".into(),
+                filename: None,
+            })),
+            event(EventData::Exit(data::Exit { exit_code: None, signal: Some(9), thread: false, comm: "a".into() })),
+            event(EventData::Exit(data::Exit { exit_code: Some(3), signal: None, thread: true, comm: "a".into() })),
+        ] {
+            assert_eq!(round_trip(&e), e);
+        }
+        let line = to_line(&event(EventData::Exit(data::Exit {
+            exit_code: None,
+            signal: Some(9),
+            thread: false,
+            comm: "a".into(),
+        })));
+        assert!(line.contains(r#""exit_code":null,"signal":9,"thread":false"#), "{line}");
+    }
+
+    #[test]
+    fn ipc_events_round_trip() {
+        let tcp = Channel::Tcp { src: "127.0.0.1:5000".parse().unwrap(), dst: "[::1]:80".parse().unwrap() };
+        let send = event(EventData::Send(data::Send {
+            channel: tcp.clone(),
+            fd: 3,
+            bytes: 10,
+            syscall: Syscall::Sendto,
+            flow_id: 7,
+            syscall_ns: 1500,
+            seq: Some(1000),
+            digest: None,
+        }));
+        let line = to_line(&send);
+        assert!(
+            line.contains(r#""channel":{"type":"tcp","src":"127.0.0.1:5000","dst":"[::1]:80"},"fd":3,"bytes":10,"syscall":"sendto","flow_id":7"#),
+            "{line}"
+        );
+        assert_eq!(round_trip(&send), send);
+        let recv = event(EventData::Recv(data::Recv {
+            channel: Channel::UnixStream { id: 99, to: 100, path: Some("/tmp/s".into()) },
+            fd: 4,
+            bytes: 10,
+            syscall: Syscall::Read,
+            flow_ids: vec![7, 8],
+            syscall_ns: 20,
+            seq: Some(5),
+            digest: None,
+        }));
+        let line = to_line(&recv);
+        assert!(line.contains(r#""flow_id":7,"flow_ids":[7,8]"#), "{line}");
+        assert_eq!(round_trip(&recv), recv);
+        let unlinked = event(EventData::Recv(data::Recv {
+            channel: Channel::Pipe { id: 5 },
+            fd: 0,
+            bytes: 1,
+            syscall: Syscall::Readv,
+            flow_ids: vec![],
+            syscall_ns: 0,
+            seq: None,
+            digest: Some(77),
+        }));
+        assert!(to_line(&unlinked).contains(r#""flow_id":null,"flow_ids":[]"#));
+        assert_eq!(round_trip(&unlinked), unlinked);
+        let sig = event(EventData::Signal(data::Signal {
+            signal: SignalId::new(10),
+            sender_pid: 1,
+            target_pid: 2,
+            target_tid: 2,
+            delivered: true,
+            flow_id: Some(3),
+            group: false,
+            queued: true,
+        }));
+        let line = to_line(&sig);
+        assert!(line.contains(r#""signal":{"number":10,"name":"SIGUSR1"}"#), "{line}");
+        assert_eq!(round_trip(&sig), sig);
+    }
+
+    #[test]
+    fn signal_names() {
+        assert_eq!(SignalId::new(9).name, "SIGKILL");
+        assert_eq!(SignalId::new(libc::SIGRTMIN() + 2).name, "SIGRTMIN+2");
+    }
+
+    #[test]
+    fn missing_fields_are_named() {
+        let err = parse(r#"{"kind":"call","ts":1,"host":"h","pid":1,"tid":1,"module":"m","args":[0,0,0,0,0,0]}"#);
+        assert_eq!(err.unwrap_err(), "missing field `function`");
+        assert!(parse(r#"{"kind":"bogus"}"#).is_err());
+    }
+
+    #[test]
+    fn trace_start_and_end_carry_their_kind() {
+        let end = TraceEnd {
+            ts: 5,
+            reason: EndReason::CommandExited,
+            events_written: 3,
+            lost_events: BTreeMap::from([("call".to_string(), 0)]),
+            calls_without_return_probe: 0,
+            command_exit_code: Some(0),
+            ipc: IpcStats::default(),
+            hosts: Vec::new(),
+        };
+        let line = serde_json::to_string(&json::Line::End(&end)).unwrap();
+        assert!(line.starts_with(r#"{"kind":"trace_end","ts":5,"reason":"command_exited""#), "{line}");
+        assert_eq!(parse(&line).unwrap(), TraceItem::End(end));
+    }
+
+    /// A hand-edited line need not put `kind` (or a channel's `type`) first.
+    #[test]
+    fn lines_in_any_field_order_are_read() {
+        let send = event(EventData::Send(data::Send {
+            channel: Channel::Fifo { id: 3, path: Some("/f".into()) },
+            fd: 3,
+            bytes: 10,
+            syscall: Syscall::Write,
+            flow_id: 7,
+            syscall_ns: 1,
+            seq: None,
+            digest: None,
+        }));
+        let text = r#"{"ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"channel":{"id":3,"path":"/f","type":"fifo"},"fd":3,"bytes":10,"syscall":"write","flow_id":7,"syscall_ns":1,"kind":"send"}"#;
+        assert_eq!(parse(text).unwrap(), TraceItem::Event(send));
+        assert_eq!(parse(r#"{"ts":1}"#).unwrap_err(), "a line needs a `kind`");
+    }
+
+    /// The wire sends the model's own serde form: start and end typed, names as they are.
+    #[test]
+    fn start_and_end_round_trip_through_postcard() {
+        let mut start = fixtures::start(5);
+        start.probe_paths.moved.insert("f".into(), 4);
+        start.targets.push(TargetInfo::Command { pid: 2, argv: vec!["a".into()], exe: "/a".into() });
+        let bytes = postcard::to_stdvec(&start).unwrap();
+        assert_eq!(postcard::from_bytes::<TraceStart>(&bytes).unwrap(), start);
+        let mut end = fixtures::end(6);
+        end.hosts.push(HostEnd {
+            name: "h".into(),
+            complete: false,
+            reason: None,
+            events: 1,
+            command_exit_code: None,
+            lost: vec![HostLoss { cause: LossCause::Gap, detail: "d".into() }],
+        });
+        let bytes = postcard::to_stdvec(&end).unwrap();
+        assert_eq!(postcard::from_bytes::<TraceEnd>(&bytes).unwrap(), end);
+        let line = serde_json::to_string(&json::Line::Start(&start)).unwrap();
+        assert!(
+            line.contains(r#""targets":[{"type":"process","pid":1,"comm":"app","exe":"/bin/app"},{"type":"command""#),
+            "{line}"
+        );
+        assert!(line.contains(r#""moved":{"f":4}"#), "{line}");
+        assert_eq!(parse(&line).unwrap(), TraceItem::Start(Box::new(start)));
+    }
+
+    #[test]
+    fn interner_shares_strings() {
+        let mut i = Interner::default();
+        let a = i.intern("x");
+        let b = i.intern("x");
+        assert!(Arc::ptr_eq(&a, &b));
+    }
+}

@@ -1,0 +1,214 @@
+//! A trace's first and last lines: what was traced, how, and how it ended.
+
+use std::{collections::BTreeMap, fmt};
+
+use serde::{Deserialize, Serialize};
+
+use super::EventKind;
+use crate::placement::ProbePaths;
+
+/// What a trace's first line says about it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceStart {
+    pub format_version: u32,
+    /// Host that recorded the trace.
+    pub host: String,
+    pub tracer_version: String,
+    /// When tracing began, nanoseconds since the Unix epoch.
+    pub ts: u64,
+    pub clock: ClockInfo,
+    pub targets: Vec<TargetInfo>,
+    /// Number of functions probed.
+    pub probes: usize,
+    /// Event kinds recorded.
+    pub events: Vec<EventKind>,
+    pub follow_children: bool,
+    /// The probed functions by the path their probes take in this kernel (optimized, emulated,
+    /// trap; see `placement`), and those whose probes moved off the symbol.
+    #[serde(default)]
+    pub probe_paths: ProbePaths,
+    /// A trace merged from several hosts: each host, its clock correction and its targets.
+    #[serde(default)]
+    pub hosts: Vec<HostInfo>,
+}
+
+/// One host of a merged trace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub name: String,
+    /// Subtracted from the host's timestamps (its clock minus the collector's), nanoseconds.
+    pub offset_ns: i64,
+    /// Half the width of the interval the offset is known to lie in, after message links.
+    pub uncertainty_ns: u64,
+    /// The same, from the round trips alone.
+    pub round_trip_uncertainty_ns: u64,
+    /// How fast the host's clock ran against the collector's, parts per million.
+    pub drift_ppm: f64,
+    pub events: u64,
+    /// Events the agent dropped while its collector was away.
+    pub lost_in_transit: u64,
+    pub targets: Vec<TargetInfo>,
+}
+
+/// How event timestamps were made.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClockInfo {
+    /// The kernel clock events were stamped with.
+    pub source: String,
+    /// Added to that clock to get Unix time (`CLOCK_REALTIME - CLOCK_BOOTTIME`), nanoseconds.
+    pub offset_ns: i64,
+    /// Half the width of the tightest bracket in which the offset was read, nanoseconds.
+    pub uncertainty_ns: u64,
+}
+
+/// One thing the user asked to trace, as resolved at start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetInfo {
+    /// A process traced with `--pid`, or found running a `--binary` at start.
+    Process { pid: u32, comm: String, exe: String },
+    /// An executable traced with `--binary`.
+    Binary { path: String },
+    /// The command the tracer launched.
+    Command { pid: u32, argv: Vec<String>, exe: String },
+}
+
+/// What a trace's last line says about it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceEnd {
+    /// When tracing stopped, nanoseconds since the Unix epoch.
+    pub ts: u64,
+    pub reason: EndReason,
+    /// Event lines written between `trace_start` and `trace_end`.
+    pub events_written: u64,
+    /// Events the kernel could not write (ring buffer full), per kind, plus `untraced_children`
+    /// (children that could not be added to the traced set) and `undecodable` (records user space
+    /// could not read).
+    pub lost_events: BTreeMap<String, u64>,
+    /// Calls made while 64 probed calls were already active on the thread: the kernel installs no
+    /// return probe for them, so they have no `return` event (a kernel limit, `MAX_URETPROBE_DEPTH`).
+    #[serde(default)]
+    pub calls_without_return_probe: u64,
+    /// Exit code of the launched command (128 + signal when killed).
+    #[serde(default)]
+    pub command_exit_code: Option<i32>,
+    /// How IPC transfers were linked: receives linked to a traced send, receives with none, and
+    /// bytes received without a traced sender.
+    #[serde(default)]
+    pub ipc: IpcStats,
+    /// A trace collected from several hosts: per host, whether its part is complete, and if not
+    /// what was lost and why.
+    #[serde(default)]
+    pub hosts: Vec<HostEnd>,
+}
+
+/// How one host's part of a collected trace ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostEnd {
+    pub name: String,
+    /// Every event the host's agent recorded was received.
+    pub complete: bool,
+    /// Why the host's trace ended, as its agent said (none if no end arrived).
+    pub reason: Option<EndReason>,
+    /// Events received from it.
+    pub events: u64,
+    /// Exit code of the command it launched (128 + signal when killed).
+    pub command_exit_code: Option<i32>,
+    /// What makes it incomplete; empty when complete.
+    #[serde(default)]
+    pub lost: Vec<HostLoss>,
+}
+
+/// Something a collector could not get from a host, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostLoss {
+    pub cause: LossCause,
+    /// One sentence: what is missing.
+    pub detail: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossCause {
+    /// The connection dropped and the agent could not be reached again in time: everything after
+    /// the last event received is missing.
+    ReconnectWindowUsedUp,
+    /// The agent no longer had the trace when the collector came back.
+    AgentDroppedTrace,
+    /// The agent reported that the trace failed.
+    AgentFailed,
+    /// The trace did not end within the stop timeout.
+    StopTimedOut,
+    /// The agent dropped events while the collector was away (its buffer was full).
+    Gap,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpcStats {
+    pub sends: u64,
+    pub recvs: u64,
+    /// Receives that consumed bytes of at least one traced send.
+    pub linked_recvs: u64,
+    /// Receives whose bytes came from no traced send (the sender is not traced, or wrote before
+    /// tracing started).
+    pub unlinked_recvs: u64,
+    /// Signal generations linked to their delivery.
+    pub linked_signals: u64,
+}
+
+impl TraceEnd {
+    /// An end with nothing lost and no statistics, for a trace whose recorder wrote none (it was
+    /// cut off, or failed).
+    pub fn new(ts: u64, reason: EndReason, events_written: u64) -> TraceEnd {
+        TraceEnd {
+            ts,
+            reason,
+            events_written,
+            lost_events: BTreeMap::new(),
+            calls_without_return_probe: 0,
+            command_exit_code: None,
+            ipc: IpcStats::default(),
+            hosts: Vec::new(),
+        }
+    }
+
+    pub fn total_lost(&self) -> u64 {
+        self.lost_events.values().sum()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// The launched command and all its traced descendants exited.
+    CommandExited,
+    /// Every traced process exited.
+    TargetsExited,
+    /// `--duration` elapsed.
+    Duration,
+    /// SIGINT.
+    Interrupted,
+    /// SIGTERM (for an agent: shut down, or its collector went away).
+    Terminated,
+    /// SIGHUP.
+    HungUp,
+    /// The collector stopped it.
+    Stopped,
+    /// The input ended (a trace converted from a file without a `trace_end`).
+    InputEnded,
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EndReason::CommandExited => "the command exited",
+            EndReason::TargetsExited => "every traced process exited",
+            EndReason::Duration => "the duration elapsed",
+            EndReason::Interrupted => "interrupted",
+            EndReason::Terminated => "terminated",
+            EndReason::HungUp => "hung up",
+            EndReason::Stopped => "stopped by the collector",
+            EndReason::InputEnded => "the input ended",
+        })
+    }
+}
