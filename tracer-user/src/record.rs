@@ -9,7 +9,10 @@ use std::{
     ffi::OsString,
     future::Future,
     path::PathBuf,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -42,6 +45,8 @@ pub(crate) const TICK: Duration = Duration::from_millis(50);
 /// How often the sink is flushed: with the reorder window, an event is in the file (safe from a
 /// `kill -9` of the tracer) about half a second after it happened.
 const FLUSH_EVERY: Duration = Duration::from_millis(250);
+/// How often [`Progress::lost`] is brought up to date (it reads every CPU's counters).
+const PROGRESS_LOST_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
 pub struct RecordOptions {
@@ -517,6 +522,7 @@ impl Plan {
             ends_when_empty: binaries.is_empty(),
             duration: options.duration,
             kinds: options.events.clone(),
+            progress: Arc::default(),
             warnings,
         })
     }
@@ -536,8 +542,29 @@ pub struct Recording {
     ends_when_empty: bool,
     duration: Option<Duration>,
     kinds: BTreeSet<EventKind>,
+    progress: Arc<Progress>,
     /// Things found while attaching that do not stop the trace (the plan's are in [`Plan::warnings`]).
     pub warnings: Vec<String>,
+}
+
+/// What a recording has done so far, readable from elsewhere while [`Recording::run`] runs (a
+/// status line). Events written are current after every batch; the lost count is at most
+/// [`PROGRESS_LOST_EVERY`] old.
+#[derive(Debug, Default)]
+pub struct Progress {
+    events_written: AtomicU64,
+    lost: AtomicU64,
+}
+
+impl Progress {
+    pub fn events_written(&self) -> u64 {
+        self.events_written.load(Ordering::Relaxed)
+    }
+
+    /// Events lost so far, counted as `trace_end.lost_events` counts them.
+    pub fn lost(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
+    }
 }
 
 /// How a recording ended.
@@ -560,6 +587,11 @@ impl Recording {
         self.child_pid
     }
 
+    /// The recording's progress, updated while it runs.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
+    }
+
     /// Drains events into `sink` until the trace ends: the command and its traced descendants
     /// exit, every traced process exits, the duration elapses, or `stop` resolves.
     pub async fn run(self, sink: &mut dyn Sink, stop: impl Future<Output = EndReason>) -> Result<Outcome, RecordError> {
@@ -574,6 +606,7 @@ impl Recording {
             ends_when_empty,
             duration,
             kinds,
+            progress,
             ..
         } = self;
         let mut pipeline = EventPipeline::new(kinds);
@@ -582,6 +615,7 @@ impl Recording {
         sink.flush()?;
         let mut command_exit: Option<ChildExit> = None;
         let mut last_flush = tokio::time::Instant::now();
+        let mut last_lost_count = tokio::time::Instant::now();
         let deadline = duration.map(|d| tokio::time::Instant::now() + d);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -596,14 +630,21 @@ impl Recording {
                     Some(batch) => {
                         push_batch(&batch, &mut assembler, &mut pipeline);
                         pipeline.flush_ready(sink)?;
+                        progress.events_written.store(pipeline.written, Ordering::Relaxed);
                     }
                     None => return Err(drain.join().err().unwrap_or_else(|| std::io::Error::other("the ring-buffer drain stopped")).into()),
                 },
                 _ = tick.tick() => {
                     pipeline.flush_older_than(clock.now_unix_ns().saturating_sub(REORDER_WINDOW_NS), sink)?;
+                    progress.events_written.store(pipeline.written, Ordering::Relaxed);
                     if last_flush.elapsed() >= FLUSH_EVERY {
                         sink.flush()?;
                         last_flush = tokio::time::Instant::now();
+                    }
+                    if last_lost_count.elapsed() >= PROGRESS_LOST_EVERY {
+                        let lost_so_far = lost_events(&lost, &assembler).values().sum();
+                        progress.lost.store(lost_so_far, Ordering::Relaxed);
+                        last_lost_count = tokio::time::Instant::now();
                     }
                     if let Some(pid) = child_pid
                         && command_exit.is_none()
@@ -634,14 +675,9 @@ impl Recording {
             command_exit = try_reap(pid);
         }
 
-        let counts = lost.read();
-        let mut lost_events: BTreeMap<String, u64> = BTreeMap::new();
-        for slot in 0..lost_slot::COUNT {
-            if let Some(name) = lost_slot_name(slot) {
-                *lost_events.entry(name.to_string()).or_default() += counts[slot as usize];
-            }
-        }
-        lost_events.insert("undecodable".to_string(), assembler.undecodable);
+        let lost_events = lost_events(&lost, &assembler);
+        progress.events_written.store(pipeline.written, Ordering::Relaxed);
+        progress.lost.store(lost_events.values().sum(), Ordering::Relaxed);
         let end = TraceEnd {
             ts: end_ts,
             reason,
@@ -656,6 +692,20 @@ impl Recording {
         let command_still_running = child_pid.filter(|_| command_exit.is_none());
         Ok(Outcome { end, command_exit, command_still_running })
     }
+}
+
+/// Events lost so far, by the name `trace_end.lost_events` gives them: the kernel's counters
+/// and the records user space could not decode.
+fn lost_events(lost: &LostCounters, assembler: &EventAssembler) -> BTreeMap<String, u64> {
+    let counts = lost.read();
+    let mut lost_events: BTreeMap<String, u64> = BTreeMap::new();
+    for slot in 0..lost_slot::COUNT {
+        if let Some(name) = lost_slot_name(slot) {
+            *lost_events.entry(name.to_string()).or_default() += counts[slot as usize];
+        }
+    }
+    lost_events.insert("undecodable".to_string(), assembler.undecodable);
+    lost_events
 }
 
 /// How full the ring may get before a record wakes the drain (which otherwise polls every few

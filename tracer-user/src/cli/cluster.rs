@@ -225,11 +225,14 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
                 None => std::future::pending().await,
             }
         };
-        let reason = tokio::select! {
-            reason = stop => reason,
-            _ = deadline => EndReason::Duration,
-            _ = trace.finished() => EndReason::TargetsExited,
+        let until_done = async {
+            tokio::select! {
+                reason = stop => reason,
+                _ = deadline => EndReason::Duration,
+                _ = trace.finished() => EndReason::TargetsExited,
+            }
         };
+        let reason = super::status::with_status("received", || trace.received_and_lost(), until_done).await;
         let merged = trace.stop_because(reason).await?;
         for (host, events, seconds) in trace.ingest() {
             eprintln!(

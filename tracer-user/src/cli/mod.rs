@@ -2,6 +2,7 @@
 //! stderr (warnings, the summary, errors) is written here, never by the library.
 
 mod cluster;
+mod status;
 mod top;
 
 use std::{
@@ -418,7 +419,9 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
                 .map_or(String::new(), |p| format!(" (and, until it is complete, JSON lines to {})", p.display()))
         );
         let stop = signals.forward_then_stop(recording.command_pid());
-        let outcome = match recording.run(&mut *sink, stop).await {
+        let progress = recording.progress();
+        let counts = || (progress.events_written(), progress.lost());
+        let outcome = match status::with_status("written", counts, recording.run(&mut *sink, stop)).await {
             // A reader that stopped reading (`tracer record -o - | head`): not a failure.
             Err(record::RecordError::Output(e))
                 if args.output == Path::new("-") && e.kind() == std::io::ErrorKind::BrokenPipe =>

@@ -536,6 +536,15 @@ impl ClusterTrace {
             .collect()
     }
 
+    /// Events received so far from all hosts, and those known lost on the way (an agent's
+    /// buffer overflowed while its collector was away); for a status line.
+    pub fn received_and_lost(&self) -> (u64, u64) {
+        self.hosts.iter().fold((0, 0), |(received, lost), &i| {
+            let h = self.shared.hosts[i].lock().unwrap();
+            (received + h.next_seq - h.lost_in_transit, lost + h.lost_in_transit)
+        })
+    }
+
     /// Whether every host's trace has ended (its targets are gone, or it failed).
     pub fn is_finished(&self) -> bool {
         self.hosts.iter().all(|&i| self.shared.hosts[i].lock().unwrap().finished())
