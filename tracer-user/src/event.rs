@@ -9,6 +9,8 @@ use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use serde::{Deserialize, Serialize, Serializer, ser::SerializeStruct as _};
 
+use crate::host::Machine;
+
 pub use crate::placement::ProbePaths;
 
 /// Version of the JSON lines format written in `trace_start.format_version`.
@@ -655,12 +657,20 @@ pub struct TraceStart {
     /// A trace merged from several hosts: each host, its clock correction and its targets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<HostInfo>,
+    /// The machine that recorded (or, merged, collected) the trace, as it says itself; `host` is
+    /// the name the user gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<Machine>,
 }
 
 /// One host of a merged trace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HostInfo {
+    /// The name the user gave the host (`--agent NAME=ADDR`): every event of the host carries it.
     pub name: String,
+    /// The machine's own identity (host name, boot id, machine id), as its agent read it.
+    #[serde(default)]
+    pub machine: Option<Machine>,
     /// Subtracted from the host's timestamps (its clock minus the collector's), nanoseconds.
     pub offset_ns: i64,
     /// Half the width of the interval the offset is known to lie in, after message links.
@@ -858,6 +868,7 @@ pub(crate) mod fixtures {
             follow_children: true,
             probe_paths: ProbePaths::default(),
             hosts: vec![],
+            machine: None,
         }
     }
 
