@@ -149,7 +149,8 @@ fn per_host<'a>(what: &str, item: &'a str, agents: &[AgentSpec]) -> anyhow::Resu
     Ok((name.to_string(), value))
 }
 
-/// One request per agent, from the per-host targets and the shared options.
+/// One request per agent, from the per-host targets and the shared options (the names are
+/// unique: [`collector::check_names`]).
 fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
     let events: Vec<String> = args.trace.event_kinds().iter().map(|k| k.name().to_string()).collect();
     let mut requests: BTreeMap<String, TraceRequest> = args
@@ -190,7 +191,8 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
             bail!("agent {name} has nothing to trace: give -p {name}:PID, -b {name}:PATH or -c {name}:COMMAND");
         }
     }
-    Ok(requests.into_iter().collect())
+    // In the order of the --agent options: host `i` of the trace is the `i`th agent given.
+    Ok(args.agents.iter().map(|a| (a.name.clone(), requests.remove(&a.name).expect("one per agent"))).collect())
 }
 
 pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
