@@ -319,10 +319,14 @@ fn record_names_its_host_as_told_and_keeps_the_machines_identity() {
 /// refused rather than left to trace nothing (or the wrong processes).
 #[test]
 fn a_tracer_in_another_pid_namespace_is_refused() {
+    let dir = temp_dir();
     let out = Command::new("unshare")
         .args(["--pid", "--fork", "--mount-proc"])
         .arg(tracer_bin())
-        .args(["record", "-o", "/dev/null", "--", "/bin/true"])
+        .arg("record")
+        .arg("-o")
+        .arg(dir.path().join("t.jsonl"))
+        .args(["--", "/bin/true"])
         .output()
         .expect("run unshare");
     let stderr = String::from_utf8_lossy(&out.stderr);
