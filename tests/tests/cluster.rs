@@ -31,7 +31,7 @@ impl Agent {
         let log = dir.join(format!("agent-{name}.log"));
         let child = net
             .command(host, &tracer_bin())
-            .args(["agent", "--listen", &format!("{}:{PORT}", net.hosts[host].addr), "--name", name])
+            .args(["agent", "--listen", &format!("{}:{PORT}", net.hosts[host].addr)])
             .arg("--allow-commands")
             .args(extra)
             .stdin(Stdio::null())

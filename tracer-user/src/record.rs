@@ -24,6 +24,7 @@ use crate::{
     clock::BootClock,
     drain::{Batch, RingDrain},
     event::{EndReason, EventKind, FORMAT_VERSION, ProbePaths, TargetInfo, TraceEnd, TraceStart},
+    host::{self, Machine, NameError},
     kernel_btf::{KernelBtf, KernelBtfError},
     launch::{ChildExit, LaunchError, RunAs, spawn_stopped, try_reap},
     loader::{Kernel, LoadError, LostCounters, ProbeSpec, raise_fd_limit},
@@ -60,7 +61,8 @@ pub struct RecordOptions {
     pub duration: Option<Duration>,
     pub buffer_size: u32,
     pub max_probes: usize,
-    /// The host name written in every event.
+    /// The host name written in every event (checked with [`host::check_name`]; default: this
+    /// machine's host name).
     pub host: String,
     /// Run the command as this user (the agent launching for a socket-group member).
     pub run_as: Option<RunAs>,
@@ -78,15 +80,10 @@ impl Default for RecordOptions {
             duration: None,
             buffer_size: DEFAULT_BUFFER_SIZE,
             max_probes: DEFAULT_MAX_PROBES,
-            host: host_name(),
+            host: host::default_name(),
             run_as: None,
         }
     }
-}
-
-/// This machine's host name.
-pub fn host_name() -> String {
-    nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".to_string())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +92,12 @@ pub enum RecordError {
     NotRoot,
     #[error("nothing to trace: give --pid, --binary, or a command after --")]
     NoTargets,
+    #[error(transparent)]
+    HostName(#[from] NameError),
+    #[error(
+        "tracer must run in the initial pid namespace: the kernel reports the pids of that namespace, so in another one it would trace the wrong processes or none (run it on the host, or in a container with --pid=host)"
+    )]
+    NotInitialPidNamespace,
     #[error(transparent)]
     Target(#[from] TargetError),
     #[error(transparent)]
@@ -140,6 +143,21 @@ pub fn check_root() -> Result<(), RecordError> {
     if nix::unistd::geteuid().is_root() { Ok(()) } else { Err(RecordError::NotRoot) }
 }
 
+/// The inode of the initial pid namespace (`PROC_PID_INIT_INO` in the kernel's `proc_ns.h`).
+const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+
+/// The trace's pids are the initial pid namespace's (what `bpf_get_current_pid_tgid` and the
+/// sched tracepoints report), and so are the pids the user gives and the tracer launches: a
+/// tracer in another pid namespace would compare numbers from two namespaces.
+pub fn check_pid_namespace() -> Result<(), RecordError> {
+    use std::os::unix::fs::MetadataExt as _;
+    match std::fs::metadata("/proc/self/ns/pid") {
+        Ok(m) if m.ino() != INITIAL_PID_NAMESPACE => Err(RecordError::NotInitialPidNamespace),
+        // Without /proc/self/ns (very old kernels, no procfs) there is nothing to tell.
+        _ => Ok(()),
+    }
+}
+
 /// Everything resolved and checked, nothing attached yet.
 pub struct Plan {
     pub(crate) options: RecordOptions,
@@ -162,6 +180,8 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
     if options.pids.is_empty() && options.binaries.is_empty() && options.command.is_empty() {
         return Err(RecordError::NoTargets);
     }
+    host::check_name(&options.host)?;
+    check_pid_namespace()?;
     let size = options.buffer_size;
     if !size.is_power_of_two() || size < 4096 {
         return Err(RecordError::BadBufferSize(size));
@@ -504,6 +524,7 @@ impl Plan {
             follow_children: options.follow_children,
             probe_paths,
             hosts: vec![],
+            machine: Some(Machine::read()),
         };
         let return_probes = options.events.contains(&EventKind::Return);
         let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes);

@@ -242,6 +242,7 @@ pub(crate) mod fixtures {
             follow_children: true,
             probe_paths: ProbePaths::default(),
             hosts: vec![],
+            machine: None,
         }
     }
 
