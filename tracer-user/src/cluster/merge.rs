@@ -186,7 +186,7 @@ mod tests {
     use crate::event::{Channel, Syscall};
 
     fn collector() -> TraceStart {
-        let mut start = crate::event::fixtures::start(0);
+        let mut start = crate::event::test_events::start(0);
         start.host = "collector".into();
         start.targets.clear();
         start

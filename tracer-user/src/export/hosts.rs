@@ -136,7 +136,7 @@ mod tests {
                     targets: vec![TargetInfo::Process { pid: 10, comm: "srv".into(), exe: "/srv".into() }],
                 })
                 .collect(),
-            ..crate::event::fixtures::start(0)
+            ..crate::event::test_events::start(0)
         }
     }
 
