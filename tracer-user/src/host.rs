@@ -91,13 +91,39 @@ fn hex_or_dash(s: &str) -> bool {
     s.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
 }
 
+fn is_boot_id(s: &str) -> bool {
+    s.len() == 36 && hex_or_dash(s)
+}
+
+fn is_machine_id(s: &str) -> bool {
+    s.len() == 32 && hex_or_dash(s)
+}
+
+/// The kernel's bound on a host name (`HOST_NAME_MAX`).
+const MAX_HOSTNAME: usize = 64;
+
+fn is_hostname(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_HOSTNAME && !s.chars().any(char::is_control)
+}
+
 impl Machine {
     /// Reads this machine's identity; missing or malformed files leave their field `None`.
     pub fn read() -> Machine {
         Machine {
             hostname: Machine::hostname(),
-            boot_id: read_id(Path::new("/proc/sys/kernel/random/boot_id"), |s| s.len() == 36 && hex_or_dash(s)),
-            machine_id: read_id(Path::new("/etc/machine-id"), |s| s.len() == 32 && hex_or_dash(s)),
+            boot_id: read_id(Path::new("/proc/sys/kernel/random/boot_id"), is_boot_id),
+            machine_id: read_id(Path::new("/etc/machine-id"), is_machine_id),
+        }
+    }
+
+    /// The identity another host sent, keeping only fields of the shape a real machine gives:
+    /// an agent's word travels into the trace and onto terminals, so an overlong host name or
+    /// one with control characters (terminal escapes) is dropped, not stored.
+    pub fn from_peer(self) -> Machine {
+        Machine {
+            hostname: self.hostname.filter(|s| is_hostname(s)),
+            boot_id: self.boot_id.filter(|s| is_boot_id(s)),
+            machine_id: self.machine_id.filter(|s| is_machine_id(s)),
         }
     }
 
@@ -126,6 +152,24 @@ mod tests {
         assert!(matches!(check_name("a=b"), Err(NameError::BadCharacter(_, '='))));
         assert!(matches!(check_name("wéb"), Err(NameError::BadCharacter(_, 'é'))));
         assert!(matches!(check_name(&"a".repeat(MAX_NAME + 1)), Err(NameError::TooLong(_))));
+    }
+
+    #[test]
+    fn a_peers_identity_keeps_only_well_formed_fields() {
+        let good = Machine {
+            hostname: Some("web-1.example".into()),
+            boot_id: Some("0d3c6f1e-3b0a-4b8e-9c1d-2f4e5a6b7c8d".into()),
+            machine_id: Some("0123456789abcdef0123456789abcdef".into()),
+        };
+        assert_eq!(good.clone().from_peer(), good);
+        let hostile = Machine {
+            hostname: Some("web\u{1b}]0;owned\u{7}".into()),
+            boot_id: Some("x".repeat(1 << 20)),
+            machine_id: Some("0123456789abcdef0123456789abcdeg".into()),
+        };
+        assert_eq!(hostile.from_peer(), Machine::default());
+        let long = Machine { hostname: Some("a".repeat(MAX_HOSTNAME + 1)), ..Machine::default() };
+        assert_eq!(long.from_peer().hostname, None);
     }
 
     #[test]

@@ -786,7 +786,9 @@ async fn session(
                         Message::Started { trace_id, trace_start } => {
                             let mut h = shared.hosts[index].lock().unwrap();
                             if h.trace_id == Some(trace_id) {
-                                h.start = Some(*trace_start);
+                                let mut trace_start = *trace_start;
+                                trace_start.machine = trace_start.machine.map(Machine::from_peer);
+                                h.start = Some(trace_start);
                                 if !resuming {
                                     // The key that will resume this trace after a dropped connection.
                                     h.resume_key = Some(resume_key);
