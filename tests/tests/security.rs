@@ -100,6 +100,20 @@ fn a_socket_group_member_launches_commands_as_itself() {
     assert_eq!(t.end["hosts"][0]["complete"], true, "{}", t.end);
 }
 
+/// A group given a socket in a directory it cannot enter would get "permission denied" from
+/// every client: the agent says so at start instead, and changes nobody's directory.
+#[test]
+fn a_socket_group_that_cannot_enter_the_directory_is_refused_at_start() {
+    let dir = temp_dir();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let socket = dir.path().join("a.sock").display().to_string();
+    tracer(&["agent", "--socket", &socket, "--socket-group", "adm"]).assert_error(&format!(
+        "members of group adm cannot reach a socket in {}: the directory does not let them in",
+        dir.path().display()
+    ));
+    assert_eq!(std::fs::metadata(dir.path()).unwrap().permissions().mode() & 0o777, 0o700, "left as it was");
+}
+
 #[test]
 fn collect_passes_the_exit_code_through_and_the_agent_reaps_what_outlives_its_trace() {
     let dir = open_dir();

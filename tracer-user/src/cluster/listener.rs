@@ -60,6 +60,10 @@ pub enum ListenError {
     InUse(PathBuf),
     #[error("no group named {0}")]
     NoSuchGroup(String),
+    #[error(
+        "members of group {group} cannot reach a socket in {dir}: the directory does not let them in (make it mode 0750 and group {group}, or choose another --socket)"
+    )]
+    GroupCannotEnter { dir: PathBuf, group: String },
 }
 
 pub enum Listener {
@@ -110,6 +114,19 @@ impl Listener {
         // Whoever may write the directory may replace the socket with one of their own.
         if meta.uid() != 0 || meta.permissions().mode() & 0o022 != 0 {
             return Err(ListenError::UnsafeDirectory(dir.to_path_buf()));
+        }
+        if let Some((name, gid)) = &group {
+            let mode = meta.permissions().mode();
+            let group_enters = mode & 0o001 != 0 || (meta.gid() == *gid && mode & 0o010 != 0);
+            if !group_enters {
+                // Our own directory, made private by an agent started without a group: let the
+                // group in (search and read, never write). Anyone else's is the operator's call.
+                if dir != Path::new(DEFAULT_SOCKET).parent().unwrap() {
+                    return Err(ListenError::GroupCannotEnter { dir: dir.to_path_buf(), group: name.clone() });
+                }
+                std::os::unix::fs::chown(dir, Some(0), Some(*gid)).map_err(dir_error)?;
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).map_err(dir_error)?;
+            }
         }
         if std::fs::symlink_metadata(path).is_ok() {
             if std::os::unix::net::UnixStream::connect(path).is_ok() {
