@@ -177,6 +177,9 @@ fn fuzz(seconds: u64, only: Option<&str>) -> Result<()> {
             "--locked",
         ]))?;
     }
+    // Built first, so a target that does not compile is not reported as a failure found.
+    println!("xtask: building the fuzz targets");
+    run_checked(&mut nightly(&["fuzz", "build", "--fuzz-dir", "fuzz"])).context("the fuzz targets did not build")?;
     for target in
         ["frame", "trace_line", "record", "event_payload"].into_iter().filter(|t| only.is_none_or(|o| o == *t))
     {
