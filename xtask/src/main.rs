@@ -8,6 +8,7 @@ mod bench;
 mod bench_cluster;
 mod bench_events;
 mod bench_export;
+mod bench_native;
 mod demo;
 mod toolchain;
 
@@ -177,8 +178,9 @@ fn fuzz(seconds: u64, only: Option<&str>) -> Result<()> {
             "--locked",
         ]))?;
     }
-    for target in
-        ["frame", "trace_line", "record", "event_payload"].into_iter().filter(|t| only.is_none_or(|o| o == *t))
+    for target in ["frame", "trace_line", "record", "event_payload", "native"]
+        .into_iter()
+        .filter(|t| only.is_none_or(|o| o == *t))
     {
         println!("xtask: fuzzing {target} for {seconds} s");
         run_checked(&mut nightly(&[
