@@ -99,10 +99,7 @@ fn a_torn_last_line_is_read_with_a_warning() {
     std::fs::write(&file, &text[..cut]).unwrap();
     let run = tracer(&["report", file.to_str().unwrap()]);
     assert_eq!(run.code(), 0, "{run:?}");
-    assert!(
-        run.stderr.contains("was cut short (no trace_end line, and its last line is torn): read 99 events"),
-        "{run:?}"
-    );
+    assert!(run.stderr.contains("was cut short (no trace_end, and its last line is torn): read 99 events"), "{run:?}");
 }
 
 /// The command starts with default dispositions and no blocked signal (the tracer ignores

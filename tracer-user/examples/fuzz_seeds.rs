@@ -8,6 +8,7 @@
 //! - `trace_line`: a JSON lines trace with one event of each kind.
 //! - `record`: one ring-buffer record of each kind.
 //! - `event_payload`: program-event payloads.
+//! - `native`: the same trace in the native format, in one batch of events and in one per event.
 
 use std::{
     fs,
@@ -25,15 +26,19 @@ use tracer_user::{
         Channel, ClockInfo, EndReason, Event, EventData, EventKind, ProbePaths, SignalId, SpawnHow, Syscall,
         TargetInfo, TraceEnd, TraceStart, data,
     },
-    export::jsonl::{JsonlWriter, TraceReader},
-    sink::Sink as _,
+    export::{
+        jsonl::{JsonlWriter, TraceReader},
+        native::{NativeReader, NativeWriter},
+    },
+    sink::Sink,
 };
 
 fn main() -> Result<()> {
     let dir = PathBuf::from(std::env::args().nth(1).context("usage: fuzz_seeds DIR")?);
     let events = events();
     let frames = frames(&events)?;
-    let traces = vec![trace(&events)?];
+    let traces = vec![trace(false, &events, false)?];
+    let natives = vec![trace(true, &events, false)?, trace(true, &events, true)?];
     let records = records();
     let payloads = payloads();
     // A seed the decoder refuses would only teach the fuzzer the first error path: check each
@@ -47,6 +52,11 @@ fn main() -> Result<()> {
         let lines = TraceReader::new(&t[..]).collect::<Result<Vec<_>, _>>().context("trace seed does not read")?;
         anyhow::ensure!(lines.len() == events.len() + 2, "trace seed: {} lines", lines.len());
     }
+    for (i, t) in natives.iter().enumerate() {
+        let items = NativeReader::new(&t[..]).collect::<Result<Vec<_>, _>>();
+        let items = items.with_context(|| format!("native seed {i} does not read"))?;
+        anyhow::ensure!(items.len() == events.len() + 2, "native seed {i}: {} items", items.len());
+    }
     for (i, r) in records.iter().enumerate() {
         tracer_common::decode::decode(r).map_err(|e| anyhow::anyhow!("record seed {i}: {e}"))?;
     }
@@ -57,6 +67,7 @@ fn main() -> Result<()> {
     write(&dir.join("trace_line"), traces)?;
     write(&dir.join("record"), records)?;
     write(&dir.join("event_payload"), payloads)?;
+    write(&dir.join("native"), natives)?;
     Ok(())
 }
 
@@ -198,12 +209,18 @@ fn frames(events: &[Event]) -> Result<Vec<Vec<u8>>> {
     messages.iter().map(|m| encode_body(m).context("cannot encode a message")).collect()
 }
 
-fn trace(events: &[Event]) -> Result<Vec<u8>> {
+/// The trace of `events` in JSON lines (`native: false`) or the native format; `flush_each` ends a
+/// batch after every event.
+fn trace(native: bool, events: &[Event], flush_each: bool) -> Result<Vec<u8>> {
     let mut out = Vec::new();
-    let mut w = JsonlWriter::new(&mut out);
+    let mut w: Box<dyn Sink + '_> =
+        if native { Box::new(NativeWriter::new(&mut out)) } else { Box::new(JsonlWriter::new(&mut out)) };
     w.begin(&start())?;
     for e in events {
         w.event(e)?;
+        if flush_each {
+            w.flush()?;
+        }
     }
     w.end(&end())?;
     drop(w);

@@ -105,6 +105,8 @@ pub enum Part {
     Cluster,
     /// What a program event (`tracer-events`) costs, untraced and traced (root).
     Events,
+    /// The native trace format against JSON lines and uftrace: bytes an event, `report` time (root).
+    Native,
 }
 
 pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
@@ -120,6 +122,9 @@ pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
     }
     if wanted(Part::Events) {
         crate::bench_events::run(tracer)?;
+    }
+    if wanted(Part::Native) {
+        crate::bench_native::run_bench(tracer)?;
     }
     Ok(())
 }

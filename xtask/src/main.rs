@@ -8,6 +8,7 @@ mod bench;
 mod bench_cluster;
 mod bench_events;
 mod bench_export;
+mod bench_native;
 mod demo;
 mod toolchain;
 
@@ -180,8 +181,9 @@ fn fuzz(seconds: u64, only: Option<&str>) -> Result<()> {
     // Built first, so a target that does not compile is not reported as a failure found.
     println!("xtask: building the fuzz targets");
     run_checked(&mut nightly(&["fuzz", "build", "--fuzz-dir", "fuzz"])).context("the fuzz targets did not build")?;
-    for target in
-        ["frame", "trace_line", "record", "event_payload"].into_iter().filter(|t| only.is_none_or(|o| o == *t))
+    for target in ["frame", "trace_line", "record", "event_payload", "native"]
+        .into_iter()
+        .filter(|t| only.is_none_or(|o| o == *t))
     {
         println!("xtask: fuzzing {target} for {seconds} s");
         run_checked(&mut nightly(&[

@@ -25,6 +25,8 @@ const PACKAGES: &[&str] = &[
     "iproute2",
     "libc6-dbg",
     "systemtap-sdt-dev",
+    // The native format's bench compares its size and `report` speed with uftrace's.
+    "uftrace",
 ];
 /// bpf-linker must be built against the LLVM major version of the compiler emitting the bitcode.
 const BPF_LINKER_VERSION: &str = "0.13.0";

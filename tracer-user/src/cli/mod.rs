@@ -23,7 +23,7 @@ use crate::{
         stats::{self, ReportBuilder, SortColumn},
     },
     event::{EndReason, EventKind, TraceEnd},
-    export::{Format, jsonl},
+    export::{Format, input, jsonl},
     host,
     record::{self, RecordOptions},
     sink::Sink,
@@ -122,7 +122,7 @@ pub struct TraceOptions {
     #[arg(long)]
     pub no_follow: bool,
     /// Output format (default: from the output's extension: .jsonl, .json, .flame.json, .folded,
-    /// .svg, .pftrace).
+    /// .svg, .pftrace, .trc).
     #[arg(long, value_enum, value_name = "FMT")]
     pub format: Option<Format>,
     /// Stop after this many seconds.
@@ -365,7 +365,7 @@ pub(crate) fn output_format(path: &Path, format: Option<Format>) -> anyhow::Resu
     match Format::from_path(path) {
         Some(f) => Ok(f),
         None => bail!(
-            "cannot tell the output format from '{}'; add --format (jsonl, chrome, flamegraph, folded, svg or perfetto)",
+            "cannot tell the output format from '{}'; add --format (jsonl, chrome, flamegraph, folded, svg, perfetto or native)",
             path.display()
         ),
     }
@@ -458,7 +458,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
 /// Where `record` spools the events of a trace written in a format that is only readable once
 /// complete: beside the output, removed when the trace is.
 fn spool_path(output: &Path, format: Format) -> Option<PathBuf> {
-    (format != Format::Jsonl && output != Path::new("-"))
+    (!format.streams() && output != Path::new("-"))
         .then(|| PathBuf::from(format!("{}.partial.jsonl", output.display())))
 }
 
@@ -488,12 +488,13 @@ pub(crate) fn print_summary(end: &TraceEnd, output: &Path) {
     }
 }
 
-type Trace = jsonl::TraceReader<BufReader<File>>;
+type Trace = input::AnyReader<BufReader<File>>;
 
 /// Opens a recorded trace (before any output is created, so that a wrong path costs nothing).
 fn open_trace(input: &Path) -> anyhow::Result<Trace> {
     let file = File::open(input).with_context(|| format!("cannot read {}", input.display()))?;
-    Ok(jsonl::TraceReader::new(BufReader::with_capacity(1 << 20, file)))
+    input::AnyReader::detect(BufReader::with_capacity(1 << 20, file))
+        .with_context(|| format!("cannot read {}", input.display()))
 }
 
 /// Replays a recorded trace into a sink, saying on stderr if it was cut short.
@@ -501,9 +502,9 @@ fn replay(input: &Path, trace: Trace, sink: &mut dyn Sink) -> anyhow::Result<jso
     let replayed = jsonl::replay(trace, sink).with_context(|| format!("{} is not a valid trace", input.display()))?;
     if replayed.end_missing {
         eprintln!(
-            "tracer: warning: {} was cut short (no trace_end line{}): read {} events",
+            "tracer: warning: {} was cut short (no trace_end{}): read {} events",
             input.display(),
-            if replayed.torn { ", and its last line is torn" } else { "" },
+            replayed.torn.as_ref().map_or(String::new(), |torn| format!(", and {torn}")),
             replayed.events
         );
     }
@@ -655,7 +656,7 @@ mod tests {
         let err = output_format(Path::new("a.txt"), None).unwrap_err().to_string();
         assert_eq!(
             err,
-            "cannot tell the output format from 'a.txt'; add --format (jsonl, chrome, flamegraph, folded, svg or perfetto)"
+            "cannot tell the output format from 'a.txt'; add --format (jsonl, chrome, flamegraph, folded, svg, perfetto or native)"
         );
     }
 }

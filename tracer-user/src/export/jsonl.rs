@@ -51,12 +51,33 @@ pub enum ReadError {
     Empty,
     #[error("line 1: a trace must start with a trace_start line")]
     NoStart,
+    #[error("batch {batch}: {message}")]
+    Batch { batch: u64, message: String },
+    #[error("not a native trace: {0}")]
+    Header(String),
+}
+
+/// A reader of a trace's items, in any format, for [`replay`].
+pub trait ItemReader: Iterator<Item = Result<TraceItem, ReadError>> {
+    /// What was left out at the end because the writer was killed while writing it, if anything.
+    fn torn(&self) -> Option<String>;
+    /// An error at the reader's position.
+    fn error_here(&self, message: &str) -> ReadError;
+}
+
+impl<R: BufRead> ItemReader for TraceReader<R> {
+    fn torn(&self) -> Option<String> {
+        self.torn.then(|| "its last line is torn".to_string())
+    }
+    fn error_here(&self, message: &str) -> ReadError {
+        ReadError::Malformed { line: self.line, message: message.to_string() }
+    }
 }
 
 /// Reads a JSON lines trace, one line at a time (memory does not grow with the trace).
 ///
 /// A last line that has no newline and does not parse is the torn tail of a trace whose writer
-/// was killed mid-write: it ends the trace (see [`TraceReader::torn`]) instead of failing it.
+/// was killed mid-write: it ends the trace (see [`ItemReader::torn`]) instead of failing it.
 pub struct TraceReader<R: BufRead> {
     input: R,
     buf: String,
@@ -68,11 +89,6 @@ pub struct TraceReader<R: BufRead> {
 impl<R: BufRead> TraceReader<R> {
     pub fn new(input: R) -> Self {
         TraceReader { input, buf: String::new(), line: 0, interner: Interner::default(), torn: false }
-    }
-
-    /// Whether the trace ended in a torn line (left out).
-    pub fn torn(&self) -> bool {
-        self.torn
     }
 
     fn parse(&mut self) -> Result<TraceItem, ReadError> {
@@ -113,12 +129,12 @@ pub struct Replayed {
     pub events: u64,
     /// The trace had no `trace_end` (it was cut short); one was made up from the last event.
     pub end_missing: bool,
-    /// Its last line was torn (the writer was killed while writing it) and was left out.
-    pub torn: bool,
+    /// What was torn at its end (the writer was killed while writing it) and left out.
+    pub torn: Option<String>,
 }
 
 /// Feeds a whole trace to a sink: the start line, each event, the end line.
-pub fn replay<R: BufRead>(reader: TraceReader<R>, sink: &mut dyn Sink) -> Result<Replayed, ReadError> {
+pub fn replay(reader: impl ItemReader, sink: &mut dyn Sink) -> Result<Replayed, ReadError> {
     let mut lines = reader;
     let start = match lines.next() {
         None => return Err(ReadError::Empty),
@@ -138,10 +154,10 @@ pub fn replay<R: BufRead>(reader: TraceReader<R>, sink: &mut dyn Sink) -> Result
             }
             TraceItem::End(end) => {
                 sink.end(&end)?;
-                return Ok(Replayed { events, end_missing: false, torn: false });
+                return Ok(Replayed { events, end_missing: false, torn: None });
             }
             TraceItem::Start(_) => {
-                return Err(ReadError::Malformed { line: lines.line, message: "a second trace_start".to_string() });
+                return Err(lines.error_here("a second trace_start"));
             }
         }
     }
@@ -216,7 +232,7 @@ mod tests {
         let bytes = write_trace(&[call(2_000), call(7_000)], None);
         let mut out = Vec::new();
         let replayed = replay(TraceReader::new(&bytes[..]), &mut JsonlWriter::new(&mut out)).unwrap();
-        assert_eq!(replayed, Replayed { events: 2, end_missing: true, torn: false });
+        assert_eq!(replayed, Replayed { events: 2, end_missing: true, torn: None });
         let last = String::from_utf8(out).unwrap().lines().last().unwrap().to_string();
         assert!(
             last.starts_with(r#"{"kind":"trace_end","ts":7000,"reason":"input_ended","events_written":2"#),
@@ -232,7 +248,7 @@ mod tests {
         let whole = to_line(&call(9_000));
         bytes.extend_from_slice(&whole.as_bytes()[..whole.len() / 2]);
         let replayed = replay(TraceReader::new(&bytes[..]), &mut JsonlWriter::new(Vec::new())).unwrap();
-        assert_eq!(replayed, Replayed { events: 2, end_missing: true, torn: true });
+        assert_eq!(replayed, Replayed { events: 2, end_missing: true, torn: Some("its last line is torn".into()) });
         // A bad line inside the trace is still an error.
         bytes.extend_from_slice(b"\n");
         bytes.extend_from_slice(to_line(&call(9_500)).as_bytes());

@@ -4,7 +4,9 @@ pub mod chrome;
 pub mod flame;
 pub mod folded;
 pub mod hosts;
+pub mod input;
 pub mod jsonl;
+pub mod native;
 pub mod perfetto;
 pub mod svg;
 
@@ -33,6 +35,8 @@ pub enum Format {
     Svg,
     /// Perfetto's native protobuf trace (`.pftrace`).
     Perfetto,
+    /// The tracer's own compact binary format (`.trc`), read back by `report`, `calls`, `export`.
+    Native,
 }
 
 impl Format {
@@ -47,9 +51,16 @@ impl Format {
             (".folded", Format::Folded),
             (".svg", Format::Svg),
             (".pftrace", Format::Perfetto),
+            (".trc", Format::Native),
         ]
         .into_iter()
         .find_map(|(ext, format)| name.ends_with(ext).then_some(format))
+    }
+
+    /// Whether a trace in this format is readable while it is written (so `record` needs no
+    /// spool beside it).
+    pub fn streams(self) -> bool {
+        matches!(self, Format::Jsonl | Format::Native)
     }
 
     /// What the format is, for messages.
@@ -61,6 +72,7 @@ impl Format {
             Format::Folded => "folded stacks",
             Format::Svg => "a flame graph SVG",
             Format::Perfetto => "a Perfetto trace",
+            Format::Native => "a native trace",
         }
     }
 
@@ -75,6 +87,7 @@ impl Format {
             Format::Folded => Box::new(HostGrouping::new(flame::StackSink::new(out, folded::write))),
             Format::Svg => Box::new(HostGrouping::new(flame::StackSink::new(out, svg::write))),
             Format::Perfetto => Box::new(HostGrouping::new(perfetto::PerfettoWriter::new(out))),
+            Format::Native => Box::new(native::NativeWriter::new(out)),
         }
     }
 }
@@ -111,6 +124,7 @@ mod tests {
         assert_eq!(Format::from_path(Path::new("trace.folded")), Some(Format::Folded));
         assert_eq!(Format::from_path(Path::new("trace.svg")), Some(Format::Svg));
         assert_eq!(Format::from_path(Path::new("trace.pftrace")), Some(Format::Perfetto));
+        assert_eq!(Format::from_path(Path::new("trace.trc")), Some(Format::Native));
         assert_eq!(Format::from_path(Path::new("trace.txt")), None);
         assert_eq!(Format::from_path(Path::new("trace")), None);
     }

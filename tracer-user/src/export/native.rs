@@ -1,0 +1,928 @@
+//! The native trace format (`.trc`): compact, written as a stream, read back losslessly.
+//!
+//! A file is a header (the 8 bytes [`MAGIC`], then the format [`VERSION`] as a little-endian
+//! `u32`), then batches. Each batch is framed as `payload length (u32 LE)`, `CRC-32 of the
+//! payload (u32 LE)`, then the payload, whose first byte says what it holds:
+//!
+//! - [`START`] / [`END`]: the trace's `trace_start` / `trace_end` as its JSON line (once per
+//!   trace, so their size does not matter, and they stay exactly what JSON lines say).
+//! - [`EVENTS`]: the strings this batch adds to the file's string table (a count, then each as a
+//!   length and UTF-8 bytes; numbered in order of appearance over the whole file), then a count of
+//!   events and the events.
+//!
+//! An event starts with a tag byte: its kind (bits 0-2: call, return, or another kind), whether
+//! its host changed (then the host's string number follows), whether it is on the same thread as
+//! the previous event (else its pid and tid follow), whether a call or return names the same
+//! function and module as the previous call or return (else their string numbers follow), whether
+//! it has a goroutine, and whether a return has a duration. Then its timestamp as the zigzag
+//! difference from the previous event's; a call's arguments as a length and a bit mask of the
+//! registers that differ from the same thread's previous call in the batch, each as a zigzag
+//! difference; a return's value zigzag-encoded (so that -1 is one byte) and its duration. The
+//! other kinds (spawn, exit, send, recv, signal; rare) are their postcard encoding, as on the wire.
+//! Integers are LEB128 varints. Every context (previous timestamp, thread, names, arguments) is
+//! reset at each batch, so that a batch only needs the string table of those before it.
+//!
+//! The layout of calls and returns is written by hand rather than with postcard because the
+//! savings come from context across events (time deltas, same thread, unchanged registers), which
+//! a per-value encoding cannot see: a call or return costs 6-10 bytes instead of about 40.
+//!
+//! Writing buffers one batch (at most [`FLUSH_EVENTS`] events or about [`FLUSH_BYTES`] bytes, and
+//! whatever [`Sink::flush`] asks for, which `record` calls on its flush interval), so memory does
+//! not grow with the trace. A writer killed mid-batch leaves a short or corrupt last batch: the
+//! reader stops there and says so ([`ItemReader::torn`]), losing that batch only. Every length,
+//! count and string number read is checked against [`MAX_BATCH_BYTES`], [`MAX_STRING_BYTES`],
+//! [`MAX_TABLE_BYTES`] and what the batch actually holds before it is used.
+
+use std::{
+    collections::HashMap,
+    io::{self, BufWriter, Read, Write},
+    sync::Arc,
+};
+
+use crate::{
+    event::{
+        Args, Event, EventData, Interner, MAX_ARGS, TraceEnd, TraceItem, TraceStart, data,
+        json::{self, Line},
+    },
+    export::jsonl::{ItemReader, ReadError},
+    sink::Sink,
+};
+
+/// The first bytes of a native trace (PNG-style: a non-ASCII byte, a name, a newline).
+pub const MAGIC: &[u8; 8] = b"\x89TRACER\n";
+/// Version of the native format, after the magic.
+pub const VERSION: u32 = 1;
+
+/// Payload kinds.
+pub const START: u8 = 0;
+pub const EVENTS: u8 = 1;
+pub const END: u8 = 2;
+
+/// A batch is written once it has this many events...
+pub const FLUSH_EVENTS: usize = 8192;
+/// ... or this many bytes.
+pub const FLUSH_BYTES: usize = 1 << 20;
+/// Largest payload a reader accepts (and a writer writes).
+pub const MAX_BATCH_BYTES: usize = 64 << 20;
+/// Longest string (a function, module or host name).
+pub const MAX_STRING_BYTES: usize = 1 << 20;
+/// Most bytes of strings a file's table may hold.
+pub const MAX_TABLE_BYTES: usize = 256 << 20;
+
+const KIND_MASK: u8 = 0b111;
+const KIND_CALL: u8 = 0;
+const KIND_RETURN: u8 = 1;
+const KIND_OTHER: u8 = 2;
+const NEW_HOST: u8 = 1 << 3;
+const SAME_THREAD: u8 = 1 << 4;
+const SAME_NAMES: u8 = 1 << 5;
+const GOID: u8 = 1 << 6;
+const DURATION: u8 = 1 << 7;
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    (v >> 1) as i64 ^ -((v & 1) as i64)
+}
+
+/// What each batch's events are encoded against; reset at every batch.
+#[derive(Default)]
+struct Context {
+    ts: u64,
+    host: Option<u32>,
+    thread: Option<(u32, u32)>,
+    names: Option<(u32, u32)>,
+    args: HashMap<u32, [u64; MAX_ARGS]>,
+}
+
+/// Writes a trace in the native format.
+pub struct NativeWriter<W: Write> {
+    out: BufWriter<W>,
+    header_written: bool,
+    numbers: HashMap<Arc<str>, u32>,
+    table_bytes: usize,
+    new_strings: Vec<u8>,
+    new_count: u64,
+    events: Vec<u8>,
+    event_count: u64,
+    context: Context,
+}
+
+impl<W: Write> NativeWriter<W> {
+    pub fn new(out: W) -> Self {
+        NativeWriter {
+            out: BufWriter::with_capacity(1 << 20, out),
+            header_written: false,
+            numbers: HashMap::new(),
+            table_bytes: 0,
+            new_strings: Vec::new(),
+            new_count: 0,
+            events: Vec::with_capacity(FLUSH_BYTES + 4096),
+            event_count: 0,
+            context: Context::default(),
+        }
+    }
+
+    fn frame(&mut self, payload: &[u8]) -> io::Result<()> {
+        if payload.len() > MAX_BATCH_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a batch of {} bytes is more than the native format allows", payload.len()),
+            ));
+        }
+        if !self.header_written {
+            self.out.write_all(MAGIC)?;
+            self.out.write_all(&VERSION.to_le_bytes())?;
+            self.header_written = true;
+        }
+        self.out.write_all(&(payload.len() as u32).to_le_bytes())?;
+        self.out.write_all(&crc32fast::hash(payload).to_le_bytes())?;
+        self.out.write_all(payload)
+    }
+
+    fn json_batch(&mut self, kind: u8, line: Line) -> io::Result<()> {
+        let mut payload = vec![kind];
+        serde_json::to_writer(&mut payload, &line)?;
+        self.frame(&payload)
+    }
+
+    fn number(&mut self, s: &Arc<str>) -> io::Result<u32> {
+        if let Some(&n) = self.numbers.get(s) {
+            return Ok(n);
+        }
+        if s.len() > MAX_STRING_BYTES || self.table_bytes + s.len() > MAX_TABLE_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a name of {} bytes does not fit the native format's string table", s.len()),
+            ));
+        }
+        let n = self.numbers.len() as u32;
+        self.numbers.insert(s.clone(), n);
+        self.table_bytes += s.len();
+        put_varint(&mut self.new_strings, s.len() as u64);
+        self.new_strings.extend_from_slice(s.as_bytes());
+        self.new_count += 1;
+        Ok(n)
+    }
+
+    /// Writes the batch of events buffered so far, if any.
+    fn write_batch(&mut self) -> io::Result<()> {
+        if self.event_count == 0 && self.new_count == 0 {
+            return Ok(());
+        }
+        let mut payload = Vec::with_capacity(self.new_strings.len() + self.events.len() + 21);
+        payload.push(EVENTS);
+        put_varint(&mut payload, self.new_count);
+        payload.extend_from_slice(&self.new_strings);
+        put_varint(&mut payload, self.event_count);
+        payload.extend_from_slice(&self.events);
+        self.frame(&payload)?;
+        self.new_strings.clear();
+        self.new_count = 0;
+        self.events.clear();
+        self.event_count = 0;
+        self.context = Context::default();
+        Ok(())
+    }
+
+    fn encode(&mut self, e: &Event) -> io::Result<()> {
+        let mut tag = match &e.data {
+            EventData::Call(_) => KIND_CALL,
+            EventData::Return(_) => KIND_RETURN,
+            _ => KIND_OTHER,
+        };
+        let host = self.number(&e.host)?;
+        let names = match &e.data {
+            EventData::Call(data::Call { function, module, .. })
+            | EventData::Return(data::Return { function, module, .. }) => {
+                Some((self.number(function)?, self.number(module)?))
+            }
+            _ => None,
+        };
+        // The other kinds have no names: postcard, as on the wire.
+        let other = match &e.data {
+            EventData::Call(_) | EventData::Return(_) => None,
+            data => Some(data.clone().map_names(|name| self.number(&name))?),
+        };
+        let new_host = self.context.host != Some(host);
+        if new_host {
+            tag |= NEW_HOST;
+        }
+        let same_thread = self.context.thread == Some((e.pid, e.tid));
+        if same_thread {
+            tag |= SAME_THREAD;
+        }
+        let same_names = names.is_some() && names == self.context.names;
+        if same_names {
+            tag |= SAME_NAMES;
+        }
+        let goid = match &e.data {
+            EventData::Call(c) => c.goid,
+            EventData::Return(r) => r.goid,
+            _ => None,
+        };
+        if goid.is_some() {
+            tag |= GOID;
+        }
+        if let EventData::Return(data::Return { duration_ns: Some(_), .. }) = &e.data {
+            tag |= DURATION;
+        }
+        let out = &mut self.events;
+        out.push(tag);
+        if new_host {
+            put_varint(out, host as u64);
+        }
+        put_varint(out, zigzag(e.ts.wrapping_sub(self.context.ts) as i64));
+        if !same_thread {
+            put_varint(out, e.pid as u64);
+            put_varint(out, e.tid as u64);
+        }
+        if let (Some((function, module)), false) = (names, same_names) {
+            put_varint(out, function as u64);
+            put_varint(out, module as u64);
+        }
+        match &e.data {
+            EventData::Call(c) => {
+                let prev = self.context.args.entry(e.tid).or_default();
+                let args = c.args.as_slice();
+                let mut mask = 0u64;
+                for (i, (&v, p)) in args.iter().zip(prev.iter()).enumerate() {
+                    if v != *p {
+                        mask |= 1 << i;
+                    }
+                }
+                put_varint(out, (mask << 4) | args.len() as u64);
+                for (i, (&v, p)) in args.iter().zip(prev.iter_mut()).enumerate() {
+                    if mask & (1 << i) != 0 {
+                        put_varint(out, zigzag(v.wrapping_sub(*p) as i64));
+                        *p = v;
+                    }
+                }
+            }
+            EventData::Return(r) => {
+                put_varint(out, zigzag(r.retval as i64));
+                if let Some(d) = r.duration_ns {
+                    put_varint(out, d);
+                }
+            }
+            _ => {}
+        }
+        if let Some(g) = goid {
+            put_varint(out, g);
+        }
+        if let Some(wire) = other {
+            postcard::to_io(&wire, &mut *out).map_err(io::Error::other)?;
+        }
+        self.context.ts = e.ts;
+        self.context.host = Some(host);
+        self.context.thread = Some((e.pid, e.tid));
+        if names.is_some() {
+            self.context.names = names;
+        }
+        self.event_count += 1;
+        Ok(())
+    }
+}
+
+impl<W: Write> Sink for NativeWriter<W> {
+    fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+        self.json_batch(START, Line::Start(start))
+    }
+    fn event(&mut self, event: &Event) -> io::Result<()> {
+        self.encode(event)?;
+        if self.event_count as usize >= FLUSH_EVENTS || self.events.len() >= FLUSH_BYTES {
+            self.write_batch()?;
+        }
+        Ok(())
+    }
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
+        self.write_batch()?;
+        self.json_batch(END, Line::End(end))?;
+        self.out.flush()
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.write_batch()?;
+        self.out.flush()
+    }
+}
+
+/// Whether a file starts like a native trace.
+pub fn is_native(head: &[u8]) -> bool {
+    head.starts_with(MAGIC)
+}
+
+/// Reads a native trace one batch at a time (memory holds one batch and the string table).
+pub struct NativeReader<R: Read> {
+    input: R,
+    header_read: bool,
+    batch: u64,
+    strings: Vec<Arc<str>>,
+    table_bytes: usize,
+    interner: Interner,
+    pending: std::vec::IntoIter<TraceItem>,
+    payload: Vec<u8>,
+    torn: Option<String>,
+    done: bool,
+}
+
+/// A bounds-checked cursor over one batch's payload.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn byte(&mut self) -> Result<u8, String> {
+        let b = *self.bytes.get(self.pos).ok_or("the batch ends inside an event")?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    fn varint(&mut self) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            if shift == 63 && b > 1 {
+                return Err("a number is longer than 64 bits".into());
+            }
+            v |= ((b & 0x7f) as u64) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("a number is longer than 64 bits".into())
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        let v = self.varint()?;
+        u32::try_from(v).map_err(|_| format!("{what} {v} is more than 32 bits"))
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or("a string runs past its batch")?;
+        let s = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn left(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+}
+
+impl<R: Read> NativeReader<R> {
+    pub fn new(input: R) -> Self {
+        NativeReader {
+            input,
+            header_read: false,
+            batch: 0,
+            strings: Vec::new(),
+            table_bytes: 0,
+            interner: Interner::default(),
+            pending: Vec::new().into_iter(),
+            payload: Vec::new(),
+            torn: None,
+            done: false,
+        }
+    }
+
+    /// Batches read so far.
+    pub fn batches(&self) -> u64 {
+        self.batch
+    }
+
+    fn malformed(&self, message: impl Into<String>) -> ReadError {
+        ReadError::Batch { batch: self.batch, message: message.into() }
+    }
+
+    /// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean end of file before any of them.
+    fn read_full(&mut self, buf: &mut [u8]) -> Result<usize, io::Error> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.input.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(got)
+    }
+
+    fn read_header(&mut self) -> Result<(), ReadError> {
+        let mut header = [0u8; 12];
+        let got = self.read_full(&mut header)?;
+        if got == 0 {
+            return Err(ReadError::Empty);
+        }
+        if got < 12 || !is_native(&header) {
+            return Err(ReadError::Header("it does not start with the native magic".into()));
+        }
+        let version = u32::from_le_bytes(header[8..].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(ReadError::Header(format!("native format version {version}, this tracer reads {VERSION}")));
+        }
+        Ok(())
+    }
+
+    /// Reads the next batch's payload; `None` at the end of the file or at a torn batch.
+    fn next_payload(&mut self) -> Result<Option<()>, ReadError> {
+        let mut frame = [0u8; 8];
+        let got = self.read_full(&mut frame)?;
+        if got == 0 {
+            return Ok(None);
+        }
+        let batch = self.batch + 1;
+        if got < 8 {
+            self.torn = Some(format!("batch {batch} is cut short in its frame"));
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(frame[4..].try_into().expect("4 bytes"));
+        if len > MAX_BATCH_BYTES {
+            self.torn = Some(format!("batch {batch} claims {len} bytes, more than {MAX_BATCH_BYTES}"));
+            return Ok(None);
+        }
+        let mut payload = std::mem::take(&mut self.payload);
+        payload.resize(len, 0);
+        let got = self.read_full(&mut payload)?;
+        self.payload = payload;
+        if got < len {
+            self.torn = Some(format!("batch {batch} is cut short ({got} of {len} bytes)"));
+            return Ok(None);
+        }
+        if crc32fast::hash(&self.payload) != crc {
+            self.torn = Some(format!("batch {batch} fails its checksum"));
+            return Ok(None);
+        }
+        self.batch = batch;
+        Ok(Some(()))
+    }
+
+    fn decode(&mut self) -> Result<Vec<TraceItem>, ReadError> {
+        let payload = std::mem::take(&mut self.payload);
+        let result = self.decode_payload(&payload);
+        self.payload = payload;
+        result.map_err(|m| self.malformed(m))
+    }
+
+    fn decode_payload(&mut self, payload: &[u8]) -> Result<Vec<TraceItem>, String> {
+        let (&kind, rest) = payload.split_first().ok_or("an empty batch")?;
+        match kind {
+            START | END => {
+                let text = std::str::from_utf8(rest).map_err(|_| "its JSON is not UTF-8")?;
+                let item = json::parse_line(text, &mut self.interner)?;
+                match (&item, kind) {
+                    (TraceItem::Start(_), START) | (TraceItem::End(_), END) => Ok(vec![item]),
+                    _ => Err("its JSON line is not of the batch's kind".into()),
+                }
+            }
+            EVENTS => self.decode_events(&mut Cursor { bytes: rest, pos: 0 }),
+            other => Err(format!("unknown batch kind {other}")),
+        }
+    }
+
+    fn string(&self, n: u32) -> Result<Arc<str>, String> {
+        self.strings.get(n as usize).cloned().ok_or_else(|| format!("string number {n} was never defined"))
+    }
+
+    fn decode_events(&mut self, c: &mut Cursor) -> Result<Vec<TraceItem>, String> {
+        let count = c.varint()?;
+        // Each string takes at least one byte: a count larger than the batch is a lie.
+        if count > c.left() as u64 {
+            return Err(format!("{count} strings claimed in {} bytes", c.left()));
+        }
+        for _ in 0..count {
+            let len = c.varint()?;
+            if len > MAX_STRING_BYTES as u64 {
+                return Err(format!("a string of {len} bytes, more than {MAX_STRING_BYTES}"));
+            }
+            let bytes = c.take(len as usize)?;
+            let s = std::str::from_utf8(bytes).map_err(|_| "a string is not UTF-8")?;
+            if self.table_bytes + s.len() > MAX_TABLE_BYTES {
+                return Err(format!("the string table grows past {MAX_TABLE_BYTES} bytes"));
+            }
+            self.table_bytes += s.len();
+            self.strings.push(Arc::from(s));
+        }
+        let count = c.varint()?;
+        // Each event takes at least two bytes.
+        if count > c.left() as u64 / 2 {
+            return Err(format!("{count} events claimed in {} bytes", c.left()));
+        }
+        let mut items = Vec::with_capacity(count as usize);
+        let mut cx = Context::default();
+        let mut host: Option<Arc<str>> = None;
+        let mut names: Option<(Arc<str>, Arc<str>)> = None;
+        for _ in 0..count {
+            let tag = c.byte()?;
+            if tag & NEW_HOST != 0 {
+                host = Some(self.string(c.u32("a host number")?)?);
+            }
+            let host = host.clone().ok_or("an event names no host")?;
+            let ts = cx.ts.wrapping_add(unzigzag(c.varint()?) as u64);
+            cx.ts = ts;
+            if tag & SAME_THREAD == 0 {
+                cx.thread = Some((c.u32("a pid")?, c.u32("a tid")?));
+            }
+            let (pid, tid) = cx.thread.ok_or("an event on the same thread as none")?;
+            let kind = tag & KIND_MASK;
+            if kind == KIND_CALL || kind == KIND_RETURN {
+                if tag & SAME_NAMES == 0 {
+                    let function = self.string(c.u32("a function number")?)?;
+                    let module = self.string(c.u32("a module number")?)?;
+                    names = Some((function, module));
+                }
+            } else if tag & (SAME_NAMES | DURATION | GOID) != 0 {
+                return Err(format!("tag {tag:#x} has flags its kind does not"));
+            }
+            let data = match kind {
+                KIND_CALL => {
+                    let (function, module) = names.clone().ok_or("a call with the same names as none")?;
+                    let spec = c.varint()?;
+                    let len = (spec & 0xf) as usize;
+                    let mask = spec >> 4;
+                    if len > MAX_ARGS || mask >> len != 0 {
+                        return Err(format!("argument spec {spec:#x} is out of range"));
+                    }
+                    let prev = cx.args.entry(tid).or_default();
+                    for (i, p) in prev.iter_mut().take(len).enumerate() {
+                        if mask & (1 << i) != 0 {
+                            *p = p.wrapping_add(unzigzag(c.varint()?) as u64);
+                        }
+                    }
+                    let args = Args::new(&prev[..len]);
+                    let goid = if tag & GOID != 0 { Some(c.varint()?) } else { None };
+                    if tag & DURATION != 0 {
+                        return Err("a call with a duration".into());
+                    }
+                    EventData::Call(data::Call { function, module, args, goid })
+                }
+                KIND_RETURN => {
+                    let (function, module) = names.clone().ok_or("a return with the same names as none")?;
+                    let retval = unzigzag(c.varint()?) as u64;
+                    let duration_ns = if tag & DURATION != 0 { Some(c.varint()?) } else { None };
+                    let goid = if tag & GOID != 0 { Some(c.varint()?) } else { None };
+                    EventData::Return(data::Return { function, module, retval, duration_ns, goid })
+                }
+                KIND_OTHER => {
+                    let (wire, rest) = postcard::take_from_bytes::<EventData<u32>>(&c.bytes[c.pos..])
+                        .map_err(|e| format!("an event does not decode: {e}"))?;
+                    c.pos = c.bytes.len() - rest.len();
+                    let data = wire.map_names(|n| self.string(n))?;
+                    if matches!(data, EventData::Call(_) | EventData::Return(_)) {
+                        return Err("a call or return encoded as another kind".into());
+                    }
+                    data
+                }
+                other => return Err(format!("unknown event kind {other}")),
+            };
+            items.push(TraceItem::Event(Event { ts, host, pid, tid, data }));
+        }
+        if c.left() != 0 {
+            return Err(format!("{} bytes after the last event", c.left()));
+        }
+        Ok(items)
+    }
+}
+
+impl<R: Read> ItemReader for NativeReader<R> {
+    fn torn(&self) -> Option<String> {
+        self.torn.clone()
+    }
+    fn error_here(&self, message: &str) -> ReadError {
+        self.malformed(message)
+    }
+}
+
+impl<R: Read> Iterator for NativeReader<R> {
+    type Item = Result<TraceItem, ReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(item) = self.pending.next() {
+                return Some(Ok(item));
+            }
+            if self.done {
+                return None;
+            }
+            let step = (|| {
+                if !self.header_read {
+                    self.read_header()?;
+                    self.header_read = true;
+                }
+                match self.next_payload()? {
+                    None => Ok(None),
+                    Some(()) => self.decode().map(Some),
+                }
+            })();
+            match step {
+                Ok(Some(items)) => self.pending = items.into_iter(),
+                Ok(None) => {
+                    self.done = true;
+                    return None;
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        event::{Channel, SignalId, SpawnHow, Syscall, test_events},
+        export::jsonl::{Replayed, replay},
+    };
+
+    /// One event of every kind, on two hosts and several threads, with the values that stress
+    /// the encoding: time going backwards, every bit of a register set, -1 returned, no duration.
+    fn every_kind() -> Vec<Event> {
+        use test_events::*;
+        let ev = |ts, data| event_on("h2", ts, 7, 8, data);
+        vec![
+            call(1_000, 1, "f"),
+            call(1_100, 1, "g"),
+            ret(1_200, 1, "g", Some(100)),
+            ret(1_150, 1, "f", None),
+            call(1_300, 2, "f"),
+            go_call(1_400, 3, 18, "main.work"),
+            go_ret(1_500, 3, 18, "main.work", 100),
+            event_on(
+                "h2",
+                u64::MAX,
+                u32::MAX,
+                u32::MAX,
+                EventData::Return(data::Return {
+                    function: "".into(),
+                    module: "/bin/ünï".into(),
+                    retval: u64::MAX,
+                    duration_ns: Some(u64::MAX),
+                    goid: Some(0),
+                }),
+            ),
+            ev(
+                0,
+                EventData::Call(data::Call {
+                    function: "h".into(),
+                    module: "m".into(),
+                    args: [u64::MAX; 9].into(),
+                    goid: None,
+                }),
+            ),
+            ev(
+                5,
+                EventData::Call(data::Call {
+                    function: "h".into(),
+                    module: "m".into(),
+                    args: Args::default(),
+                    goid: None,
+                }),
+            ),
+            ev(
+                6,
+                EventData::Spawn(data::Spawn {
+                    parent_pid: 1,
+                    child_pid: 3,
+                    child_tid: 4,
+                    how: SpawnHow::Exec,
+                    comm: "app".into(),
+                    filename: Some("/bin/app".into()),
+                }),
+            ),
+            ev(7, EventData::Exit(data::Exit { exit_code: None, signal: Some(9), thread: false, comm: "app".into() })),
+            ev(
+                8,
+                EventData::Send(data::Send {
+                    channel: Channel::Tcp { src: "[::1]:1".parse().unwrap(), dst: "10.0.0.2:2".parse().unwrap() },
+                    fd: -1,
+                    bytes: 100,
+                    syscall: Syscall::Sendmmsg,
+                    flow_id: 12,
+                    syscall_ns: 5,
+                    seq: Some(77),
+                    digest: None,
+                }),
+            ),
+            ev(
+                9,
+                EventData::Recv(data::Recv {
+                    channel: Channel::UnixStream { id: 1, to: 2, path: Some("/s".into()) },
+                    fd: 4,
+                    bytes: 9,
+                    syscall: Syscall::Recvmsg,
+                    flow_ids: vec![12, 13],
+                    syscall_ns: 5,
+                    seq: Some(1),
+                    digest: Some(99),
+                }),
+            ),
+            ev(
+                10,
+                EventData::Signal(data::Signal {
+                    signal: SignalId::new(10),
+                    sender_pid: 1,
+                    target_pid: 3,
+                    target_tid: 3,
+                    delivered: true,
+                    flow_id: Some(4),
+                    group: true,
+                    queued: false,
+                }),
+            ),
+        ]
+    }
+
+    fn write(events: &[Event], end: bool, flush_every: Option<usize>) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut w = NativeWriter::new(&mut out);
+        w.begin(&test_events::start(500)).unwrap();
+        for (i, e) in events.iter().enumerate() {
+            w.event(e).unwrap();
+            if flush_every.is_some_and(|n| (i + 1) % n == 0) {
+                w.flush().unwrap();
+            }
+        }
+        if end {
+            w.end(&test_events::end(2_000)).unwrap();
+        } else {
+            w.flush().unwrap();
+        }
+        drop(w);
+        out
+    }
+
+    fn read(bytes: &[u8]) -> (Result<Vec<TraceItem>, ReadError>, Option<String>) {
+        let mut r = NativeReader::new(bytes);
+        let items = r.by_ref().collect();
+        (items, r.torn())
+    }
+
+    #[test]
+    fn round_trips_every_kind() {
+        let events = every_kind();
+        for flush in [None, Some(1), Some(3)] {
+            let bytes = write(&events, true, flush);
+            assert!(is_native(&bytes));
+            let (items, torn) = read(&bytes);
+            let mut expected = vec![TraceItem::Start(Box::new(test_events::start(500)))];
+            expected.extend(events.iter().cloned().map(TraceItem::Event));
+            expected.push(TraceItem::End(test_events::end(2_000)));
+            assert_eq!(items.unwrap(), expected, "flushing every {flush:?}");
+            assert_eq!(torn, None);
+        }
+    }
+
+    #[test]
+    fn batches_are_bounded() {
+        let events: Vec<Event> = (0..FLUSH_EVENTS as u64 * 2 + 5).map(|i| test_events::call(i * 10, 1, "f")).collect();
+        let bytes = write(&events, true, None);
+        let mut r = NativeReader::new(&bytes[..]);
+        assert_eq!(r.by_ref().count(), events.len() + 2);
+        // start, three of events, end.
+        assert_eq!(r.batches(), 5);
+    }
+
+    /// Cut anywhere, a trace reads as the batches before the cut and says the rest is torn.
+    #[test]
+    fn a_torn_tail_loses_only_its_last_batch() {
+        let events = every_kind();
+        let bytes = write(&events, false, Some(4));
+        let whole = read(&bytes).0.unwrap();
+        // Where each batch ends.
+        let mut ends = vec![12];
+        while *ends.last().unwrap() < bytes.len() {
+            let at = *ends.last().unwrap();
+            ends.push(at + 8 + u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize);
+        }
+        assert_eq!(ends.len(), 6, "a header, a start and four batches of events");
+        for cut in 12..bytes.len() {
+            let (items, torn) = read(&bytes[..cut]);
+            let items = items.unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+            assert_eq!(items[..], whole[..items.len()], "cut at {cut}");
+            // What the whole batches before the cut hold, and nothing of the one cut.
+            let last_whole = *ends.iter().rfind(|&&end| end <= cut).unwrap();
+            assert_eq!(items.len(), read(&bytes[..last_whole]).0.unwrap().len(), "cut at {cut}");
+            assert_eq!(torn.is_some(), last_whole != cut, "cut at {cut}");
+            if torn.is_some() {
+                assert!(torn.as_deref().unwrap().contains("cut short"), "{torn:?}");
+            }
+        }
+        let r = NativeReader::new(&bytes[..bytes.len() - 1]);
+        let mut sink = crate::export::jsonl::JsonlWriter::new(Vec::new());
+        let replayed = replay(r, &mut sink).unwrap();
+        assert_eq!(
+            replayed,
+            Replayed { events: 12, end_missing: true, torn: Some("batch 5 is cut short (82 of 83 bytes)".into()) }
+        );
+    }
+
+    #[test]
+    fn a_corrupt_batch_ends_the_trace_there() {
+        let bytes = write(&every_kind(), true, Some(4));
+        let mut bad = bytes.clone();
+        let n = bad.len();
+        bad[n - 3] ^= 0x40;
+        let (items, torn) = read(&bad);
+        assert_eq!(items.unwrap().len(), every_kind().len() + 1);
+        assert_eq!(torn.as_deref(), Some("batch 6 fails its checksum"));
+    }
+
+    /// A batch with a valid checksum but lying contents is an error naming the batch.
+    fn framed(payload: &[u8]) -> Vec<u8> {
+        let mut bytes = write(&[], false, None);
+        bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    fn error_of(payload: &[u8]) -> String {
+        read(&framed(payload)).0.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn lying_batches_are_rejected() {
+        assert_eq!(error_of(&[]), "batch 2: an empty batch");
+        assert_eq!(error_of(&[9]), "batch 2: unknown batch kind 9");
+        assert_eq!(error_of(&[EVENTS, 0xff, 0xff, 0xff, 0x7f]), "batch 2: 268435455 strings claimed in 0 bytes");
+        assert_eq!(error_of(&[EVENTS, 1, 0xff, 0xff, 0x7f]), "batch 2: a string of 2097151 bytes, more than 1048576");
+        assert_eq!(error_of(&[EVENTS, 1, 5, b'a']), "batch 2: a string runs past its batch");
+        assert_eq!(error_of(&[EVENTS, 1, 2, 0xff, 0xfe, 0]), "batch 2: a string is not UTF-8");
+        assert_eq!(error_of(&[EVENTS, 0, 100, 0]), "batch 2: 100 events claimed in 1 bytes");
+        assert_eq!(error_of(&[EVENTS, 0, 1, NEW_HOST, 3, 0]), "batch 2: string number 3 was never defined");
+        assert_eq!(error_of(&[EVENTS, 1, 1, b'h', 1, 0, 0]), "batch 2: an event names no host");
+        assert_eq!(
+            error_of(&[EVENTS, 1, 1, b'h', 1, NEW_HOST | SAME_THREAD, 0, 0]),
+            "batch 2: an event on the same thread as none"
+        );
+        let tagged = |tag: u8, rest: &[u8]| [&[EVENTS, 1, 1, b'h', 1, NEW_HOST | tag, 0, 0, 1, 1][..], rest].concat();
+        let with = |rest: &[u8]| tagged(0, rest);
+        assert_eq!(error_of(&with(&[0xff; 11])), "batch 2: a number is longer than 64 bits");
+        let pid = [EVENTS, 1, 1, b'h', 1, NEW_HOST, 0, 0, 0x80, 0x80, 0x80, 0x80, 0x10];
+        assert_eq!(error_of(&pid), "batch 2: a pid 4294967296 is more than 32 bits");
+        assert_eq!(error_of(&tagged(SAME_NAMES, &[])), "batch 2: a call with the same names as none");
+        assert_eq!(error_of(&with(&[0, 0, 0x1a])), "batch 2: argument spec 0x1a is out of range");
+        assert_eq!(error_of(&with(&[0, 0, 0x21])), "batch 2: argument spec 0x21 is out of range");
+        assert_eq!(error_of(&with(&[0, 0, 0, 0])), "batch 2: 1 bytes after the last event");
+        let other = [EVENTS, 1, 1, b'h', 1, NEW_HOST | KIND_OTHER, 0, 0, 1, 1];
+        let call = EventData::<u32>::Call(data::Call { function: 0, module: 0, args: Args::default(), goid: None });
+        let call = postcard::to_stdvec(&call).unwrap();
+        assert_eq!(error_of(&[&other[..], &call].concat()), "batch 2: a call or return encoded as another kind");
+        assert!(error_of(&[&other[..], &[9]].concat()).starts_with("batch 2: an event does not decode"));
+        assert_eq!(error_of(&[START, b'{']), "batch 2: EOF while parsing an object at line 1 column 1");
+        let end = serde_json::to_vec(&Line::End(&test_events::end(1))).unwrap();
+        assert_eq!(error_of(&[&[START], &end[..]].concat()), "batch 2: its JSON line is not of the batch's kind");
+    }
+
+    #[test]
+    fn headers_and_frames_are_checked() {
+        assert!(matches!(read(b"").0, Err(ReadError::Empty)));
+        assert_eq!(
+            read(b"\x89TRACER\n\x02\0\0\0").0.unwrap_err().to_string(),
+            "not a native trace: native format version 2, this tracer reads 1"
+        );
+        assert_eq!(
+            read(b"\x89TRACE").0.unwrap_err().to_string(),
+            "not a native trace: it does not start with the native magic"
+        );
+        let mut huge = write(&[], false, None);
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        huge.extend_from_slice(&[0; 4]);
+        let (items, torn) = read(&huge);
+        assert_eq!(items.unwrap().len(), 1);
+        assert_eq!(torn.unwrap(), "batch 2 claims 4294967295 bytes, more than 67108864");
+    }
+
+    /// The goal set by uftrace: at most 16 bytes an event on a call/return stream.
+    #[test]
+    fn a_call_or_return_costs_a_few_bytes() {
+        let mut events = Vec::new();
+        for i in 0..1000u64 {
+            let ts = i * 1_000;
+            let mut c = test_events::call(ts, 1 + (i % 2) as u32, if i % 3 == 0 { "f" } else { "g" });
+            if let EventData::Call(call) = &mut c.data {
+                call.args = [i % 7, 0x7ffd_1234_5678, 3, 0, 0, u64::MAX].into();
+            }
+            events.push(c);
+            events.push(test_events::ret(ts + 300, 1 + (i % 2) as u32, "f", Some(300)));
+        }
+        let bytes = write(&events, false, None);
+        let per_event = bytes.len() as f64 / events.len() as f64;
+        assert!(per_event < 10.0, "{per_event} bytes an event");
+    }
+}
