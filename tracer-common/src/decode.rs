@@ -10,8 +10,10 @@ use crate::{
 /// One record, copied out of the ring buffer (a program event's payload stays where it was read).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Record<'a> {
-    Call(CallRecord),
-    Return(ReturnRecord),
+    /// The record and the bytes after it: the strings its probe read (see [`crate::strings`]),
+    /// parsed by user space against the function's layout.
+    Call(CallRecord, &'a [u8]),
+    Return(ReturnRecord, &'a [u8]),
     Fork(ForkRecord),
     Exec(ExecRecord),
     Exit(ExitRecord),
@@ -27,8 +29,8 @@ pub enum Record<'a> {
 impl Record<'_> {
     pub fn header(&self) -> &RecordHeader {
         match self {
-            Record::Call(r) => &r.header,
-            Record::Return(r) => &r.header,
+            Record::Call(r, _) => &r.header,
+            Record::Return(r, _) => &r.header,
             Record::Fork(r) => &r.header,
             Record::Exec(r) => &r.header,
             Record::Exit(r) => &r.header,
@@ -101,8 +103,8 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
     let raw_kind = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
     let kind = RecordKind::try_from(raw_kind).map_err(|kind| DecodeError::UnknownKind { kind })?;
     Ok(match kind {
-        RecordKind::Call => Record::Call(read(kind, bytes)?),
-        RecordKind::Return => Record::Return(read(kind, bytes)?),
+        RecordKind::Call => Record::Call(read(kind, bytes)?, &bytes[size_of::<CallRecord>()..]),
+        RecordKind::Return => Record::Return(read(kind, bytes)?, &bytes[size_of::<ReturnRecord>()..]),
         RecordKind::Fork => Record::Fork(read(kind, bytes)?),
         RecordKind::Exec => Record::Exec(read(kind, bytes)?),
         RecordKind::Exit => Record::Exit(read(kind, bytes)?),
@@ -155,9 +157,9 @@ mod tests {
     #[test]
     fn decodes_each_kind() {
         let call = CallRecord { header: header(RecordKind::Call), cookie: 7, args: [1, 2, 3, 4, 5, 6] };
-        assert_eq!(decode(&bytes_of(&call)), Ok(Record::Call(call)));
-        let ret = ReturnRecord { header: header(RecordKind::Return), cookie: 7, retval: 42 };
-        assert_eq!(decode(&bytes_of(&ret)), Ok(Record::Return(ret)));
+        assert_eq!(decode(&bytes_of(&call)), Ok(Record::Call(call, &[])));
+        let ret = ReturnRecord { header: header(RecordKind::Return), cookie: 7, retval: 42, rdx: 3 };
+        assert_eq!(decode(&bytes_of(&ret)), Ok(Record::Return(ret, &[])));
         let fork = ForkRecord {
             header: header(RecordKind::Fork),
             child_pid: 12,
@@ -256,10 +258,10 @@ mod tests {
 
     #[test]
     fn accepts_longer_records() {
-        let ret = ReturnRecord { header: header(RecordKind::Return), cookie: 1, retval: 2 };
+        let ret = ReturnRecord { header: header(RecordKind::Return), cookie: 1, retval: 2, rdx: 0 };
         let mut bytes = bytes_of(&ret);
         bytes.extend_from_slice(&[0xff; 8]);
-        assert_eq!(decode(&bytes), Ok(Record::Return(ret)));
+        assert_eq!(decode(&bytes), Ok(Record::Return(ret, &[0xff; 8])));
     }
 
     #[test]

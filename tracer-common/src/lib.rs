@@ -24,6 +24,7 @@ pub mod names {
     pub const TOP_FUNCTIONS: &str = "TOP_FUNCTIONS";
     pub const TOP_BY_PROCESS: &str = "TOP_BY_PROCESS";
     pub const TOP_STACKS: &str = "TOP_STACKS";
+    pub const LAYOUTS: &str = "LAYOUTS";
 }
 
 /// Names of the programs in the eBPF object.
@@ -179,7 +180,40 @@ pub struct ReturnRecord {
     pub cookie: u64,
     /// rax.
     pub retval: u64,
+    /// rdx: the second half of a 16-byte return value (a Rust `&str`'s length).
+    pub rdx: u64,
 }
+
+/// Strings read from the target's memory at a probe (calls at source level). A call or return
+/// record whose cookie has [`cookie::STRINGS`] is followed by the strings its function's
+/// [`ProbeLayoutBytes`] names, each a [`strings::HEADER`]-byte header (status, 0, length as
+/// little-endian `u16`) and the bytes. User space's `debuginfo::layout` builds and parses these.
+pub mod strings {
+    /// Bytes of a function's layout (`debuginfo::layout::ProbeLayout::to_bytes`): version, count
+    /// of entry strings, string size (`u16` LE), then [`MAX_STRINGS`] + 1 reads of 4 bytes (kind,
+    /// pointer register, length register, 0): the entry strings, then the return value's.
+    pub const LAYOUT_SIZE: usize = 4 + 4 * (MAX_STRINGS + 1);
+    /// At most one string per argument register.
+    pub const MAX_STRINGS: usize = 6;
+    /// The largest `--string-size`.
+    pub const MAX_STRING_SIZE: u16 = 4096;
+    pub const HEADER: usize = 4;
+    /// Read kinds.
+    pub const KIND_NONE: u8 = 0;
+    pub const KIND_C_STRING: u8 = 1;
+    pub const KIND_SLICE: u8 = 2;
+    /// Statuses.
+    pub const COMPLETE: u8 = 0;
+    pub const TRUNCATED: u8 = 1;
+    pub const FAULT: u8 = 2;
+    pub const NULL: u8 = 3;
+    /// The scratch buffer a record with strings is built in (a per-CPU map value may not be
+    /// larger than 32 KiB); the largest record, a call with six strings, is 24,680 bytes.
+    pub const SCRATCH_SIZE: usize = 32768;
+}
+
+/// A function's string reads, the value of the kernel's `LAYOUTS` map (keyed by function index).
+pub type ProbeLayoutBytes = [u8; strings::LAYOUT_SIZE];
 
 /// Integer argument registers of Go's register ABI (amd64, Go 1.17+): rax, rbx, rcx, rdi, rsi,
 /// r8, r9, r10, r11.
@@ -222,11 +256,13 @@ pub struct GoReturnRecord {
 ///
 /// Bits 0-31: the function's index in user space's table. Bit 32: a Go probe (read `g` from r14,
 /// the goroutine id at the offset in bits 48-63, Go's argument registers). Bit 33: a Go return
-/// (the probe is on a `ret` instruction).
+/// (the probe is on a `ret` instruction). Bit 34: the probe reads strings (see [`strings`]): only
+/// then does the program look the function's layout up.
 pub mod cookie {
     pub const FUNCTION_MASK: u64 = 0xffff_ffff;
     pub const GO: u64 = 1 << 32;
     pub const GO_RETURN: u64 = 1 << 33;
+    pub const STRINGS: u64 = 1 << 34;
     pub const GOID_OFFSET_SHIFT: u32 = 48;
 
     /// The cookie of a C (System V) probe: the function index alone.
@@ -249,6 +285,10 @@ pub mod cookie {
 
     pub const fn is_go_return(cookie: u64) -> bool {
         cookie & GO_RETURN != 0
+    }
+
+    pub const fn reads_strings(cookie: u64) -> bool {
+        cookie & STRINGS != 0
     }
 
     pub const fn goid_offset(cookie: u64) -> u32 {

@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
 };
-use tracer_common::{Config, InodeKey, RecordKind, kind_bit, lost_slot};
+use tracer_common::{Config, InodeKey, ProbeLayoutBytes, RecordKind, kind_bit, lost_slot, strings::SCRATCH_SIZE};
 
 /// Set by user space at load time (`EbpfLoader::override_global`); read-only here.
 // SAFETY: `Config` is integers only; all-zero is a valid value (and is replaced before load).
@@ -25,6 +25,17 @@ pub static TRACED_PIDS: HashMap<u32, u32> = HashMap::with_max_entries(32768, 0);
 /// Executables given with `--binary`: a process that exec's one becomes traced.
 #[map]
 pub static TARGET_INODES: HashMap<InodeKey, u32> = HashMap::with_max_entries(64, 0);
+
+/// The string reads of each function whose probes read strings, keyed by function index (the
+/// cookie's low 32 bits). Filled by user space at attach; looked up only when the cookie has
+/// `cookie::STRINGS`.
+#[map]
+pub static LAYOUTS: HashMap<u32, ProbeLayoutBytes> = HashMap::with_max_entries(16384, 0);
+
+/// Where a record with strings is built before `bpf_ringbuf_output` copies it (a ring-buffer
+/// reservation must have a constant size).
+#[map]
+pub static SCRATCH: PerCpuArray<[u8; SCRATCH_SIZE]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per-CPU counts of records that could not be written, indexed by `RecordKind` or `lost_slot`.
 #[map]

@@ -6,17 +6,30 @@
 //! runtime, walking and copying goroutine stacks, aborts on an address that belongs to no
 //! function): their entry and each of their `ret` instructions get an ordinary uprobe, which all
 //! run `call_entry`; the cookie tells which is which.
+//!
+//! A probe whose cookie has `cookie::STRINGS` also reads its function's string parameters (or
+//! string return value) from the target's memory, as its layout in `LAYOUTS` says, and writes
+//! them after the record (see `tracer_common::strings`); other probes look nothing up.
+
+use core::mem::size_of;
 
 use aya_ebpf::{
     EbpfContext as _,
     bindings::pt_regs,
-    helpers::{bpf_probe_read_user, generated::bpf_get_attach_cookie},
+    cty::c_void,
+    helpers::{
+        bpf_probe_read_user,
+        generated::{self, bpf_get_attach_cookie},
+    },
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_common::{CallRecord, GoCallRecord, GoReturnRecord, RecordKind, ReturnRecord, cookie};
+use tracer_common::{
+    CallRecord, GoCallRecord, GoReturnRecord, RecordKind, ReturnRecord, cookie,
+    strings::{self, HEADER, MAX_STRING_SIZE, MAX_STRINGS, SCRATCH_SIZE},
+};
 
-use crate::maps::{EVENTS, count_lost, current_ids, header, is_traced, submit_flags};
+use crate::maps::{EVENTS, LAYOUTS, SCRATCH, count_lost, current_ids, header, is_traced, submit_flags};
 
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
@@ -39,18 +52,115 @@ fn try_call_entry(ctx: &ProbeContext) -> Result<u32, i64> {
             go_call(regs, cookie, tgid, tid)
         };
     }
+    let arg = |n| ctx.arg::<u64>(n).unwrap_or(0);
+    let record = CallRecord {
+        header: header(RecordKind::Call, tgid, tid),
+        cookie,
+        args: [arg(0), arg(1), arg(2), arg(3), arg(4), arg(5)],
+    };
+    if cookie::reads_strings(cookie) {
+        let regs = [record.args[0], record.args[1], record.args[2], record.args[3], record.args[4], record.args[5], 0];
+        return with_strings(record, RecordKind::Call, cookie, &regs, false);
+    }
     let Some(mut entry) = EVENTS.reserve::<CallRecord>(0) else {
         count_lost(RecordKind::Call as u32);
         return Ok(0);
     };
-    let arg = |n| ctx.arg::<u64>(n).unwrap_or(0);
-    entry.write(CallRecord {
-        header: header(RecordKind::Call, tgid, tid),
-        cookie,
-        args: [arg(0), arg(1), arg(2), arg(3), arg(4), arg(5)],
-    });
+    entry.write(record);
     entry.submit(submit_flags());
     Ok(0)
+}
+
+/// Writes `record` and the strings its function's layout names (the entry strings, or the return
+/// value's when `ret`) through the per-CPU scratch buffer. `regs` is indexed as the layout's
+/// register numbers are (rdi, rsi, rdx, rcx, r8, r9, rax). Without a layout (user space could not
+/// insert it) the record goes out without strings, and user space marks each string unread.
+#[inline(always)]
+fn with_strings<T: Copy>(record: T, kind: RecordKind, cookie: u64, regs: &[u64; 7], ret: bool) -> Result<u32, i64> {
+    let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+        count_lost(kind as u32);
+        return Ok(0);
+    };
+    // SAFETY: a per-CPU map value; programs do not migrate while they run.
+    let buf = unsafe { &mut *buf };
+    // SAFETY: the buffer is larger than any record; the write is unaligned-safe.
+    unsafe { core::ptr::write_unaligned(buf.as_mut_ptr().cast::<T>(), record) };
+    let mut off = size_of::<T>();
+    if let Some(layout) = LAYOUTS.get_ptr(cookie::function(cookie)) {
+        // SAFETY: a map value, read in place.
+        let layout = unsafe { &*layout };
+        let mut size = u16::from_le_bytes([layout[2], layout[3]]) as usize;
+        if size > MAX_STRING_SIZE as usize {
+            size = MAX_STRING_SIZE as usize;
+        }
+        let (first, count) = if ret { (MAX_STRINGS, 1) } else { (0, layout[1] as usize) };
+        for i in 0..MAX_STRINGS {
+            if i >= count {
+                break;
+            }
+            let at = 4 + 4 * (first + i);
+            let (read, ptr, len) = (layout[at], layout[at + 1] as usize, layout[at + 2] as usize);
+            if read == strings::KIND_NONE || ptr >= regs.len() || len >= regs.len() {
+                break;
+            }
+            off = read_string(buf, off, read, regs[ptr], regs[len], size);
+        }
+    }
+    if off > SCRATCH_SIZE {
+        off = SCRATCH_SIZE;
+    }
+    // SAFETY: `off` bytes of the scratch buffer, bounded above.
+    let written = unsafe {
+        generated::bpf_ringbuf_output(
+            (&raw const EVENTS).cast_mut().cast::<c_void>(),
+            buf.as_mut_ptr().cast::<c_void>(),
+            off as u64,
+            submit_flags(),
+        )
+    };
+    if written < 0 {
+        count_lost(kind as u32);
+    }
+    Ok(0)
+}
+
+/// Reads one string at `ptr` (a NUL-terminated one, or `len` bytes of a slice) into `buf` at
+/// `off`, after its header, at most `size` bytes; returns the offset after it.
+#[inline(always)]
+fn read_string(buf: &mut [u8; SCRATCH_SIZE], off: usize, kind: u8, ptr: u64, len: u64, size: usize) -> usize {
+    // Never true (six strings of the largest size fit); it bounds the offset for the verifier.
+    if off > SCRATCH_SIZE - HEADER - MAX_STRING_SIZE as usize - 2 {
+        return off;
+    }
+    let dst = buf[off + HEADER..].as_mut_ptr().cast::<c_void>();
+    let (status, n) = if ptr == 0 {
+        (strings::NULL, 0)
+    } else if kind == strings::KIND_C_STRING {
+        // Room for one byte more than `size` and the NUL: a string that fills it is longer than
+        // `size` (one of exactly `size` bytes ends with its NUL inside).
+        // SAFETY: `size + 2` bytes at `dst` are in the buffer (checked above); the helper checks
+        // the user address.
+        let got = unsafe { generated::bpf_probe_read_user_str(dst, size as u32 + 2, ptr as *const c_void) };
+        if got < 1 {
+            (strings::FAULT, 0)
+        } else if got as usize - 1 > size {
+            (strings::TRUNCATED, size)
+        } else {
+            (strings::COMPLETE, got as usize - 1)
+        }
+    } else {
+        let (status, n) =
+            if len > size as u64 { (strings::TRUNCATED, size) } else { (strings::COMPLETE, len as usize) };
+        // SAFETY: as above, `n <= size`.
+        let got = unsafe { generated::bpf_probe_read_user(dst, n as u32, ptr as *const c_void) };
+        if got < 0 { (strings::FAULT, 0) } else { (status, n) }
+    };
+    let n16 = (n as u16).to_le_bytes();
+    buf[off] = status;
+    buf[off + 1] = 0;
+    buf[off + 2] = n16[0];
+    buf[off + 3] = n16[1];
+    off + HEADER + n
 }
 
 /// The running goroutine's id and how deep `rsp` is in its stack (`g.stack.hi - rsp`). Go keeps
@@ -113,13 +223,20 @@ fn try_call_return(ctx: &RetProbeContext) -> Result<u32, i64> {
     if !is_traced(tgid) {
         return Ok(0);
     }
+    // SAFETY: as in `try_call_entry`.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    // SAFETY: a uretprobe's context is the user registers, readable in place.
+    let rdx = unsafe { (*ctx.regs).rdx };
+    let record = ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval: ctx.ret::<u64>(), rdx };
+    if cookie::reads_strings(cookie) {
+        let regs = [0, 0, rdx, 0, 0, 0, record.retval];
+        return with_strings(record, RecordKind::Return, cookie, &regs, true);
+    }
     let Some(mut entry) = EVENTS.reserve::<ReturnRecord>(0) else {
         count_lost(RecordKind::Return as u32);
         return Ok(0);
     };
-    // SAFETY: as in `try_call_entry`.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    entry.write(ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval: ctx.ret::<u64>() });
+    entry.write(record);
     entry.submit(submit_flags());
     Ok(0)
 }

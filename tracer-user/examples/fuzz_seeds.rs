@@ -121,6 +121,9 @@ fn events() -> Vec<Event> {
                 module: "/bin/app".into(),
                 args: [1; 6].into(),
                 goid: None,
+                params: Default::default(),
+                file: None,
+                line: None,
             }),
         ),
         ev(
@@ -131,6 +134,7 @@ fn events() -> Vec<Event> {
                 retval: 7,
                 duration_ns: Some(1_000),
                 goid: None,
+                ret: None,
             }),
         ),
         ev(

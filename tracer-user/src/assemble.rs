@@ -13,15 +13,53 @@ use crate::{
     call_stack::{CallStacks, GoroutineStacks},
     channels::{ChannelResolver, signal_event},
     clock::BootClock,
+    debuginfo::{
+        SourceFunction, format,
+        layout::{FunctionLayout, Registers, Source, parse_strings},
+    },
     event::{Args, Event, EventData, SpawnHow},
 };
 
 /// A probed function as events name it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ProbedFunction {
     pub name: Arc<str>,
     /// Path of the ELF file.
     pub module: Arc<str>,
+    /// Its DWARF's view (calls at source level), when it has DWARF.
+    pub source: Option<Arc<SourceFunction>>,
+}
+
+/// A call's `params` from its registers and the strings after its record; a tail that does not
+/// parse (no layout reached the kernel) marks every string parameter with why.
+fn params(layout: &FunctionLayout, args: &[u64; 6], tail: &[u8]) -> data::Params {
+    let regs = Registers::at_entry(*args);
+    let count = layout.probe.entry_strings as usize;
+    let values = match parse_strings(layout.probe.string_size, count, tail) {
+        Ok(strings) => format::format_params(layout, &regs, &strings),
+        Err(e) => {
+            let why = format!("strings not read: {e}");
+            let mut values = format::format_params(layout, &regs, &[]);
+            for (v, p) in values.iter_mut().zip(&layout.params) {
+                if matches!(p.source, Source::String { .. }) {
+                    v.1 = format::unreadable(&why);
+                }
+            }
+            values
+        }
+    };
+    data::Params(values.into_iter().map(|(k, v)| (k, data::SourceValue(v))).collect())
+}
+
+/// A return's `ret` from rax, rdx and the string after its record.
+fn ret(layout: &FunctionLayout, rax: u64, rdx: u64, tail: &[u8]) -> Option<data::SourceValue> {
+    let regs = Registers::at_return(rax, rdx);
+    let count = usize::from(layout.probe.ret.kind != 0);
+    let value = match parse_strings(layout.probe.string_size, count, tail) {
+        Ok(strings) => format::format_return(layout, &regs, strings.first()),
+        Err(e) => layout.ret.as_ref().map(|_| format::unreadable(&format!("string not read: {e}"))),
+    };
+    value.map(data::SourceValue)
 }
 
 /// Probed functions, indexed by attach cookie.
@@ -76,28 +114,37 @@ impl EventAssembler {
         let ts = self.clock.to_unix_ns(h.ts_boot_ns);
         let function = |c: u64| self.functions.get(cookie::function(c) as usize);
         let data = match record {
-            Record::Call(r) => {
+            Record::Call(r, tail) => {
                 let Some(f) = function(r.cookie) else {
                     self.undecodable += 1;
                     return None;
                 };
+                let source = f.source.as_deref();
                 let data = EventData::Call(data::Call {
                     function: f.name.clone(),
                     module: f.module.clone(),
                     args: Args::new(&r.args),
                     goid: None,
+                    params: source
+                        .and_then(|s| s.layout.as_ref())
+                        .map(|l| params(l, &r.args, tail))
+                        .unwrap_or_default(),
+                    file: source.and_then(|s| s.file.clone()),
+                    line: source.and_then(|s| s.line),
                 });
                 self.stacks.call(h.tid, cookie::function(r.cookie), h.ts_boot_ns);
                 data
             }
-            Record::Return(r) => {
+            Record::Return(r, tail) => {
                 let Some(f) = function(r.cookie) else {
                     self.undecodable += 1;
                     return None;
                 };
                 let (function, module) = (f.name.clone(), f.module.clone());
+                let ret =
+                    f.source.as_deref().and_then(|s| s.layout.as_ref()).and_then(|l| ret(l, r.retval, r.rdx, tail));
                 let duration_ns = self.stacks.ret(h.tid, cookie::function(r.cookie), h.ts_boot_ns);
-                EventData::Return(data::Return { function, module, retval: r.retval, duration_ns, goid: None })
+                EventData::Return(data::Return { function, module, retval: r.retval, duration_ns, goid: None, ret })
             }
             Record::GoCall(r) => {
                 let Some(f) = function(r.cookie) else {
@@ -109,6 +156,9 @@ impl EventAssembler {
                     module: f.module.clone(),
                     args: Args::new(&r.args),
                     goid: Some(r.goid),
+                    params: data::Params::default(),
+                    file: None,
+                    line: None,
                 });
                 let key = cookie::function(r.cookie);
                 self.go_stacks.call(h.pid, h.tid, r.goid, key, r.stack_depth, h.ts_boot_ns);
@@ -122,7 +172,14 @@ impl EventAssembler {
                 let (function, module) = (f.name.clone(), f.module.clone());
                 let key = cookie::function(r.cookie);
                 let duration_ns = self.go_stacks.ret(h.pid, h.tid, r.goid, key, r.stack_depth, h.ts_boot_ns);
-                EventData::Return(data::Return { function, module, retval: r.retval, duration_ns, goid: Some(r.goid) })
+                EventData::Return(data::Return {
+                    function,
+                    module,
+                    retval: r.retval,
+                    duration_ns,
+                    goid: Some(r.goid),
+                    ret: None,
+                })
             }
             Record::Fork(r) => EventData::Spawn(data::Spawn {
                 parent_pid: h.pid,
@@ -206,7 +263,7 @@ mod tests {
     }
 
     fn assembler() -> EventAssembler {
-        let functions = vec![ProbedFunction { name: "fib".into(), module: "/bin/fix".into() }];
+        let functions = vec![ProbedFunction { name: "fib".into(), module: "/bin/fix".into(), source: None }];
         EventAssembler::new("host".into(), BootClock::with_offset(1_000_000), functions, true)
     }
 
@@ -223,10 +280,13 @@ mod tests {
                 function: "fib".into(),
                 module: "/bin/fix".into(),
                 args: [5, 0, 0, 0, 0, 0].into(),
-                goid: None
+                goid: None,
+                params: Default::default(),
+                file: None,
+                line: None
             })
         );
-        let ret = ReturnRecord { header: header(RecordKind::Return, 25, 101), cookie: 0, retval: 8 };
+        let ret = ReturnRecord { header: header(RecordKind::Return, 25, 101), cookie: 0, retval: 8, rdx: 0 };
         let e = a.assemble(&bytes(&ret)).unwrap();
         assert_eq!(
             e.data,
@@ -235,7 +295,8 @@ mod tests {
                 module: "/bin/fix".into(),
                 retval: 8,
                 duration_ns: Some(15),
-                goid: None
+                goid: None,
+                ret: None
             })
         );
     }
@@ -257,7 +318,10 @@ mod tests {
                 function: "fib".into(),
                 module: "/bin/fix".into(),
                 args: [1, 2, 3, 4, 5, 6, 7, 8, 9].into(),
-                goid: Some(7)
+                goid: Some(7),
+                params: Default::default(),
+                file: None,
+                line: None
             })
         );
         // The goroutine returns on another thread.
@@ -276,7 +340,8 @@ mod tests {
                 module: "/bin/fix".into(),
                 retval: 45,
                 duration_ns: Some(30),
-                goid: Some(7)
+                goid: Some(7),
+                ret: None
             })
         );
         assert_eq!(lost_slot_name(RecordKind::GoCall as u32), Some("call"));

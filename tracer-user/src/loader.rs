@@ -298,6 +298,15 @@ impl Kernel {
         }
     }
 
+    /// Hands the kernel a function's string reads (see `tracer_common::strings`), before its
+    /// probes are attached with `cookie::STRINGS`.
+    pub fn set_layout(&mut self, function: u32, layout: tracer_common::ProbeLayoutBytes) -> Result<(), LoadError> {
+        let map = self.ebpf.map_mut(names::LAYOUTS).ok_or_else(|| load_error("LAYOUTS map is missing"))?;
+        let mut map: BpfHashMap<&mut MapData, u32, tracer_common::ProbeLayoutBytes> =
+            BpfHashMap::try_from(map).map_err(load_error)?;
+        map.insert(function, layout, 0).map_err(|e| LoadError::Map { map: names::LAYOUTS, reason: e.to_string() })
+    }
+
     /// Makes processes that exec this file traced from their first instruction.
     pub fn trace_executable(&mut self, key: InodeKey) -> Result<(), LoadError> {
         let map = self.ebpf.map_mut(names::TARGET_INODES).ok_or_else(|| load_error("TARGET_INODES map is missing"))?;

@@ -61,6 +61,8 @@ pub struct RecordOptions {
     pub duration: Option<Duration>,
     pub buffer_size: u32,
     pub max_probes: usize,
+    /// Bytes read of each string parameter or return value at most (`--string-size`).
+    pub string_size: u16,
     /// The host name written in every event (checked with [`host::check_name`]; default: this
     /// machine's host name).
     pub host: String,
@@ -80,6 +82,7 @@ impl Default for RecordOptions {
             duration: None,
             buffer_size: DEFAULT_BUFFER_SIZE,
             max_probes: DEFAULT_MAX_PROBES,
+            string_size: crate::debuginfo::layout::DEFAULT_STRING_SIZE,
             host: host::default_name(),
             run_as: None,
         }
@@ -325,6 +328,7 @@ fn select_functions(
         }
     }
 
+    let mut sources = source_level(&selected, &tables, options.string_size, warnings);
     let mut probes = Vec::with_capacity(selected.len());
     let mut functions = Vec::with_capacity(selected.len());
     let mut no_return = Vec::new();
@@ -335,6 +339,12 @@ fn select_functions(
         let table = &tables[&module];
         let f = &table.functions[index];
         let function = functions.len() as u32;
+        let source = sources.remove(&(module.clone(), index)).map(Arc::new);
+        let reads = |ret: bool| {
+            let layout = source.as_ref().and_then(|s| s.layout.as_ref());
+            layout.is_some_and(|l| if ret { l.probe.ret.kind != 0 } else { l.probe.entry_strings > 0 })
+        };
+        let strings = |ret: bool| if reads(ret) { cookie::STRINGS } else { 0 };
         let mut probe = |file_offset: u64, cookie: u64, ret: bool| {
             probes.push(ProbeSpec { path: module.clone(), file_offset, cookie, ret });
         };
@@ -348,10 +358,10 @@ fn select_functions(
                 // return address on top of the stack (only `endbr64` and nops come before it).
                 let at = f.file_offset + point.offset;
                 if entry {
-                    probe(at, cookie::plain(function), false);
+                    probe(at, cookie::plain(function) | strings(false), false);
                 }
                 if exit && return_safe {
-                    probe(at, cookie::plain(function), true);
+                    probe(at, cookie::plain(function) | strings(true), true);
                 }
                 probe_paths.add(&f.name, point.path);
                 if point.offset != 0 {
@@ -381,8 +391,11 @@ fn select_functions(
                 continue;
             }
         }
-        functions
-            .push(ProbedFunction { name: Arc::from(f.name.as_str()), module: Arc::from(module.to_string_lossy()) });
+        functions.push(ProbedFunction {
+            name: Arc::from(f.name.as_str()),
+            module: Arc::from(module.to_string_lossy()),
+            source,
+        });
     }
     if let Some((_, why)) = refused.first() {
         if functions.is_empty() {
@@ -405,6 +418,51 @@ fn select_functions(
     }
     let probe_summary = probe_paths.summary(go_probed);
     Ok(Selection { probes, functions, probe_paths, probe_summary })
+}
+
+/// What the DWARF of each selected native function says (calls at source level), keyed as
+/// `selected` is. A module without DWARF gives nothing; one whose DWARF cannot be read gives a
+/// warning, not a failure (its calls keep their registers).
+fn source_level(
+    selected: &[(PathBuf, usize)],
+    tables: &BTreeMap<PathBuf, SymbolTable>,
+    string_size: u16,
+    warnings: &mut Vec<String>,
+) -> BTreeMap<(PathBuf, usize), crate::debuginfo::SourceFunction> {
+    let mut by_module: BTreeMap<&PathBuf, Vec<usize>> = BTreeMap::new();
+    for (module, index) in selected {
+        // Go's register ABI is not the layout's (System V and Rust's).
+        if matches!(tables[module].functions[*index].placement, Placement::Native(_)) {
+            by_module.entry(module).or_default().push(*index);
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (module, indexes) in by_module {
+        let table = &tables[module];
+        let addresses: Vec<u64> = indexes.iter().map(|&i| table.functions[i].address).collect();
+        match crate::debuginfo::source_functions(module, &addresses, string_size) {
+            Ok((mut found, rejected)) => {
+                for r in rejected {
+                    warnings.push(format!(
+                        "debug file {} does not fit {}: {}",
+                        r.path.display(),
+                        module.display(),
+                        r.why
+                    ));
+                }
+                for i in indexes {
+                    if let Some(source) = found.remove(&table.functions[i].address) {
+                        out.insert((module.clone(), i), source);
+                    }
+                }
+            }
+            Err(e) => {
+                let cause = std::error::Error::source(&e).map(|c| format!(": {c}")).unwrap_or_default();
+                warnings.push(format!("calls in {} keep their registers only: {e}{cause}", module.display()));
+            }
+        }
+    }
+    out
 }
 
 /// What [`select_functions`] chose.
@@ -463,6 +521,13 @@ impl Plan {
         }
         if events.contains(&EventKind::Signal) {
             kernel.attach_signals()?;
+        }
+        for (i, f) in functions.iter().enumerate() {
+            if let Some(layout) = f.source.as_ref().and_then(|s| s.layout.as_ref())
+                && layout.probe.reads_memory()
+            {
+                kernel.set_layout(i as u32, layout.probe.to_bytes())?;
+            }
         }
         let failures = kernel.attach_functions(&probes)?;
         // A function with any probe that failed counts as not probed (its other probes stay).

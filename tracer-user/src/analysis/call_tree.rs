@@ -38,6 +38,10 @@ pub struct Frame {
     pub function: Arc<str>,
     pub module: Arc<str>,
     pub args: Args,
+    /// Its parameters at source level (empty without DWARF).
+    pub params: data::Params,
+    /// Its return value at source level, once its return came with one.
+    pub ret: Option<data::SourceValue>,
     /// When it started, Unix ns.
     pub start: u64,
     /// Time spent so far in traced callees that have ended.
@@ -149,7 +153,7 @@ impl CallTracker {
     pub fn event(&mut self, e: &Event, on: &mut dyn FnMut(CallEvent)) {
         let at = At { pid: e.pid, tid: e.tid, track: e.track() };
         match &e.data {
-            EventData::Call(data::Call { function, module, args, .. }) => {
+            EventData::Call(data::Call { function, module, args, params, .. }) => {
                 let max_depth = self.max_depth;
                 let thread = self.threads.entry((e.pid, at.track)).or_default();
                 thread.last_tid = e.tid;
@@ -161,20 +165,22 @@ impl CallTracker {
                     function: function.clone(),
                     module: module.clone(),
                     args: *args,
+                    params: params.clone(),
+                    ret: None,
                     start: e.ts,
                     callee_ns: 0,
                 });
                 let depth = thread.frames.len() - 1;
                 on(CallEvent::Begin { pid: e.pid, tid: e.tid, track: at.track, frame: &thread.frames[depth], depth });
             }
-            EventData::Return(data::Return { function, module, retval, duration_ns, .. }) => {
+            EventData::Return(data::Return { function, module, retval, duration_ns, ret, .. }) => {
                 // Without a duration the call was not seen: there is no slice.
                 let Some(duration) = duration_ns else { return };
                 let start = e.ts.saturating_sub(*duration);
                 let max_depth = self.max_depth;
                 let thread = self.threads.entry((e.pid, at.track)).or_default();
                 thread.last_tid = e.tid;
-                let ret = Return { function, module, start, end: e.ts, retval: *retval };
+                let ret = Return { function, module, start, end: e.ts, retval: *retval, value: ret.as_ref() };
                 thread.ret(at, ret, max_depth, on);
             }
             EventData::Exit(data::Exit { thread, .. }) => {
@@ -259,6 +265,7 @@ struct Return<'a> {
     start: u64,
     end: u64,
     retval: u64,
+    value: Option<&'a data::SourceValue>,
 }
 
 impl ThreadCalls {
@@ -323,6 +330,8 @@ impl ThreadCalls {
                 function: ret.function.clone(),
                 module: ret.module.clone(),
                 args: Args::default(),
+                params: data::Params::default(),
+                ret: None,
                 start: ret.start,
                 callee_ns: 0,
             };
@@ -330,6 +339,7 @@ impl ThreadCalls {
             pos
         };
         self.close_above(at, target + 1, ret.end, Ending::CallerReturned, on);
+        self.frames[target].ret = ret.value.cloned();
         self.close_top(at, ret.end, Ending::Returned { retval: ret.retval }, matched, on);
     }
 }

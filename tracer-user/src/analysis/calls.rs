@@ -45,6 +45,17 @@ struct Line {
     ending: Ending,
 }
 
+/// A call as its source reads, `greet(name="alice", times=3) = 0`, when it has parameters or a
+/// return value at source level; else its function's name alone.
+fn source_level(frame: &call_tree::Frame) -> Arc<str> {
+    if frame.params.is_empty() && frame.ret.is_none() {
+        return frame.function.clone();
+    }
+    let params: Vec<String> = frame.params.0.iter().map(|(k, v)| format!("{k}={}", v.0)).collect();
+    let ret = frame.ret.as_ref().map(|r| format!(" = {}", r.0)).unwrap_or_default();
+    Arc::from(format!("{}({}){ret}", frame.function, params.join(", ")))
+}
+
 /// Writes call trees as the trace goes; a [`Sink`].
 pub struct CallPrinter<W: Write> {
     out: W,
@@ -133,7 +144,7 @@ impl<W: Write> CallSink for CallPrinter<W> {
         let line = Line {
             start: slice.frame.start,
             depth,
-            function: slice.frame.function.clone(),
+            function: source_level(slice.frame),
             duration: slice.duration(),
             ending: slice.ending,
         };

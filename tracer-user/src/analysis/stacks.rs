@@ -277,6 +277,9 @@ mod tests {
                     module: "m".into(),
                     args: [0; 6].into(),
                     goid: None,
+                    params: Default::default(),
+                    file: None,
+                    line: None,
                 }),
             ),
             other(
@@ -287,6 +290,7 @@ mod tests {
                     retval: 0,
                     duration_ns: Some(300),
                     goid: None,
+                    ret: None,
                 }),
             ),
             ev(
@@ -298,6 +302,9 @@ mod tests {
                     module: "m".into(),
                     args: [0; 6].into(),
                     goid: None,
+                    params: Default::default(),
+                    file: None,
+                    line: None,
                 }),
             ),
         ];

@@ -467,6 +467,9 @@ mod tests {
                         module: "m".into(),
                         args: [0; 6].into(),
                         goid: None,
+                        params: Default::default(),
+                        file: None,
+                        line: None,
                     }),
                 ),
                 other(
@@ -477,6 +480,7 @@ mod tests {
                         retval: 0,
                         duration_ns: Some(300),
                         goid: None,
+                        ret: None,
                     }),
                 ),
             ],

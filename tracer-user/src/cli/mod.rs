@@ -134,6 +134,11 @@ pub struct TraceOptions {
     /// Refuse to probe more functions than this without -f.
     #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
     pub max_probes: usize,
+    /// Bytes read of each string parameter (C `char *`, Rust `&str`) and string return value at
+    /// most; a longer one is marked truncated.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::debuginfo::layout::DEFAULT_STRING_SIZE,
+          value_parser = clap::value_parser!(u16).range(1..=crate::debuginfo::layout::MAX_STRING_SIZE as i64))]
+    pub string_size: u16,
 }
 
 impl TraceOptions {
@@ -397,6 +402,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         duration: args.trace.duration,
         buffer_size: args.trace.buffer_size,
         max_probes: args.trace.max_probes,
+        string_size: args.trace.string_size,
         host: args.host_name.unwrap_or_else(host::default_name),
         ..RecordOptions::default()
     };

@@ -12,8 +12,9 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use super::wire::EventBatch;
 use crate::event::{TraceEnd, TraceStart};
 
-/// Version of this protocol; both ends must speak the same.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// Version of this protocol; both ends must speak the same. 4: calls carry `params`, `file`,
+/// `line` and returns `ret` (calls at source level).
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The largest frame either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated

@@ -115,6 +115,14 @@ mod tests {
                 module: "/bin/app".into(),
                 args: [1, 2, 3, 4, 5, 6].into(),
                 goid: None,
+                // Source-level values cross as JSON text, in declaration order.
+                params: data::Params(vec![
+                    ("n".into(), data::SourceValue(serde_json::json!(1))),
+                    ("name".into(), data::SourceValue(serde_json::json!({"string": "al", "truncated": true}))),
+                    ("a".into(), data::SourceValue(serde_json::json!(null))),
+                ]),
+                file: Some("src/fib.c".into()),
+                line: Some(12),
             })),
             ev(EventData::Return(data::Return {
                 function: "fib".into(),
@@ -122,12 +130,16 @@ mod tests {
                 retval: 8,
                 duration_ns: Some(4),
                 goid: None,
+                ret: Some(data::SourceValue(serde_json::json!(-8))),
             })),
             ev(EventData::Call(data::Call {
                 function: "main.work".into(),
                 module: "/bin/gof".into(),
                 args: [1, 2, 3, 4, 5, 6, 7, 8, 9].into(),
                 goid: Some(18),
+                params: Default::default(),
+                file: None,
+                line: None,
             })),
             ev(EventData::Return(data::Return {
                 function: "main.work".into(),
@@ -135,6 +147,7 @@ mod tests {
                 retval: 2,
                 duration_ns: Some(5),
                 goid: Some(18),
+                ret: None,
             })),
             ev(EventData::Spawn(data::Spawn {
                 parent_pid: 1,
@@ -215,7 +228,12 @@ mod tests {
 
     #[test]
     fn a_call_costs_a_few_dozen_bytes() {
-        let sent: Vec<Event> = (0..1000).map(|_| events("h")[0].clone()).collect();
+        // A call without source-level values (those cross as JSON text).
+        let mut call = events("h")[0].clone();
+        if let EventData::Call(c) = &mut call.data {
+            (c.params, c.file, c.line) = (Default::default(), None, None);
+        }
+        let sent: Vec<Event> = (0..1000).map(|_| call.clone()).collect();
         let mut encoder = Encoder::default();
         encoder.batch(0, &sent[..1]);
         let bytes = postcard::to_stdvec(&encoder.batch(1, &sent)).unwrap();

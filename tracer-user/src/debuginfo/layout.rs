@@ -11,7 +11,8 @@
 //! The raw capture is [`Registers`] plus, for each string read of the layout in order, a
 //! [`CapturedString`]: a 4-byte header (status, reserved, length as little-endian `u16`) and the
 //! bytes (see [`parse_strings`]). The kernel reads a C string with `bpf_probe_read_user_str` into
-//! `string_size + 1` bytes and marks it truncated when no NUL came within `string_size`; a
+//! `string_size + 2` bytes (one more than kept, and the NUL) and marks it truncated when more than
+//! `string_size` came before the NUL; a
 //! `&str` has its length in a register, and is truncated when that exceeds `string_size`.
 
 use std::sync::Arc;
@@ -24,10 +25,10 @@ use super::{
 
 pub const LAYOUT_VERSION: u8 = 1;
 /// At most one string per argument register.
-pub const MAX_STRINGS: usize = 6;
+pub const MAX_STRINGS: usize = tracer_common::strings::MAX_STRINGS;
 pub const DEFAULT_STRING_SIZE: u16 = 64;
 /// The largest `--string-size`: six strings of it keep a call record within a few pages.
-pub const MAX_STRING_SIZE: u16 = 4096;
+pub const MAX_STRING_SIZE: u16 = tracer_common::strings::MAX_STRING_SIZE;
 
 /// A register a probe captures, numbered as the capture stores them: the argument registers in
 /// argument order (a call record's `args`), then rax. At return, rdx (the second half of a
@@ -163,7 +164,7 @@ pub struct ProbeLayout {
 }
 
 impl ProbeLayout {
-    pub const SIZE: usize = 4 + 4 * (MAX_STRINGS + 1);
+    pub const SIZE: usize = tracer_common::strings::LAYOUT_SIZE;
 
     pub fn empty(string_size: u16) -> ProbeLayout {
         ProbeLayout {

@@ -53,6 +53,8 @@ pub const MAX_SECTION_SIZE: u64 = 1 << 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DebugInfoError {
+    #[error("cannot read {path}")]
+    Read { path: PathBuf, source: std::io::Error },
     #[error("{path} is not an ELF file ({reason})")]
     NotElf { path: PathBuf, reason: String },
     #[error("{path} is not an x86-64 ELF file")]
@@ -200,6 +202,41 @@ impl<'a> DebugInfo<'a> {
             .functions(&wanted)
             .map_err(|source| DebugInfoError::Dwarf { path: path.clone(), source })
     }
+}
+
+/// What the probes and the events of one function need at source level.
+#[derive(Debug, PartialEq)]
+pub struct SourceFunction {
+    pub file: Option<Arc<str>>,
+    pub line: Option<u32>,
+    /// `None` with line tables only.
+    pub layout: Option<layout::FunctionLayout>,
+}
+
+/// The source-level view of the functions at `addresses` (symbol addresses) of the ELF file at
+/// `path`, strings bounded to `string_size`; empty when it has no DWARF anywhere. Debug files
+/// found but rejected are returned for a warning.
+pub fn source_functions(
+    path: &Path,
+    addresses: &[u64],
+    string_size: u16,
+) -> Result<(BTreeMap<u64, SourceFunction>, Vec<Rejected>), DebugInfoError> {
+    let data = std::fs::read(path).map_err(|source| DebugInfoError::Read { path: path.to_owned(), source })?;
+    let found = DebugInfo::find(path, &data, &DebugSearch::default())?;
+    let Some(info) = found.info else { return Ok((BTreeMap::new(), found.rejected)) };
+    let functions = info
+        .functions(addresses)?
+        .into_iter()
+        .map(|(address, f)| {
+            let source = SourceFunction {
+                file: f.file.map(|p| Arc::from(p.to_string_lossy())),
+                line: f.line,
+                layout: f.signature.as_ref().map(|s| layout::FunctionLayout::new(s, string_size)),
+            };
+            (address, source)
+        })
+        .collect();
+    Ok((functions, found.rejected))
 }
 
 /// DWARF written by hand (gimli's writer) into an ELF file (object's writer): the shapes a

@@ -93,6 +93,15 @@ pub struct Call<N = Arc<str>> {
     /// The goroutine that made the call (Go functions only).
     #[serde(default)]
     pub goid: Option<u64>,
+    /// The parameters by name, in declaration order, typed by the function's DWARF (empty
+    /// without it).
+    #[serde(default)]
+    pub params: Params,
+    /// Where the function is defined (from its DWARF).
+    #[serde(default)]
+    pub file: Option<Arc<str>>,
+    #[serde(default)]
+    pub line: Option<u32>,
 }
 
 /// A traced function returned.
@@ -106,6 +115,78 @@ pub struct Return<N = Arc<str>> {
     /// The goroutine that returned (Go functions only).
     #[serde(default)]
     pub goid: Option<u64>,
+    /// The return value typed by the function's DWARF (`None` without it, or for `void`).
+    #[serde(default)]
+    pub ret: Option<SourceValue>,
+}
+
+/// A value at source level (see `debuginfo::format`): a JSON value, which is what it is in JSON
+/// lines and JSON text in a binary encoding (postcard cannot read a self-describing value).
+/// `Eq` holds: the values made never hold a float (floating-point parameters are markers).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SourceValue(pub serde_json::Value);
+
+impl Eq for SourceValue {}
+
+impl Serialize for SourceValue {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            self.0.serialize(serializer)
+        } else {
+            serializer.serialize_str(&self.0.to_string())
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SourceValue {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<SourceValue, D::Error> {
+        if deserializer.is_human_readable() {
+            serde_json::Value::deserialize(deserializer).map(SourceValue)
+        } else {
+            // Bounded by the frame it came in; serde_json bounds the nesting.
+            let text = std::borrow::Cow::<str>::deserialize(deserializer)?;
+            serde_json::from_str(&text).map(SourceValue).map_err(serde::de::Error::custom)
+        }
+    }
+}
+
+/// A call's parameters: (name, value) pairs in declaration order, a JSON object (a `Vec`
+/// serialized as a map keeps the order without `serde_json`'s `preserve_order` for every map).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Params(pub Vec<(String, SourceValue)>);
+
+impl Params {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Serialize for Params {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+impl<'de> Deserialize<'de> for Params {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Params, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Params;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map of parameter names to values")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Params, A::Error> {
+                let mut params = Vec::new();
+                while let Some(entry) = map.next_entry::<String, SourceValue>()? {
+                    params.push(entry);
+                }
+                Ok(Params(params))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
 }
 
 /// A process forked, a thread was created, or a program was exec'd.

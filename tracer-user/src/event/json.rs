@@ -27,8 +27,10 @@ use super::{Event, EventData, Interner, TraceEnd, TraceItem, TraceStart};
 
 /// Fields left out of a line when empty (none, an empty list or map, or an object whose fields are
 /// all empty): a Go call's `goid`, a trace's `probe_paths` (and their `moved`), a merged trace's
-/// `hosts`, a host's `lost`, and a `machine` that could not be read.
-pub const OMITTED_WHEN_EMPTY: &[&str] = &["goid", "probe_paths", "moved", "hosts", "lost", "machine"];
+/// `hosts`, a host's `lost`, a `machine` that could not be read, and a call's `params`, `file`,
+/// `line` and a return's `ret` (calls at source level) when the function has no DWARF.
+pub const OMITTED_WHEN_EMPTY: &[&str] =
+    &["goid", "probe_paths", "moved", "hosts", "lost", "machine", "params", "file", "line", "ret"];
 
 /// The field that tags a line.
 const KIND: &str = "kind";

@@ -180,6 +180,9 @@ impl<N> EventData<N> {
                 module: f(c.module)?,
                 args: c.args,
                 goid: c.goid,
+                params: c.params,
+                file: c.file,
+                line: c.line,
             }),
             EventData::Return(r) => EventData::Return(data::Return {
                 function: f(r.function)?,
@@ -187,6 +190,7 @@ impl<N> EventData<N> {
                 retval: r.retval,
                 duration_ns: r.duration_ns,
                 goid: r.goid,
+                ret: r.ret,
             }),
             EventData::Spawn(s) => EventData::Spawn(s),
             EventData::Exit(e) => EventData::Exit(e),
@@ -257,6 +261,9 @@ mod tests {
             module: "/bin/x".into(),
             args: [1, 2, 3, 4, 5, u64::MAX].into(),
             goid: None,
+            params: Default::default(),
+            file: None,
+            line: None,
         }));
         assert_eq!(
             to_line(&e),
@@ -273,6 +280,9 @@ mod tests {
             module: "/bin/gof".into(),
             args: [1, 2, 3, 4, 5, 6, 7, 8, 9].into(),
             goid: Some(18),
+            params: Default::default(),
+            file: None,
+            line: None,
         }));
         let line = to_line(&e);
         assert!(line.ends_with(r#""args":[1,2,3,4,5,6,7,8,9],"goid":18}"#), "{line}");
@@ -284,6 +294,7 @@ mod tests {
             retval: 3,
             duration_ns: Some(9),
             goid: Some(0),
+            ret: None,
         }));
         assert!(to_line(&r).ends_with(r#""duration_ns":9,"goid":0}"#));
         assert_eq!(round_trip(&r), r);
@@ -300,6 +311,7 @@ mod tests {
             retval: 7,
             duration_ns: None,
             goid: None,
+            ret: None,
         }));
         let line = to_line(&e);
         assert!(line.ends_with(r#""retval":7,"duration_ns":null}"#), "{line}");
@@ -310,6 +322,7 @@ mod tests {
             retval: 7,
             duration_ns: Some(5),
             goid: None,
+            ret: None,
         }));
         assert_eq!(round_trip(&e), e);
     }

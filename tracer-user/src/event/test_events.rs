@@ -51,6 +51,9 @@ pub fn call(ts: u64, tid: u32, f: &str) -> Event {
             module: "/bin/app".into(),
             args: [ts, 0, 0, 0, 0, u64::MAX].into(),
             goid: None,
+            params: Default::default(),
+            file: None,
+            line: None,
         }),
     )
 }
@@ -67,6 +70,7 @@ pub fn ret(ts: u64, tid: u32, f: &str, dur: Option<u64>) -> Event {
             retval: 7,
             duration_ns: dur,
             goid: None,
+            ret: None,
         }),
     )
 }
@@ -82,6 +86,9 @@ pub fn go_call(ts: u64, tid: u32, goid: u64, f: &str) -> Event {
             module: "/bin/gof".into(),
             args: [ts].into(),
             goid: Some(goid),
+            params: Default::default(),
+            file: None,
+            line: None,
         }),
     )
 }
@@ -98,6 +105,7 @@ pub fn go_ret(ts: u64, tid: u32, goid: u64, f: &str, dur: u64) -> Event {
             retval: 7,
             duration_ns: Some(dur),
             goid: Some(goid),
+            ret: None,
         }),
     )
 }
