@@ -196,22 +196,26 @@ impl<W: Write> NativeWriter<W> {
     }
 
     fn encode(&mut self, e: &Event) -> io::Result<()> {
+        let compact = !has_source_level(&e.data);
         let mut tag = match &e.data {
-            EventData::Call(_) => KIND_CALL,
-            EventData::Return(_) => KIND_RETURN,
+            EventData::Call(_) if compact => KIND_CALL,
+            EventData::Return(_) if compact => KIND_RETURN,
             _ => KIND_OTHER,
         };
         let host = self.number(&e.host)?;
         let names = match &e.data {
             EventData::Call(data::Call { function, module, .. })
-            | EventData::Return(data::Return { function, module, .. }) => {
+            | EventData::Return(data::Return { function, module, .. })
+                if compact =>
+            {
                 Some((self.number(function)?, self.number(module)?))
             }
             _ => None,
         };
-        // The other kinds have no names: postcard, as on the wire.
+        // The other kinds, and calls and returns with source-level values: postcard, as on the
+        // wire.
         let other = match &e.data {
-            EventData::Call(_) | EventData::Return(_) => None,
+            EventData::Call(_) | EventData::Return(_) if compact => None,
             data => Some(data.clone().map_names(|name| self.number(&name))?),
         };
         let new_host = self.context.host != Some(host);
@@ -227,14 +231,16 @@ impl<W: Write> NativeWriter<W> {
             tag |= SAME_NAMES;
         }
         let goid = match &e.data {
-            EventData::Call(c) => c.goid,
-            EventData::Return(r) => r.goid,
+            EventData::Call(c) if compact => c.goid,
+            EventData::Return(r) if compact => r.goid,
             _ => None,
         };
         if goid.is_some() {
             tag |= GOID;
         }
-        if let EventData::Return(data::Return { duration_ns: Some(_), .. }) = &e.data {
+        if let EventData::Return(data::Return { duration_ns: Some(_), .. }) = &e.data
+            && compact
+        {
             tag |= DURATION;
         }
         let out = &mut self.events;
@@ -252,7 +258,7 @@ impl<W: Write> NativeWriter<W> {
             put_varint(out, module as u64);
         }
         match &e.data {
-            EventData::Call(c) => {
+            EventData::Call(c) if compact => {
                 let prev = self.context.args.entry(e.tid).or_default();
                 let args = c.args.as_slice();
                 let mut mask = 0u64;
@@ -269,7 +275,7 @@ impl<W: Write> NativeWriter<W> {
                     }
                 }
             }
-            EventData::Return(r) => {
+            EventData::Return(r) if compact => {
                 put_varint(out, zigzag(r.retval as i64));
                 if let Some(d) = r.duration_ns {
                     put_varint(out, d);
@@ -291,6 +297,16 @@ impl<W: Write> NativeWriter<W> {
         }
         self.event_count += 1;
         Ok(())
+    }
+}
+
+/// A call or return with values from DWARF (parameters, file, line, typed return): rare next to
+/// the register-only stream the compact layout is for, so these take the general encoding.
+fn has_source_level<N>(data: &EventData<N>) -> bool {
+    match data {
+        EventData::Call(c) => !c.params.is_empty() || c.file.is_some() || c.line.is_some(),
+        EventData::Return(r) => r.ret.is_some(),
+        _ => false,
     }
 }
 
@@ -566,21 +582,29 @@ impl<R: Read> NativeReader<R> {
                     if tag & DURATION != 0 {
                         return Err("a call with a duration".into());
                     }
-                    EventData::Call(data::Call { function, module, args, goid })
+                    EventData::Call(data::Call {
+                        function,
+                        module,
+                        args,
+                        goid,
+                        params: data::Params::default(),
+                        file: None,
+                        line: None,
+                    })
                 }
                 KIND_RETURN => {
                     let (function, module) = names.clone().ok_or("a return with the same names as none")?;
                     let retval = unzigzag(c.varint()?) as u64;
                     let duration_ns = if tag & DURATION != 0 { Some(c.varint()?) } else { None };
                     let goid = if tag & GOID != 0 { Some(c.varint()?) } else { None };
-                    EventData::Return(data::Return { function, module, retval, duration_ns, goid })
+                    EventData::Return(data::Return { function, module, retval, duration_ns, goid, ret: None })
                 }
                 KIND_OTHER => {
                     let (wire, rest) = postcard::take_from_bytes::<EventData<u32>>(&c.bytes[c.pos..])
                         .map_err(|e| format!("an event does not decode: {e}"))?;
                     c.pos = c.bytes.len() - rest.len();
                     let data = wire.map_names(|n| self.string(n))?;
-                    if matches!(data, EventData::Call(_) | EventData::Return(_)) {
+                    if matches!(data, EventData::Call(_) | EventData::Return(_)) && !has_source_level(&data) {
                         return Err("a call or return encoded as another kind".into());
                     }
                     data
@@ -673,6 +697,7 @@ mod tests {
                     retval: u64::MAX,
                     duration_ns: Some(u64::MAX),
                     goid: Some(0),
+                    ret: None,
                 }),
             ),
             ev(
@@ -682,6 +707,9 @@ mod tests {
                     module: "m".into(),
                     args: [u64::MAX; 9].into(),
                     goid: None,
+                    params: data::Params::default(),
+                    file: None,
+                    line: None,
                 }),
             ),
             ev(
@@ -691,6 +719,9 @@ mod tests {
                     module: "m".into(),
                     args: Args::default(),
                     goid: None,
+                    params: data::Params::default(),
+                    file: None,
+                    line: None,
                 }),
             ),
             ev(
@@ -787,6 +818,44 @@ mod tests {
         }
     }
 
+    /// Calls and returns with values from DWARF take the general encoding, and come back whole.
+    #[test]
+    fn source_level_calls_round_trip() {
+        let ev = |ts, data| test_events::event_on("h2", ts, 7, 8, data);
+        let events = vec![
+            ev(
+                7,
+                EventData::Call(data::Call {
+                    function: "greet".into(),
+                    module: "/bin/app".into(),
+                    args: [1, 3].into(),
+                    goid: None,
+                    params: data::Params(vec![
+                        ("name".into(), data::SourceValue(serde_json::json!("alice"))),
+                        ("times".into(), data::SourceValue(serde_json::json!(3))),
+                    ]),
+                    file: Some("src/greet.c".into()),
+                    line: Some(12),
+                }),
+            ),
+            ev(
+                8,
+                EventData::Return(data::Return {
+                    function: "greet".into(),
+                    module: "/bin/app".into(),
+                    retval: 0,
+                    duration_ns: Some(1),
+                    goid: None,
+                    ret: Some(data::SourceValue(serde_json::json!({"string": "ok", "truncated": true}))),
+                }),
+            ),
+        ];
+        let (items, torn) = read(&write(&events, true, None));
+        let items = items.unwrap();
+        assert_eq!(items[1..3], events.iter().cloned().map(TraceItem::Event).collect::<Vec<_>>()[..]);
+        assert_eq!(torn, None);
+    }
+
     #[test]
     fn batches_are_bounded() {
         let events: Vec<Event> = (0..FLUSH_EVENTS as u64 * 2 + 5).map(|i| test_events::call(i * 10, 1, "f")).collect();
@@ -880,7 +949,15 @@ mod tests {
         assert_eq!(error_of(&with(&[0, 0, 0x21])), "batch 2: argument spec 0x21 is out of range");
         assert_eq!(error_of(&with(&[0, 0, 0, 0])), "batch 2: 1 bytes after the last event");
         let other = [EVENTS, 1, 1, b'h', 1, NEW_HOST | KIND_OTHER, 0, 0, 1, 1];
-        let call = EventData::<u32>::Call(data::Call { function: 0, module: 0, args: Args::default(), goid: None });
+        let call = EventData::<u32>::Call(data::Call {
+            function: 0,
+            module: 0,
+            args: Args::default(),
+            goid: None,
+            params: data::Params::default(),
+            file: None,
+            line: None,
+        });
         let call = postcard::to_stdvec(&call).unwrap();
         assert_eq!(error_of(&[&other[..], &call].concat()), "batch 2: a call or return encoded as another kind");
         assert!(error_of(&[&other[..], &[9]].concat()).starts_with("batch 2: an event does not decode"));
