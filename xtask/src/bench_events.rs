@@ -8,8 +8,8 @@
 //! - probe live: a tracer is attached to the same binary through another process, so the
 //!   semaphore is raised and the probe fires in the measured process too, but that process is not
 //!   traced: the formatting, the probe itself and the kernel program's early return;
-//! - traced: under `tracer debug-usdt`, which also copies every payload, decodes it and writes it
-//!   as JSON (its threads share the two cores with the program).
+//! - traced: under `tracer record -e log,usdt`, which also copies every payload, decodes it and
+//!   writes it as a JSON line (its threads share the two cores with the program).
 //!
 //! A `<sys/sdt.h>` probe (a 1-byte nop, which the kernel can only trap on) is measured the same
 //! way, for comparison with the 5-byte nop that `tracer-events` probes on, which the kernel turns
@@ -72,7 +72,7 @@ impl AttachedElsewhere {
         let mut ready = String::new();
         BufReader::new(server.stdout.take().expect("piped")).read_line(&mut ready)?;
         let mut cmd = Command::new(tracer);
-        cmd.args(["debug-usdt", "-o", "/dev/null", "-p", &server.id().to_string()]);
+        cmd.args(["record", "-e", "log,usdt", "--format", "jsonl", "-o", "/dev/null", "-p", &server.id().to_string()]);
         if let Some(pattern) = usdt {
             cmd.args(["-u", pattern]);
         }
@@ -82,7 +82,7 @@ impl AttachedElsewhere {
         loop {
             let mut line = String::new();
             if stderr.read_line(&mut line)? == 0 {
-                bail!("tracer debug-usdt exited before attaching");
+                bail!("tracer record exited before attaching");
             }
             if line.starts_with("tracer: tracing ") {
                 break;
@@ -122,7 +122,7 @@ pub fn run(tracer: &Path) -> Result<()> {
             (program.to_path_buf(), out.clone(), tracer.to_path_buf(), usdt.map(str::to_string));
         move || {
             let mut c = Command::new(&tracer);
-            c.arg("debug-usdt").arg("-o").arg(&out);
+            c.args(["record", "-e", "log,usdt", "-o"]).arg(&out);
             if let Some(pattern) = &usdt {
                 c.args(["-u", pattern]);
             }
@@ -165,7 +165,7 @@ pub fn run(tracer: &Path) -> Result<()> {
     check_records(&out, TRACED_CALLS)?;
 
     println!();
-    println!("| call | untraced | probe live, process not traced | traced (`debug-usdt`) |");
+    println!("| call | untraced | probe live, process not traced | traced (`record -e log,usdt`) |");
     println!("|---|---|---|---|");
     for (what, idle, live, busy) in rows {
         println!("| {what} | {idle:.1} ns | {:.2} µs | {:.2} µs |", live / 1e3, busy / 1e3);

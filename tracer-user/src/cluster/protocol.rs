@@ -13,7 +13,7 @@ use super::wire::EventBatch;
 use crate::event::{TraceEnd, TraceStart};
 
 /// Version of this protocol; both ends must speak the same.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The largest frame either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated
@@ -33,6 +33,8 @@ pub struct TraceRequest {
     /// A command to launch, program first (empty: none).
     pub command: Vec<String>,
     pub functions: Vec<String>,
+    /// `-u` USDT patterns.
+    pub usdt: Vec<String>,
     /// Event kinds, by name (`call`, `return`, ...).
     pub events: Vec<String>,
     pub follow_children: bool,
@@ -47,6 +49,7 @@ impl Default for TraceRequest {
             binaries: Vec::new(),
             command: Vec::new(),
             functions: Vec::new(),
+            usdt: Vec::new(),
             events: Vec::new(),
             follow_children: true,
             buffer_size: 0,

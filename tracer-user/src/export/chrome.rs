@@ -332,6 +332,14 @@ impl<W: Write> Sink for ChromeWriter<W> {
                     (None, _) => {}
                 }
             }
+            EventData::Log(log) => {
+                let args = serde_json::to_value(log).map_err(io::Error::other)?;
+                self.instant(e, &log.message, args)?;
+            }
+            EventData::Usdt(usdt) => {
+                let args = serde_json::to_value(usdt).map_err(io::Error::other)?;
+                self.instant(e, &format!("{}:{}", usdt.provider, usdt.name), args)?;
+            }
         }
         Ok(())
     }

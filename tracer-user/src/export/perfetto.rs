@@ -406,6 +406,30 @@ impl<W: Write> Sink for PerfettoWriter<W> {
                 let mark = Mark { name, category: "signal", args, flows, terminating_flows };
                 self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
             }
+            EventData::Log(log) => {
+                let text = |s: &Option<String>| Arg::Str(s.clone().unwrap_or_default());
+                let mut args = vec![
+                    ("type", serde_arg(&log.log_type)),
+                    ("level", serde_arg(&log.level)),
+                    ("source", text(&log.source)),
+                    ("function", text(&log.function)),
+                    ("file", text(&log.file)),
+                ];
+                if let Some(line) = log.line {
+                    args.push(("line", Arg::Uint(line.into())));
+                }
+                if !log.data.is_null() {
+                    args.push(("data", Arg::Str(log.data.to_string())));
+                }
+                let mark = Mark { name: Some(log.message.clone()), category: "log", args, ..Mark::default() };
+                self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
+            }
+            EventData::Usdt(usdt) => {
+                let args = vec![("module", Arg::Str(usdt.module.to_string())), ("args", serde_arg(&usdt.args))];
+                let name = Some(format!("{}:{}", usdt.provider, usdt.name));
+                let mark = Mark { name, category: "usdt", args, ..Mark::default() };
+                self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
+            }
         }
     }
 
