@@ -397,7 +397,7 @@ impl LocalAgent {
         let socket = dir.join(format!("{name}.sock"));
         let log = dir.join(format!("agent-{name}.log"));
         let mut command = Command::new(tracer_bin());
-        command.arg("agent").args(["--name", name]);
+        command.arg("agent");
         if !extra.contains(&"--listen") {
             command.arg("--socket").arg(&socket);
         }

@@ -21,6 +21,7 @@ pub mod event;
 pub mod export;
 pub mod flows;
 pub mod golang;
+pub mod host;
 pub mod kernel_btf;
 pub mod launch;
 pub mod loader;

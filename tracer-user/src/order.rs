@@ -74,18 +74,7 @@ impl Reorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::EventData;
-    use crate::event::data;
-
-    fn ev(ts: u64, tid: u32) -> Event {
-        Event {
-            ts,
-            host: "h".into(),
-            pid: 1,
-            tid,
-            data: EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: true, comm: String::new() }),
-        }
-    }
+    use crate::event::test_events::thread_exit;
 
     fn drain(r: &mut Reorder) -> Vec<(u64, u32)> {
         std::iter::from_fn(|| r.pop_ready()).map(|e| (e.ts, e.tid)).collect()
@@ -94,16 +83,16 @@ mod tests {
     #[test]
     fn events_leave_in_time_order_once_the_window_passed() {
         let mut r = Reorder::new(100, 1000);
-        r.push(ev(50, 1));
-        r.push(ev(20, 2));
+        r.push(thread_exit(50, 1));
+        r.push(thread_exit(20, 2));
         assert!(drain(&mut r).is_empty(), "nothing is a window old yet");
-        r.push(ev(140, 1));
+        r.push(thread_exit(140, 1));
         assert_eq!(drain(&mut r), [(20, 2)]);
-        r.push(ev(300, 1));
+        r.push(thread_exit(300, 1));
         assert_eq!(drain(&mut r), [(50, 1), (140, 1)]);
-        r.push(ev(250, 2));
-        r.push(ev(260, 3));
-        r.push(ev(255, 4));
+        r.push(thread_exit(250, 2));
+        r.push(thread_exit(260, 3));
+        r.push(thread_exit(255, 4));
         assert_eq!(std::iter::from_fn(|| r.pop_any()).map(|e| e.ts).collect::<Vec<_>>(), [250, 255, 260, 300]);
     }
 
@@ -111,7 +100,7 @@ mod tests {
     fn ties_keep_arrival_order() {
         let mut r = Reorder::new(0, 1000);
         for tid in [3, 1, 2] {
-            r.push(ev(10, tid));
+            r.push(thread_exit(10, tid));
         }
         let order: Vec<u32> = std::iter::from_fn(|| r.pop_any()).map(|e| e.tid).collect();
         assert_eq!(order, [3, 1, 2]);
@@ -121,7 +110,7 @@ mod tests {
     fn the_cap_bounds_what_waits() {
         let mut r = Reorder::new(1_000_000, 2);
         for ts in [5, 1, 3] {
-            r.push(ev(ts, 1));
+            r.push(thread_exit(ts, 1));
         }
         assert_eq!(drain(&mut r), [(1, 1)]);
         assert_eq!(r.len(), 2);
@@ -130,7 +119,7 @@ mod tests {
     #[test]
     fn a_clock_cutoff_releases_idle_events() {
         let mut r = Reorder::new(100, 1000);
-        r.push(ev(10, 1));
+        r.push(thread_exit(10, 1));
         assert!(r.pop_ready().is_none());
         assert_eq!(r.pop_older_than(11).map(|e| e.ts), Some(10));
     }

@@ -9,7 +9,10 @@ use std::{
     ffi::OsString,
     future::Future,
     path::PathBuf,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -21,6 +24,7 @@ use crate::{
     clock::BootClock,
     drain::{Batch, RingDrain},
     event::{EndReason, EventKind, FORMAT_VERSION, ProbePaths, TargetInfo, TraceEnd, TraceStart},
+    host::{self, Machine, NameError},
     kernel_btf::{KernelBtf, KernelBtfError},
     launch::{ChildExit, LaunchError, RunAs, spawn_stopped, try_reap},
     loader::{Kernel, LoadError, LostCounters, ProbeSpec, raise_fd_limit},
@@ -46,6 +50,8 @@ pub(crate) const TICK: Duration = Duration::from_millis(50);
 /// How often the sink is flushed: with the reorder window, an event is in the file (safe from a
 /// `kill -9` of the tracer) about half a second after it happened.
 const FLUSH_EVERY: Duration = Duration::from_millis(250);
+/// How often [`Progress::lost`] is brought up to date (it reads every CPU's counters).
+const PROGRESS_LOST_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
 pub struct RecordOptions {
@@ -61,7 +67,8 @@ pub struct RecordOptions {
     pub duration: Option<Duration>,
     pub buffer_size: u32,
     pub max_probes: usize,
-    /// The host name written in every event.
+    /// The host name written in every event (checked with [`host::check_name`]; default: this
+    /// machine's host name).
     pub host: String,
     /// Run the command as this user (the agent launching for a socket-group member).
     pub run_as: Option<RunAs>,
@@ -80,15 +87,10 @@ impl Default for RecordOptions {
             duration: None,
             buffer_size: DEFAULT_BUFFER_SIZE,
             max_probes: DEFAULT_MAX_PROBES,
-            host: host_name(),
+            host: host::default_name(),
             run_as: None,
         }
     }
-}
-
-/// This machine's host name.
-pub fn host_name() -> String {
-    nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".to_string())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +99,12 @@ pub enum RecordError {
     NotRoot,
     #[error("nothing to trace: give --pid, --binary, or a command after --")]
     NoTargets,
+    #[error(transparent)]
+    HostName(#[from] NameError),
+    #[error(
+        "tracer must run in the initial pid namespace: the kernel reports the pids of that namespace, so in another one it would trace the wrong processes or none (run it on the host, or in a container with --pid=host)"
+    )]
+    NotInitialPidNamespace,
     #[error(transparent)]
     Target(#[from] TargetError),
     #[error(transparent)]
@@ -140,6 +148,21 @@ pub fn check_root() -> Result<(), RecordError> {
     if nix::unistd::geteuid().is_root() { Ok(()) } else { Err(RecordError::NotRoot) }
 }
 
+/// The inode of the initial pid namespace (`PROC_PID_INIT_INO` in the kernel's `proc_ns.h`).
+const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+
+/// The trace's pids are the initial pid namespace's (what `bpf_get_current_pid_tgid` and the
+/// sched tracepoints report), and so are the pids the user gives and the tracer launches: a
+/// tracer in another pid namespace would compare numbers from two namespaces.
+pub fn check_pid_namespace() -> Result<(), RecordError> {
+    use std::os::unix::fs::MetadataExt as _;
+    match std::fs::metadata("/proc/self/ns/pid") {
+        Ok(m) if m.ino() != INITIAL_PID_NAMESPACE => Err(RecordError::NotInitialPidNamespace),
+        // Without /proc/self/ns (very old kernels, no procfs) there is nothing to tell.
+        _ => Ok(()),
+    }
+}
+
 /// Everything resolved and checked, nothing attached yet.
 pub struct Plan {
     pub(crate) options: RecordOptions,
@@ -164,6 +187,8 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
     if options.pids.is_empty() && options.binaries.is_empty() && options.command.is_empty() {
         return Err(RecordError::NoTargets);
     }
+    host::check_name(&options.host)?;
+    check_pid_namespace()?;
     let size = options.buffer_size;
     if !size.is_power_of_two() || size < 4096 {
         return Err(RecordError::BadBufferSize(size));
@@ -551,6 +576,7 @@ impl Plan {
             follow_children: options.follow_children,
             probe_paths,
             hosts: vec![],
+            machine: Some(Machine::read()),
         };
         let return_probes = options.events.contains(&EventKind::Return);
         let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes)
@@ -571,6 +597,7 @@ impl Plan {
             duration: options.duration,
             kinds: options.events.clone(),
             usdt_sites: usdt.probes.len() - usdt_failures.len(),
+            progress: Arc::default(),
             warnings,
         })
     }
@@ -592,8 +619,29 @@ pub struct Recording {
     kinds: BTreeSet<EventKind>,
     /// USDT probe sites attached (program events and `-u` probes).
     pub usdt_sites: usize,
+    progress: Arc<Progress>,
     /// Things found while attaching that do not stop the trace (the plan's are in [`Plan::warnings`]).
     pub warnings: Vec<String>,
+}
+
+/// What a recording has done so far, readable from elsewhere while [`Recording::run`] runs (a
+/// status line). Events written are current after every batch; the lost count is at most
+/// [`PROGRESS_LOST_EVERY`] old.
+#[derive(Debug, Default)]
+pub struct Progress {
+    events_written: AtomicU64,
+    lost: AtomicU64,
+}
+
+impl Progress {
+    pub fn events_written(&self) -> u64 {
+        self.events_written.load(Ordering::Relaxed)
+    }
+
+    /// Events lost so far, counted as `trace_end.lost_events` counts them.
+    pub fn lost(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
+    }
 }
 
 /// How a recording ended.
@@ -616,6 +664,11 @@ impl Recording {
         self.child_pid
     }
 
+    /// The recording's progress, updated while it runs.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
+    }
+
     /// Drains events into `sink` until the trace ends: the command and its traced descendants
     /// exit, every traced process exits, the duration elapses, or `stop` resolves.
     pub async fn run(self, sink: &mut dyn Sink, stop: impl Future<Output = EndReason>) -> Result<Outcome, RecordError> {
@@ -630,6 +683,7 @@ impl Recording {
             ends_when_empty,
             duration,
             kinds,
+            progress,
             ..
         } = self;
         let mut pipeline = EventPipeline::new(kinds);
@@ -638,6 +692,7 @@ impl Recording {
         sink.flush()?;
         let mut command_exit: Option<ChildExit> = None;
         let mut last_flush = tokio::time::Instant::now();
+        let mut last_lost_count = tokio::time::Instant::now();
         let deadline = duration.map(|d| tokio::time::Instant::now() + d);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -652,14 +707,21 @@ impl Recording {
                     Some(batch) => {
                         push_batch(&batch, &mut assembler, &mut pipeline);
                         pipeline.flush_ready(sink)?;
+                        progress.events_written.store(pipeline.written, Ordering::Relaxed);
                     }
                     None => return Err(drain.join().err().unwrap_or_else(|| std::io::Error::other("the ring-buffer drain stopped")).into()),
                 },
                 _ = tick.tick() => {
                     pipeline.flush_older_than(clock.now_unix_ns().saturating_sub(REORDER_WINDOW_NS), sink)?;
+                    progress.events_written.store(pipeline.written, Ordering::Relaxed);
                     if last_flush.elapsed() >= FLUSH_EVERY {
                         sink.flush()?;
                         last_flush = tokio::time::Instant::now();
+                    }
+                    if last_lost_count.elapsed() >= PROGRESS_LOST_EVERY {
+                        let lost_so_far = lost_events(&lost, &assembler).values().sum();
+                        progress.lost.store(lost_so_far, Ordering::Relaxed);
+                        last_lost_count = tokio::time::Instant::now();
                     }
                     if let Some(pid) = child_pid
                         && command_exit.is_none()
@@ -690,15 +752,9 @@ impl Recording {
             command_exit = try_reap(pid);
         }
 
-        let counts = lost.read();
-        let mut lost_events: BTreeMap<String, u64> = BTreeMap::new();
-        for slot in 0..lost_slot::COUNT {
-            if let Some(name) = lost_slot_name(slot) {
-                *lost_events.entry(name.to_string()).or_default() += counts[slot as usize];
-            }
-        }
-        lost_events.insert("undecodable".to_string(), assembler.undecodable);
-        lost_events.insert("log_unreadable".to_string(), assembler.unreadable_logs);
+        let lost_events = lost_events(&lost, &assembler);
+        progress.events_written.store(pipeline.written, Ordering::Relaxed);
+        progress.lost.store(lost_events.values().sum(), Ordering::Relaxed);
         let end = TraceEnd {
             ts: end_ts,
             reason,
@@ -713,6 +769,21 @@ impl Recording {
         let command_still_running = child_pid.filter(|_| command_exit.is_none());
         Ok(Outcome { end, command_exit, command_still_running })
     }
+}
+
+/// Events lost so far, by the name `trace_end.lost_events` gives them: the kernel's counters
+/// and the records user space could not decode.
+fn lost_events(lost: &LostCounters, assembler: &EventAssembler) -> BTreeMap<String, u64> {
+    let counts = lost.read();
+    let mut lost_events: BTreeMap<String, u64> = BTreeMap::new();
+    for slot in 0..lost_slot::COUNT {
+        if let Some(name) = lost_slot_name(slot) {
+            *lost_events.entry(name.to_string()).or_default() += counts[slot as usize];
+        }
+    }
+    lost_events.insert("undecodable".to_string(), assembler.undecodable);
+    lost_events.insert("log_unreadable".to_string(), assembler.unreadable_logs);
+    lost_events
 }
 
 /// How full the ring may get before a record wakes the drain (which otherwise polls every few

@@ -61,6 +61,9 @@ enum Task {
         /// Only this target (frame, trace_line, record, event_payload).
         target: Option<String>,
     },
+    /// Write the seed corpus of every fuzz target into `fuzz/corpus/<target>/` in the current
+    /// encodings (frames, trace lines, ring-buffer records, program-event payloads).
+    FuzzSeeds,
     /// Run a command (its standard output discarded) and print its peak resident memory in KiB
     /// (used by `bench`: a fresh process, so no memory of the caller's is counted).
     #[command(hide = true)]
@@ -100,6 +103,11 @@ fn run(cli: Cli) -> Result<()> {
             demo::run(&tracer)
         }
         Task::Fuzz { seconds, target } => fuzz(seconds, target.as_deref()),
+        Task::FuzzSeeds => {
+            toolchain::build_ebpf(&root())?;
+            let corpus = root().join("fuzz/corpus");
+            run_checked(cargo(&["run", "-q", "-p", "tracer-user", "--example", "fuzz_seeds", "--"]).arg(corpus))
+        }
         Task::PeakRss { command } => bench_export::peak_rss(&command),
     }
 }

@@ -335,71 +335,9 @@ impl ThreadCalls {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    pub fn ev(ts: u64, pid: u32, tid: u32, data: EventData) -> Event {
-        Event { ts, host: "h".into(), pid, tid, data }
-    }
-
-    pub fn call(ts: u64, tid: u32, f: &str) -> Event {
-        ev(
-            ts,
-            1,
-            tid,
-            EventData::Call(data::Call {
-                function: f.into(),
-                module: "/bin/app".into(),
-                args: [ts, 0, 0, 0, 0, 0].into(),
-                goid: None,
-            }),
-        )
-    }
-
-    pub fn ret(ts: u64, tid: u32, f: &str, dur: Option<u64>) -> Event {
-        ev(
-            ts,
-            1,
-            tid,
-            EventData::Return(data::Return {
-                function: f.into(),
-                module: "/bin/app".into(),
-                retval: 7,
-                duration_ns: dur,
-                goid: None,
-            }),
-        )
-    }
-
-    /// A Go call of goroutine `goid`, on thread `tid`.
-    pub fn go_call(ts: u64, tid: u32, goid: u64, f: &str) -> Event {
-        ev(
-            ts,
-            1,
-            tid,
-            EventData::Call(data::Call {
-                function: f.into(),
-                module: "/bin/gof".into(),
-                args: [ts].into(),
-                goid: Some(goid),
-            }),
-        )
-    }
-
-    pub fn go_ret(ts: u64, tid: u32, goid: u64, f: &str, dur: u64) -> Event {
-        ev(
-            ts,
-            1,
-            tid,
-            EventData::Return(data::Return {
-                function: f.into(),
-                module: "/bin/gof".into(),
-                retval: 7,
-                duration_ns: Some(dur),
-                goid: Some(goid),
-            }),
-        )
-    }
+    use crate::event::test_events::{call, ev, go_call, go_ret, ret};
 
     /// (function, start, end, depth, returned, call_seen, self_ns) of each slice, in end order.
     type Row = (String, u64, u64, usize, bool, bool, u64);

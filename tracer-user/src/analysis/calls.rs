@@ -168,8 +168,8 @@ impl<W: Write> Sink for CallPrinter<W> {
 mod tests {
     use super::*;
     use crate::{
-        analysis::call_tree::tests::{call, ret},
-        event::fixtures::{end, start},
+        event::test_events::{call, ret},
+        event::test_events::{end, start},
     };
 
     fn print(filter: CallFilter, events: &[Event]) -> String {

@@ -61,12 +61,12 @@ impl ProcessNames {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::call_tree::tests::ev;
+    use crate::event::test_events::ev;
 
     #[test]
     fn names_follow_targets_forks_execs_and_exits() {
         let mut names = ProcessNames::default();
-        let mut start = crate::event::fixtures::start(0);
+        let mut start = crate::event::test_events::start(0);
         start.targets =
             vec![TargetInfo::Command { pid: 1, argv: vec![], exe: "/usr/bin/a_very_long_program_name".into() }];
         names.begin(&start);

@@ -177,17 +177,17 @@ mod tests {
     use super::*;
     use crate::event::data;
     use crate::{
-        analysis::call_tree::tests::{call, ev, ret},
         event::EventData,
+        event::test_events::{call, ev, ret},
     };
 
     fn flame(max_depth: usize, events: &[Event], end_ts: u64) -> Vec<FlameNode> {
         let mut c = StackCollector::new(CallTracker::new(max_depth));
-        c.begin(&crate::event::fixtures::start(0));
+        c.begin(&crate::event::test_events::start(0));
         for e in events {
             c.event(e);
         }
-        c.finish(&crate::event::fixtures::end(end_ts))
+        c.finish(&crate::event::test_events::end(end_ts))
     }
 
     fn node(name: &str, value: u64, children: Vec<FlameNode>) -> FlameNode {

@@ -359,9 +359,9 @@ fn write_aligned(header: &[&str], rows: &[Vec<String>], left: usize, out: &mut d
 mod tests {
     use super::*;
     use crate::{
-        analysis::call_tree::tests::{call, ev, ret},
         event::Channel,
-        event::fixtures::{end, start},
+        event::test_events::{call, ev, ret},
+        event::test_events::{end, start},
     };
 
     fn report(by_process: bool, events: &[Event], end_ts: u64) -> Report {

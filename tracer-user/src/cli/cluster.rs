@@ -13,13 +13,13 @@ use crate::{
     cluster::{
         agent::{self, AgentOptions, Listen},
         auth::Secret,
-        collector::{AgentSpec, ClientOptions, Cluster},
+        collector::{self, AgentSpec, ClientOptions, Cluster},
         listener,
         protocol::TraceRequest,
         tls,
     },
     event::EndReason,
-    record,
+    host, record,
 };
 
 /// `collect`'s exit code when some host's trace could not be collected whole (`EX_TEMPFAIL`:
@@ -55,9 +55,6 @@ pub struct AgentArgs {
     /// TLS private key (PEM).
     #[arg(long, value_name = "PATH", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// The host name events carry (default: this machine's).
-    #[arg(long, value_name = "NAME")]
-    pub name: Option<String>,
     /// Stop a trace (and detach its probes) after this long without a word from its collector.
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, default_value = "30")]
     pub orphan_timeout: Duration,
@@ -111,6 +108,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         return Ok(0);
     }
     record::check_root()?;
+    record::check_pid_namespace()?;
     let secret = args.secret_file.as_deref().map(Secret::from_file).transpose()?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
@@ -125,7 +123,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         secret,
         tls,
         allow_commands: args.allow_commands,
-        host: args.name.unwrap_or_else(record::host_name),
+        host: host::default_name(),
         test_clock_skew_ns: args.test_clock_skew_ns,
         orphan_timeout: args.orphan_timeout,
         max_buffered: args.buffer_events,
@@ -151,7 +149,8 @@ fn per_host<'a>(what: &str, item: &'a str, agents: &[AgentSpec]) -> anyhow::Resu
     Ok((name.to_string(), value))
 }
 
-/// One request per agent, from the per-host targets and the shared options.
+/// One request per agent, from the per-host targets and the shared options (the names are
+/// unique: [`collector::check_names`]).
 fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
     let events: Vec<String> = args.trace.event_kinds().iter().map(|k| k.name().to_string()).collect();
     let mut requests: BTreeMap<String, TraceRequest> = args
@@ -193,10 +192,13 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
             bail!("agent {name} has nothing to trace: give -p {name}:PID, -b {name}:PATH or -c {name}:COMMAND");
         }
     }
-    Ok(requests.into_iter().collect())
+    // In the order of the --agent options: host `i` of the trace is the `i`th agent given.
+    Ok(args.agents.iter().map(|a| (a.name.clone(), requests.remove(&a.name).expect("one per agent"))).collect())
 }
 
 pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
+    // Before anything else: with a name given twice, the targets below could go to either host.
+    collector::check_names(&args.agents)?;
     let format = output_format(&args.output, args.trace.format)?;
     let requests = requests(&args)?;
     let secret = args.secret_file.as_deref().map(Secret::from_file).transpose()?;
@@ -226,16 +228,19 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
                 None => std::future::pending().await,
             }
         };
-        let reason = tokio::select! {
-            reason = stop => reason,
-            _ = deadline => EndReason::Duration,
-            _ = trace.finished() => EndReason::TargetsExited,
+        let until_done = async {
+            tokio::select! {
+                reason = stop => reason,
+                _ = deadline => EndReason::Duration,
+                _ = trace.finished() => EndReason::TargetsExited,
+            }
         };
+        let reason = super::status::with_status("received", || trace.received_and_lost(), until_done).await;
         let merged = trace.stop_because(reason).await?;
         for (host, events, seconds) in trace.ingest() {
             eprintln!(
-                "tracer: host {host}: received {events} events in {seconds:.3} s ({:.0} events/s)",
-                events as f64 / seconds.max(1e-9)
+                "tracer: host {host}: received {events} events in {seconds:.3} s{}",
+                collector::rate(events, seconds)
             );
         }
         let mut sink = format.sink(out);

@@ -2,6 +2,7 @@
 //! stderr (warnings, the summary, errors) is written here, never by the library.
 
 mod cluster;
+mod status;
 mod top;
 
 use std::{
@@ -23,6 +24,7 @@ use crate::{
     },
     event::{EndReason, EventKind, TraceEnd},
     export::{Format, jsonl},
+    host,
     record::{self, RecordOptions},
     sink::Sink,
 };
@@ -65,6 +67,10 @@ pub struct RecordArgs {
     /// Output file ('-' for standard output); the format comes from --format or the extension.
     #[arg(short, long, value_name = "PATH", default_value = "trace.jsonl")]
     pub output: PathBuf,
+    /// The name of this host in the trace (every event's `host`), so that traces recorded on
+    /// several machines can be told apart (default: this machine's host name).
+    #[arg(long, value_name = "NAME", value_parser = parse_host_name)]
+    pub host_name: Option<String>,
     /// The command to launch and trace, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -176,6 +182,10 @@ fn parse_duration_ns(s: &str) -> Result<u64, String> {
 pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {
     let secs: f64 = s.parse().map_err(|_| format!("'{s}' is not a number of seconds"))?;
     Duration::try_from_secs_f64(secs).map_err(|_| format!("'{s}' is not a positive number of seconds"))
+}
+
+fn parse_host_name(s: &str) -> Result<String, host::NameError> {
+    host::check_name(s).map(|()| s.to_string())
 }
 
 pub(crate) fn parse_bytes(s: &str) -> Result<u32, String> {
@@ -320,6 +330,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         duration: args.trace.duration,
         buffer_size: args.trace.buffer_size,
         max_probes: args.trace.max_probes,
+        host: args.host_name.unwrap_or_else(host::default_name),
         ..RecordOptions::default()
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -355,7 +366,9 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
                 .map_or(String::new(), |p| format!(" (and, until it is complete, JSON lines to {})", p.display()))
         );
         let stop = signals.forward_then_stop(recording.command_pid());
-        let outcome = match recording.run(&mut *sink, stop).await {
+        let progress = recording.progress();
+        let counts = || (progress.events_written(), progress.lost());
+        let outcome = match status::with_status("written", counts, recording.run(&mut *sink, stop)).await {
             // A reader that stopped reading (`tracer record -o - | head`): not a failure.
             Err(record::RecordError::Output(e))
                 if args.output == Path::new("-") && e.kind() == std::io::ErrorKind::BrokenPipe =>

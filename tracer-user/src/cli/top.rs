@@ -59,6 +59,7 @@ pub struct TopArgs {
 
 pub fn top(args: TopArgs) -> anyhow::Result<i32> {
     record::check_root()?;
+    record::check_pid_namespace()?;
     if args.interval.is_zero() {
         anyhow::bail!("--interval must be more than 0 seconds");
     }

@@ -81,7 +81,9 @@ pub struct AgentOptions {
     pub tls: Option<TlsAcceptor>,
     /// Launch commands for collectors (`-c`); without it a request with a command is refused.
     pub allow_commands: bool,
-    /// The name events carry.
+    /// What this agent calls its host (the machine's host name): in its own log lines and its
+    /// welcome to collectors, as information. Collectors name the hosts they trace themselves
+    /// (`--agent NAME=ADDR`) and stamp that name on every event they receive.
     pub host: String,
     /// For tests on one machine: pretend this host's clock is ahead by this much (events, trace
     /// lines and clock answers all shift).
@@ -224,7 +226,7 @@ pub async fn serve(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Re
         _ => String::new(),
     };
     log(format_args!(
-        "listening on {} as {}{who}{}{}{}",
+        "listening on {} (host {}){who}{}{}{}",
         listener.describe(),
         opts.host,
         if opts.secret.is_some() { ", secret required" } else { "" },

@@ -88,6 +88,7 @@ use crate::{
     errors::report,
     event::{EndReason, Event, EventKind, FORMAT_VERSION, HostLoss, LossCause, TraceEnd, TraceStart},
     export::Format,
+    host::{self, Machine, NameError},
 };
 
 /// Where an agent listens.
@@ -122,6 +123,7 @@ impl FromStr for AgentSpec {
         let bad = || format!("'{s}' is not NAME=HOST:PORT or NAME=unix:PATH");
         match s.split_once('=') {
             Some((name, addr)) if !name.is_empty() => {
+                host::check_name(name).map_err(|e| e.to_string())?;
                 let addr = match addr.strip_prefix("unix:") {
                     Some(path) if !path.is_empty() => AgentAddr::Unix(PathBuf::from(path)),
                     Some(_) => return Err(bad()),
@@ -182,6 +184,8 @@ pub enum ClusterError {
     Protocol { agent: String, reason: String },
     #[error("writing the trace failed")]
     Output(#[from] std::io::Error),
+    #[error(transparent)]
+    Name(#[from] NameError),
 }
 
 /// Everything one host has sent for the current trace.
@@ -227,6 +231,8 @@ struct Subscriber {
 
 struct Shared {
     hosts: Vec<Mutex<HostState>>,
+    /// The collector's own machine.
+    machine: Machine,
     subscribers: Mutex<Vec<Subscriber>>,
     changed: Notify,
     clock: BootClock,
@@ -250,8 +256,30 @@ pub struct Cluster {
     next_trace: AtomicU64,
 }
 
+/// The shortest interval a rate is given for: over less, timer resolution and one batch's
+/// arrival decide the number, which then means nothing (a thousand events that arrive in one
+/// batch are not "a billion events per second").
+pub const MIN_RATE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// `" (R events/s)"` for `events` over `seconds`, or nothing when the interval is shorter than
+/// [`MIN_RATE_INTERVAL`].
+pub fn rate(events: u64, seconds: f64) -> String {
+    if seconds < MIN_RATE_INTERVAL.as_secs_f64() {
+        return String::new();
+    }
+    format!(" ({:.0} events/s)", events as f64 / seconds)
+}
+
 fn log(message: impl std::fmt::Display) {
     eprintln!("tracer collect: {message}");
+}
+
+/// Checks the agents' names: each valid, none given twice.
+pub fn check_names(agents: &[AgentSpec]) -> Result<(), NameError> {
+    for a in agents {
+        host::check_name(&a.name)?;
+    }
+    host::check_unique(agents.iter().map(|a| a.name.as_str()))
 }
 
 /// Connects to an agent and authenticates both ways: a raw session, for tools that speak the
@@ -328,8 +356,11 @@ async fn probe_clock(conn: &mut Session, clock: &BootClock, silence: Duration) -
 
 impl Cluster {
     /// Connects to every agent, authenticates, and measures its clock. Fails if any agent cannot
-    /// be reached or authenticated.
+    /// be reached or authenticated, and, before connecting to any, if a name is not valid or is
+    /// given twice: each agent's name is its host's identity in the trace (every event's `host`,
+    /// `trace_start.hosts`, the exports' process groups), whatever the machine calls itself.
     pub async fn connect(agents: Vec<AgentSpec>, options: ClientOptions) -> Result<Cluster, ClusterError> {
+        check_names(&agents)?;
         let clock = BootClock::calibrate();
         let mut connections = Vec::new();
         for spec in &agents {
@@ -342,10 +373,12 @@ impl Cluster {
         let shared = Arc::new(Shared {
             hosts: connections
                 .iter()
-                .map(|(c, samples)| {
-                    Mutex::new(HostState { host: c.host.clone(), samples: samples.clone(), ..Default::default() })
+                .zip(&agents)
+                .map(|((_, samples), spec)| {
+                    Mutex::new(HostState { host: spec.name.clone(), samples: samples.clone(), ..Default::default() })
                 })
                 .collect(),
+            machine: Machine::read(),
             subscribers: Mutex::new(Vec::new()),
             changed: Notify::new(),
             clock,
@@ -478,7 +511,7 @@ impl ClusterTrace {
             .collect::<std::collections::BTreeSet<EventKind>>();
         let collector = TraceStart {
             format_version: FORMAT_VERSION,
-            host: crate::record::host_name(),
+            host: host::default_name(),
             tracer_version: env!("CARGO_PKG_VERSION").to_string(),
             ts: self.shared.clock.now_unix_ns(),
             clock: self.shared.clock.info(),
@@ -488,6 +521,7 @@ impl ClusterTrace {
             follow_children: hosts.iter().filter_map(|h| h.start.as_ref()).any(|s| s.follow_children),
             probe_paths: Default::default(),
             hosts: Vec::new(),
+            machine: Some(self.shared.machine.clone()),
         };
         merge(hosts, &collector, reason)
     }
@@ -534,6 +568,15 @@ impl ClusterTrace {
                 (h.host.clone(), h.next_seq - h.lost_in_transit, seconds)
             })
             .collect()
+    }
+
+    /// Events received so far from all hosts, and those known lost on the way (an agent's
+    /// buffer overflowed while its collector was away); for a status line.
+    pub fn received_and_lost(&self) -> (u64, u64) {
+        self.hosts.iter().fold((0, 0), |(received, lost), &i| {
+            let h = self.shared.hosts[i].lock().unwrap();
+            (received + h.next_seq - h.lost_in_transit, lost + h.lost_in_transit)
+        })
     }
 
     /// Whether every host's trace has ended (its targets are gone, or it failed).
@@ -589,10 +632,10 @@ impl ClusterTrace {
         self.shared.subscribers.lock().unwrap().retain(|s| s.trace_id != self.id);
         let seconds = merging.elapsed().as_secs_f64();
         log(format_args!(
-            "merged {} events from {} hosts in {seconds:.3} s ({:.0} events/s)",
+            "merged {} events from {} hosts in {seconds:.3} s{}",
             merged.events.len(),
             self.hosts.len(),
-            merged.events.len() as f64 / seconds.max(1e-9)
+            rate(merged.events.len() as u64, seconds)
         ));
         Ok(merged)
     }
@@ -675,7 +718,10 @@ async fn session(
     commands: &mut mpsc::Receiver<Command>,
     conn: Session,
 ) -> Result<(), String> {
-    let host: Arc<str> = Arc::from(conn.host.as_str());
+    // The collector stamps each event with the name the user gave the host on receipt (the wire
+    // carries no host): an agent cannot speak for another host, and the agents' own names (often
+    // equal: machines cloned from one image) are only information, in `trace_start.hosts`.
+    let host: Arc<str> = Arc::from(shared.hosts[index].lock().unwrap().host.as_str());
     let Session { mut reader, mut writer, transcript, resume_key, .. } = conn;
     let (tx, mut incoming) = mpsc::channel(256);
     let reading = tokio::spawn(async move {
@@ -863,6 +909,32 @@ fn deliver(shared: &Shared, trace_id: u64, events: &[Event]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_need_an_interval_long_enough_to_mean_something() {
+        assert_eq!(rate(937, 0.0), "");
+        assert_eq!(rate(937, 0.099), "");
+        assert_eq!(rate(1000, 0.1), " (10000 events/s)");
+        assert_eq!(rate(30, 2.0), " (15 events/s)");
+    }
+
+    #[test]
+    fn names_are_checked_before_anything_connects() {
+        let specs: Vec<AgentSpec> =
+            ["web=10.0.0.1:7070", "web=10.0.0.2:7070"].iter().map(|s| s.parse().unwrap()).collect();
+        let err = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(Cluster::connect(specs, ClientOptions::default()))
+            .err()
+            .unwrap();
+        assert_eq!(err.to_string(), "host name web is given twice: each host needs a name of its own");
+        assert_eq!(
+            "we b=1.2.3.4:5".parse::<AgentSpec>().unwrap_err(),
+            "host name \"we b\" has ' ': use letters, digits, '.', '_' and '-' only"
+        );
+    }
 
     #[test]
     fn agent_specs() {

@@ -14,7 +14,7 @@ use crate::{
 /// What one host sent for a trace.
 #[derive(Clone, Debug, Default)]
 pub struct HostTrace {
-    /// The name the host gave itself (events carry it).
+    /// The name the user gave the host (events carry it; unique in a merge).
     pub host: String,
     pub samples: Vec<ClockSample>,
     pub start: Option<TraceStart>,
@@ -112,6 +112,7 @@ pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReaso
         .enumerate()
         .map(|(h, t)| HostInfo {
             name: t.host.clone(),
+            machine: t.start.as_ref().and_then(|s| s.machine.clone()),
             offset_ns: refined.offsets[h],
             uncertainty_ns: refined.uncertainties[h],
             round_trip_uncertainty_ns: models[h].uncertainty_ns,
@@ -185,7 +186,7 @@ mod tests {
     use crate::event::{Channel, Syscall};
 
     fn collector() -> TraceStart {
-        let mut start = crate::event::fixtures::start(0);
+        let mut start = crate::event::test_events::start(0);
         start.host = "collector".into();
         start.targets.clear();
         start

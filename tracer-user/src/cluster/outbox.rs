@@ -69,17 +69,10 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::EventData;
-    use crate::event::data;
+    use crate::event::test_events::thread_exit;
 
     fn ev(ts: u64) -> Event {
-        Event {
-            ts,
-            host: "h".into(),
-            pid: 1,
-            tid: 1,
-            data: EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: true, comm: String::new() }),
-        }
+        thread_exit(ts, 1)
     }
 
     fn ts(p: &Pending) -> Vec<u64> {

@@ -256,39 +256,3 @@ mod tests {
         }
     }
 }
-
-/// Writes valid frames as seeds for the `frame` fuzz target: `FUZZ_SEEDS=fuzz/corpus/frame cargo
-/// test -p tracer-user write_fuzz_seeds`.
-#[cfg(test)]
-#[test]
-fn write_fuzz_seeds() {
-    let Some(dir) = std::env::var_os("FUZZ_SEEDS") else { return };
-    let dir = std::path::PathBuf::from(dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let event = crate::event::Event {
-        ts: 1,
-        host: "h".into(),
-        pid: 1,
-        tid: 1,
-        data: crate::event::EventData::Call(crate::event::data::Call {
-            function: "f".into(),
-            module: "m".into(),
-            args: [1; 6].into(),
-            goid: None,
-        }),
-    };
-    let seeds = [
-        Message::Hello { version: PROTOCOL_VERSION, nonce: [1; 32] },
-        Message::Start { trace_id: 1, request: TraceRequest { pids: vec![1], ..Default::default() } },
-        Message::Events(super::wire::Encoder::default().batch(0, &[event.clone(), event])),
-        Message::Ended {
-            trace_id: 1,
-            trace_end: crate::event::TraceEnd::new(5, crate::event::EndReason::Stopped, 3),
-            total_events: 2,
-        },
-    ];
-    for (i, m) in seeds.iter().enumerate() {
-        let frame = encode(m).unwrap();
-        std::fs::write(dir.join(format!("seed-{i}")), &frame[4..]).unwrap();
-    }
-}

@@ -8,6 +8,8 @@
 
 pub mod data;
 pub mod json;
+#[cfg(test)]
+pub(crate) mod test_events;
 mod trace;
 
 use std::{collections::HashSet, fmt, sync::Arc};
@@ -245,36 +247,6 @@ impl Interner {
         new
     }
 }
-/// A trace's first and last lines for unit tests: host `h`, one target (`app`, pid 1, running
-/// `/bin/app`), every event kind.
-#[cfg(test)]
-pub(crate) mod fixtures {
-    use super::*;
-
-    pub fn start(ts: u64) -> TraceStart {
-        TraceStart {
-            format_version: FORMAT_VERSION,
-            host: "h".into(),
-            tracer_version: "0".into(),
-            ts,
-            clock: ClockInfo { source: "test".into(), offset_ns: 0, uncertainty_ns: 0 },
-            targets: vec![TargetInfo::Process { pid: 1, comm: "app".into(), exe: "/bin/app".into() }],
-            probes: 2,
-            events: EventKind::ALL.to_vec(),
-            follow_children: true,
-            probe_paths: ProbePaths::default(),
-            hosts: vec![],
-        }
-    }
-
-    /// Ends with three lost calls, so that exports show that they carry the losses.
-    pub fn end(ts: u64) -> TraceEnd {
-        let mut end = TraceEnd::new(ts, EndReason::TargetsExited, 0);
-        end.lost_events.insert("call".to_string(), 3);
-        end
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -538,12 +510,12 @@ mod tests {
     /// The wire sends the model's own serde form: start and end typed, names as they are.
     #[test]
     fn start_and_end_round_trip_through_postcard() {
-        let mut start = fixtures::start(5);
+        let mut start = test_events::start(5);
         start.probe_paths.moved.insert("f".into(), 4);
         start.targets.push(TargetInfo::Command { pid: 2, argv: vec!["a".into()], exe: "/a".into() });
         let bytes = postcard::to_stdvec(&start).unwrap();
         assert_eq!(postcard::from_bytes::<TraceStart>(&bytes).unwrap(), start);
-        let mut end = fixtures::end(6);
+        let mut end = test_events::end(6);
         end.hosts.push(HostEnd {
             name: "h".into(),
             complete: false,

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt};
 use serde::{Deserialize, Serialize};
 
 use super::EventKind;
-use crate::placement::ProbePaths;
+use crate::{host::Machine, placement::ProbePaths};
 
 /// What a trace's first line says about it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -30,12 +30,20 @@ pub struct TraceStart {
     /// A trace merged from several hosts: each host, its clock correction and its targets.
     #[serde(default)]
     pub hosts: Vec<HostInfo>,
+    /// The machine that recorded (or, merged, collected) the trace, as it says itself; `host` is
+    /// the name the user gave it.
+    #[serde(default)]
+    pub machine: Option<Machine>,
 }
 
 /// One host of a merged trace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HostInfo {
+    /// The name the user gave the host (`--agent NAME=ADDR`): every event of the host carries it.
     pub name: String,
+    /// The machine's own identity (host name, boot id, machine id), as its agent read it.
+    #[serde(default)]
+    pub machine: Option<Machine>,
     /// Subtracted from the host's timestamps (its clock minus the collector's), nanoseconds.
     pub offset_ns: i64,
     /// Half the width of the interval the offset is known to lie in, after message links.

@@ -360,38 +360,7 @@ impl<W: Write> Sink for ChromeWriter<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::fixtures::{end, start};
-
-    fn ev(ts: u64, tid: u32, data: EventData) -> Event {
-        Event { ts, host: "h".into(), pid: 1, tid, data }
-    }
-
-    fn call(ts: u64, tid: u32, f: &str) -> Event {
-        ev(
-            ts,
-            tid,
-            EventData::Call(data::Call {
-                function: f.into(),
-                module: "/bin/app".into(),
-                args: [ts, 0, 0, 0, 0, u64::MAX].into(),
-                goid: None,
-            }),
-        )
-    }
-
-    fn ret(ts: u64, tid: u32, f: &str, dur: Option<u64>) -> Event {
-        ev(
-            ts,
-            tid,
-            EventData::Return(data::Return {
-                function: f.into(),
-                module: "/bin/app".into(),
-                retval: 7,
-                duration_ns: dur,
-                goid: None,
-            }),
-        )
-    }
+    use crate::event::test_events::{call, end, ev, go_call, go_ret, ret, start};
 
     fn export(events: &[Event], end_ts: u64) -> Value {
         let mut out = Vec::new();
@@ -425,7 +394,6 @@ mod tests {
 
     #[test]
     fn go_calls_are_slices_on_their_goroutine_track() {
-        use crate::analysis::call_tree::tests::{go_call, go_ret};
         let trace =
             export(&[go_call(1_000_100, 1, 9, "main.blocker"), go_ret(1_000_400, 2, 9, "main.blocker", 300)], 0);
         let tid = u64::from(GOROUTINE_TID_BASE) + 9;
@@ -502,6 +470,7 @@ mod tests {
             &[
                 ev(
                     1_000_010,
+                    1,
                     1,
                     EventData::Spawn(data::Spawn {
                         parent_pid: 1,

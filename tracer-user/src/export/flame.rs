@@ -57,8 +57,8 @@ pub fn write(roots: &[FlameNode], out: &mut dyn Write) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::{
-        analysis::call_tree::tests::{call, ret},
-        event::fixtures::{end, start},
+        event::test_events::{call, ret},
+        event::test_events::{end, start},
     };
 
     #[test]

@@ -1,10 +1,16 @@
 //! Several hosts in one visual trace. Process and thread ids are unique only within a host, so for
-//! the visual formats each host's ids move into a range of their own (host `i` adds
-//! `i * 2^22`, above any Linux pid) and process and thread names start with the host's name:
-//! each host's processes sort together, under its name. A single-host trace passes through as is.
+//! the visual formats each host's ids move into a range of their own (host `i` of
+//! `trace_start.hosts` adds `i * 2^22`, above any Linux pid) and process and thread names start
+//! with the host's name: each host's processes sort together, under its name. A single-host trace
+//! passes through as is.
+//!
+//! Events name their host, so the names must tell the hosts apart: a `trace_start.hosts` that
+//! names a host twice (the collector never writes one; a file edited by hand may) is refused
+//! rather than drawn with two hosts' processes mixed in one range.
+
+use std::{collections::HashMap, io};
 
 use crate::event::data;
-use std::io;
 
 use crate::{
     event::{Event, EventData, TargetInfo, TraceEnd, TraceStart},
@@ -16,22 +22,19 @@ const PID_SPACE: u32 = 1 << 22;
 
 pub struct HostGrouping<S> {
     inner: S,
-    hosts: Vec<String>,
+    /// Each host's index in `trace_start.hosts`, by name; a host the start does not list gets
+    /// the next free index.
+    hosts: HashMap<String, u32>,
 }
 
 impl<S: Sink> HostGrouping<S> {
     pub fn new(inner: S) -> Self {
-        HostGrouping { inner, hosts: Vec::new() }
+        HostGrouping { inner, hosts: HashMap::new() }
     }
 
     fn index(&mut self, host: &str) -> u32 {
-        match self.hosts.iter().position(|h| h == host) {
-            Some(i) => i as u32,
-            None => {
-                self.hosts.push(host.to_string());
-                self.hosts.len() as u32 - 1
-            }
-        }
+        let next = self.hosts.len() as u32;
+        *self.hosts.entry(host.to_string()).or_insert(next)
     }
 }
 
@@ -47,7 +50,14 @@ impl<S: Sink> Sink for HostGrouping<S> {
             return self.inner.begin(start);
         }
         let mut start = start.clone();
-        self.hosts = start.hosts.iter().map(|h| h.name.clone()).collect();
+        for (i, h) in start.hosts.iter().enumerate() {
+            if self.hosts.insert(h.name.clone(), i as u32).is_some() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("trace_start.hosts names host {} twice: its hosts cannot be told apart", h.name),
+                ));
+            }
+        }
         // The exporters name processes from the targets: give them each host's, moved.
         for (i, host) in start.hosts.iter().enumerate() {
             let offset = i as u32 * PID_SPACE;
@@ -116,6 +126,7 @@ mod tests {
                 .iter()
                 .map(|h| HostInfo {
                     name: h.to_string(),
+                    machine: None,
                     offset_ns: 0,
                     uncertainty_ns: 0,
                     round_trip_uncertainty_ns: 0,
@@ -125,7 +136,7 @@ mod tests {
                     targets: vec![TargetInfo::Process { pid: 10, comm: "srv".into(), exe: "/srv".into() }],
                 })
                 .collect(),
-            ..crate::event::fixtures::start(0)
+            ..crate::event::test_events::start(0)
         }
     }
 
@@ -177,6 +188,20 @@ mod tests {
         assert_eq!(ids, [(10, 10), (PID_SPACE + 10, PID_SPACE + 10)]);
         let EventData::Spawn(data::Spawn { child_pid, comm, .. }) = &out[1].data else { panic!() };
         assert_eq!((*child_pid, comm.as_str()), (PID_SPACE + 11, "b: srv"));
+    }
+
+    #[test]
+    fn ranges_follow_the_hosts_order_in_the_start_not_the_events() {
+        let out = group(&start(&["a", "b"]), &[spawn("b"), spawn("a")]);
+        let ids: Vec<u32> = out.iter().map(|e| e.pid).collect();
+        assert_eq!(ids, [PID_SPACE + 10, 10]);
+    }
+
+    #[test]
+    fn a_host_named_twice_is_refused() {
+        let mut g = HostGrouping::new(CallbackSink::new(|_: &Event| {}));
+        let err = g.begin(&start(&["a", "a"])).unwrap_err();
+        assert_eq!(err.to_string(), "trace_start.hosts names host a twice: its hosts cannot be told apart");
     }
 
     #[test]

@@ -152,26 +152,14 @@ pub fn replay<R: BufRead>(reader: TraceReader<R>, sink: &mut dyn Sink) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::EventData;
-    use crate::event::data;
+    use crate::event::test_events;
 
     fn start() -> TraceStart {
-        crate::event::fixtures::start(1_000)
+        test_events::start(1_000)
     }
 
     fn call(ts: u64) -> Event {
-        Event {
-            ts,
-            host: "h".into(),
-            pid: 1,
-            tid: 1,
-            data: EventData::Call(data::Call {
-                function: "f".into(),
-                module: "m".into(),
-                args: [0; 6].into(),
-                goid: None,
-            }),
-        }
+        test_events::call(ts, 1, "f")
     }
 
     fn to_line(e: &Event) -> String {

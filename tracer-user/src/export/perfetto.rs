@@ -443,8 +443,8 @@ impl<W: Write> Sink for PerfettoWriter<W> {
 mod tests {
     use super::*;
     use crate::{
-        analysis::call_tree::tests::{call, ev, go_call, go_ret, ret},
-        event::fixtures::{end, start},
+        event::test_events::{call, ev, go_call, go_ret, ret},
+        event::test_events::{end, start},
         event::{Channel, SignalId, Syscall},
     };
 

@@ -1,0 +1,336 @@
+//! Hosts are who the user says they are. Two agents in two network namespaces that share one host
+//! name (each in a UTS namespace of its own, as two VMs cloned from one image), each tracing a copy
+//! of the timing fixture (tests/fixtures/c/timing.c) whose main process is given the same pid on
+//! both: the trace has two hosts named as the user named them, two process groups, and exact
+//! per-host counts in JSON lines, Chrome, Perfetto, flame graphs and folded stacks. And names are
+//! checked wherever they come in.
+
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use prost::Message as _;
+use serde_json::Value;
+use tracer_tests::{
+    TracerRun, fixture, gen_secret,
+    netns::Network,
+    perfetto::{Trace as PerfettoTrace, trace_packet, track_event},
+    record, temp_dir, tracer, tracer_bin, u64_field,
+};
+
+const PORT: u16 = 7070;
+/// What both machines call themselves.
+const TWIN: &str = "twin";
+/// Host `i` of a visual export adds `i * 2^22` to its ids.
+const PID_SPACE: u64 = 1 << 22;
+const FUNCTIONS: [&str; 6] = ["run", "step", "leaf", "recurse", "worker", "child_main"];
+/// Calls per function in one run of the timing fixture.
+const CALLS: [(&str, u64); 6] =
+    [("child_main", 1), ("leaf", 9), ("recurse", 4), ("run", 1), ("step", 3), ("worker", 1)];
+
+/// An agent in a host's network namespace and a UTS namespace of its own named [`TWIN`].
+struct Agent {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn start(net: &Network, host: usize, secret: &Path, dir: &Path) -> Agent {
+        let log = dir.join(format!("agent-{host}.log"));
+        // `ip netns exec`, `unshare` (without --fork) and `sh`'s exec all exec: the child is the agent.
+        let child = net
+            .command(host, Path::new("unshare"))
+            .args(["--uts", "--", "sh", "-c", &format!("hostname {TWIN} && exec \"$0\" \"$@\"")])
+            .arg(tracer_bin())
+            .args(["agent", "--listen", &format!("{}:{PORT}", net.hosts[host].addr), "--secret-file"])
+            .arg(secret)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).unwrap())
+            .spawn()
+            .expect("start agent");
+        let agent = Agent { child, log };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !std::fs::read_to_string(&agent.log).unwrap_or_default().contains("listening on") {
+            assert!(
+                Instant::now() < deadline,
+                "agent never listened: {}",
+                std::fs::read_to_string(&agent.log).unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        agent
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn pid_in_use(pid: u32) -> bool {
+    (pid..pid + 4).any(|p| Path::new(&format!("/proc/{p}")).exists())
+}
+
+/// Runs `program` to its end as process `pid`, by setting the pid the kernel hands out next;
+/// `false` if another process took the pid first (the machine is shared).
+fn run_as_pid(program: &Path, pid: u32) -> bool {
+    std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).expect("write ns_last_pid");
+    let mut child = Command::new(program).stdout(Stdio::null()).spawn().expect("run the fixture");
+    let got = child.id();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    got == pid
+}
+
+/// Runs each program in turn as the same process id; returns that pid.
+fn run_all_as_one_pid(programs: &[PathBuf]) -> u32 {
+    let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").unwrap().trim().parse().unwrap();
+    let mut pid = (last + 5000) % (pid_max - 100) + 50;
+    for _ in 0..20 {
+        pid = if pid_in_use(pid) { pid + 7 } else { pid };
+        // The first one may lose the race for the pid: try another; the others wait for it.
+        if !run_as_pid(&programs[0], pid) {
+            pid += 7;
+            continue;
+        }
+        for program in &programs[1..] {
+            assert!((0..20).any(|_| run_as_pid(program, pid)), "pid {pid} kept being taken");
+        }
+        return pid;
+    }
+    panic!("no free pid for the fixtures");
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+fn export(input: &Path, output: &Path) {
+    let run = tracer(&["export".as_ref(), input.as_os_str(), "-o".as_ref(), output.as_os_str()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+}
+
+fn expected_calls() -> BTreeMap<String, u64> {
+    CALLS.iter().map(|(f, n)| (f.to_string(), *n)).collect()
+}
+
+#[test]
+fn hosts_that_share_a_hostname_and_pids_stay_apart_in_every_format() {
+    let dir = temp_dir();
+    let net = Network::new(2);
+    let secret = gen_secret(dir.path(), "hosts");
+    let _agents: Vec<Agent> = (0..2).map(|i| Agent::start(&net, i, &secret, dir.path())).collect();
+    // A copy of the fixture per host: a binary target is every process that runs that file.
+    let programs: Vec<PathBuf> = ["web", "db"]
+        .iter()
+        .map(|h| {
+            std::fs::create_dir_all(dir.path().join(h)).unwrap();
+            let copy = dir.path().join(h).join("timing");
+            std::fs::copy(fixture("timing"), &copy).unwrap();
+            copy
+        })
+        .collect();
+    let out = dir.path().join("merged.jsonl");
+    let mut args: Vec<String> = vec!["collect".into(), "-o".into(), out.display().to_string()];
+    for (i, name) in ["web", "db"].iter().enumerate() {
+        args.extend(["--agent".into(), format!("{name}={}:{PORT}", net.hosts[i].addr)]);
+        args.extend(["-b".into(), format!("{name}:{}", programs[i].display())]);
+    }
+    args.extend(["--secret-file".into(), secret.display().to_string(), "-e".into(), "call,return,spawn,exit".into()]);
+    args.extend(FUNCTIONS.iter().flat_map(|f| ["-f".to_string(), f.to_string()]));
+    let collector = TracerRun::spawn(&args, out.clone());
+    let pid = run_all_as_one_pid(&programs);
+    // Past the agents' reorder window: every event is on its way.
+    std::thread::sleep(Duration::from_secs(2));
+    collector.signal(libc::SIGINT);
+    let (run, t) = collector.finish();
+    assert_eq!(run.code(), 0, "{run:?}");
+
+    // JSON lines: the user's names, and the machines' own names beside them.
+    let hosts = t.start["hosts"].as_array().expect("trace_start.hosts");
+    let names: Vec<&str> = hosts.iter().map(|h| h["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["web", "db"]);
+    for h in hosts {
+        assert_eq!(h["machine"]["hostname"], TWIN, "{h}");
+        assert_eq!(h["machine"]["boot_id"].as_str().map(str::len), Some(36), "{h}");
+    }
+    assert_eq!(hosts[0]["machine"], hosts[1]["machine"], "one machine under two names");
+    let ends: Vec<&str> = t.end["hosts"].as_array().unwrap().iter().map(|h| h["name"].as_str().unwrap()).collect();
+    assert_eq!(ends, ["web", "db"]);
+    assert!(t.end["hosts"].as_array().unwrap().iter().all(|h| h["complete"] == true), "{}", t.end);
+    assert_eq!(t.lost(), 0, "{}", t.end);
+    for host in ["web", "db"] {
+        let events: Vec<&Value> = t.events.iter().filter(|e| e["host"] == host).collect();
+        let mut calls: BTreeMap<String, u64> = BTreeMap::new();
+        for e in events.iter().filter(|e| e["kind"] == "call") {
+            *calls.entry(e["function"].as_str().unwrap().to_string()).or_default() += 1;
+        }
+        assert_eq!(calls, expected_calls(), "host {host}");
+        let fork = events.iter().find(|e| e["kind"] == "spawn" && e["how"] == "fork").expect("a fork");
+        assert_eq!(u64_field(fork, "pid"), pid as u64, "host {host}: the main process has the chosen pid");
+        let info = hosts.iter().find(|h| h["name"] == host).unwrap();
+        assert_eq!(u64_field(info, "events") as usize, events.len(), "{info}");
+    }
+    assert_eq!(t.events.iter().filter(|e| e["host"] != "web" && e["host"] != "db").count(), 0);
+    for host in ["web", "db"] {
+        assert!(run.stderr.contains(&format!("tracer: host {host}: received ")), "{run:?}");
+    }
+    assert!(!run.stderr.contains(TWIN), "the machines' name is no host's name: {run:?}");
+
+    // Chrome: a process group per host, named by the user's names, ids in each host's range.
+    let chrome = dir.path().join("merged.json");
+    export(&out, &chrome);
+    let trace: Value = serde_json::from_str(&read(&chrome)).unwrap();
+    let mut processes: Vec<(u64, String)> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .map(|e| (u64_field(e, "pid"), e["args"]["name"].as_str().unwrap().to_string()))
+        .collect();
+    processes.sort();
+    processes.dedup();
+    let main: Vec<(u64, String)> = processes.iter().filter(|(p, _)| *p % PID_SPACE == pid as u64).cloned().collect();
+    assert_eq!(
+        main,
+        [(pid as u64, "web: timing".to_string()), (PID_SPACE + pid as u64, "db: timing".to_string())],
+        "{processes:?}"
+    );
+    for (index, host) in ["web", "db"].iter().enumerate() {
+        let mut calls: BTreeMap<String, u64> = BTreeMap::new();
+        for e in trace["traceEvents"].as_array().unwrap() {
+            let slice = e["ph"] == "X" || e["ph"] == "B";
+            if slice && u64_field(e, "pid") / PID_SPACE == index as u64 {
+                *calls.entry(e["name"].as_str().unwrap().to_string()).or_default() += 1;
+            }
+        }
+        assert_eq!(calls, expected_calls(), "Chrome, host {host}");
+    }
+
+    // Perfetto: process tracks per host, slices counted by the host of their thread's process.
+    let pftrace = dir.path().join("merged.pftrace");
+    export(&out, &pftrace);
+    let packets = PerfettoTrace::decode(&std::fs::read(&pftrace).unwrap()[..]).expect("a Perfetto trace").packet;
+    let mut process_of_track: BTreeMap<u64, i32> = BTreeMap::new();
+    let mut process_names: BTreeMap<i32, String> = BTreeMap::new();
+    for p in &packets {
+        if let Some(trace_packet::Data::TrackDescriptor(d)) = &p.data {
+            if let Some(process) = &d.process {
+                process_names.insert(process.pid(), process.process_name().to_string());
+            }
+            if let Some(thread) = &d.thread {
+                process_of_track.insert(d.uuid(), thread.pid());
+            }
+        }
+    }
+    assert_eq!(process_names.get(&(pid as i32)).map(String::as_str), Some("web: timing"), "{process_names:?}");
+    assert_eq!(
+        process_names.get(&((PID_SPACE + pid as u64) as i32)).map(String::as_str),
+        Some("db: timing"),
+        "{process_names:?}"
+    );
+    let mut per_host: [BTreeMap<String, u64>; 2] = Default::default();
+    for p in &packets {
+        if let Some(trace_packet::Data::TrackEvent(e)) = &p.data
+            && e.r#type() == track_event::Type::SliceBegin
+        {
+            let process = process_of_track[&e.track_uuid()];
+            let Some(track_event::NameField::Name(name)) = &e.name_field else { panic!("a slice without a name") };
+            *per_host[process as usize / PID_SPACE as usize].entry(name.clone()).or_default() += 1;
+        }
+    }
+    assert_eq!(per_host, [expected_calls(), expected_calls()], "Perfetto");
+
+    // Flame graph and folded stacks: each host's processes under its own name.
+    let flame = dir.path().join("merged.flame.json");
+    export(&out, &flame);
+    let roots: Value = serde_json::from_str(&read(&flame)).unwrap();
+    let root_names: Vec<&str> = roots.as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    for expected in [format!("web: timing ({pid})"), format!("db: timing ({})", PID_SPACE + pid as u64)] {
+        assert!(root_names.contains(&expected.as_str()), "{expected}: {root_names:?}");
+    }
+    assert_eq!(root_names.len(), 4, "main and child per host: {root_names:?}");
+    let folded = dir.path().join("merged.folded");
+    export(&out, &folded);
+    let folded = read(&folded);
+    for host in ["web", "db"] {
+        let lines: Vec<&str> = folded.lines().filter(|l| l.starts_with(&format!("{host}: timing ("))).collect();
+        // The stacks of one run of the fixture: main thread and worker, and the child.
+        let mut stacks: Vec<String> = lines
+            .iter()
+            .map(|l| {
+                let stack = l.rsplit_once(' ').unwrap().0;
+                stack.split_once(';').map_or(String::new(), |(_, rest)| rest.to_string())
+            })
+            .collect();
+        stacks.sort();
+        stacks.dedup();
+        for expected in ["run;step;leaf", "run;recurse;recurse;recurse;recurse", "worker;leaf", "child_main;leaf"] {
+            assert!(stacks.iter().any(|s| s == expected), "host {host}: {expected} in {stacks:?}");
+        }
+    }
+}
+
+#[test]
+fn host_names_are_checked_before_anything_connects() {
+    // Nothing listens at these addresses: the names fail first.
+    let run = tracer(&["collect", "--agent", "web=127.0.0.1:1", "--agent", "web=127.0.0.1:2", "-p", "web:1"]);
+    run.assert_error("host name web is given twice: each host needs a name of its own");
+    assert_eq!(run.code(), 1);
+    let run = tracer(&["collect", "--agent", "we\u{1b}[2Jb=127.0.0.1:1", "-p", "web:1"]);
+    assert_ne!(run.code(), 0, "{run:?}");
+    assert!(run.stderr.contains("use letters, digits, '.', '_' and '-' only"), "{run:?}");
+    assert!(!run.stderr.contains('\u{1b}'), "the terminal escape is not echoed raw: {run:?}");
+    for bad in ["", "a b", &"x".repeat(65)] {
+        let run = tracer(&["record", "--host-name", bad, "--", "/bin/true"]);
+        assert_ne!(run.code(), 0, "{run:?}");
+        assert!(run.stderr.contains("host name"), "{run:?}");
+    }
+}
+
+#[test]
+fn record_names_its_host_as_told_and_keeps_the_machines_identity() {
+    let dir = temp_dir();
+    let (run, t) = record(dir.path(), &["--host-name", "node-7", "-e", "spawn,exit", "--", "/bin/true"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.start["host"], "node-7");
+    assert!(!t.events.is_empty());
+    assert!(t.events.iter().all(|e| e["host"] == "node-7"), "{:?}", t.events);
+    let hostname = read(Path::new("/proc/sys/kernel/hostname"));
+    assert_eq!(t.start["machine"]["hostname"], hostname.trim());
+    assert_eq!(t.start["machine"]["boot_id"], read(Path::new("/proc/sys/kernel/random/boot_id")).trim());
+    let machine_id = std::fs::read_to_string("/etc/machine-id").ok().map(|s| s.trim().to_string());
+    match machine_id.filter(|m| m.len() == 32) {
+        Some(id) => assert_eq!(t.start["machine"]["machine_id"], id.as_str()),
+        None => assert!(t.start["machine"]["machine_id"].is_null()),
+    }
+}
+
+/// The kernel reports the initial pid namespace's pids: a tracer in another pid namespace is
+/// refused rather than left to trace nothing (or the wrong processes).
+#[test]
+fn a_tracer_in_another_pid_namespace_is_refused() {
+    let dir = temp_dir();
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(tracer_bin())
+        .arg("record")
+        .arg("-o")
+        .arg(dir.path().join("t.jsonl"))
+        .args(["--", "/bin/true"])
+        .output()
+        .expect("run unshare");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("tracer: error: tracer must run in the initial pid namespace"), "{stderr}");
+}
