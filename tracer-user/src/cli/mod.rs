@@ -22,7 +22,7 @@ use crate::{
         calls::{CallFilter, CallPrinter},
         stats::{self, ReportBuilder, SortColumn},
     },
-    event::{EndReason, EventKind, TraceEnd},
+    event::{EndReason, EventKind, TraceEnd, why_lost},
     export::{Format, jsonl},
     host,
     record::{self, RecordOptions},
@@ -410,12 +410,10 @@ pub(crate) fn print_summary(end: &TraceEnd, output: &Path) {
     eprintln!("tracer: {} events written to {} ({})", end.events_written, describe_output(output), end.reason);
     let lost = end.total_lost();
     if lost > 0 {
-        let detail: Vec<String> =
-            end.lost_events.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}: {n}")).collect();
-        eprintln!(
-            "tracer: warning: {lost} events were lost ({}); the ring buffer was full: try a larger --buffer-size",
-            detail.join(", ")
-        );
+        eprintln!("tracer: warning: {lost} events were lost:");
+        for (kind, n) in end.lost_events.iter().filter(|(_, n)| **n > 0) {
+            eprintln!("tracer:   {kind}: {n}: {}", why_lost(kind));
+        }
     }
     if end.calls_without_return_probe > 0 {
         eprintln!(
