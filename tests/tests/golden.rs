@@ -1,4 +1,5 @@
-//! Golden outputs: two fixed traces (recorded once from the demo and the `ipc signals` fixture) go
+//! Golden outputs: three fixed traces (recorded once from the demo, the `ipc signals` fixture, and
+//! the program-event fixtures with calls, `log` and `usdt` events) go
 //! through every exporter, `report` and `calls`, and each output must match the committed file byte
 //! for byte. A change that alters any output on purpose regenerates them with
 //! `TRACER_UPDATE_GOLDEN=1 cargo xtask test --filter golden` and shows the difference in review.
@@ -73,4 +74,11 @@ fn golden_demo_trace_through_every_exporter() {
 #[test]
 fn golden_signals_trace_through_every_exporter() {
     check("signals");
+}
+
+#[test]
+fn golden_program_events_trace_through_every_exporter() {
+    // Recorded once: `events_c run` (log events from the C header) and `sdt_probes_o0 run 2`
+    // (`fixture:*` USDT probes) with the functions they were made in.
+    check("events");
 }

@@ -1,6 +1,6 @@
-//! USDT probes in the real kernel: a program's own events (the `tracer-events` crate and its C
-//! header) and `<sys/sdt.h>` and libstdc++ probes, read through `tracer debug-usdt`, which prints
-//! every decoded record. Payloads and arguments are checked exactly, and so are the semaphores:
+//! USDT probes in the real kernel, through `tracer record`: a program's own events (`log`
+//! events, from the `tracer-events` crate and its C header) and `<sys/sdt.h>` and libstdc++
+//! probes (`usdt` events). Payloads and arguments are checked exactly, and so are the semaphores:
 //! zero untraced, raised while traced (launched or attached), zero again after.
 
 use std::{
@@ -12,48 +12,24 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use tracer_tests::{Run, fixture, start_tracing, temp_dir, tracer, u64_field, wait_with_timeout};
+use tracer_tests::{Run, Trace, fixture, start_tracing, temp_dir, tracer, u64_field, wait_with_timeout};
 
-/// What `tracer debug-usdt` wrote: the records, and its `end` line.
-struct Records {
-    records: Vec<Value>,
-    end: Value,
-}
-
-impl Records {
-    fn load(path: &Path) -> Records {
-        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-        let mut records: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
-        let end = records.pop().expect("an end line");
-        assert_eq!(end["record"], "end", "{end}");
-        assert_eq!(end["records"].as_u64(), Some(records.len() as u64), "{end}");
-        let lost: u64 = end["lost"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
-        assert_eq!(lost, 0, "nothing lost: {end}");
-        Records { records, end }
-    }
-
-    fn of(&self, record: &str) -> Vec<&Value> {
-        self.records.iter().filter(|r| r["record"] == record).collect()
-    }
-
-    fn usdt(&self, name: &str) -> Vec<Vec<Value>> {
-        self.of("usdt")
-            .into_iter()
-            .filter(|r| r["name"] == name)
-            .map(|r| r["args"].as_array().unwrap().clone())
-            .collect()
-    }
-}
-
-/// `tracer debug-usdt -o DIR/records.jsonl ARGS`: the run (whose stdout is the command's) and
-/// the records.
-fn debug_usdt<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> (Run, Records) {
-    let out = dir.join("records.jsonl");
-    let mut all: Vec<&OsStr> = vec![OsStr::new("debug-usdt"), OsStr::new("-o"), out.as_os_str()];
-    all.extend(args.iter().map(AsRef::as_ref));
-    let run = tracer(&all);
+/// `tracer record -o DIR/trace.jsonl ARGS`, which must succeed and lose nothing: the run (whose
+/// stdout is the command's) and the trace.
+fn record<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> (Run, Trace) {
+    let (run, trace) = tracer_tests::record(dir, args);
     assert_eq!(run.code(), 0, "{run:?}");
-    (run, Records::load(&out))
+    assert_eq!(trace.lost(), 0, "nothing lost: {}", trace.end);
+    (run, trace)
+}
+
+/// The arguments of every `usdt` event of the probe `name`.
+fn usdt(trace: &Trace, name: &str) -> Vec<Vec<Value>> {
+    trace.of_kind("usdt").filter(|r| r["name"] == name).map(|r| r["args"].as_array().unwrap().clone()).collect()
+}
+
+fn logs(trace: &Trace) -> Vec<&Value> {
+    trace.of_kind("log").collect()
 }
 
 /// The `line NAME N` lines a fixture printed, and its other `KEY VALUE` lines.
@@ -87,17 +63,16 @@ fn event(r: &Value) -> Value {
 fn rust_events_arrive_with_their_exact_fields() {
     let dir = temp_dir();
     let exe = env!("CARGO_BIN_EXE_events_fixture");
-    let (run, r) = debug_usdt(dir.path(), &["--", exe, "run"]);
+    let (run, r) = record(dir.path(), &["-e", "log", "--", exe, "run"]);
     let (line, value) = printed(&run.stdout);
     assert_eq!(value["listening"], "1", "the semaphore is raised before the program's first instruction");
-    assert!(run.stderr.contains("tracing 1 USDT probe(s) (1 program-event, 0 other)"), "{}", run.stderr);
+    assert!(run.stderr.contains("tracing 0 function(s) and 1 USDT probe site(s)"), "{}", run.stderr);
     let file = &value["file"];
-    let logs = r.of("log");
-    assert_eq!(logs.len(), 10, "{:#?}", r.records);
-    assert_eq!(r.records.len(), 10, "only program events: {:#?}", r.records);
-    let module = std::fs::canonicalize(exe).unwrap();
+    let logs = logs(&r);
+    assert_eq!(logs.len(), 10, "{:#?}", r.events);
+    assert_eq!(r.events.len(), 10, "only program events: {:#?}", r.events);
     let pid = u64_field(logs[0], "pid");
-    assert!(logs.iter().all(|l| l["module"] == module.to_str().unwrap() && u64_field(l, "pid") == pid));
+    assert!(logs.iter().all(|l| u64_field(l, "pid") == pid));
 
     let trace = |message: &str, function: Value, line: u64, data: Value| {
         json!({"type": "trace", "level": "info", "source": null, "message": message, "function": function,
@@ -126,15 +101,11 @@ fn rust_events_arrive_with_their_exact_fields() {
     ];
     for (got, want) in logs.iter().zip(&expected) {
         assert_eq!(event(got), *want);
-        assert_eq!(got["copied_len"], got["payload_len"]);
     }
 
     // 10,000 bytes of message: the kernel keeps 4096 bytes of payload, and says it cut it.
     let long = logs[8];
     assert_eq!(long["truncated"], true);
-    assert_eq!(long["copied_len"], 4096);
-    let payload_len = 8 + 6 * 4 + file.len() + 10_000;
-    assert_eq!(long["payload_len"], payload_len as u64);
     let message = long["message"].as_str().unwrap();
     assert_eq!(message.len(), 4096 - 8 - 5 * 4 - file.len(), "the message fills what is left");
     assert!(message.bytes().all(|b| b == b'x'));
@@ -149,15 +120,30 @@ fn rust_events_arrive_with_their_exact_fields() {
 }
 
 #[test]
+fn untraced_program_events_cost_nothing_and_show_nothing() {
+    // Without `log` events the probe is not attached: its semaphore stays zero, and the program
+    // formats nothing.
+    let dir = temp_dir();
+    let exe = env!("CARGO_BIN_EXE_events_fixture");
+    let (run, r) = record(dir.path(), &["-e", "spawn,exit", "--", exe, "run"]);
+    assert_eq!(printed(&run.stdout).1["listening"], "0");
+    assert_eq!(logs(&r).len(), 0, "{:#?}", r.events);
+    assert!(r.of_kind("exit").count() >= 1, "the process was traced: {:#?}", r.events);
+}
+
+#[test]
 fn c_and_cxx_events_through_the_header() {
     for name in ["events_c", "events_cxx"] {
         let dir = temp_dir();
-        let (run, r) = debug_usdt(dir.path(), &["--".as_ref(), fixture(name).as_os_str(), "run".as_ref()]);
+        let (run, r) = record(
+            dir.path(),
+            &["-e".as_ref(), "log".as_ref(), "--".as_ref(), fixture(name).as_os_str(), "run".as_ref()],
+        );
         let (line, value) = printed(&run.stdout);
         assert_eq!(value["enabled"], "1", "{name}");
         let file = &value["file"];
-        let logs = r.of("log");
-        assert_eq!(logs.len(), 5, "{name}: {:#?}", r.records);
+        let logs = logs(&r);
+        assert_eq!(logs.len(), 5, "{name}: {:#?}", r.events);
         let trace = |message: &str, line: u64, data: Value| {
             json!({"type": "trace", "level": "info", "source": null, "message": message, "function": "run",
                    "file": file, "line": line, "spans": [], "data": data, "truncated": false})
@@ -172,8 +158,7 @@ fn c_and_cxx_events_through_the_header() {
             "{name}"
         );
         let long = logs[4];
-        assert_eq!((long["truncated"].as_bool(), long["copied_len"].as_u64()), (Some(true), Some(4096)), "{name}");
-        assert_eq!(long["payload_len"], (8 + 6 * 4 + 3 + file.len() + 6000) as u64, "{name}");
+        assert_eq!(long["truncated"].as_bool(), Some(true), "{name}");
         let message = long["message"].as_str().unwrap();
         assert_eq!(message.len(), 4096 - 8 - 5 * 4 - 3 - file.len(), "{name}");
         assert!(message.bytes().all(|b| b == b'y'), "{name}");
@@ -184,9 +169,11 @@ fn c_and_cxx_events_through_the_header() {
 fn sdt_probe_arguments_are_exact_in_memory_registers_and_globals() {
     for name in ["sdt_probes_o0", "sdt_probes_o2"] {
         let dir = temp_dir();
-        let (run, r) = debug_usdt(
+        let (run, r) = record(
             dir.path(),
             &[
+                "-e".as_ref(),
+                "usdt".as_ref(),
                 "-u".as_ref(),
                 "fixture:*".as_ref(),
                 "--".as_ref(),
@@ -195,27 +182,27 @@ fn sdt_probe_arguments_are_exact_in_memory_registers_and_globals() {
                 "3".as_ref(),
             ],
         );
-        assert!(run.stderr.contains("(0 program-event, 4 other)"), "{name}: {}", run.stderr);
+        assert!(run.stderr.contains("and 4 USDT probe site(s)"), "{name}: {}", run.stderr);
         let (_, value) = printed(&run.stdout);
         assert_eq!(value["semaphore"], "1", "{name}: fixture:gated's semaphore is raised");
-        assert_eq!(r.records.len(), 10, "{name}: {:#?}", r.records);
+        assert_eq!(r.events.len(), 10, "{name}: {:#?}", r.events);
         let module = std::fs::canonicalize(fixture(name)).unwrap();
-        assert!(r.records.iter().all(|x| x["provider"] == "fixture" && x["module"] == module.to_str().unwrap()));
+        assert!(r.events.iter().all(|x| x["provider"] == "fixture" && x["module"] == module.to_str().unwrap()));
         let rounds = 0..3i64;
         assert_eq!(
-            r.usdt("loop"),
+            usdt(&r, "loop"),
             rounds.clone().map(|i| vec![json!(i), json!(-i), json!(i * 1000), json!(-i)]).collect::<Vec<_>>(),
             "{name}"
         );
-        assert_eq!(r.usdt("global"), rounds.clone().map(|i| vec![json!(i + 1)]).collect::<Vec<_>>(), "{name}");
-        assert_eq!(r.usdt("gated"), rounds.map(|i| vec![json!(i)]).collect::<Vec<_>>(), "{name}");
+        assert_eq!(usdt(&r, "global"), rounds.clone().map(|i| vec![json!(i + 1)]).collect::<Vec<_>>(), "{name}");
+        assert_eq!(usdt(&r, "gated"), rounds.map(|i| vec![json!(i)]).collect::<Vec<_>>(), "{name}");
         assert_eq!(
-            r.usdt("constants"),
+            usdt(&r, "constants"),
             [vec![json!(-7), json!(-123456789012i64), json!(200), json!(-300), json!(0xfedcba9876543210u64)]],
             "{name}"
         );
         // One thread, in program order.
-        let order: Vec<&str> = r.records.iter().map(|x| x["name"].as_str().unwrap()).collect();
+        let order: Vec<&str> = r.events.iter().map(|x| x["name"].as_str().unwrap()).collect();
         assert_eq!(order[..3], ["loop", "global", "gated"], "{name}");
     }
 }
@@ -224,23 +211,31 @@ fn sdt_probe_arguments_are_exact_in_memory_registers_and_globals() {
 fn libstdcxx_probes_by_module() {
     let dir = temp_dir();
     let throws = fixture("throws");
-    let (run, r) = debug_usdt(
+    let (run, r) = record(
         dir.path(),
-        &["-u".as_ref(), "libstdc++.so.6:libstdcxx:*".as_ref(), "--".as_ref(), throws.as_os_str(), "4".as_ref()],
+        &[
+            "-e".as_ref(),
+            "usdt".as_ref(),
+            "-u".as_ref(),
+            "libstdc++.so.6:libstdcxx:*".as_ref(),
+            "--".as_ref(),
+            throws.as_os_str(),
+            "4".as_ref(),
+        ],
     );
     let (_, value) = printed(&run.stdout);
     assert_eq!(value["caught"], "6");
     let typeinfo: u64 = value["typeinfo"].parse().unwrap();
-    let throw = r.usdt("throw");
-    let catch = r.usdt("catch");
-    assert_eq!((throw.len(), catch.len(), r.usdt("rethrow").len()), (4, 4, 0), "{:#?}", r.records);
+    let throw = usdt(&r, "throw");
+    let catch = usdt(&r, "catch");
+    assert_eq!((throw.len(), catch.len(), usdt(&r, "rethrow").len()), (4, 4, 0), "{:#?}", r.events);
     // The second argument of both is the thrown type's typeinfo (catch reads it from memory,
     // `8@-80(%rbx)`); the first is the same exception object at throw and catch.
     for (t, c) in throw.iter().zip(&catch) {
         assert_eq!((t[1].as_u64(), c[1].as_u64()), (Some(typeinfo), Some(typeinfo)), "{t:?} {c:?}");
         assert_ne!(t[0].as_u64(), Some(0));
     }
-    assert!(r.records.iter().all(|x| x["module"].as_str().unwrap().contains("libstdc++")));
+    assert!(r.events.iter().all(|x| x["module"].as_str().unwrap().contains("libstdc++")));
 }
 
 /// A fixture that serves commands on stdin, and a tracer attached to it in the background.
@@ -280,11 +275,11 @@ impl Served {
     }
 }
 
-/// `tracer debug-usdt -p PID ARGS` in the background, once it is attached.
+/// `tracer record -p PID -e log,usdt ARGS` in the background, once it is attached.
 fn attach(dir: &Path, pid: u32, args: &[&str]) -> (Child, std::path::PathBuf) {
-    let out = dir.join("records.jsonl");
+    let out = dir.join("trace.jsonl");
     let pid = pid.to_string();
-    let mut all = vec!["debug-usdt", "-p", &pid, "-o", out.to_str().unwrap()];
+    let mut all = vec!["record", "-p", &pid, "-e", "log,usdt", "-o", out.to_str().unwrap()];
     all.extend_from_slice(args);
     let (child, mut stderr, _) = start_tracing(&all);
     // Keep reading stderr so the tracer never blocks on it.
@@ -321,8 +316,8 @@ fn semaphores_rise_while_attached_and_fall_after() {
         let dir = temp_dir();
         let mut served = Served::start(&program, args);
         assert_eq!(served.ask("state"), format!("{state} 0"));
-        let usdt: Vec<&str> = pattern.into_iter().flat_map(|p| ["-u", p]).collect();
-        let (tracer, out) = attach(dir.path(), served.child.id(), &usdt);
+        let usdt_args: Vec<&str> = pattern.into_iter().flat_map(|p| ["-u", p]).collect();
+        let (tracer, out) = attach(dir.path(), served.child.id(), &usdt_args);
         assert_eq!(served.ask("state"), raised, "{}", program.display());
         let fire = if pattern.is_some() { "fire" } else { "emit" };
         let answer = served.ask(fire);
@@ -334,25 +329,26 @@ fn semaphores_rise_while_attached_and_fall_after() {
         // A tracer that is killed outright leaves nothing raised either: the kernel closes its
         // links, and with them the semaphores.
         let dir2 = temp_dir();
-        let (mut killed, _) = attach(dir2.path(), served.child.id(), &usdt);
+        let (mut killed, _) = attach(dir2.path(), served.child.id(), &usdt_args);
         assert_eq!(served.ask("state"), raised);
         killed.kill().unwrap();
         killed.wait().unwrap();
         assert_eq!(served.ask("state"), format!("{state} 0"), "{}: lowered when the tracer died", program.display());
         served.quit();
-        let r = Records::load(&out);
+        let r = Trace::load(&out);
         assert_eq!(r.end["reason"], "interrupted");
+        assert_eq!(r.lost(), 0, "{}", r.end);
         match pattern {
             None => {
                 assert_eq!(answer, "emitted");
-                let logs = r.of("log");
-                assert_eq!(logs.len(), 1, "{:#?}", r.records);
+                let logs = logs(&r);
+                assert_eq!(logs.len(), 1, "{:#?}", r.events);
                 assert_eq!(logs[0]["message"], "served");
             }
             Some(_) => {
                 assert_eq!(answer, "fired");
-                assert_eq!(r.usdt("gated"), [vec![json!(0)]], "{:#?}", r.records);
-                assert_eq!(r.records.len(), 1, "only fixture:gated was asked for");
+                assert_eq!(usdt(&r, "gated"), [vec![json!(0)]], "{:#?}", r.events);
+                assert_eq!(r.events.len(), 1, "only fixture:gated was asked for");
             }
         }
     }
@@ -360,24 +356,38 @@ fn semaphores_rise_while_attached_and_fall_after() {
 
 #[test]
 fn hostile_payloads_are_bounded_and_reported() {
-    // The program is not trusted: it may fire the probe with any address and length.
+    // The program is not trusted: it may fire the probe with any address and length. What cannot
+    // be read is counted as lost (`log_unreadable`), and said on stderr.
     let dir = temp_dir();
-    let (_, r) = debug_usdt(dir.path(), &["--".as_ref(), fixture("events_c").as_os_str(), "attack".as_ref()]);
-    let kinds: Vec<&str> = r.records.iter().map(|x| x["record"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["unreadable", "log", "unreadable", "log"], "{:#?}", r.records);
-    assert_eq!(r.records[0]["reason"], "the kernel could not read the event's payload from the program's memory");
+    let (run, r) = tracer_tests::record(
+        dir.path(),
+        &["-e".as_ref(), "log".as_ref(), "--".as_ref(), fixture("events_c").as_os_str(), "attack".as_ref()],
+    );
+    assert_eq!(run.code(), 0, "{run:?}");
+    let logs = logs(&r);
+    assert_eq!(logs.len(), 2, "{:#?}", r.events);
     // A length of 2^64 - 1: the kernel copies 4096 bytes and says so.
-    let huge = &r.records[1];
-    assert_eq!((huge["payload_len"].as_u64(), huge["copied_len"].as_u64()), (Some(u64::MAX), Some(4096)));
-    assert_eq!((huge["truncated"].as_bool(), huge["message"].as_str()), (Some(true), Some("")));
-    assert_eq!(r.records[2]["reason"], "event payload has version 9, this tracer reads version 1");
-    assert_eq!(r.records[3]["message"], "still fine");
+    assert_eq!((logs[0]["truncated"].as_bool(), logs[0]["message"].as_str()), (Some(true), Some("")));
+    assert_eq!(logs[1]["message"], "still fine");
+    // An address it cannot read, and a payload of an unknown version.
+    assert_eq!(r.end["lost_events"]["log_unreadable"], 2, "{}", r.end);
+    assert_eq!(r.lost(), 2, "{}", r.end);
+    // Said where it was lost, and not blamed on the ring buffer.
+    assert!(run.stderr.contains("log_unreadable: 2: program events lost in the probe"), "{}", run.stderr);
+    assert!(!run.stderr.contains("--buffer-size"), "{}", run.stderr);
 }
 
 #[test]
 fn bad_usdt_input_is_one_clear_sentence() {
+    let dir = temp_dir();
+    let out = dir.path().join("t.jsonl");
+    let record = |args: &[&OsStr]| {
+        let mut all: Vec<&OsStr> = vec!["record".as_ref(), "-o".as_ref(), out.as_os_str()];
+        all.extend_from_slice(args);
+        tracer(&all)
+    };
     let sdt = fixture("sdt_probes_o0");
-    let run = tracer(&["debug-usdt".as_ref(), "-u".as_ref(), "fixture:nope".as_ref(), "--".as_ref(), sdt.as_os_str()]);
+    let run = record(&["-u".as_ref(), "fixture:nope".as_ref(), "--".as_ref(), sdt.as_os_str()]);
     run.assert_error("USDT pattern 'fixture:nope' matches no probe in ");
     assert!(
         run.stderr
@@ -385,10 +395,12 @@ fn bad_usdt_input_is_one_clear_sentence() {
             .ends_with("the probes there are: fixture:constants, fixture:gated, fixture:global, fixture:loop"),
         "{run:?}"
     );
-    let run = tracer(&["debug-usdt", "-u", "nope", "--", "/bin/true"]);
+    let run = record(&["-u".as_ref(), "nope".as_ref(), "--".as_ref(), "/bin/true".as_ref()]);
     run.assert_error("invalid USDT pattern 'nope': expected PROVIDER:NAME, optionally after MODULE:");
-    let run = tracer(&["debug-usdt", "--", "/bin/true"]);
-    run.assert_error("nothing to probe: the targets have no tracer_events probe and no -u pattern was given");
-    let run = tracer(&["debug-usdt", "-u", "nomodule.so:a:b", "--", "/bin/true"]);
+    let run = record(&["-u".as_ref(), "nomodule.so:a:b".as_ref(), "--".as_ref(), "/bin/true".as_ref()]);
     run.assert_error("module 'nomodule.so' matches no executable or library of the targets");
+    let run =
+        record(&["-e".as_ref(), "spawn".as_ref(), "-u".as_ref(), "a:b".as_ref(), "--".as_ref(), "/bin/true".as_ref()]);
+    run.assert_error("--usdt needs usdt events, but --events does not have them");
+    assert!(!out.exists(), "nothing written on bad input");
 }

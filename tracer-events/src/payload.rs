@@ -52,6 +52,17 @@ pub enum Level {
 }
 
 impl Level {
+    /// Its name, as in JSON (`info`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Trace => "trace",
+            Level::Debug => "debug",
+            Level::Info => "info",
+            Level::Warn => "warn",
+            Level::Error => "error",
+        }
+    }
+
     fn from_u8(n: u8) -> Option<Level> {
         Some(match n {
             1 => Level::Trace,

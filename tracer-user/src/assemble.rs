@@ -18,6 +18,10 @@ use crate::{
         layout::{FunctionLayout, Registers, Source, parse_strings},
     },
     event::{Args, Event, EventData, SpawnHow},
+    usdt::{
+        decode::{probe_args, program_event},
+        select::ProbeTable,
+    },
 };
 
 /// A probed function as events name it.
@@ -72,8 +76,13 @@ pub struct EventAssembler {
     stacks: CallStacks<u32>,
     go_stacks: GoroutineStacks<u32>,
     channels: ChannelResolver,
+    /// USDT probe sites by cookie: what their records are decoded with.
+    usdt: ProbeTable,
     /// Records that could not be decoded or named (counted as lost, reported in `trace_end`).
     pub undecodable: u64,
+    /// Program events whose payload the kernel could not read or that do not decode (counted as
+    /// lost, `log_unreadable`).
+    pub unreadable_logs: u64,
 }
 
 fn comm(bytes: &[u8]) -> String {
@@ -96,8 +105,15 @@ impl EventAssembler {
             stacks: CallStacks::new(return_probes),
             go_stacks: GoroutineStacks::new(return_probes),
             channels: ChannelResolver::default(),
+            usdt: ProbeTable::new(),
             undecodable: 0,
+            unreadable_logs: 0,
         }
+    }
+
+    /// The USDT probe sites attached, by cookie.
+    pub fn with_usdt(self, usdt: ProbeTable) -> Self {
+        EventAssembler { usdt, ..self }
     }
 
     pub fn calls_without_return_probe(&self) -> u64 {
@@ -214,12 +230,30 @@ impl EventAssembler {
                 }
             },
             Record::Signal(r) => signal_event(h.pid, &r),
-            // `tracer record` attaches no USDT probes yet (the `log` and `usdt` events come with
-            // the event model that carries them); one that arrives anyway is counted, not dropped
-            // silently. `tracer debug-usdt` decodes them (`crate::usdt::decode`).
-            Record::UserEvent(..) | Record::Usdt(_) => {
-                self.undecodable += 1;
-                return None;
+            Record::UserEvent(r, payload) => {
+                if self.usdt.get(r.cookie as usize).is_none() {
+                    self.undecodable += 1;
+                    return None;
+                }
+                match program_event(&r, payload) {
+                    Ok(log) => EventData::Log(log),
+                    Err(_) => {
+                        self.unreadable_logs += 1;
+                        return None;
+                    }
+                }
+            }
+            Record::Usdt(r) => {
+                let Some(probe) = self.usdt.get(r.cookie as usize) else {
+                    self.undecodable += 1;
+                    return None;
+                };
+                EventData::Usdt(data::Usdt {
+                    provider: probe.provider.clone(),
+                    name: probe.name.clone(),
+                    module: probe.module.clone(),
+                    args: probe_args(&r, probe),
+                })
             }
         };
         Some(Event { ts, host: self.host.clone(), pid: h.pid, tid: h.tid, data })

@@ -35,6 +35,10 @@ use crate::{
     sink::Sink,
     symbols::{FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code},
     targets::{self, FileId, Process, TargetError},
+    usdt::{
+        self,
+        select::{ProbeFiles, RegisterOffsets, Selection as UsdtSelection, UsdtPattern},
+    },
 };
 
 /// Default `--max-probes`.
@@ -56,6 +60,8 @@ pub struct RecordOptions {
     /// The command to launch, program first; empty for none.
     pub command: Vec<OsString>,
     pub functions: Vec<String>,
+    /// `-u [MODULE:]PROVIDER:NAME` patterns: USDT probes to trace besides the program events.
+    pub usdt: Vec<String>,
     pub events: BTreeSet<EventKind>,
     pub follow_children: bool,
     pub duration: Option<Duration>,
@@ -77,6 +83,7 @@ impl Default for RecordOptions {
             binaries: Vec::new(),
             command: Vec::new(),
             functions: Vec::new(),
+            usdt: Vec::new(),
             events: EventKind::ALL.into_iter().collect(),
             follow_children: true,
             duration: None,
@@ -127,10 +134,8 @@ pub enum RecordError {
     NoProbeAttached(String),
     #[error(transparent)]
     Usdt(#[from] crate::usdt::select::SelectError),
-    #[error("nothing to probe: the targets have no tracer_events probe and no -u pattern was given")]
-    NoUsdtProbes,
-    #[error("no USDT probe could be attached: {0}")]
-    NoUsdtProbeAttached(String),
+    #[error("--usdt needs usdt events, but --events does not have them")]
+    UsdtWithoutUsdtEvents,
     #[error("cannot probe the Go functions of {0}")]
     GoRefused(String),
     #[error("writing the trace failed")]
@@ -171,6 +176,8 @@ pub struct Plan {
     pub(crate) probes: Vec<ProbeSpec>,
     pub(crate) functions: FunctionTable,
     pub(crate) probe_paths: ProbePaths,
+    /// The USDT probe sites: program events and `-u` probes.
+    pub(crate) usdt: UsdtSelection,
     /// One line on the paths the probes take (see [`ProbePaths::summary`]).
     pub probe_summary: Option<String>,
     /// Things the user should know that do not stop the trace.
@@ -239,7 +246,33 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
     } else {
         Selection::default()
     };
-    Ok(Plan { options, processes, binaries, command, probes, functions, probe_paths, probe_summary, warnings })
+    let usdt = select_usdt(&options, &executables, &processes, &mut warnings)?;
+    Ok(Plan { options, processes, binaries, command, probes, functions, probe_paths, usdt, probe_summary, warnings })
+}
+
+/// The USDT sites to attach: every program-event probe of the targets' executables and libraries
+/// (with `log` events), and the probes the `-u` patterns match.
+fn select_usdt(
+    options: &RecordOptions,
+    executables: &[PathBuf],
+    processes: &[Process],
+    warnings: &mut Vec<String>,
+) -> Result<UsdtSelection, RecordError> {
+    let program_events = options.events.contains(&EventKind::Log);
+    if !options.usdt.is_empty() && !options.events.contains(&EventKind::Usdt) {
+        return Err(RecordError::UsdtWithoutUsdtEvents);
+    }
+    if !program_events && options.usdt.is_empty() {
+        return Ok(UsdtSelection::default());
+    }
+    let patterns = options.usdt.iter().map(|p| UsdtPattern::parse(p)).collect::<Result<Vec<_>, _>>()?;
+    let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+    let candidates = ModuleCandidates::new(executables, &pids);
+    let mut files = ProbeFiles::load(candidates.files())?;
+    let regs = RegisterOffsets::from_btf(&KernelBtf::load()?)?;
+    let mut selection = usdt::select::select(&mut files, &candidates, &patterns, &regs, program_events)?;
+    warnings.append(&mut selection.warnings);
+    Ok(selection)
 }
 
 /// The functions to probe: those matching `--functions`, or every function of the main
@@ -483,7 +516,7 @@ impl Plan {
     /// Launches the command (stopped), loads and attaches everything, starts tracing the targets,
     /// and lets the command run.
     pub fn start(self) -> Result<Recording, RecordError> {
-        let Plan { options, processes, binaries, command, probes, functions, probe_paths, .. } = self;
+        let Plan { options, processes, binaries, command, probes, functions, probe_paths, usdt, .. } = self;
         let mut warnings = Vec::new();
         let events = &options.events;
         let child = match &command {
@@ -505,6 +538,12 @@ impl Plan {
         if events.contains(&EventKind::Signal) {
             enabled_kinds |= kind_bit(RecordKind::Signal);
         }
+        if events.contains(&EventKind::Log) {
+            enabled_kinds |= kind_bit(RecordKind::UserEvent);
+        }
+        if events.contains(&EventKind::Usdt) {
+            enabled_kinds |= kind_bit(RecordKind::Usdt);
+        }
         let config = Config {
             enabled_kinds,
             follow_children: options.follow_children as u32,
@@ -514,7 +553,7 @@ impl Plan {
             offsets: KernelBtf::load()?.offsets()?,
         };
         raise_fd_limit(1024);
-        let mut kernel = Kernel::load(&config, options.buffer_size, 0)?;
+        let mut kernel = Kernel::load(&config, options.buffer_size, usdt.probes.len())?;
         kernel.attach_sched()?;
         if want_ipc {
             kernel.attach_ipc()?;
@@ -547,6 +586,19 @@ impl Plan {
                 functions.len(),
                 listed.join(", "),
                 if failures.len() > 5 { ", ..." } else { "" }
+            ));
+        }
+        let usdt_failures = kernel.attach_usdt(&usdt.probes)?;
+        if let Some(first) = usdt_failures.first() {
+            let probe = &usdt.table[first.cookie as usize];
+            warnings.push(format!(
+                "{} of {} USDT probe sites could not be attached (first: {}:{} in {}: {})",
+                usdt_failures.len(),
+                usdt.probes.len(),
+                probe.provider,
+                probe.name,
+                probe.module,
+                first.reason
             ));
         }
         let ring = kernel.take_ring()?;
@@ -592,7 +644,8 @@ impl Plan {
             machine: Some(Machine::read()),
         };
         let return_probes = options.events.contains(&EventKind::Return);
-        let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes);
+        let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes)
+            .with_usdt(usdt.table);
         let child_pid = match child {
             Some(child) => Some(child.release()?),
             None => None,
@@ -608,6 +661,7 @@ impl Plan {
             ends_when_empty: binaries.is_empty(),
             duration: options.duration,
             kinds: options.events.clone(),
+            usdt_sites: usdt.probes.len() - usdt_failures.len(),
             progress: Arc::default(),
             warnings,
         })
@@ -628,6 +682,8 @@ pub struct Recording {
     ends_when_empty: bool,
     duration: Option<Duration>,
     kinds: BTreeSet<EventKind>,
+    /// USDT probe sites attached (program events and `-u` probes).
+    pub usdt_sites: usize,
     progress: Arc<Progress>,
     /// Things found while attaching that do not stop the trace (the plan's are in [`Plan::warnings`]).
     pub warnings: Vec<String>,
@@ -791,6 +847,7 @@ fn lost_events(lost: &LostCounters, assembler: &EventAssembler) -> BTreeMap<Stri
         }
     }
     lost_events.insert("undecodable".to_string(), assembler.undecodable);
+    lost_events.insert("log_unreadable".to_string(), assembler.unreadable_logs);
     lost_events
 }
 

@@ -8,8 +8,8 @@
 //! - probe live: a tracer is attached to the same binary through another process, so the
 //!   semaphore is raised and the probe fires in the measured process too, but that process is not
 //!   traced: the formatting, the probe itself and the kernel program's early return;
-//! - traced: under `tracer debug-usdt`, which also copies every payload, decodes it and writes it
-//!   as JSON (its threads share the two cores with the program).
+//! - traced: under `tracer record -e log,usdt`, which also copies every payload, decodes it and
+//!   writes it as a JSON line (its threads share the two cores with the program).
 //!
 //! A `<sys/sdt.h>` probe (a 1-byte nop, which the kernel can only trap on) is measured the same
 //! way, for comparison with the 5-byte nop that `tracer-events` probes on, which the kernel turns
@@ -43,13 +43,20 @@ fn per_call_ns(sample: &Sample, base: &Sample, calls: u64) -> f64 {
     (sample.loop_ns as f64 - base.loop_ns as f64) / calls as f64
 }
 
-/// Checks the last traced run's records: as many as calls, none lost.
+/// Checks the last traced run's trace: a `log` or `usdt` event per call, none lost.
 fn check_records(path: &Path, calls: u64) -> Result<()> {
     let text = std::fs::read_to_string(path)?;
-    let end: serde_json::Value = serde_json::from_str(text.lines().last().context("no records written")?)?;
-    let lost: u64 = end["lost"].as_object().context("no lost counts")?.values().filter_map(|v| v.as_u64()).sum();
-    if end["records"].as_u64() != Some(calls) || lost != 0 {
-        bail!("the traced run recorded {} of {calls} events ({lost} lost)", end["records"]);
+    let mut said = 0;
+    for line in text.lines() {
+        let line: serde_json::Value = serde_json::from_str(line)?;
+        if line["kind"] == "log" || line["kind"] == "usdt" {
+            said += 1;
+        }
+    }
+    let end: serde_json::Value = serde_json::from_str(text.lines().last().context("no trace written")?)?;
+    let lost: u64 = end["lost_events"].as_object().context("no trace_end")?.values().filter_map(|v| v.as_u64()).sum();
+    if said != calls || lost != 0 {
+        bail!("the traced run recorded {said} of {calls} events ({lost} lost)");
     }
     Ok(())
 }
@@ -72,7 +79,7 @@ impl AttachedElsewhere {
         let mut ready = String::new();
         BufReader::new(server.stdout.take().expect("piped")).read_line(&mut ready)?;
         let mut cmd = Command::new(tracer);
-        cmd.args(["debug-usdt", "-o", "/dev/null", "-p", &server.id().to_string()]);
+        cmd.args(["record", "-e", "log,usdt", "--format", "jsonl", "-o", "/dev/null", "-p", &server.id().to_string()]);
         if let Some(pattern) = usdt {
             cmd.args(["-u", pattern]);
         }
@@ -82,7 +89,7 @@ impl AttachedElsewhere {
         loop {
             let mut line = String::new();
             if stderr.read_line(&mut line)? == 0 {
-                bail!("tracer debug-usdt exited before attaching");
+                bail!("tracer record exited before attaching");
             }
             if line.starts_with("tracer: tracing ") {
                 break;
@@ -122,7 +129,7 @@ pub fn run(tracer: &Path) -> Result<()> {
             (program.to_path_buf(), out.clone(), tracer.to_path_buf(), usdt.map(str::to_string));
         move || {
             let mut c = Command::new(&tracer);
-            c.arg("debug-usdt").arg("-o").arg(&out);
+            c.args(["record", "-e", "log,usdt", "-o"]).arg(&out);
             if let Some(pattern) = &usdt {
                 c.args(["-u", pattern]);
             }
@@ -165,7 +172,7 @@ pub fn run(tracer: &Path) -> Result<()> {
     check_records(&out, TRACED_CALLS)?;
 
     println!();
-    println!("| call | untraced | probe live, process not traced | traced (`debug-usdt`) |");
+    println!("| call | untraced | probe live, process not traced | traced (`record -e log,usdt`) |");
     println!("|---|---|---|---|");
     for (what, idle, live, busy) in rows {
         println!("| {what} | {idle:.1} ns | {:.2} µs | {:.2} µs |", live / 1e3, busy / 1e3);

@@ -200,6 +200,11 @@ impl CallTracker {
         }
     }
 
+    /// The calls open on a track, outermost first.
+    pub fn open_calls(&self, pid: u32, track: Track) -> &[Frame] {
+        self.threads.get(&(pid, track)).map_or(&[], |t| t.frames.as_slice())
+    }
+
     /// Ends every open call of a process, track by track in order.
     fn close_process(&mut self, pid: u32, ts: u64, ending: Ending, on: &mut dyn FnMut(CallEvent)) {
         let mut tracks: Vec<(u32, Track)> = self.threads.keys().filter(|k| k.0 == pid).copied().collect();

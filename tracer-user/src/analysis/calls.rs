@@ -4,6 +4,10 @@
 //!
 //! A call's line is written once its outermost shown caller has ended (only then are all the
 //! durations inside it known), so memory holds one outermost call's tree per thread.
+//!
+//! What the program said (`log` and `usdt` events) is printed inline, one level below the call
+//! open on its thread when it was said, or on its own outside any call. Events nest in their
+//! thread's calls, not a goroutine's.
 
 use std::{
     collections::HashMap,
@@ -14,12 +18,12 @@ use std::{
 use globset::GlobMatcher;
 
 use super::{
-    call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Slice, Track},
+    call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Track},
     processes::ProcessNames,
     stats::human_ns,
 };
 use crate::{
-    event::{Event, TraceEnd, TraceStart},
+    event::{ArgValue, Event, EventData, TraceEnd, TraceStart},
     sink::Sink,
 };
 
@@ -40,9 +44,49 @@ pub struct CallFilter {
 struct Line {
     start: u64,
     depth: usize,
-    function: Arc<str>,
-    duration: u64,
-    ending: Ending,
+    what: What,
+}
+
+#[derive(Debug)]
+enum What {
+    Call {
+        function: Arc<str>,
+        duration: u64,
+        ending: Ending,
+    },
+    /// A `log` or `usdt` event, as printed.
+    Said(String),
+}
+
+/// A program's event in one line: `log info [source] message {data}`, `usdt provider:name(args)`;
+/// `None` for events that are not what a program said.
+fn said(data: &EventData) -> Option<String> {
+    match data {
+        EventData::Log(log) => {
+            let mut text = format!("log {}", log.level.name());
+            if let Some(source) = &log.source {
+                text += &format!(" [{source}]");
+            }
+            text += &format!(" {}", log.message);
+            if !log.data.is_null() {
+                text += &format!(" {}", log.data);
+            }
+            Some(text)
+        }
+        EventData::Usdt(u) => {
+            let args: Vec<String> = u
+                .args
+                .iter()
+                .map(|a| match a {
+                    Some(ArgValue::Signed(v)) => v.to_string(),
+                    Some(ArgValue::Unsigned(v)) => v.to_string(),
+                    None => "?".to_string(),
+                })
+                .collect();
+            Some(format!("usdt {}:{}({})", u.provider, u.name, args.join(", ")))
+        }
+        _ => None,
+    }
 }
 
 /// A call as its source reads, `greet(name="alice", times=3) = 0`, when it has parameters or a
@@ -81,15 +125,34 @@ impl<W: Write> CallPrinter<W> {
         }
     }
 
-    /// The depth of the outermost caller (or the call itself) that the function filter shows.
-    fn shown_from(&self, slice: &Slice) -> Option<usize> {
+    /// The depth of the outermost of `frames` (callers, outermost first, then the call itself)
+    /// that the function filter shows.
+    fn shown_from<'a>(&self, mut frames: impl Iterator<Item = &'a Arc<str>>) -> Option<usize> {
         let Some(pattern) = &self.filter.function else { return Some(0) };
-        slice
-            .callers
-            .iter()
-            .map(|f| &f.function)
-            .chain([&slice.frame.function])
-            .position(|f| pattern.is_match(f.as_ref()))
+        frames.position(|f| pattern.is_match(f.as_ref()))
+    }
+
+    /// Places a program's event in its thread's open call, or prints it when no call is open.
+    fn said(&mut self, e: &Event, text: String) -> io::Result<()> {
+        if self.filter.pid.is_some_and(|p| p != e.pid) || self.filter.tid.is_some_and(|t| t != e.tid) {
+            return Ok(());
+        }
+        let track = Track::Thread(e.tid);
+        let open = self.tracker.open_calls(e.pid, track);
+        let depth = open.len();
+        let Some(base) = self.shown_from(open.iter().map(|f| &f.function)) else { return Ok(()) };
+        let depth = depth - base;
+        // Below the deepest level shown, like a call there.
+        if self.filter.max_depth.is_some_and(|max| depth > max) {
+            return Ok(());
+        }
+        let key = (e.pid, track);
+        self.pending.entry(key).or_default().push(Line { start: e.ts, depth, what: What::Said(text) });
+        if depth == 0 {
+            let lines = self.pending.remove(&key).unwrap_or_default();
+            self.write_tree(key, lines)?;
+        }
+        Ok(())
     }
 
     fn write_tree(&mut self, (pid, track): (u32, Track), mut lines: Vec<Line>) -> io::Result<()> {
@@ -106,18 +169,22 @@ impl<W: Write> CallPrinter<W> {
             let offset = l.start as i128 - self.origin as i128;
             let sign = if offset < 0 { "-" } else { "+" };
             let offset = offset.unsigned_abs();
-            let note = match l.ending.unfinished_reason() {
-                Some(why) => format!("  (did not return: {why})"),
-                None => String::new(),
+            let (duration, text) = match l.what {
+                What::Call { function, duration, ending } => {
+                    let note = match ending.unfinished_reason() {
+                        Some(why) => format!("  (did not return: {why})"),
+                        None => String::new(),
+                    };
+                    (human_ns(duration), format!("{function}{note}"))
+                }
+                What::Said(text) => (String::new(), text),
             };
             writeln!(
                 self.out,
-                "{sign}{}.{:09} {:>9}  {:indent$}{}{note}",
+                "{sign}{}.{:09} {duration:>9}  {:indent$}{text}",
                 offset / 1_000_000_000,
                 offset % 1_000_000_000,
-                human_ns(l.duration),
                 "",
-                l.function,
                 indent = 2 * l.depth
             )?;
         }
@@ -135,18 +202,24 @@ impl<W: Write> CallSink for CallPrinter<W> {
         if self.filter.pid.is_some_and(|p| p != slice.pid) || self.filter.tid.is_some_and(|t| t != slice.tid) {
             return Ok(());
         }
-        let Some(base) = self.shown_from(&slice) else { return Ok(()) };
+        let Some(base) = self.shown_from(slice.callers.iter().map(|f| &f.function).chain([&slice.frame.function]))
+        else {
+            return Ok(());
+        };
         let depth = slice.depth() - base;
+        let key = (slice.pid, slice.track);
         if slice.duration() < self.filter.min_duration_ns || self.filter.max_depth.is_some_and(|max| depth > max) {
+            // A hidden call hides what was said inside it (its callees are hidden already).
+            let start = slice.frame.start;
+            if let Some(lines) = self.pending.get_mut(&key) {
+                lines.retain(|l| l.start < start || l.depth <= depth);
+            }
             return Ok(());
         }
-        let key = (slice.pid, slice.track);
         let line = Line {
             start: slice.frame.start,
             depth,
-            function: source_level(slice.frame),
-            duration: slice.duration(),
-            ending: slice.ending,
+            what: What::Call { function: source_level(slice.frame), duration: slice.duration(), ending: slice.ending },
         };
         self.pending.entry(key).or_default().push(line);
         if depth == 0 {
@@ -166,7 +239,10 @@ impl<W: Write> Sink for CallPrinter<W> {
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
         self.names.event(e);
-        call_tree::follow_event(self, e)
+        match said(&e.data) {
+            Some(text) => self.said(e, text),
+            None => call_tree::follow_event(self, e),
+        }
     }
 
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
@@ -179,7 +255,7 @@ impl<W: Write> Sink for CallPrinter<W> {
 mod tests {
     use super::*;
     use crate::{
-        event::test_events::{call, ret},
+        event::test_events::{call, log, ret, usdt},
         event::test_events::{end, start},
     };
 
@@ -223,6 +299,64 @@ app (1), thread 1:
 +0.000000700   2.00 µs    run
 "
         );
+    }
+
+    fn said() -> Vec<Event> {
+        use crate::event::Level;
+        vec![
+            log(1_050, 1, Level::Warn, Some("app::db"), "starting", serde_json::json!({"n": 1})),
+            call(1_100, 1, "main"),
+            log(1_150, 1, Level::Info, None, "hello", serde_json::Value::Null),
+            call(1_200, 1, "parse"),
+            usdt(1_250, 1, "fixture", "tick", vec![Some(ArgValue::Signed(-2)), Some(ArgValue::Unsigned(7)), None]),
+            ret(1_500, 1, "parse", Some(300)),
+            call(1_600, 1, "lex"),
+            log(1_650, 1, Level::Error, None, "in lex", serde_json::Value::Null),
+            ret(1_700, 1, "lex", Some(100)),
+            // Another thread's event does not nest in thread 1's calls.
+            log(1_800, 2, Level::Debug, Some("worker"), "idle", serde_json::Value::Null),
+            ret(1_900, 1, "main", Some(800)),
+        ]
+    }
+
+    #[test]
+    fn program_events_sit_inline_below_the_open_call() {
+        assert_eq!(
+            print(CallFilter::default(), &said()),
+            "\
+app (1), thread 1:
++0.000000050            log warn [app::db] starting {\"n\":1}
+app (1), thread 2:
++0.000000800            log debug [worker] idle
+app (1), thread 1:
++0.000000100    800 ns  main
++0.000000150              log info hello
++0.000000200    300 ns    parse
++0.000000250                usdt fixture:tick(-2, 7, ?)
++0.000000600    100 ns    lex
++0.000000650                log error in lex
+"
+        );
+    }
+
+    #[test]
+    fn program_events_follow_the_filters_of_their_calls() {
+        let only = |f: CallFilter| print(f, &said());
+        let glob = |g: &str| Some(globset::Glob::new(g).unwrap().compile_matcher());
+        // Inside `parse` and its callees only, one level below it.
+        assert_eq!(
+            only(CallFilter { function: glob("parse"), ..CallFilter::default() }),
+            "app (1), thread 1:\n+0.000000200    300 ns  parse\n+0.000000250              usdt fixture:tick(-2, 7, ?)\n"
+        );
+        // A hidden call hides what was said in it; what was said in a shown one stays.
+        let long = only(CallFilter { min_duration_ns: 200, ..CallFilter::default() });
+        assert!(long.contains("parse") && long.contains("tick") && long.contains("hello"), "{long}");
+        assert!(!long.contains("lex"), "{long}");
+        // Said one level below `main`: at depth 1, as its callees are.
+        let shallow = only(CallFilter { max_depth: Some(1), ..CallFilter::default() });
+        assert!(shallow.contains("hello") && !shallow.contains("tick"), "{shallow}");
+        let thread2 = only(CallFilter { tid: Some(2), ..CallFilter::default() });
+        assert_eq!(thread2, "app (1), thread 2:\n+0.000000800            log debug [worker] idle\n");
     }
 
     #[test]

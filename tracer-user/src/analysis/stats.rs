@@ -5,6 +5,8 @@
 //! how many of the calls did not return (they are counted up to when they ended: see
 //! [`super::call_tree`]). A recursive function's total counts each level, as profilers do.
 //! Per process: lifetime, how it ended, children forked, threads started, IPC bytes.
+//! What the programs said: `log` events per level and source, `usdt` events per probe (per
+//! process too with `--by-process`); shown only when the trace has some.
 //!
 //! Memory grows with the number of functions and processes, not with the number of events (see
 //! [`super::percentile`] for how durations are summarised).
@@ -24,7 +26,7 @@ use super::{
     processes::ProcessNames,
 };
 use crate::{
-    event::{Event, EventData, SpawnHow, TargetInfo, TraceEnd, TraceStart},
+    event::{Event, EventData, Level, SpawnHow, TargetInfo, TraceEnd, TraceStart},
     sink::Sink,
 };
 
@@ -90,10 +92,43 @@ pub struct ProcessStats {
     pub bytes_received: u64,
 }
 
+/// `log` events of one level and source.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LogCount {
+    /// Set with `--by-process`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+    pub level: Level,
+    /// `None`: events without one (`print*`, the C header's).
+    pub source: Option<String>,
+    pub events: u64,
+}
+
+/// `usdt` events of one probe.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct UsdtCount {
+    /// Set with `--by-process`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+    pub provider: String,
+    pub name: String,
+    pub events: u64,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Report {
     pub functions: Vec<FunctionStats>,
     pub processes: Vec<ProcessStats>,
+    /// Most severe level first, then by source.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<LogCount>,
+    /// Most events first, then by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub usdt: Vec<UsdtCount>,
 }
 
 #[derive(Debug, Default)]
@@ -107,6 +142,11 @@ struct Accumulator {
     durations: Percentiles,
 }
 
+/// What `log` events are counted by: (pid with `--by-process`, level, source).
+type LogKey = (Option<u32>, Level, Option<String>);
+/// What `usdt` events are counted by: (pid with `--by-process`, provider, name).
+type UsdtKey = (Option<u32>, Arc<str>, Arc<str>);
+
 /// Builds a [`Report`] from a trace's events; a [`Sink`], so it reads a trace in one pass.
 #[derive(Debug, Default)]
 pub struct ReportBuilder {
@@ -115,6 +155,8 @@ pub struct ReportBuilder {
     names: ProcessNames,
     functions: HashMap<(Option<u32>, Arc<str>), Accumulator>,
     processes: BTreeMap<u32, ProcessStats>,
+    logs: BTreeMap<LogKey, u64>,
+    usdt: BTreeMap<UsdtKey, u64>,
     report: Option<Report>,
 }
 
@@ -162,7 +204,26 @@ impl ReportBuilder {
                 p
             })
             .collect();
-        Report { functions, processes }
+        let process = |pid: Option<u32>| pid.and_then(|p| self.names.get(p).map(str::to_string));
+        let mut logs: Vec<LogCount> = std::mem::take(&mut self.logs)
+            .into_iter()
+            .map(|((pid, level, source), events)| LogCount { pid, process: process(pid), level, source, events })
+            .collect();
+        logs.sort_by(|a, b| b.level.cmp(&a.level).then_with(|| (&a.source, a.pid).cmp(&(&b.source, b.pid))));
+        let mut usdt: Vec<UsdtCount> = std::mem::take(&mut self.usdt)
+            .into_iter()
+            .map(|((pid, provider, name), events)| UsdtCount {
+                pid,
+                process: process(pid),
+                provider: provider.to_string(),
+                name: name.to_string(),
+                events,
+            })
+            .collect();
+        usdt.sort_by(|a, b| {
+            b.events.cmp(&a.events).then_with(|| (&a.provider, &a.name, a.pid).cmp(&(&b.provider, &b.name, b.pid)))
+        });
+        Report { functions, processes, logs, usdt }
     }
 }
 
@@ -221,6 +282,13 @@ impl Sink for ReportBuilder {
             }
             EventData::Send(data::Send { bytes, .. }) => self.process(e.pid, e.ts).bytes_sent += bytes,
             EventData::Recv(data::Recv { bytes, .. }) => self.process(e.pid, e.ts).bytes_received += bytes,
+            EventData::Log(log) => {
+                *self.logs.entry((self.by_process.then_some(e.pid), log.level, log.source.clone())).or_default() += 1;
+            }
+            EventData::Usdt(u) => {
+                let key = (self.by_process.then_some(e.pid), u.provider.clone(), u.name.clone());
+                *self.usdt.entry(key).or_default() += 1;
+            }
             _ => {}
         }
         Ok(())
@@ -329,7 +397,45 @@ pub fn write_table(report: &Report, out: &mut dyn Write) -> io::Result<()> {
         })
         .collect();
     writeln!(out, "\nProcesses")?;
-    write_aligned(&header, &rows, 2, out)
+    write_aligned(&header, &rows, 2, out)?;
+
+    let who = |pid: Option<u32>, process: &Option<String>| match (pid, process) {
+        (Some(pid), Some(name)) => vec![format!("{name} ({pid})")],
+        (Some(pid), None) => vec![format!("pid {pid}")],
+        (None, _) => vec![],
+    };
+    if !report.logs.is_empty() {
+        let by_process = report.logs.iter().any(|l| l.pid.is_some());
+        let header: Vec<&str> =
+            by_process.then_some("process").into_iter().chain(["level", "source", "events"]).collect();
+        let rows: Vec<Vec<String>> = report
+            .logs
+            .iter()
+            .map(|l| {
+                let mut row = who(l.pid, &l.process);
+                row.extend([l.level.name().to_string(), l.source.clone().unwrap_or_default(), l.events.to_string()]);
+                row
+            })
+            .collect();
+        writeln!(out, "\nProgram events (log)")?;
+        write_aligned(&header, &rows, header.len() - 1, out)?;
+    }
+    if !report.usdt.is_empty() {
+        let by_process = report.usdt.iter().any(|u| u.pid.is_some());
+        let header: Vec<&str> = by_process.then_some("process").into_iter().chain(["probe", "events"]).collect();
+        let rows: Vec<Vec<String>> = report
+            .usdt
+            .iter()
+            .map(|u| {
+                let mut row = who(u.pid, &u.process);
+                row.extend([format!("{}:{}", u.provider, u.name), u.events.to_string()]);
+                row
+            })
+            .collect();
+        writeln!(out, "\nUSDT probes")?;
+        write_aligned(&header, &rows, header.len() - 1, out)?;
+    }
+    Ok(())
 }
 
 /// Columns padded to their widest cell: the first `left` columns left-aligned, numbers right.
@@ -360,7 +466,7 @@ mod tests {
     use super::*;
     use crate::{
         event::Channel,
-        event::test_events::{call, ev, ret},
+        event::test_events::{call, ev, log, ret, usdt},
         event::test_events::{end, start},
     };
 
@@ -388,6 +494,46 @@ mod tests {
                 filename: None,
             }),
         )
+    }
+
+    #[test]
+    fn program_events_are_counted_per_level_and_source_and_probe() {
+        let null = serde_json::Value::Null;
+        let events = [
+            log(100, 1, Level::Info, Some("app::db"), "a", null.clone()),
+            log(200, 1, Level::Info, Some("app::db"), "b", null.clone()),
+            log(300, 1, Level::Info, None, "c", null.clone()),
+            log(400, 1, Level::Error, Some("app::db"), "d", null.clone()),
+            usdt(500, 1, "fixture", "tick", vec![]),
+            usdt(600, 1, "fixture", "tick", vec![]),
+            usdt(700, 1, "libc", "setjmp", vec![]),
+        ];
+        let r = report(false, &events, 1000);
+        let logs: Vec<(Level, Option<&str>, u64)> =
+            r.logs.iter().map(|l| (l.level, l.source.as_deref(), l.events)).collect();
+        assert_eq!(
+            logs,
+            [(Level::Error, Some("app::db"), 1), (Level::Info, None, 1), (Level::Info, Some("app::db"), 2)]
+        );
+        let usdt: Vec<(&str, &str, u64)> =
+            r.usdt.iter().map(|u| (u.provider.as_str(), u.name.as_str(), u.events)).collect();
+        assert_eq!(usdt, [("fixture", "tick", 2), ("libc", "setjmp", 1)]);
+        let mut text = Vec::new();
+        write_table(&r, &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(
+            text.ends_with(
+                "\nProgram events (log)\nlevel  source   events\nerror  app::db       1\ninfo                 1\ninfo   app::db       2\n\nUSDT probes\nprobe         events\nfixture:tick       2\nlibc:setjmp        1\n"
+            ),
+            "{text}"
+        );
+        let by_process = report(true, &events, 1000);
+        assert!(by_process.logs.iter().all(|l| l.pid == Some(1) && l.process.as_deref() == Some("app")));
+        assert_eq!(by_process.usdt[0].pid, Some(1));
+        // A trace without program events reports none, in JSON as in text.
+        let quiet = report(false, &[call(100, 1, "main")], 1000);
+        let json = serde_json::to_value(&quiet).unwrap();
+        assert!(json.get("logs").is_none() && json.get("usdt").is_none(), "{json}");
     }
 
     #[test]

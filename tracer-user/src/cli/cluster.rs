@@ -159,6 +159,7 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
         .map(|a| {
             let request = TraceRequest {
                 functions: args.trace.functions.clone(),
+                usdt: args.trace.usdt.clone(),
                 events: events.clone(),
                 follow_children: !args.trace.no_follow,
                 buffer_size: args.trace.buffer_size,

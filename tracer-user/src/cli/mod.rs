@@ -22,12 +22,11 @@ use crate::{
         calls::{CallFilter, CallPrinter},
         stats::{self, ReportBuilder, SortColumn},
     },
-    event::{EndReason, EventKind, TraceEnd},
+    event::{EndReason, EventKind, TraceEnd, why_lost},
     export::{Format, input, jsonl},
     host,
     record::{self, RecordOptions},
     sink::Sink,
-    usdt::{self, debug::DebugOptions},
 };
 
 #[derive(Debug, Parser)]
@@ -53,36 +52,6 @@ pub enum Command {
     Agent(cluster::AgentArgs),
     /// Trace on several hosts at once through their agents, and merge into one timeline.
     Collect(cluster::CollectArgs),
-    /// Attach the USDT probes of a command or of processes (their own events, and `-u` probes) and
-    /// write every decoded record as JSON lines. For tests and benchmarks until `record` has them.
-    #[command(hide = true)]
-    DebugUsdt(DebugUsdtArgs),
-}
-
-#[derive(Debug, Args)]
-pub struct DebugUsdtArgs {
-    /// Trace this running process (repeatable).
-    #[arg(short, long = "pid", value_name = "PID")]
-    pub pids: Vec<u32>,
-    /// USDT probes to attach besides the program-event ones (repeatable): [MODULE:]PROVIDER:NAME,
-    /// globs, e.g. 'libstdc++:libstdcxx:throw'.
-    #[arg(short, long = "usdt", value_name = "PATTERN")]
-    pub usdt: Vec<String>,
-    /// Print the probes of the targets' executables and libraries, and attach nothing.
-    #[arg(long)]
-    pub list: bool,
-    /// Output file ('-' for standard output).
-    #[arg(short, long, value_name = "PATH", default_value = "-")]
-    pub output: PathBuf,
-    /// Stop after this many seconds.
-    #[arg(short, long, value_name = "SECONDS", value_parser = parse_seconds)]
-    pub duration: Option<Duration>,
-    /// Size of the kernel's ring buffer: a power of two, e.g. 32M.
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "64M")]
-    pub buffer_size: u32,
-    /// The command to launch and trace, after `--`.
-    #[arg(last = true, value_name = "COMMAND")]
-    pub command: Vec<OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -115,8 +84,13 @@ pub struct TraceOptions {
     /// executable.
     #[arg(short, long = "functions", value_name = "PATTERN")]
     pub functions: Vec<String>,
-    /// Comma list of call,return,spawn,exit,ipc (ipc: send,recv,signal).
-    #[arg(short, long, value_name = "LIST", value_delimiter = ',', default_value = "call,return,spawn,exit,ipc", value_parser = EventKind::parse_list_item)]
+    /// USDT probes to trace (repeatable): [MODULE:]PROVIDER:NAME with globs, in the targets and
+    /// their libraries, e.g. 'libc:setjmp', 'libstdc++.so.6:libstdcxx:throw'.
+    #[arg(short, long = "usdt", value_name = "PATTERN")]
+    pub usdt: Vec<String>,
+    /// Comma list of call,return,spawn,exit,ipc,log,usdt (ipc: send,recv,signal; log: what the
+    /// targets say through tracer-events; usdt: the -u probes).
+    #[arg(short, long, value_name = "LIST", value_delimiter = ',', default_value = "call,return,spawn,exit,ipc,log,usdt", value_parser = EventKind::parse_list_item)]
     pub events: Vec<Vec<EventKind>>,
     /// Do not follow children (following forks and execs is the default).
     #[arg(long)]
@@ -314,49 +288,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Top(args) => top::top(args),
         Command::Agent(args) => cluster::agent(args),
         Command::Collect(args) => cluster::collect(args),
-        Command::DebugUsdt(args) => debug_usdt(args),
     }
-}
-
-fn debug_usdt(args: DebugUsdtArgs) -> anyhow::Result<i32> {
-    let options = DebugOptions {
-        pids: args.pids,
-        command: args.command,
-        patterns: args.usdt,
-        duration: args.duration,
-        buffer_size: args.buffer_size,
-    };
-    if !args.list {
-        record::check_root()?;
-    }
-    let plan = usdt::debug::plan(options)?;
-    print_warnings(plan.warnings());
-    if args.list {
-        plan.list(&mut std::io::stdout().lock())?;
-        return Ok(0);
-    }
-    let mut out = open_output(&args.output)?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async move {
-        let stop = stop_signal()?;
-        let (events, others) = plan.counts();
-        let outcome = plan
-            .run(&mut out, stop, |attached| {
-                eprintln!(
-                    "tracer: tracing {attached} USDT probe(s) ({events} program-event, {others} other); writing records to {}",
-                    describe_output(&args.output)
-                )
-            })
-            .await?;
-        eprintln!("tracer: {} records written to {}", outcome.records, describe_output(&args.output));
-        let lost: u64 = outcome.lost.values().sum();
-        if lost > 0 {
-            let detail: Vec<String> =
-                outcome.lost.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}: {n}")).collect();
-            eprintln!("tracer: warning: {lost} records were lost ({}); try a larger --buffer-size", detail.join(", "));
-        }
-        Ok(outcome.command_exit.map_or(0, |exit| exit.shell_code()))
-    })
 }
 
 /// The format for an output path: `--format`, else the extension.
@@ -398,6 +330,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         command: args.command,
         events: args.trace.event_kinds(),
         functions: args.trace.functions,
+        usdt: args.trace.usdt,
         follow_children: !args.trace.no_follow,
         duration: args.trace.duration,
         buffer_size: args.trace.buffer_size,
@@ -426,8 +359,12 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         let recording = plan.start()?;
         print_warnings(&recording.warnings);
         eprintln!(
-            "tracer: tracing {} function(s); writing {} to {}{}",
+            "tracer: tracing {} function(s){}; writing {} to {}{}",
             recording.trace_start().probes,
+            match recording.usdt_sites {
+                0 => String::new(),
+                n => format!(" and {n} USDT probe site(s)"),
+            },
             format.describe(),
             describe_output(&args.output),
             spool
@@ -479,12 +416,10 @@ pub(crate) fn print_summary(end: &TraceEnd, output: &Path) {
     eprintln!("tracer: {} events written to {} ({})", end.events_written, describe_output(output), end.reason);
     let lost = end.total_lost();
     if lost > 0 {
-        let detail: Vec<String> =
-            end.lost_events.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}: {n}")).collect();
-        eprintln!(
-            "tracer: warning: {lost} events were lost ({}); the ring buffer was full: try a larger --buffer-size",
-            detail.join(", ")
-        );
+        eprintln!("tracer: warning: {lost} events were lost:");
+        for (kind, n) in end.lost_events.iter().filter(|(_, n)| **n > 0) {
+            eprintln!("tracer:   {kind}: {n}: {}", why_lost(kind));
+        }
     }
     if end.calls_without_return_probe > 0 {
         eprintln!(

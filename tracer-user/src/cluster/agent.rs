@@ -604,6 +604,7 @@ fn options(agent: &Agent, conn: &Conn, request: TraceRequest) -> Result<RecordOp
         binaries: request.binaries.into_iter().map(PathBuf::from).collect(),
         command: request.command.into_iter().map(OsString::from).collect(),
         functions: request.functions,
+        usdt: request.usdt,
         events: if events.is_empty() { defaults.events.clone() } else { events },
         follow_children: request.follow_children,
         duration: None,

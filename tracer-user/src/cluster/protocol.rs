@@ -13,7 +13,8 @@ use super::wire::EventBatch;
 use crate::event::{TraceEnd, TraceStart};
 
 /// Version of this protocol; both ends must speak the same. 4: calls carry `params`, `file`,
-/// `line` and returns `ret` (calls at source level).
+/// `line` and returns `ret` (calls at source level); `log` and `usdt` events; `usdt` and
+/// `capture_bytes` in a trace request, payloads on sends and receives.
 pub const PROTOCOL_VERSION: u32 = 4;
 /// The largest frame either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
@@ -34,6 +35,8 @@ pub struct TraceRequest {
     /// A command to launch, program first (empty: none).
     pub command: Vec<String>,
     pub functions: Vec<String>,
+    /// `-u` USDT patterns.
+    pub usdt: Vec<String>,
     /// Event kinds, by name (`call`, `return`, ...).
     pub events: Vec<String>,
     pub follow_children: bool,
@@ -48,6 +51,7 @@ impl Default for TraceRequest {
             binaries: Vec::new(),
             command: Vec::new(),
             functions: Vec::new(),
+            usdt: Vec::new(),
             events: Vec::new(),
             follow_children: true,
             buffer_size: 0,

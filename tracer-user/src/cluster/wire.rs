@@ -216,6 +216,35 @@ mod tests {
     }
 
     #[test]
+    fn log_and_usdt_events_round_trip() {
+        let ev = |data| Event { ts: 5, host: "h".into(), pid: 1, tid: 2, data };
+        let sent = vec![
+            ev(EventData::Log(data::Log {
+                log_type: data::LogType::Log,
+                level: data::Level::Warn,
+                source: Some("app::db".into()),
+                message: "slow".into(),
+                function: None,
+                file: Some("src/db.rs".into()),
+                line: Some(12),
+                spans: vec!["outer".into()],
+                data: serde_json::json!({"rows": 3, "peer": "a", "list": [1, -2]}),
+                truncated: false,
+            })),
+            ev(EventData::Usdt(data::Usdt {
+                provider: "fixture".into(),
+                name: "loop".into(),
+                module: "/bin/app".into(),
+                args: vec![Some(data::ArgValue::Signed(-3)), Some(data::ArgValue::Unsigned(u64::MAX)), None],
+            })),
+        ];
+        let batch = Encoder::default().batch(0, &sent);
+        let bytes = postcard::to_stdvec(&batch).unwrap();
+        let received = Decoder::default().events(&"h".into(), postcard::from_bytes(&bytes).unwrap()).unwrap();
+        assert_eq!(received, sent);
+    }
+
+    #[test]
     fn undefined_strings_are_rejected() {
         let mut encoder = Encoder::default();
         let mut batch = encoder.batch(0, &events("h")[..1]);

@@ -373,3 +373,114 @@ pub enum SpawnHow {
     Thread,
     Exec,
 }
+
+pub use tracer_events::payload::{Kind as LogType, Level};
+
+/// What a traced program said about itself: a `tracing` or `log` record (`type` `log`), or a
+/// `print*` call (`type` `trace`), through the `tracer-events` crate or its C header.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Log {
+    #[serde(rename = "type")]
+    pub log_type: LogType,
+    pub level: Level,
+    /// The logger's name (`tracing`'s target, `log`'s target).
+    pub source: Option<String>,
+    pub message: String,
+    /// The C function, or the Rust module path.
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// The current spans' names, outermost first (`tracing`).
+    #[serde(default)]
+    pub spans: Vec<String>,
+    /// The program's structured fields, or `null`. Text that is not JSON is kept as a string.
+    #[serde(with = "json_value")]
+    pub data: serde_json::Value,
+    /// The payload was longer than the tracer keeps: the last fields are cut (`data` is `null`
+    /// if it was cut).
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+/// A [`Log`]'s `data`: itself in JSON, its text on the wire (postcard cannot read a value whose
+/// shape it is not told).
+mod json_value {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error as _};
+
+    pub fn serialize<S: Serializer>(value: &serde_json::Value, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() { value.serialize(s) } else { value.to_string().serialize(s) }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<serde_json::Value, D::Error> {
+        if d.is_human_readable() {
+            serde_json::Value::deserialize(d)
+        } else {
+            let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+            serde_json::from_str(&text).map_err(D::Error::custom)
+        }
+    }
+}
+
+/// A USDT probe of the targets fired (`-u PROVIDER:NAME`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usdt<N = Arc<str>> {
+    pub provider: N,
+    pub name: N,
+    pub module: N,
+    /// The probe's arguments as its spec types them; `None` for one that could not be read.
+    pub args: Vec<Option<ArgValue>>,
+}
+
+/// A USDT argument, signed or not as its spec says: a bare number in JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArgValue {
+    Signed(i64),
+    Unsigned(u64),
+}
+
+/// [`ArgValue`]'s wire form: which of the two it is.
+#[derive(Serialize, Deserialize)]
+enum ArgWire {
+    Signed(i64),
+    Unsigned(u64),
+}
+
+impl Serialize for ArgValue {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match (s.is_human_readable(), *self) {
+            (true, ArgValue::Signed(v)) => s.serialize_i64(v),
+            (true, ArgValue::Unsigned(v)) => s.serialize_u64(v),
+            (false, ArgValue::Signed(v)) => ArgWire::Signed(v).serialize(s),
+            (false, ArgValue::Unsigned(v)) => ArgWire::Unsigned(v).serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ArgValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ArgValue, D::Error> {
+        if !d.is_human_readable() {
+            return Ok(match ArgWire::deserialize(d)? {
+                ArgWire::Signed(v) => ArgValue::Signed(v),
+                ArgWire::Unsigned(v) => ArgValue::Unsigned(v),
+            });
+        }
+        // JSON does not say which: a negative number is signed, any other is read as unsigned.
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = ArgValue;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a 64-bit integer")
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ArgValue, E> {
+                Ok(if v < 0 { ArgValue::Signed(v) } else { ArgValue::Unsigned(v as u64) })
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ArgValue, E> {
+                Ok(ArgValue::Unsigned(v))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}

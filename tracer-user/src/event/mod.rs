@@ -16,9 +16,9 @@ use std::{collections::HashSet, fmt, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
-pub use data::{Args, Channel, MAX_ARGS, SignalId, SpawnHow, Syscall};
+pub use data::{ArgValue, Args, Channel, Level, LogType, MAX_ARGS, SignalId, SpawnHow, Syscall};
 pub use trace::{
-    ClockInfo, EndReason, HostEnd, HostInfo, HostLoss, IpcStats, LossCause, TargetInfo, TraceEnd, TraceStart,
+    ClockInfo, EndReason, HostEnd, HostInfo, HostLoss, IpcStats, LossCause, TargetInfo, TraceEnd, TraceStart, why_lost,
 };
 
 pub use crate::placement::ProbePaths;
@@ -52,6 +52,8 @@ pub enum EventData<N = Arc<str>> {
     Send(data::Send),
     Recv(data::Recv),
     Signal(data::Signal),
+    Log(data::Log),
+    Usdt(data::Usdt<N>),
 }
 
 /// One item of a trace: its start, an event, or its end (as a channel delivers it, or a line of a
@@ -74,10 +76,12 @@ pub enum EventKind {
     Send,
     Recv,
     Signal,
+    Log,
+    Usdt,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 7] = [
+    pub const ALL: [EventKind; 9] = [
         EventKind::Call,
         EventKind::Return,
         EventKind::Spawn,
@@ -85,6 +89,8 @@ impl EventKind {
         EventKind::Send,
         EventKind::Recv,
         EventKind::Signal,
+        EventKind::Log,
+        EventKind::Usdt,
     ];
     /// What `--events ipc` stands for.
     pub const IPC: [EventKind; 3] = [EventKind::Send, EventKind::Recv, EventKind::Signal];
@@ -98,6 +104,8 @@ impl EventKind {
             EventKind::Send => "send",
             EventKind::Recv => "recv",
             EventKind::Signal => "signal",
+            EventKind::Log => "log",
+            EventKind::Usdt => "usdt",
         }
     }
 
@@ -169,6 +177,8 @@ impl<N> EventData<N> {
             EventData::Send(_) => EventKind::Send,
             EventData::Recv(_) => EventKind::Recv,
             EventData::Signal(_) => EventKind::Signal,
+            EventData::Log(_) => EventKind::Log,
+            EventData::Usdt(_) => EventKind::Usdt,
         }
     }
 
@@ -197,6 +207,13 @@ impl<N> EventData<N> {
             EventData::Send(s) => EventData::Send(s),
             EventData::Recv(r) => EventData::Recv(r),
             EventData::Signal(s) => EventData::Signal(s),
+            EventData::Log(l) => EventData::Log(l),
+            EventData::Usdt(u) => EventData::Usdt(data::Usdt {
+                provider: f(u.provider)?,
+                name: f(u.name)?,
+                module: f(u.module)?,
+                args: u.args,
+            }),
         })
     }
 
@@ -207,7 +224,12 @@ impl<N> EventData<N> {
             EventData::Send(s) => s.flow_id = 0,
             EventData::Recv(r) => r.flow_ids.clear(),
             EventData::Signal(s) => s.flow_id = None,
-            EventData::Call(_) | EventData::Return(_) | EventData::Spawn(_) | EventData::Exit(_) => {}
+            EventData::Call(_)
+            | EventData::Return(_)
+            | EventData::Spawn(_)
+            | EventData::Exit(_)
+            | EventData::Log(_)
+            | EventData::Usdt(_) => {}
         }
     }
 }
@@ -301,6 +323,37 @@ mod tests {
         assert_eq!(r.track(), Track::Thread(11), "goid 0 is the thread's own system stack");
         let ten = r#"{"kind":"call","ts":1,"host":"h","pid":1,"tid":1,"function":"f","module":"m","args":[0,0,0,0,0,0,0,0,0,0]}"#;
         assert!(parse(ten).is_err(), "at most nine arguments");
+    }
+
+    #[test]
+    fn log_and_usdt_lines_have_their_fields_in_order() {
+        let e = event(EventData::Log(data::Log {
+            log_type: LogType::Trace,
+            level: Level::Info,
+            source: None,
+            message: "hi".into(),
+            function: Some("run".into()),
+            file: Some("a.c".into()),
+            line: Some(7),
+            spans: vec![],
+            data: serde_json::json!({"n": 5}),
+            truncated: false,
+        }));
+        assert_eq!(
+            to_line(&e),
+            r#"{"kind":"log","ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"type":"trace","level":"info","source":null,"message":"hi","function":"run","file":"a.c","line":7,"spans":[],"data":{"n":5},"truncated":false}"#
+        );
+        assert_eq!(round_trip(&e), e);
+        let u = event(EventData::Usdt(data::Usdt {
+            provider: "p".into(),
+            name: "n".into(),
+            module: "/m".into(),
+            args: vec![Some(ArgValue::Signed(-1)), Some(ArgValue::Unsigned(u64::MAX)), None],
+        }));
+        assert!(
+            to_line(&u).ends_with(r#""provider":"p","name":"n","module":"/m","args":[-1,18446744073709551615,null]}"#)
+        );
+        assert_eq!(round_trip(&u), u);
     }
 
     #[test]

@@ -114,3 +114,35 @@ pub fn go_ret(ts: u64, tid: u32, goid: u64, f: &str, dur: u64) -> Event {
 pub fn thread_exit(ts: u64, tid: u32) -> Event {
     ev(ts, 1, tid, EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: true, comm: String::new() }))
 }
+
+/// A `log` event of thread `tid` of pid 1 (a `tracing` event of `src/main.rs:12` in `app`),
+/// from `source` if one is given, with `data` (`null` for none).
+pub fn log(ts: u64, tid: u32, level: Level, source: Option<&str>, message: &str, data: serde_json::Value) -> Event {
+    ev(
+        ts,
+        1,
+        tid,
+        EventData::Log(data::Log {
+            log_type: LogType::Log,
+            level,
+            source: source.map(str::to_string),
+            message: message.into(),
+            function: Some("app".into()),
+            file: Some("src/main.rs".into()),
+            line: Some(12),
+            spans: vec![],
+            data,
+            truncated: false,
+        }),
+    )
+}
+
+/// A `usdt` event of `provider:name` in `/bin/app`, fired by thread `tid` of pid 1.
+pub fn usdt(ts: u64, tid: u32, provider: &str, name: &str, args: Vec<Option<ArgValue>>) -> Event {
+    ev(
+        ts,
+        1,
+        tid,
+        EventData::Usdt(data::Usdt { provider: provider.into(), name: name.into(), module: "/bin/app".into(), args }),
+    )
+}

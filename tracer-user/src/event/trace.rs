@@ -185,6 +185,33 @@ impl TraceEnd {
     }
 }
 
+/// Where the events of one `lost_events` kind were lost and what to do about it, in one sentence
+/// for the stderr summary: each kind is lost in its own place, and a larger ring buffer helps only
+/// some.
+pub fn why_lost(kind: &str) -> &'static str {
+    match kind {
+        "call" | "return" | "spawn" | "exit" | "ipc" | "signal" | "log" | "usdt" => {
+            "lost in the kernel: the ring buffer was full; try a larger --buffer-size"
+        }
+        "untraced_children" => {
+            "children not traced: the kernel's traced-process map (32768 processes) was full; trace fewer processes at once"
+        }
+        "ipc_untracked_syscalls" => {
+            "IPC syscalls not recorded: more than 16384 were in flight at once in the kernel; trace fewer processes, or leave out -e ipc"
+        }
+        "ipc_messages_beyond_limit" => {
+            "messages not recorded: the kernel records the first 16 messages of one sendmmsg/recvmmsg, a fixed limit"
+        }
+        "undecodable" => {
+            "lost in user space: kernel records the tracer could not decode (a tracer bug: please report it)"
+        }
+        "log_unreadable" => {
+            "program events lost in the probe: the kernel could not read the payload at the address the program passed, or it is not a tracer-events payload this tracer reads; check the program's tracer-events version and what it passes to the probe"
+        }
+        _ => "lost (see the trace's trace_end)",
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EndReason {
@@ -218,5 +245,23 @@ impl fmt::Display for EndReason {
             EndReason::Stopped => "stopped by the collector",
             EndReason::InputEnded => "the input ended",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::why_lost;
+
+    #[test]
+    fn every_lost_kind_says_where_it_was_lost() {
+        let fallback = why_lost("no such kind");
+        let kernel = (0..tracer_common::lost_slot::COUNT).filter_map(crate::assemble::lost_slot_name);
+        for kind in kernel.chain(["undecodable", "log_unreadable"]) {
+            let why = why_lost(kind);
+            assert_ne!(why, fallback, "{kind} has no sentence of its own");
+            // Only what the ring buffer dropped is helped by a larger one.
+            let ring = ["call", "return", "spawn", "exit", "ipc", "signal", "log", "usdt"].contains(&kind);
+            assert_eq!(why.contains("--buffer-size"), ring, "{kind}: {why}");
+        }
     }
 }

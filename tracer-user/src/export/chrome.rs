@@ -332,6 +332,14 @@ impl<W: Write> Sink for ChromeWriter<W> {
                     (None, _) => {}
                 }
             }
+            EventData::Log(log) => {
+                let args = serde_json::to_value(log).map_err(io::Error::other)?;
+                self.instant(e, &log.message, args)?;
+            }
+            EventData::Usdt(usdt) => {
+                let args = serde_json::to_value(usdt).map_err(io::Error::other)?;
+                self.instant(e, &format!("{}:{}", usdt.provider, usdt.name), args)?;
+            }
         }
         Ok(())
     }
@@ -513,6 +521,59 @@ mod tests {
             .map(|e| (e["pid"].as_u64().unwrap(), e["args"]["name"].as_str().unwrap()))
             .collect();
         assert_eq!(names, [(1, "app"), (2, "child")]);
+    }
+
+    #[test]
+    fn log_and_usdt_events_are_instants_with_their_fields_on_their_thread() {
+        use crate::event::{
+            ArgValue, Level,
+            test_events::{log, usdt},
+        };
+        let t = export(
+            &[
+                call(1_000_050, 2, "main"),
+                log(1_000_100, 2, Level::Warn, Some("app::db"), "slow", json!({"rows": 3})),
+                usdt(
+                    1_000_200,
+                    3,
+                    "fixture",
+                    "loop",
+                    vec![Some(ArgValue::Signed(-2)), Some(ArgValue::Unsigned(7)), None],
+                ),
+                ret(1_000_300, 2, "main", Some(250)),
+            ],
+            1_000_400,
+        );
+        let events = t["traceEvents"].as_array().unwrap();
+        let instants: Vec<&Value> = events.iter().filter(|e| e["ph"] == "i").collect();
+        let placed: Vec<(&str, &str, u64, u64, f64, &str)> = instants
+            .iter()
+            .map(|e| {
+                let s = |k: &str| e[k].as_str().unwrap();
+                (
+                    s("name"),
+                    s("cat"),
+                    e["pid"].as_u64().unwrap(),
+                    e["tid"].as_u64().unwrap(),
+                    e["ts"].as_f64().unwrap(),
+                    s("s"),
+                )
+            })
+            .collect();
+        assert_eq!(placed, [("slow", "log", 1, 2, 0.1, "t"), ("fixture:loop", "usdt", 1, 3, 0.2, "t")]);
+        assert_eq!(
+            instants[0]["args"],
+            json!({
+                "type": "log", "level": "warn", "source": "app::db", "message": "slow", "function": "app",
+                "file": "src/main.rs", "line": 12, "spans": [], "data": {"rows": 3}, "truncated": false,
+            })
+        );
+        assert_eq!(
+            instants[1]["args"],
+            json!({ "provider": "fixture", "name": "loop", "module": "/bin/app", "args": [-2, 7, null] })
+        );
+        // The call they happened in is still a slice of its own.
+        assert_eq!(slices(&t).len(), 1, "{t}");
     }
 
     #[test]

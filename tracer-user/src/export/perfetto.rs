@@ -406,6 +406,30 @@ impl<W: Write> Sink for PerfettoWriter<W> {
                 let mark = Mark { name, category: "signal", args, flows, terminating_flows };
                 self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
             }
+            EventData::Log(log) => {
+                let text = |s: &Option<String>| Arg::Str(s.clone().unwrap_or_default());
+                let mut args = vec![
+                    ("type", serde_arg(&log.log_type)),
+                    ("level", serde_arg(&log.level)),
+                    ("source", text(&log.source)),
+                    ("function", text(&log.function)),
+                    ("file", text(&log.file)),
+                ];
+                if let Some(line) = log.line {
+                    args.push(("line", Arg::Uint(line.into())));
+                }
+                if !log.data.is_null() {
+                    args.push(("data", Arg::Str(log.data.to_string())));
+                }
+                let mark = Mark { name: Some(log.message.clone()), category: "log", args, ..Mark::default() };
+                self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
+            }
+            EventData::Usdt(usdt) => {
+                let args = vec![("module", Arg::Str(usdt.module.to_string())), ("args", serde_arg(&usdt.args))];
+                let name = Some(format!("{}:{}", usdt.provider, usdt.name));
+                let mark = Mark { name, category: "usdt", args, ..Mark::default() };
+                self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
+            }
         }
     }
 
@@ -542,6 +566,83 @@ mod tests {
             })
             .collect();
         assert_eq!(names, ["module", "goid", "tid", "arg0"]);
+    }
+
+    #[test]
+    fn log_and_usdt_events_are_instants_with_their_fields() {
+        use crate::event::{ArgValue, Level, LogType};
+        use track_event::Type::Instant as I;
+        let log = ev(
+            100,
+            1,
+            1,
+            EventData::Log(data::Log {
+                log_type: LogType::Log,
+                level: Level::Warn,
+                source: Some("app::db".into()),
+                message: "slow".into(),
+                function: Some("app".into()),
+                file: Some("src/main.rs".into()),
+                line: Some(12),
+                spans: vec![],
+                data: serde_json::json!({"rows": 3}),
+                truncated: false,
+            }),
+        );
+        let usdt = ev(
+            200,
+            1,
+            1,
+            EventData::Usdt(data::Usdt {
+                provider: "fixture".into(),
+                name: "loop".into(),
+                module: "/bin/app".into(),
+                args: vec![Some(ArgValue::Signed(-2)), None],
+            }),
+        );
+        let packets = export(&[log, usdt], 1000);
+        let t = thread_track(1, 1);
+        let none = Vec::<u64>::new;
+        assert_eq!(
+            events(&packets),
+            vec![(100, t, I, "slow".into(), none(), none()), (200, t, I, "fixture:loop".into(), none(), none())]
+        );
+        let annotations = |i: usize| -> Vec<(String, String)> {
+            let e = packets
+                .iter()
+                .filter_map(|p| match &p.data {
+                    Some(trace_packet::Data::TrackEvent(e)) => Some(e),
+                    _ => None,
+                })
+                .nth(i)
+                .unwrap();
+            e.debug_annotations
+                .iter()
+                .map(|a| {
+                    let Some(debug_annotation::NameField::Name(n)) = &a.name_field else { panic!("a name") };
+                    let v = match &a.value {
+                        Some(debug_annotation::Value::StringValue(s)) => s.clone(),
+                        Some(debug_annotation::Value::UintValue(v)) => v.to_string(),
+                        other => panic!("{other:?}"),
+                    };
+                    (n.clone(), v)
+                })
+                .collect()
+        };
+        let pairs = |v: &[(&str, &str)]| v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+        assert_eq!(
+            annotations(0),
+            pairs(&[
+                ("type", "log"),
+                ("level", "warn"),
+                ("source", "app::db"),
+                ("function", "app"),
+                ("file", "src/main.rs"),
+                ("line", "12"),
+                ("data", r#"{"rows":3}"#)
+            ])
+        );
+        assert_eq!(annotations(1), pairs(&[("module", "/bin/app"), ("args", "[-2,null]")]));
     }
 
     #[test]

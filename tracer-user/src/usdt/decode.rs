@@ -1,33 +1,11 @@
-//! The kernel's USDT records, read back: a program event ([`ProgramEvent`]) from its payload, and
-//! a probe's arguments ([`ProbeHit`]) as their specs type them.
+//! The kernel's USDT records, read back: a program event (a `log` event) from its payload, and a
+//! probe's arguments (a `usdt` event's) as their specs type them.
 
-use serde::Serialize;
 use tracer_common::{UsdtRecord, UserEventRecord, user_event_flags};
-use tracer_events::payload::{self, Kind, Level};
+use tracer_events::payload;
 
 use super::select::ProbeInfo;
-
-/// A program's own event.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ProgramEvent {
-    /// `log` from a logger, `trace` from `print*`.
-    #[serde(rename = "type")]
-    pub kind: Kind,
-    pub level: Level,
-    pub source: Option<String>,
-    pub message: String,
-    /// The C function, or the Rust module path.
-    pub function: Option<String>,
-    pub file: Option<String>,
-    pub line: Option<u32>,
-    /// The current spans' names, outermost first (`tracing`).
-    pub spans: Vec<String>,
-    /// The program's JSON, or `null`. Text that is not JSON is kept as a JSON string.
-    pub data: serde_json::Value,
-    /// The payload was longer than the tracer keeps (`tracer_common::USER_EVENT_PAYLOAD_MAX`):
-    /// the last fields are cut (`data` is `null` if it was cut).
-    pub truncated: bool,
-}
+use crate::event::{ArgValue, data::Log};
 
 /// Why a program event could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -39,7 +17,7 @@ pub enum EventError {
 }
 
 /// Decodes a program event from its record and the payload bytes that followed it.
-pub fn program_event(record: &UserEventRecord, bytes: &[u8]) -> Result<ProgramEvent, EventError> {
+pub fn program_event(record: &UserEventRecord, bytes: &[u8]) -> Result<Log, EventError> {
     if record.flags & user_event_flags::READ_FAILED != 0 {
         return Err(EventError::Unreadable);
     }
@@ -55,8 +33,8 @@ pub fn program_event(record: &UserEventRecord, bytes: &[u8]) -> Result<ProgramEv
         },
     };
     let owned = |s: Option<std::borrow::Cow<'_, str>>| s.map(|s| s.into_owned());
-    Ok(ProgramEvent {
-        kind: p.kind,
+    Ok(Log {
+        log_type: p.kind,
         level: p.level,
         source: owned(p.source),
         message: p.message.into_owned(),
@@ -69,25 +47,10 @@ pub fn program_event(record: &UserEventRecord, bytes: &[u8]) -> Result<ProgramEv
     })
 }
 
-/// One argument's value as its spec types it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(untagged)]
-pub enum ArgValue {
-    Signed(i64),
-    Unsigned(u64),
-}
-
-/// A USDT probe's arguments.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ProbeHit {
-    /// `None` for an argument that could not be read (or that the tracer cannot evaluate).
-    pub args: Vec<Option<ArgValue>>,
-}
-
 /// Types a USDT record's arguments with the probe's specs.
-pub fn probe_hit(record: &UsdtRecord, probe: &ProbeInfo) -> ProbeHit {
+pub fn probe_args(record: &UsdtRecord, probe: &ProbeInfo) -> Vec<Option<ArgValue>> {
     let count = (record.arg_count as usize).min(record.args.len());
-    let args = (0..count)
+    (0..count)
         .map(|i| {
             let failed = record.failed_args & (1 << i) != 0;
             match probe.signed.get(i).copied().flatten() {
@@ -97,8 +60,7 @@ pub fn probe_hit(record: &UsdtRecord, probe: &ProbeInfo) -> ProbeHit {
                 None => None,
             }
         })
-        .collect();
-    ProbeHit { args }
+        .collect()
 }
 
 #[cfg(test)]
@@ -106,7 +68,7 @@ mod tests {
     use std::sync::Arc;
 
     use tracer_common::{RecordHeader, RecordKind};
-    use tracer_events::payload::Payload;
+    use tracer_events::payload::{Kind, Level, Payload};
 
     use super::*;
 
@@ -135,7 +97,7 @@ mod tests {
     fn events_with_data() {
         let bytes = encode("query failed", r#"{"rows":3}"#);
         let e = program_event(&record(bytes.len(), bytes.len(), 0), &bytes).unwrap();
-        assert_eq!((e.kind, e.level, e.source.as_deref()), (Kind::Log, Level::Error, Some("db")));
+        assert_eq!((e.log_type, e.level, e.source.as_deref()), (Kind::Log, Level::Error, Some("db")));
         assert_eq!(e.message, "query failed");
         assert_eq!(e.data, serde_json::json!({"rows": 3}));
         assert!(!e.truncated);
@@ -173,8 +135,8 @@ mod tests {
         args[..4].copy_from_slice(&[(-5i64) as u64, u64::MAX, 7, 9]);
         let record =
             UsdtRecord { header: header(RecordKind::Usdt), cookie: 0, arg_count: 4, failed_args: 0b1000, args };
-        let hit = probe_hit(&record, &probe);
-        assert_eq!(hit.args, [Some(ArgValue::Signed(-5)), Some(ArgValue::Unsigned(u64::MAX)), None, None]);
-        assert_eq!(serde_json::to_string(&hit.args).unwrap(), "[-5,18446744073709551615,null,null]");
+        let args = probe_args(&record, &probe);
+        assert_eq!(args, [Some(ArgValue::Signed(-5)), Some(ArgValue::Unsigned(u64::MAX)), None, None]);
+        assert_eq!(serde_json::to_string(&args).unwrap(), "[-5,18446744073709551615,null,null]");
     }
 }

@@ -7,12 +7,11 @@
 //! (every `tracer_events:event`, and those matching `-u PROVIDER:NAME` patterns) and prepares
 //! for each the `tracer_common::UsdtSpec` the kernel evaluates its arguments with;
 //! `loader::Kernel::attach_usdt` attaches them as uprobe-multi links that raise their
-//! semaphores; [`decode`] turns the kernel's records back into a program event or a probe's
-//! arguments. [`debug`] is `tracer debug-usdt`, which prints those decoded records until the
-//! `log` and `usdt` events reach the event model.
+//! semaphores; [`decode`] turns the kernel's records back into a `log` event or a `usdt` event's
+//! arguments (`crate::assemble` calls it). `crate::record` plans and attaches them with
+//! everything else.
 
 pub mod args;
-pub mod debug;
 pub mod decode;
 pub mod notes;
 pub mod select;

@@ -231,7 +231,7 @@ impl ProbeFiles {
     }
 }
 
-/// Picks the sites: every valid program-event probe of `files`, and every probe a pattern
+/// Picks the sites: every valid program-event probe of `files` (with `program_events`), and every probe a pattern
 /// matches (in its module, or in all of `files`). A pattern that matches nothing is an error
 /// that lists the probes there are.
 pub fn select(
@@ -239,6 +239,7 @@ pub fn select(
     candidates: &ModuleCandidates,
     patterns: &[UsdtPattern],
     regs: &RegisterOffsets,
+    program_events: bool,
 ) -> Result<Selection, SelectError> {
     // (path, file offset) -> the note, each site once, in a stable order.
     let mut chosen: BTreeMap<(PathBuf, u64), UsdtNote> = BTreeMap::new();
@@ -247,7 +248,7 @@ pub fn select(
         for skipped in &file.skipped {
             warnings.push(format!("{}: {skipped}", file.path.display()));
         }
-        for note in file.notes.iter().filter(|n| is_event_probe(n)) {
+        for note in file.notes.iter().filter(|n| program_events && is_event_probe(n)) {
             if event_probe_is_valid(note) {
                 chosen.insert((file.path.clone(), note.file_offset), note.clone());
             } else {
@@ -402,7 +403,7 @@ mod tests {
         let pattern = UsdtPattern::parse("libstdc++.so.6:libstdcxx:*throw").unwrap();
         let stdcxx_candidates = ModuleCandidates::new(&[PathBuf::from("/lib/x86_64-linux-gnu/libstdc++.so.6")], &[]);
         let mut stdcxx = ProbeFiles::load(stdcxx_candidates.files()).unwrap();
-        let selection = select(&mut stdcxx, &stdcxx_candidates, &[pattern], &regs).unwrap();
+        let selection = select(&mut stdcxx, &stdcxx_candidates, &[pattern], &regs, true).unwrap();
         let names: Vec<&str> = selection.table.iter().map(|p| &*p.name).collect();
         assert_eq!(names.len(), 2, "{names:?}");
         assert!(names.contains(&"throw") && names.contains(&"rethrow"), "{names:?}");
@@ -411,11 +412,12 @@ mod tests {
         assert_eq!(selection.table[0].signed, [Some(false), Some(false)]);
 
         // This test binary has no probes: the error says so, and lists what there is elsewhere.
-        let err = select(&mut files, &candidates, &[UsdtPattern::parse("nope:*").unwrap()], &regs).unwrap_err();
+        let err = select(&mut files, &candidates, &[UsdtPattern::parse("nope:*").unwrap()], &regs, true).unwrap_err();
         assert!(matches!(err, SelectError::NoMatch { .. }), "{err}");
-        let err = select(&mut stdcxx, &stdcxx_candidates, &[UsdtPattern::parse("libstdcxx:nope").unwrap()], &regs)
-            .unwrap_err()
-            .to_string();
+        let err =
+            select(&mut stdcxx, &stdcxx_candidates, &[UsdtPattern::parse("libstdcxx:nope").unwrap()], &regs, true)
+                .unwrap_err()
+                .to_string();
         assert!(err.starts_with("USDT pattern 'libstdcxx:nope' matches no probe in "), "{err}");
         assert!(err.ends_with("the probes there are: libstdcxx:catch, libstdcxx:rethrow, libstdcxx:throw"), "{err}");
     }
