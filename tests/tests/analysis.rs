@@ -6,11 +6,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use prost::Message as _;
 use serde_json::{Value, json};
 use tracer_tests::{
     fixture,
-    perfetto::{Trace, TracePacket, TrackDescriptor, TrackEvent, trace_packet, track_event},
+    perfetto::{TracePacket, TrackDescriptor, TrackEvent, trace_packet, track_event},
     record, temp_dir, tracer, u64_field,
 };
 
@@ -225,7 +224,7 @@ fn svg_has_one_frame_per_stack_node() {
 }
 
 fn decode(path: &Path) -> Vec<TracePacket> {
-    Trace::decode(&std::fs::read(path).expect("read the Perfetto trace")[..]).expect("a Perfetto Trace").packet
+    tracer_tests::perfetto::read(path)
 }
 
 fn descriptors(packets: &[TracePacket]) -> Vec<&TrackDescriptor> {
