@@ -6,6 +6,7 @@ pub mod folded;
 pub mod hosts;
 pub mod jsonl;
 pub mod perfetto;
+pub mod speedscope;
 pub mod svg;
 
 use crate::event::data;
@@ -33,6 +34,8 @@ pub enum Format {
     Svg,
     /// Perfetto's native protobuf trace (`.pftrace`).
     Perfetto,
+    /// speedscope's own format: an evented profile per thread on shared frames (`.speedscope.json`).
+    Speedscope,
 }
 
 impl Format {
@@ -42,6 +45,7 @@ impl Format {
         // Longest suffix first: `.flame.json` is not a Chrome trace.
         [
             (".flame.json", Format::Flamegraph),
+            (".speedscope.json", Format::Speedscope),
             (".jsonl", Format::Jsonl),
             (".json", Format::Chrome),
             (".folded", Format::Folded),
@@ -61,6 +65,7 @@ impl Format {
             Format::Folded => "folded stacks",
             Format::Svg => "a flame graph SVG",
             Format::Perfetto => "a Perfetto trace",
+            Format::Speedscope => "a speedscope profile",
         }
     }
 
@@ -75,6 +80,7 @@ impl Format {
             Format::Folded => Box::new(HostGrouping::new(flame::StackSink::new(out, folded::write))),
             Format::Svg => Box::new(HostGrouping::new(flame::StackSink::new(out, svg::write))),
             Format::Perfetto => Box::new(HostGrouping::new(perfetto::PerfettoWriter::new(out))),
+            Format::Speedscope => Box::new(HostGrouping::new(speedscope::SpeedscopeWriter::new(out))),
         }
     }
 }
@@ -111,6 +117,7 @@ mod tests {
         assert_eq!(Format::from_path(Path::new("trace.folded")), Some(Format::Folded));
         assert_eq!(Format::from_path(Path::new("trace.svg")), Some(Format::Svg));
         assert_eq!(Format::from_path(Path::new("trace.pftrace")), Some(Format::Perfetto));
+        assert_eq!(Format::from_path(Path::new("trace.speedscope.json")), Some(Format::Speedscope));
         assert_eq!(Format::from_path(Path::new("trace.txt")), None);
         assert_eq!(Format::from_path(Path::new("trace")), None);
     }
