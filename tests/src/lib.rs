@@ -14,6 +14,7 @@ use std::{
 use serde_json::Value;
 
 pub mod netns;
+pub mod speedscope;
 
 /// No tracer run in these tests should take longer; past it, the run is killed and the test fails.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -28,6 +29,18 @@ pub fn tracer_bin() -> PathBuf {
 #[allow(clippy::all, missing_docs)]
 pub mod perfetto {
     include!(concat!(env!("OUT_DIR"), "/perfetto.protos.rs"));
+
+    /// The track events and descriptors of a Perfetto trace file, with its interned names and
+    /// incremental timestamps resolved by the tracer's reader (which follows Perfetto's published
+    /// semantics and fails on anything it cannot resolve), decoded with the published protos.
+    pub fn read(path: &std::path::Path) -> Vec<TracePacket> {
+        use prost::Message as _;
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let packets =
+            tracer_user::export::perfetto::read::resolve(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let plain = tracer_user::export::perfetto::protos::Trace { packet: packets }.encode_to_vec();
+        Trace::decode(&plain[..]).expect("a Perfetto trace").packet
+    }
 }
 
 /// A compiled C, C++, Rust or Go fixture (see build.rs).

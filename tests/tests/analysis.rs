@@ -6,11 +6,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use prost::Message as _;
 use serde_json::{Value, json};
 use tracer_tests::{
     fixture,
-    perfetto::{Trace, TracePacket, TrackDescriptor, TrackEvent, trace_packet, track_event},
+    perfetto::{TracePacket, TrackDescriptor, TrackEvent, trace_packet, track_event},
     record, temp_dir, tracer, u64_field,
 };
 
@@ -225,7 +224,7 @@ fn svg_has_one_frame_per_stack_node() {
 }
 
 fn decode(path: &Path) -> Vec<TracePacket> {
-    Trace::decode(&std::fs::read(path).expect("read the Perfetto trace")[..]).expect("a Perfetto Trace").packet
+    tracer_tests::perfetto::read(path)
 }
 
 fn descriptors(packets: &[TracePacket]) -> Vec<&TrackDescriptor> {
@@ -446,4 +445,98 @@ fn perfetto_flows_from_a_real_ipc_trace() {
     assert!(starts.iter().all(|(id, from)| ends[id] != *from));
     let names: Vec<&str> = events.iter().map(|(_, e)| name(e)).filter(|n| n.starts_with("recv")).collect();
     assert_eq!(names, ["recv 300 B", "recv 300 B", "recv 300 B", "recv 124 B"]);
+}
+
+/// Each profile's name and its events as `O name` / `C name`.
+fn speedscope_events(file: &Value) -> Vec<(String, Vec<String>)> {
+    let frames = file["shared"]["frames"].as_array().expect("shared frames");
+    file["profiles"]
+        .as_array()
+        .expect("profiles")
+        .iter()
+        .map(|p| {
+            assert_eq!(p["type"], "evented");
+            assert_eq!(p["unit"], "nanoseconds");
+            let events: Vec<&Value> = p["events"].as_array().unwrap().iter().collect();
+            assert!(events.windows(2).all(|w| w[0]["at"].as_u64() <= w[1]["at"].as_u64()), "in time order: {p}");
+            assert_eq!(p["startValue"], events[0]["at"]);
+            assert_eq!(p["endValue"], events[events.len() - 1]["at"]);
+            let names = events
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{} {}",
+                        e["type"].as_str().unwrap(),
+                        frames[e["frame"].as_u64().unwrap() as usize]["name"].as_str().unwrap()
+                    )
+                })
+                .collect();
+            (p["name"].as_str().unwrap().to_string(), names)
+        })
+        .collect()
+}
+
+#[test]
+fn speedscope_profiles_match_the_fixture_validate_and_load_in_speedscope() {
+    let dir = temp_dir();
+    let (trace, main_pid, child_pid) = record_timing(dir.path());
+    let out = dir.path().join("timing.speedscope.json");
+    export(&trace, &out);
+    tracer_tests::speedscope::validate(&out).unwrap_or_else(|e| panic!("the schema refuses {}: {e}", out.display()));
+    let file: Value = serde_json::from_str(&read(&out)).unwrap();
+
+    // One frame per function, each in the fixture's binary.
+    let frames = file["shared"]["frames"].as_array().unwrap();
+    let mut names: Vec<&str> = frames.iter().map(|f| f["name"].as_str().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["child_main", "leaf", "recurse", "run", "step", "worker"], "{frames:?}");
+    assert!(frames.iter().all(|f| f["file"].as_str().unwrap().ends_with("/timing")), "{frames:?}");
+
+    let o = |f: &str| format!("O {f}");
+    let c = |f: &str| format!("C {f}");
+    let leaf = [o("leaf"), c("leaf")];
+    let step: Vec<String> = [vec![o("step")], leaf.to_vec(), leaf.to_vec(), vec![c("step")]].concat();
+    let main: Vec<String> = [
+        vec![o("run")],
+        step.clone(),
+        step.clone(),
+        step,
+        vec![o("recurse"), o("recurse"), o("recurse"), o("recurse")],
+        vec![c("recurse"), c("recurse"), c("recurse"), c("recurse"), c("run")],
+    ]
+    .concat();
+    let worker: Vec<String> = [vec![o("worker")], leaf.to_vec(), leaf.to_vec(), vec![c("worker")]].concat();
+    let child: Vec<String> = [vec![o("child_main")], leaf.to_vec(), vec![c("child_main")]].concat();
+    let profiles = speedscope_events(&file);
+    assert_eq!(profiles.len(), 3, "{profiles:?}");
+    let named = |pid: u64, events: &[String]| {
+        profiles
+            .iter()
+            .find(|(name, got)| name.starts_with(&format!("timing {pid}/")) && got == events)
+            .unwrap_or_else(|| panic!("no profile of {pid} with {events:?}: {profiles:?}"))
+    };
+    assert_eq!(named(main_pid, &main).0, format!("timing {main_pid}/{main_pid}"));
+    assert_ne!(named(main_pid, &worker).0, format!("timing {main_pid}/{main_pid}"));
+    assert_eq!(named(child_pid, &child).0, format!("timing {child_pid}/{child_pid}"));
+
+    // The schema checker is not a rubber stamp: an event of no known type is refused.
+    let broken = dir.path().join("broken.speedscope.json");
+    std::fs::write(&broken, read(&out).replacen("\"type\":\"O\"", "\"type\":\"X\"", 1)).unwrap();
+    assert!(tracer_tests::speedscope::validate(&broken).is_err(), "the schema accepts an event of type X");
+
+    // speedscope itself: the title is the file's name and the toolbar shows the first profile of
+    // three; a file it cannot import shows "Something went wrong" and neither.
+    let dom = tracer_tests::speedscope::load_in_browser(&out, 10_000);
+    assert!(dom.contains("<title>tracer trace - speedscope</title>"), "{dom}");
+    // (The toolbar puts the name and the count in elements of their own.)
+    assert!(dom.contains(&format!(">{}<", profiles[0].0)) && dom.contains("(1/3)"), "{dom}");
+    assert!(!dom.contains("Something went wrong"), "{dom}");
+    // The same file with the main thread's first close naming the wrong frame.
+    let mut wrong = file.clone();
+    let events = wrong["profiles"][0]["events"].as_array_mut().unwrap();
+    let first_close = events.iter().position(|e| e["type"] == "C").unwrap();
+    events[first_close]["frame"] = events[0]["frame"].clone();
+    std::fs::write(&broken, wrong.to_string()).unwrap();
+    let dom = tracer_tests::speedscope::load_in_browser(&broken, 10_000);
+    assert!(dom.contains("Something went wrong"), "speedscope loads a file that closes the wrong frame: {dom}");
 }

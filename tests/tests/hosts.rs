@@ -13,12 +13,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use prost::Message as _;
 use serde_json::Value;
 use tracer_tests::{
     TracerRun, fixture, gen_secret,
     netns::Network,
-    perfetto::{Trace as PerfettoTrace, trace_packet, track_event},
+    perfetto::{trace_packet, track_event},
     record, temp_dir, tracer, tracer_bin, u64_field,
 };
 
@@ -219,7 +218,7 @@ fn hosts_that_share_a_hostname_and_pids_stay_apart_in_every_format() {
     // Perfetto: process tracks per host, slices counted by the host of their thread's process.
     let pftrace = dir.path().join("merged.pftrace");
     export(&out, &pftrace);
-    let packets = PerfettoTrace::decode(&std::fs::read(&pftrace).unwrap()[..]).expect("a Perfetto trace").packet;
+    let packets = tracer_tests::perfetto::read(&pftrace);
     let mut process_of_track: BTreeMap<u64, i32> = BTreeMap::new();
     let mut process_names: BTreeMap<i32, String> = BTreeMap::new();
     for p in &packets {

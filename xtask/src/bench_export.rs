@@ -1,5 +1,5 @@
 //! `cargo xtask bench --only export`: how fast the exporters and `tracer report` read a big trace,
-//! and how much memory they need.
+//! how much memory they need, and how big each output is.
 //!
 //! A synthetic trace of [`EVENTS`] events is generated once (kept in `target/bench/`): two
 //! processes of two threads each, serving requests whose calls nest up to 6 deep over 40
@@ -10,7 +10,7 @@
 use std::{
     fs::File,
     io::{BufWriter, Write},
-    path::Path,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -215,28 +215,42 @@ pub fn run(tracer: &Path) -> Result<()> {
     let size = std::fs::metadata(&trace)?.len();
     println!("xtask: each tool reads {} ({EVENTS} events, {:.2} GB) once", trace.display(), size as f64 / 1e9);
     println!();
-    println!("| command | wall time | events/s | peak memory (RSS) |");
-    println!("|---|---|---|---|");
+    println!("| command | wall time | events/s | peak memory (RSS) | output | bytes/event |");
+    println!("|---|---|---|---|---|---|");
     // The format follows the extension.
-    let outputs = ["synthetic.json", "synthetic.flame.json", "synthetic.folded", "synthetic.svg", "synthetic.pftrace"];
-    let mut runs: Vec<(String, Command)> = outputs
+    let outputs = [
+        "synthetic.json",
+        "synthetic.flame.json",
+        "synthetic.folded",
+        "synthetic.svg",
+        "synthetic.pftrace",
+        "synthetic.speedscope.json",
+    ];
+    let mut runs: Vec<(String, Command, Option<PathBuf>)> = outputs
         .iter()
         .map(|name| {
             let mut cmd = Command::new(tracer);
             cmd.arg("export").arg(&trace).arg("-o").arg(dir.join(name));
-            (format!("tracer export -o {name}"), cmd)
+            (format!("tracer export -o {name}"), cmd, Some(dir.join(name)))
         })
         .collect();
     let mut report = Command::new(tracer);
     report.arg("report").arg(&trace);
-    runs.push(("tracer report".to_string(), report));
+    runs.push(("tracer report".to_string(), report, None));
     let mut report_json = Command::new(tracer);
     report_json.arg("report").arg("--by-process").arg("--json").arg(&trace);
-    runs.push(("tracer report --by-process --json".to_string(), report_json));
-    for (what, cmd) in runs {
+    runs.push(("tracer report --by-process --json".to_string(), report_json, None));
+    for (what, cmd, output) in runs {
         let (wall, rss_kib) = run_measured(&cmd)?;
+        let (size, per_event) = match output {
+            Some(path) => {
+                let bytes = std::fs::metadata(&path)?.len();
+                (format!("{:.3} GB", bytes as f64 / 1e9), format!("{:.1}", bytes as f64 / EVENTS as f64))
+            }
+            None => ("-".to_string(), "-".to_string()),
+        };
         println!(
-            "| `{what}` | {:.1} s | {:.2} M | {:.0} MiB |",
+            "| `{what}` | {:.1} s | {:.2} M | {:.0} MiB | {size} | {per_event} |",
             wall.as_secs_f64(),
             EVENTS as f64 / wall.as_secs_f64() / 1e6,
             rss_kib as f64 / 1024.0

@@ -235,7 +235,7 @@ fn test(filter: Option<&str>) -> Result<()> {
     if let Some(f) = filter {
         args.push(f);
     }
-    run_checked(cargo(&args).env("TRACER_BIN", &tracer))?;
+    run_checked(cargo(&args).env("TRACER_BIN", &tracer).env("TRACER_SPEEDSCOPE", toolchain::speedscope_dir()))?;
     println!("xtask: all tests passed");
     Ok(())
 }

@@ -27,7 +27,14 @@ const PACKAGES: &[&str] = &[
     "systemtap-sdt-dev",
     // The native format's bench compares its size and `report` speed with uftrace's.
     "uftrace",
+    // speedscope's own viewer, loaded headless by the speedscope export test.
+    "chromium",
+    "nodejs",
 ];
+/// The speedscope release (its `dist/release` viewer and `file-format-schema.json`) and the JSON
+/// Schema validator (ajv, draft-07 like the schema) the speedscope export test uses, installed
+/// with npm under `target/tools/speedscope`.
+const NPM_PACKAGES: &[&str] = &["speedscope@1.25.0", "ajv@8.20.0"];
 /// bpf-linker must be built against the LLVM major version of the compiler emitting the bitcode.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -69,6 +76,7 @@ pub fn setup() -> Result<()> {
                 .env("DEBIAN_FRONTEND", "noninteractive"),
         )?;
     }
+    setup_speedscope()?;
     if bpf_linker().is_none() {
         println!("xtask: installing bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (takes a few minutes)");
         let path = format!("{LLVM_PREFIX}/bin:{}", std::env::var("PATH").unwrap_or_default());
@@ -82,6 +90,37 @@ pub fn setup() -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// Where `setup` installs the npm packages of [`NPM_PACKAGES`].
+pub fn speedscope_dir() -> PathBuf {
+    crate::root().join("target/tools/speedscope")
+}
+
+fn setup_speedscope() -> Result<()> {
+    let dir = speedscope_dir();
+    let present = ["speedscope/dist/release/index.html", "ajv/package.json"]
+        .iter()
+        .all(|f| dir.join("node_modules").join(f).exists());
+    if present {
+        return Ok(());
+    }
+    if Command::new("npm").arg("--version").stdout(Stdio::null()).status().is_err() {
+        // Debian's nodejs comes without npm; NodeSource's includes it.
+        run_checked(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends", "npm"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    println!("xtask: installing {} into {}", NPM_PACKAGES.join(" "), dir.display());
+    std::fs::create_dir_all(&dir)?;
+    run_checked(
+        Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--save-exact", "--prefix"])
+            .arg(&dir)
+            .args(NPM_PACKAGES),
+    )
 }
 
 /// A compiler that can build `core` for the BPF target.

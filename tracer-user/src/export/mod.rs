@@ -8,6 +8,7 @@ pub mod input;
 pub mod jsonl;
 pub mod native;
 pub mod perfetto;
+pub mod speedscope;
 pub mod svg;
 
 use crate::event::data;
@@ -37,6 +38,8 @@ pub enum Format {
     Perfetto,
     /// The tracer's own compact binary format (`.trc`), read back by `report`, `calls`, `export`.
     Native,
+    /// speedscope's own format: an evented profile per thread on shared frames (`.speedscope.json`).
+    Speedscope,
 }
 
 impl Format {
@@ -46,6 +49,7 @@ impl Format {
         // Longest suffix first: `.flame.json` is not a Chrome trace.
         [
             (".flame.json", Format::Flamegraph),
+            (".speedscope.json", Format::Speedscope),
             (".jsonl", Format::Jsonl),
             (".json", Format::Chrome),
             (".folded", Format::Folded),
@@ -73,6 +77,7 @@ impl Format {
             Format::Svg => "a flame graph SVG",
             Format::Perfetto => "a Perfetto trace",
             Format::Native => "a native trace",
+            Format::Speedscope => "a speedscope profile",
         }
     }
 
@@ -88,6 +93,7 @@ impl Format {
             Format::Svg => Box::new(HostGrouping::new(flame::StackSink::new(out, svg::write))),
             Format::Perfetto => Box::new(HostGrouping::new(perfetto::PerfettoWriter::new(out))),
             Format::Native => Box::new(native::NativeWriter::new(out)),
+            Format::Speedscope => Box::new(HostGrouping::new(speedscope::SpeedscopeWriter::new(out))),
         }
     }
 }
@@ -125,6 +131,7 @@ mod tests {
         assert_eq!(Format::from_path(Path::new("trace.svg")), Some(Format::Svg));
         assert_eq!(Format::from_path(Path::new("trace.pftrace")), Some(Format::Perfetto));
         assert_eq!(Format::from_path(Path::new("trace.trc")), Some(Format::Native));
+        assert_eq!(Format::from_path(Path::new("trace.speedscope.json")), Some(Format::Speedscope));
         assert_eq!(Format::from_path(Path::new("trace.txt")), None);
         assert_eq!(Format::from_path(Path::new("trace")), None);
     }

@@ -15,10 +15,23 @@
 //!   from an instant on the send. A signal's generation and delivery are instants linked the same
 //!   way.
 //!
-//! Timestamps are the trace's (Unix nanoseconds) on Perfetto's default clock; Perfetto shows them
-//! from the first event. Every packet is on one sequence. A file is a `Trace`: written one
+//! Compact as Perfetto's own SDK writes it (`src/tracing/internal/track_event_internal.cc`):
+//! - Every packet is on one sequence (`trusted_packet_sequence_id`). Its first packet clears the
+//!   incremental state and sets it up: `TracePacketDefaults` with clock 64 as the default clock,
+//!   and a `ClockSnapshot` that makes clock 64 an incremental (delta-encoded) clock starting at that
+//!   packet's time on `BOOTTIME`, the trace clock. Every later packet says it needs that state.
+//! - Event names, categories, debug annotation names and string values are interned: sent once
+//!   in the packet's `InternedData` that first uses them, then referred to by iid. When the tables
+//!   hold [`MAX_INTERNED`] strings the state is cleared and set up again, so memory stays bounded.
+//! - A packet's timestamp is the delta from the previous one on clock 64; an event earlier than
+//!   the previous one (a call slice begins at its return's time minus its duration) carries its
+//!   absolute time on `BOOTTIME` instead, as the SDK does.
+//!
+//! Timestamps are the trace's (Unix nanoseconds), on `BOOTTIME` as Perfetto's default clock was
+//! before; Perfetto shows them from the first event. A file is a `Trace`: written one
 //! single-packet `Trace` at a time, which is the same bytes (repeated fields concatenate), so
-//! memory is bounded by the open calls and remembered sends, not by the trace.
+//! memory is bounded by the open calls, remembered sends and intern tables, not by the trace.
+//! [`read`] resolves such a file back to plain packets, as a Perfetto reader does.
 
 use crate::event::data;
 use std::{
@@ -45,12 +58,59 @@ pub mod protos {
 }
 
 use protos::{
-    DebugAnnotation, ProcessDescriptor, ThreadDescriptor, Trace, TracePacket, TrackDescriptor, TrackEvent,
-    debug_annotation, trace_packet, track_event,
+    BuiltinClock, ClockSnapshot, DebugAnnotation, DebugAnnotationName, EventCategory, EventName, InternedData,
+    InternedString, ProcessDescriptor, ThreadDescriptor, Trace, TracePacket, TracePacketDefaults, TrackDescriptor,
+    TrackEvent, clock_snapshot, debug_annotation, trace_packet, track_event,
 };
+
+pub mod read;
 
 /// The packet sequence every packet is on.
 const SEQUENCE_ID: u32 = 1;
+
+/// The sequence-scoped clock whose timestamps are deltas (Perfetto's SDK uses the same id).
+pub const INCREMENTAL_CLOCK: u32 = 64;
+
+/// The clock absolute timestamps are on, and the trace's clock.
+pub const TRACE_CLOCK: u32 = BuiltinClock::Boottime as u32;
+
+/// Most interned strings held (all tables together) before the incremental state is cleared.
+pub const MAX_INTERNED: usize = 1 << 16;
+
+/// One interning table: strings to their iids on the current incremental state.
+#[derive(Default)]
+struct Table(HashMap<String, u64>);
+
+impl Table {
+    /// The string's iid, and whether it is new (to be sent in this packet's `InternedData`).
+    fn iid(&mut self, s: &str) -> (u64, bool) {
+        if let Some(iid) = self.0.get(s) {
+            return (*iid, false);
+        }
+        let iid = self.0.len() as u64 + 1;
+        self.0.insert(s.to_string(), iid);
+        (iid, true)
+    }
+}
+
+/// What the sequence's packets refer to: interned strings and the incremental clock.
+#[derive(Default)]
+struct Incremental {
+    /// Whether the state was set up (and not cleared since).
+    valid: bool,
+    names: Table,
+    categories: Table,
+    annotation_names: Table,
+    strings: Table,
+    /// The incremental clock's value: the last timestamp written on it.
+    clock: u64,
+}
+
+impl Incremental {
+    fn interned(&self) -> usize {
+        self.names.0.len() + self.categories.0.len() + self.annotation_names.0.len() + self.strings.0.len()
+    }
+}
 
 /// The track of a process.
 pub fn process_track(pid: u32) -> u64 {
@@ -101,7 +161,10 @@ struct Mark<'a> {
 pub struct PerfettoWriter<W: Write> {
     out: BufWriter<W>,
     buf: Vec<u8>,
-    first_packet: bool,
+    state: Incremental,
+    max_interned: usize,
+    /// When the trace began: the clock's start for packets written before any timestamped one.
+    start_ts: u64,
     calls: CallTracker,
     names: ProcessNames,
     thread_names: HashMap<(u32, u32), String>,
@@ -119,7 +182,9 @@ impl<W: Write> PerfettoWriter<W> {
         PerfettoWriter {
             out: BufWriter::with_capacity(1 << 20, out),
             buf: Vec::new(),
-            first_packet: true,
+            state: Incremental::default(),
+            max_interned: MAX_INTERNED,
+            start_ts: 0,
             calls: CallTracker::default(),
             names: ProcessNames::default(),
             thread_names: HashMap::new(),
@@ -132,20 +197,81 @@ impl<W: Write> PerfettoWriter<W> {
         }
     }
 
-    fn packet(&mut self, timestamp: Option<u64>, data: trace_packet::Data) -> io::Result<()> {
+    /// A writer that clears its incremental state whenever its tables hold `max_interned` strings.
+    #[cfg(test)]
+    fn with_max_interned(out: W, max_interned: usize) -> Self {
+        PerfettoWriter { max_interned, ..Self::new(out) }
+    }
+
+    /// Clears the incremental state and sets it up again at `ts`: the default clock is the
+    /// incremental one, starting at `ts` on the trace clock.
+    fn reset_state(&mut self, ts: u64) -> io::Result<()> {
+        self.state = Incremental { valid: true, clock: ts, ..Incremental::default() };
+        let clock = |clock_id, is_incremental| clock_snapshot::Clock {
+            clock_id: Some(clock_id),
+            timestamp: Some(ts),
+            is_incremental,
+            ..clock_snapshot::Clock::default()
+        };
         let packet = TracePacket {
-            timestamp,
-            data: Some(data),
-            optional_trusted_packet_sequence_id: Some(
-                trace_packet::OptionalTrustedPacketSequenceId::TrustedPacketSequenceId(SEQUENCE_ID),
-            ),
-            sequence_flags: self.first_packet.then_some(trace_packet::SequenceFlags::SeqIncrementalStateCleared as u32),
+            timestamp: Some(ts),
+            timestamp_clock_id: Some(TRACE_CLOCK),
+            data: Some(trace_packet::Data::ClockSnapshot(ClockSnapshot {
+                clocks: vec![clock(TRACE_CLOCK, None), clock(INCREMENTAL_CLOCK, Some(true))],
+                primary_trace_clock: Some(BuiltinClock::Boottime as i32),
+            })),
+            trace_packet_defaults: Some(TracePacketDefaults {
+                timestamp_clock_id: Some(INCREMENTAL_CLOCK),
+                ..TracePacketDefaults::default()
+            }),
+            sequence_flags: Some(trace_packet::SequenceFlags::SeqIncrementalStateCleared as u32),
             ..TracePacket::default()
         };
-        self.first_packet = false;
+        self.write(packet)
+    }
+
+    /// Writes a packet on the sequence: its timestamp on the incremental clock when it is not
+    /// earlier than the previous one, else absolute on the trace clock.
+    fn packet(&mut self, timestamp: Option<u64>, data: trace_packet::Data, interned: InternedData) -> io::Result<()> {
+        let mut packet = TracePacket {
+            data: Some(data),
+            interned_data: (interned != InternedData::default()).then_some(interned),
+            sequence_flags: Some(trace_packet::SequenceFlags::SeqNeedsIncrementalState as u32),
+            ..TracePacket::default()
+        };
+        if let Some(ts) = timestamp {
+            if ts >= self.state.clock {
+                packet.timestamp = Some(ts - self.state.clock);
+                self.state.clock = ts;
+            } else {
+                packet.timestamp = Some(ts);
+                packet.timestamp_clock_id = Some(TRACE_CLOCK);
+            }
+        }
+        self.write(packet)
+    }
+
+    /// Sets the incremental state up if it is not, or clears it when its tables are full, before
+    /// a packet (at `ts`, if it has a time) that interns strings.
+    fn prepare(&mut self, ts: Option<u64>) -> io::Result<()> {
+        if !self.state.valid || self.state.interned() >= self.max_interned {
+            let at = ts.unwrap_or(if self.state.valid { self.state.clock } else { self.start_ts });
+            self.reset_state(at)?;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, mut packet: TracePacket) -> io::Result<()> {
+        packet.optional_trusted_packet_sequence_id =
+            Some(trace_packet::OptionalTrustedPacketSequenceId::TrustedPacketSequenceId(SEQUENCE_ID));
         self.buf.clear();
         Trace { packet: vec![packet] }.encode(&mut self.buf).map_err(io::Error::other)?;
         self.out.write_all(&self.buf)
+    }
+
+    fn descriptor(&mut self, track: TrackDescriptor) -> io::Result<()> {
+        self.prepare(None)?;
+        self.packet(None, trace_packet::Data::TrackDescriptor(track), InternedData::default())
     }
 
     fn declare_process(&mut self, pid: u32) -> io::Result<()> {
@@ -159,7 +285,7 @@ impl<W: Write> PerfettoWriter<W> {
             }),
             ..TrackDescriptor::default()
         };
-        self.packet(None, trace_packet::Data::TrackDescriptor(track))
+        self.descriptor(track)
     }
 
     /// Declares the thread's track (and its process's) before its first event.
@@ -181,7 +307,7 @@ impl<W: Write> PerfettoWriter<W> {
                 }),
                 ..TrackDescriptor::default()
             };
-            self.packet(None, trace_packet::Data::TrackDescriptor(track))?;
+            self.descriptor(track)?;
         }
         Ok(thread_track(pid, tid))
     }
@@ -204,7 +330,7 @@ impl<W: Write> PerfettoWriter<W> {
                 name: Some(format!("goroutine {goid}")),
                 ..TrackDescriptor::default()
             };
-            self.packet(None, trace_packet::Data::TrackDescriptor(track))?;
+            self.descriptor(track)?;
         }
         Ok(uuid)
     }
@@ -215,20 +341,57 @@ impl<W: Write> PerfettoWriter<W> {
     }
 
     fn event_on(&mut self, track: u64, ts: u64, kind: track_event::Type, mark: Mark) -> io::Result<()> {
+        self.prepare(Some(ts))?;
+        let state = &mut self.state;
+        let mut interned = InternedData::default();
         let debug_annotations = mark
             .args
             .into_iter()
-            .map(|(name, value)| DebugAnnotation {
-                name_field: Some(debug_annotation::NameField::Name(name.to_string())),
-                value: Some(match value {
+            .map(|(name, value)| {
+                let (name_iid, new) = state.annotation_names.iid(name);
+                if new {
+                    interned
+                        .debug_annotation_names
+                        .push(DebugAnnotationName { iid: Some(name_iid), name: Some(name.to_string()) });
+                }
+                let value = match value {
                     Arg::Uint(v) => debug_annotation::Value::UintValue(v),
-                    Arg::Str(s) => debug_annotation::Value::StringValue(s),
-                }),
+                    Arg::Str(s) => {
+                        let (iid, new) = state.strings.iid(&s);
+                        if new {
+                            interned
+                                .debug_annotation_string_values
+                                .push(InternedString { iid: Some(iid), str: Some(s.into_bytes()) });
+                        }
+                        debug_annotation::Value::StringValueIid(iid)
+                    }
+                };
+                DebugAnnotation {
+                    name_field: Some(debug_annotation::NameField::NameIid(name_iid)),
+                    value: Some(value),
+                    ..DebugAnnotation::default()
+                }
             })
             .collect();
+        let category_iids = if mark.category.is_empty() {
+            vec![]
+        } else {
+            let (iid, new) = state.categories.iid(mark.category);
+            if new {
+                interned.event_categories.push(EventCategory { iid: Some(iid), name: Some(mark.category.to_string()) });
+            }
+            vec![iid]
+        };
+        let name_field = mark.name.map(|name| {
+            let (iid, new) = state.names.iid(&name);
+            if new {
+                interned.event_names.push(EventName { iid: Some(iid), name: Some(name) });
+            }
+            track_event::NameField::NameIid(iid)
+        });
         let event = TrackEvent {
-            categories: if mark.category.is_empty() { vec![] } else { vec![mark.category.to_string()] },
-            name_field: mark.name.map(track_event::NameField::Name),
+            category_iids,
+            name_field,
             r#type: Some(kind as i32),
             track_uuid: Some(track),
             flow_ids: mark.flows,
@@ -236,7 +399,7 @@ impl<W: Write> PerfettoWriter<W> {
             debug_annotations,
             ..TrackEvent::default()
         };
-        self.packet(Some(ts), trace_packet::Data::TrackEvent(event))
+        self.packet(Some(ts), trace_packet::Data::TrackEvent(event), interned)
     }
 
     fn begin_call(&mut self, pid: u32, tid: u32, track: Track, frame: &Frame, call_seen: bool) -> io::Result<()> {
@@ -309,6 +472,7 @@ fn serde_arg(value: &impl serde::Serialize) -> Arg {
 
 impl<W: Write> Sink for PerfettoWriter<W> {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+        self.start_ts = start.ts;
         self.names.begin(start);
         Ok(())
     }
@@ -448,16 +612,22 @@ mod tests {
         event::{Channel, SignalId, Syscall},
     };
 
-    fn export(events: &[Event], end_ts: u64) -> Vec<TracePacket> {
+    /// The file's bytes.
+    fn write(events: &[Event], end_ts: u64, max_interned: usize) -> Vec<u8> {
         let mut out = Vec::new();
-        let mut w = PerfettoWriter::new(&mut out);
+        let mut w = PerfettoWriter::with_max_interned(&mut out, max_interned);
         w.begin(&start(0)).unwrap();
         for e in events {
             w.event(e).unwrap();
         }
         w.end(&end(end_ts)).unwrap();
         drop(w);
-        Trace::decode(&out[..]).expect("a Trace").packet
+        out
+    }
+
+    /// The track events and descriptors, interned names and incremental timestamps resolved.
+    fn export(events: &[Event], end_ts: u64) -> Vec<TracePacket> {
+        read::resolve(&write(events, end_ts, MAX_INTERNED)).expect("a resolvable trace")
     }
 
     /// (ts, track, type, name, flow_ids, terminating_flow_ids) of each track event.
@@ -506,7 +676,6 @@ mod tests {
             1000,
         );
         assert!(packets.iter().all(|p| p.optional_trusted_packet_sequence_id.is_some()));
-        assert_eq!(packets[0].sequence_flags, Some(1), "the first packet clears the incremental state");
         let t = tracks(&packets);
         assert_eq!(t.len(), 3, "one process, two threads: {t:?}");
         assert_eq!(t[0].uuid, Some(process_track(1)));
@@ -535,6 +704,81 @@ mod tests {
             Some(debug_annotation::Value::StringValue("tracing stopped".into())),
             "{main_end:?}"
         );
+    }
+
+    #[test]
+    fn names_are_interned_once_and_timestamps_are_deltas() {
+        let calls = [call(100, 1, "main"), call(200, 1, "work"), ret(300, 1, "work", Some(100))];
+        let calls = [&calls[..], &[call(400, 1, "work"), ret(450, 1, "work", Some(50)), ret(250, 1, "late", Some(50))]]
+            .concat();
+        let raw = Trace::decode(&write(&calls, 1000, MAX_INTERNED)[..]).unwrap().packet;
+        let first = &raw[0];
+        assert_eq!(first.sequence_flags, Some(trace_packet::SequenceFlags::SeqIncrementalStateCleared as u32));
+        assert_eq!(first.trace_packet_defaults.as_ref().unwrap().timestamp_clock_id, Some(INCREMENTAL_CLOCK));
+        let Some(trace_packet::Data::ClockSnapshot(snapshot)) = &first.data else {
+            panic!("a clock snapshot: {first:?}")
+        };
+        let clocks: Vec<_> =
+            snapshot.clocks.iter().map(|c| (c.clock_id(), c.timestamp(), c.is_incremental())).collect();
+        assert_eq!(clocks, [(TRACE_CLOCK, 0, false), (INCREMENTAL_CLOCK, 0, true)]);
+        let needs = trace_packet::SequenceFlags::SeqNeedsIncrementalState as u32;
+        assert!(raw[1..].iter().all(|p| p.sequence_flags == Some(needs)), "{raw:?}");
+        let interned: Vec<String> = raw
+            .iter()
+            .filter_map(|p| p.interned_data.as_ref())
+            .flat_map(|d| d.event_names.iter().map(|n| n.name().to_string()))
+            .collect();
+        assert_eq!(interned, ["main", "work", "late"], "each name once");
+        // (timestamp, clock) of each event: deltas on the incremental clock, absolute when earlier.
+        let times: Vec<_> = raw
+            .iter()
+            .filter(|p| matches!(p.data, Some(trace_packet::Data::TrackEvent(_))))
+            .map(|p| (p.timestamp(), p.timestamp_clock_id))
+            .collect();
+        let abs = Some(TRACE_CLOCK);
+        assert_eq!(
+            times,
+            [
+                (100, None),
+                (100, None),
+                (100, None),
+                (100, None),
+                (50, None),
+                (200, abs),
+                (250, abs),
+                (1000 - 450, None)
+            ]
+        );
+        assert!(raw.iter().all(|p| match &p.data {
+            Some(trace_packet::Data::TrackEvent(e)) => !matches!(e.name_field, Some(track_event::NameField::Name(_))),
+            _ => true,
+        }));
+    }
+
+    #[test]
+    fn full_intern_tables_clear_the_state_and_keep_the_content() {
+        let events: Vec<Event> = (0..40)
+            .flat_map(|i| {
+                [call(100 + i * 10, 1, &format!("f{}", i % 7)), ret(105 + i * 10, 1, &format!("f{}", i % 7), Some(5))]
+            })
+            .collect();
+        let small = write(&events, 1000, 4);
+        let raw = Trace::decode(&small[..]).unwrap().packet;
+        let cleared = raw.iter().filter(|p| p.sequence_flags == Some(1)).count();
+        assert!(cleared > 3, "the state is cleared whenever 4 strings are interned: {cleared}");
+        assert_eq!(read::resolve(&small).unwrap(), export(&events, 1000));
+    }
+
+    #[test]
+    fn reading_rejects_what_a_reader_cannot_resolve() {
+        let mut raw = Trace::decode(&write(&[call(100, 1, "main")], 1000, MAX_INTERNED)[..]).unwrap().packet;
+        let bytes = |packets: &[TracePacket]| Trace { packet: packets.to_vec() }.encode_to_vec();
+        // Without the first packet: no incremental state.
+        assert!(matches!(read::resolve(&bytes(&raw[1..])), Err(read::ReadError::NoState { packet: 0 })));
+        for p in &mut raw {
+            p.interned_data = None;
+        }
+        assert!(matches!(read::resolve(&bytes(&raw)), Err(read::ReadError::UnknownIid { .. })), "names not interned");
     }
 
     #[test]
