@@ -13,7 +13,9 @@ use crate::run_checked;
 /// eBPF with `RUSTC_BOOTSTRAP=1`), LLVM 22 (for bpf-linker), C, C++ and Go compilers (test
 /// fixtures; Debian 12's Go is 1.19), iproute2 (network namespaces for the multi-host tests),
 /// libc6-dbg (libc's DWARF under /usr/lib/debug/.build-id, which the debuginfo tests find by build
-/// id), systemtap-sdt-dev (`<sys/sdt.h>`, for the USDT fixture; `tracer_events.h` itself needs nothing).
+/// id), systemtap-sdt-dev (`<sys/sdt.h>`, for the USDT fixture; `tracer_events.h` itself needs nothing),
+/// tshark (Wireshark's reader checks the pcapng captures; installed noninteractively, its debconf
+/// question about non-root capture keeps its default, no).
 const PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
@@ -25,6 +27,7 @@ const PACKAGES: &[&str] = &[
     "iproute2",
     "libc6-dbg",
     "systemtap-sdt-dev",
+    "tshark",
 ];
 /// bpf-linker must be built against the LLVM major version of the compiler emitting the bitcode.
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -514,6 +514,8 @@ mod tests {
                         syscall_ns: 5,
                         seq: None,
                         digest: None,
+                        payload: None,
+                        payload_truncated: None,
                     }),
                 ),
                 ev(
@@ -529,6 +531,8 @@ mod tests {
                         syscall_ns: 5,
                         seq: None,
                         digest: None,
+                        payload: None,
+                        payload_truncated: None,
                     }),
                 ),
                 ev(

@@ -122,7 +122,7 @@ pub struct TraceOptions {
     #[arg(long)]
     pub no_follow: bool,
     /// Output format (default: from the output's extension: .jsonl, .json, .flame.json, .folded,
-    /// .svg, .pftrace).
+    /// .svg, .pftrace, .pcapng).
     #[arg(long, value_enum, value_name = "FMT")]
     pub format: Option<Format>,
     /// Stop after this many seconds.
@@ -134,6 +134,14 @@ pub struct TraceOptions {
     /// Refuse to probe more functions than this without -f.
     #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
     pub max_probes: usize,
+    /// Copy the first N bytes of every traced send and receive (0: none; at most 4096): JSON lines
+    /// get `payload` (base64) and `payload_truncated`.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub capture_bytes: u32,
+    /// pcapng output: also write the events that are not messages (calls, returns, spawns,
+    /// exits, signals) as packets holding their JSON lines.
+    #[arg(long)]
+    pub pcap_events: bool,
 }
 
 impl TraceOptions {
@@ -153,6 +161,9 @@ pub struct ExportArgs {
     /// Output format (default: from the output's extension).
     #[arg(long, value_enum, value_name = "FMT")]
     pub format: Option<Format>,
+    /// pcapng output: also write the events that are not messages as packets (see `record`).
+    #[arg(long)]
+    pub pcap_events: bool,
 }
 
 #[derive(Debug, Args)]
@@ -365,7 +376,7 @@ pub(crate) fn output_format(path: &Path, format: Option<Format>) -> anyhow::Resu
     match Format::from_path(path) {
         Some(f) => Ok(f),
         None => bail!(
-            "cannot tell the output format from '{}'; add --format (jsonl, chrome, flamegraph, folded, svg or perfetto)",
+            "cannot tell the output format from '{}'; add --format (jsonl, chrome, flamegraph, folded, svg, perfetto or pcapng)",
             path.display()
         ),
     }
@@ -397,6 +408,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         duration: args.trace.duration,
         buffer_size: args.trace.buffer_size,
         max_probes: args.trace.max_probes,
+        capture_bytes: args.trace.capture_bytes,
         host: args.host_name.unwrap_or_else(host::default_name),
         ..RecordOptions::default()
     };
@@ -409,7 +421,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         if let Some(line) = &plan.probe_summary {
             eprintln!("tracer: {line}");
         }
-        let mut sink = format.sink(out);
+        let mut sink = format.sink_with_events(out, args.trace.pcap_events);
         // Formats that are only readable once complete get their events in a JSON lines spool
         // as well, flushed as they come: what a crash leaves is there.
         let spool = spool_path(&args.output, format);
@@ -514,7 +526,7 @@ fn export(args: ExportArgs) -> anyhow::Result<i32> {
     let format = output_format(&args.output, args.format)?;
     let trace = open_trace(&args.input)?;
     let out = open_output(&args.output)?;
-    let mut sink = format.sink(out);
+    let mut sink = format.sink_with_events(out, args.pcap_events);
     let replayed = replay(&args.input, trace, &mut *sink)?;
     eprintln!("tracer: {} events written to {}", replayed.events, describe_output(&args.output));
     Ok(0)
@@ -655,7 +667,7 @@ mod tests {
         let err = output_format(Path::new("a.txt"), None).unwrap_err().to_string();
         assert_eq!(
             err,
-            "cannot tell the output format from 'a.txt'; add --format (jsonl, chrome, flamegraph, folded, svg or perfetto)"
+            "cannot tell the output format from 'a.txt'; add --format (jsonl, chrome, flamegraph, folded, svg, perfetto or pcapng)"
         );
     }
 }

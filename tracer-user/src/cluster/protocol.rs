@@ -13,7 +13,7 @@ use super::wire::EventBatch;
 use crate::event::{TraceEnd, TraceStart};
 
 /// Version of this protocol; both ends must speak the same.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The largest frame either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated
@@ -38,6 +38,8 @@ pub struct TraceRequest {
     pub follow_children: bool,
     pub buffer_size: u32,
     pub max_probes: u32,
+    /// `--capture-bytes` (checked by the agent like `record`'s own).
+    pub capture_bytes: u32,
 }
 
 impl Default for TraceRequest {
@@ -51,6 +53,7 @@ impl Default for TraceRequest {
             follow_children: true,
             buffer_size: 0,
             max_probes: 0,
+            capture_bytes: 0,
         }
     }
 }

@@ -28,7 +28,8 @@ use super::{Event, EventData, Interner, TraceEnd, TraceItem, TraceStart};
 /// Fields left out of a line when empty (none, an empty list or map, or an object whose fields are
 /// all empty): a Go call's `goid`, a trace's `probe_paths` (and their `moved`), a merged trace's
 /// `hosts`, a host's `lost`, and a `machine` that could not be read.
-pub const OMITTED_WHEN_EMPTY: &[&str] = &["goid", "probe_paths", "moved", "hosts", "lost", "machine"];
+pub const OMITTED_WHEN_EMPTY: &[&str] =
+    &["goid", "probe_paths", "moved", "hosts", "lost", "machine", "payload", "payload_truncated"];
 
 /// The field that tags a line.
 const KIND: &str = "kind";

@@ -5,6 +5,7 @@ pub mod flame;
 pub mod folded;
 pub mod hosts;
 pub mod jsonl;
+pub mod pcapng;
 pub mod perfetto;
 pub mod svg;
 
@@ -33,6 +34,8 @@ pub enum Format {
     Svg,
     /// Perfetto's native protobuf trace (`.pftrace`).
     Perfetto,
+    /// A packet capture for Wireshark: every message as a packet (`.pcapng`).
+    Pcapng,
 }
 
 impl Format {
@@ -47,6 +50,7 @@ impl Format {
             (".folded", Format::Folded),
             (".svg", Format::Svg),
             (".pftrace", Format::Perfetto),
+            (".pcapng", Format::Pcapng),
         ]
         .into_iter()
         .find_map(|(ext, format)| name.ends_with(ext).then_some(format))
@@ -61,6 +65,7 @@ impl Format {
             Format::Folded => "folded stacks",
             Format::Svg => "a flame graph SVG",
             Format::Perfetto => "a Perfetto trace",
+            Format::Pcapng => "a pcapng capture",
         }
     }
 
@@ -75,6 +80,16 @@ impl Format {
             Format::Folded => Box::new(HostGrouping::new(flame::StackSink::new(out, folded::write))),
             Format::Svg => Box::new(HostGrouping::new(flame::StackSink::new(out, svg::write))),
             Format::Perfetto => Box::new(HostGrouping::new(perfetto::PerfettoWriter::new(out))),
+            Format::Pcapng => Box::new(pcapng::PcapngWriter::new(out, false)),
+        }
+    }
+
+    /// As [`Format::sink`], with `--pcap-events`: a capture also holds the events that are not
+    /// messages (other formats have them anyway).
+    pub fn sink_with_events<W: Write + Send + 'static>(self, out: W, pcap_events: bool) -> Box<dyn Sink + Send> {
+        match self {
+            Format::Pcapng => Box::new(pcapng::PcapngWriter::new(out, pcap_events)),
+            other => other.sink(out),
         }
     }
 }
@@ -111,6 +126,7 @@ mod tests {
         assert_eq!(Format::from_path(Path::new("trace.folded")), Some(Format::Folded));
         assert_eq!(Format::from_path(Path::new("trace.svg")), Some(Format::Svg));
         assert_eq!(Format::from_path(Path::new("trace.pftrace")), Some(Format::Perfetto));
+        assert_eq!(Format::from_path(Path::new("trace.pcapng")), Some(Format::Pcapng));
         assert_eq!(Format::from_path(Path::new("trace.txt")), None);
         assert_eq!(Format::from_path(Path::new("trace")), None);
     }

@@ -562,6 +562,8 @@ mod tests {
                     syscall_ns: 10,
                     seq: None,
                     digest: None,
+                    payload: None,
+                    payload_truncated: None,
                 }),
             )
         };
@@ -579,6 +581,8 @@ mod tests {
                     syscall_ns: 10,
                     seq: None,
                     digest: None,
+                    payload: None,
+                    payload_truncated: None,
                 }),
             )
         };

@@ -137,6 +137,8 @@ impl DebugPlan {
             has_target_inodes: 0,
             top_by_process: 0,
             wakeup_bytes: wakeup_bytes(options.buffer_size),
+            capture_bytes: 0,
+            _pad: 0,
             offsets: KernelBtf::load()?.offsets()?,
         };
         raise_fd_limit(1024);
