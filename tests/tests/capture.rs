@@ -102,7 +102,17 @@ fn pipes_are_captured_and_capture_off_writes_no_payload_fields() {
 
 #[test]
 fn capture_beyond_the_limit_is_one_clear_error() {
-    let ipc = fixture("ipc");
-    let run = tracer(&["record", "--capture-bytes", "4097", "-o", "/dev/null", "--", ipc.to_str().unwrap(), "pipe"]);
+    let (ipc, dir) = (fixture("ipc"), temp_dir());
+    let out = dir.path().join("trace.jsonl");
+    let run = tracer(&[
+        "record",
+        "--capture-bytes",
+        "4097",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        ipc.to_str().unwrap(),
+        "pipe",
+    ]);
     run.assert_error("--capture-bytes is at most 4096, got 4097");
 }
