@@ -214,7 +214,6 @@ mod tests {
         let mut huge = bytes_of(&ipc);
         huge.resize(huge.len() + CAPTURE_BYTES_MAX + 1, 0);
         assert!(matches!(decode(&huge), Err(DecodeError::BadCaptureLength { .. })));
-        ipc.captured_len = 0;
         let go_call = GoCallRecord {
             header: header(RecordKind::GoCall),
             cookie: crate::cookie::go(3, false, 152),
