@@ -3,8 +3,9 @@
 use core::{fmt, mem::size_of};
 
 use crate::{
-    CallRecord, ExecRecord, ExitRecord, ForkRecord, GoCallRecord, GoReturnRecord, IpcRecord, RecordHeader, RecordKind,
-    ReturnRecord, SignalRecord, USDT_MAX_ARGS, USER_EVENT_PAYLOAD_MAX, UsdtRecord, UserEventRecord,
+    CAPTURE_BYTES_MAX, CallRecord, ExecRecord, ExitRecord, ForkRecord, GoCallRecord, GoReturnRecord, IpcRecord,
+    RecordHeader, RecordKind, ReturnRecord, SignalRecord, USDT_MAX_ARGS, USER_EVENT_PAYLOAD_MAX, UsdtRecord,
+    UserEventRecord,
 };
 
 /// One record, copied out of the ring buffer (a program event's payload stays where it was read).
@@ -17,7 +18,8 @@ pub enum Record<'a> {
     Fork(ForkRecord),
     Exec(ExecRecord),
     Exit(ExitRecord),
-    Ipc(IpcRecord),
+    /// The record and the payload bytes captured after it (`captured_len` of them).
+    Ipc(IpcRecord, &'a [u8]),
     Signal(SignalRecord),
     GoCall(GoCallRecord),
     GoReturn(GoReturnRecord),
@@ -34,7 +36,7 @@ impl Record<'_> {
             Record::Fork(r) => &r.header,
             Record::Exec(r) => &r.header,
             Record::Exit(r) => &r.header,
-            Record::Ipc(r) => &r.header,
+            Record::Ipc(r, _) => &r.header,
             Record::Signal(r) => &r.header,
             Record::GoCall(r) => &r.header,
             Record::GoReturn(r) => &r.header,
@@ -57,6 +59,8 @@ pub enum DecodeError {
     BadPayloadLength { copied_len: u32, available: usize },
     /// A USDT record claims more arguments than a probe can have.
     BadArgCount { arg_count: u32 },
+    /// An IPC record says more payload bytes follow than the kernel captures or than are there.
+    BadCaptureLength { captured_len: u32, available: usize },
 }
 
 impl fmt::Display for DecodeError {
@@ -72,6 +76,10 @@ impl fmt::Display for DecodeError {
             DecodeError::BadPayloadLength { copied_len, available } => write!(
                 f,
                 "program event claims {copied_len} payload bytes, {available} follow (at most {USER_EVENT_PAYLOAD_MAX})"
+            ),
+            DecodeError::BadCaptureLength { captured_len, available } => write!(
+                f,
+                "IPC record claims {captured_len} captured payload bytes, {available} follow (at most {CAPTURE_BYTES_MAX})"
             ),
             DecodeError::BadArgCount { arg_count } => {
                 write!(f, "USDT record claims {arg_count} arguments (at most {USDT_MAX_ARGS})")
@@ -108,7 +116,15 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
         RecordKind::Fork => Record::Fork(read(kind, bytes)?),
         RecordKind::Exec => Record::Exec(read(kind, bytes)?),
         RecordKind::Exit => Record::Exit(read(kind, bytes)?),
-        RecordKind::Ipc => Record::Ipc(read(kind, bytes)?),
+        RecordKind::Ipc => {
+            let record: IpcRecord = read(kind, bytes)?;
+            let rest = &bytes[size_of::<IpcRecord>()..];
+            let captured = record.captured_len as usize;
+            if captured > CAPTURE_BYTES_MAX || captured > rest.len() {
+                return Err(DecodeError::BadCaptureLength { captured_len: record.captured_len, available: rest.len() });
+            }
+            Record::Ipc(record, &rest[..captured])
+        }
         RecordKind::Signal => Record::Signal(read(kind, bytes)?),
         RecordKind::GoCall => Record::GoCall(read(kind, bytes)?),
         RecordKind::GoReturn => Record::GoReturn(read(kind, bytes)?),
@@ -187,7 +203,19 @@ mod tests {
         let mut ipc: IpcRecord = unsafe { core::mem::zeroed() };
         ipc.header = header(RecordKind::Ipc);
         ipc.bytes = 100;
-        assert_eq!(decode(&bytes_of(&ipc)), Ok(Record::Ipc(ipc)));
+        assert_eq!(decode(&bytes_of(&ipc)), Ok(Record::Ipc(ipc, &[])));
+        // Captured payload bytes follow the record, exactly `captured_len` of them.
+        ipc.captured_len = 3;
+        ipc.capturing = 1;
+        let mut with_payload = bytes_of(&ipc);
+        with_payload.extend_from_slice(b"GET!");
+        assert_eq!(decode(&with_payload), Ok(Record::Ipc(ipc, b"GET")));
+        with_payload.truncate(size_of::<IpcRecord>() + 2);
+        assert_eq!(decode(&with_payload), Err(DecodeError::BadCaptureLength { captured_len: 3, available: 2 }));
+        ipc.captured_len = CAPTURE_BYTES_MAX as u32 + 1;
+        let mut huge = bytes_of(&ipc);
+        huge.resize(huge.len() + CAPTURE_BYTES_MAX + 1, 0);
+        assert!(matches!(decode(&huge), Err(DecodeError::BadCaptureLength { .. })));
         let go_call = GoCallRecord {
             header: header(RecordKind::GoCall),
             cookie: crate::cookie::go(3, false, 152),

@@ -133,6 +133,9 @@ pub mod lost_slot {
     pub const TOP_TOO_DEEP: u32 = 17;
     /// `tracer top`: calls whose return never came (left by `longjmp` or an exception).
     pub const TOP_NO_RETURN: u32 = 18;
+    /// `--capture-bytes`: a transfer's payload could not be read from the process's memory (the
+    /// transfer is recorded, without its bytes).
+    pub const IPC_PAYLOAD_UNREADABLE: u32 = 19;
     /// Number of slots in the `LOST` map.
     pub const COUNT: u32 = 20;
 }
@@ -345,6 +348,9 @@ pub const MAX_MMSG: u32 = 16;
 pub const HEAD_LEN: usize = 16;
 /// Bytes of a Unix socket path (`sun_path`).
 pub const UNIX_PATH_LEN: usize = 108;
+/// Most payload bytes `--capture-bytes` copies from one transfer (a power of two: the eBPF side
+/// bounds lengths with a mask).
+pub const CAPTURE_BYTES_MAX: usize = 4096;
 
 numbered_enum! {
     /// Which way an [`IpcRecord`] moved bytes.
@@ -474,7 +480,13 @@ pub struct IpcRecord {
     /// Unix sockets: a bound address (`sun_path`; abstract names start with a NUL): for streams,
     /// whichever end is bound; for datagrams, the receiving end's.
     pub path: [u8; UNIX_PATH_LEN],
-    pub _pad2: [u8; 4],
+    /// `--capture-bytes`: payload bytes that follow the record in the ring buffer (the first of
+    /// the transfer's, at most [`CAPTURE_BYTES_MAX`]), so its length is
+    /// `size_of::<IpcRecord>() + captured_len`.
+    pub captured_len: u32,
+    /// 1 when payload capture was on for this transfer (then `captured_len < bytes` means cut).
+    pub capturing: u32,
+    pub _pad2: u32,
 }
 
 /// `signal:signal_generate` (a signal sent to, or by, a traced process) and
@@ -682,6 +694,10 @@ pub struct Config {
     /// Records do not wake the reader up (it polls) until this many bytes wait in the ring: a
     /// wake-up per record costs the traced program more than the record itself.
     pub wakeup_bytes: u64,
+    /// `--capture-bytes`: payload bytes copied from each IPC transfer (0: none), at most
+    /// [`CAPTURE_BYTES_MAX`].
+    pub capture_bytes: u32,
+    pub _pad: u32,
     pub offsets: KernelOffsets,
 }
 

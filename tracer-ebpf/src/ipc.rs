@@ -17,12 +17,12 @@ use aya_ebpf::{
         generated::bpf_loop,
     },
     macros::{map, raw_tracepoint},
-    maps::{HashMap, LruHashMap},
+    maps::{HashMap, LruHashMap, PerCpuArray},
     programs::RawTracePointContext,
 };
 use tracer_common::{
-    ChannelKind, Direction, HEAD_LEN, IpcRecord, IpcSyscall, KernelOffsets, MAX_MMSG, RecordKind, UNIX_PATH_LEN,
-    lost_slot,
+    CAPTURE_BYTES_MAX, ChannelKind, Direction, HEAD_LEN, IpcRecord, IpcSyscall, KernelOffsets, MAX_MMSG, RecordKind,
+    UNIX_PATH_LEN, lost_slot,
 };
 
 use crate::maps::{
@@ -47,6 +47,7 @@ const IPPROTO_UDPLITE: u16 = 136;
 /// User-space ABI of x86-64 (`struct msghdr`, `struct mmsghdr`, `struct iovec`).
 const MSGHDR_NAME: u64 = 0;
 const MSGHDR_IOV: u64 = 16;
+const IOVEC_LEN: u64 = 8;
 const MMSGHDR_SIZE: u64 = 64;
 const MMSGHDR_LEN: u64 = 56;
 
@@ -86,6 +87,18 @@ pub struct StreamPos {
     /// 0 when what the stream held at first sight could not be counted.
     valid: u64,
 }
+
+/// A transfer's record as it goes into the ring buffer: the record, then its captured payload.
+#[repr(C)]
+pub struct IpcBuffer {
+    record: IpcRecord,
+    payload: [u8; CAPTURE_BYTES_MAX],
+}
+
+/// One record assembled per CPU (4 KiB of payload is too much for the BPF stack), then copied
+/// into the ring buffer at its actual length.
+#[map]
+pub static IPC_SCRATCH: PerCpuArray<IpcBuffer> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 pub static INFLIGHT: HashMap<u32, InFlight> = HashMap::with_max_entries(16384, 0);
@@ -357,17 +370,22 @@ fn socket_ino(sk: *const u8, o: &KernelOffsets) -> u64 {
     read_kernel(socket, o.socket_inode + o.inode_ino).unwrap_or(0)
 }
 
-/// The first payload buffer: where the data of this syscall (or message) starts in user memory.
+/// The first payload buffer: where the data of this syscall (or message) starts in user memory,
+/// and how many of its bytes that buffer holds at most (the vectored syscalls: the first `iovec`'s
+/// length; the bytes beyond it are in the next buffers, which are not read).
 #[inline(always)]
-fn payload(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> u64 {
-    match syscall {
-        IpcSyscall::Read | IpcSyscall::Write | IpcSyscall::Sendto | IpcSyscall::Recvfrom => state.data,
-        IpcSyscall::Readv | IpcSyscall::Writev => read_user(state.data).unwrap_or(0),
-        _ => {
-            let iov: u64 = read_user(msghdr + MSGHDR_IOV).unwrap_or(0);
-            if iov == 0 { 0 } else { read_user(iov).unwrap_or(0) }
+fn payload(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> (u64, u64) {
+    let iov = match syscall {
+        IpcSyscall::Read | IpcSyscall::Write | IpcSyscall::Sendto | IpcSyscall::Recvfrom => {
+            return (state.data, u64::MAX);
         }
+        IpcSyscall::Readv | IpcSyscall::Writev => state.data,
+        _ => read_user(msghdr + MSGHDR_IOV).unwrap_or(0),
+    };
+    if iov == 0 {
+        return (0, 0);
     }
+    (read_user(iov).unwrap_or(0), read_user(iov + IOVEC_LEN).unwrap_or(0))
 }
 
 /// The user-space address (`struct sockaddr`) a datagram went to or came from, 0 if none.
@@ -409,19 +427,16 @@ fn emit(t: &Transfer) {
     let Transfer { state, syscall, tgid, tid, exit_ts, bytes, index, msghdr } = *t;
     let Ok(channel) = ChannelKind::try_from(state.channel) else { return };
     let send = matches!(syscall.direction(), Direction::Send);
-    let Some(mut entry) = EVENTS.reserve::<IpcRecord>(0) else {
-        count_lost(RecordKind::Ipc as u32);
-        return;
-    };
+    let Some(buffer) = IPC_SCRATCH.get_ptr_mut(0) else { return };
     let cfg = config();
     let o = &cfg.offsets;
     let sk = state.object as *const u8;
-    // SAFETY: the reserved ring-buffer memory has the right size and alignment; it is zeroed
-    // before a reference to it is made, and an all-zero record is valid.
-    let r: &mut IpcRecord = unsafe {
-        let ptr = entry.as_mut_ptr();
-        ptr.write_bytes(0, 1);
-        &mut *ptr
+    // SAFETY: this CPU's scratch record (programs do not migrate while they run); the record is
+    // zeroed before a reference to it is made, and an all-zero record is valid.
+    let (r, captured): (&mut IpcRecord, &mut [u8; CAPTURE_BYTES_MAX]) = unsafe {
+        let record = &raw mut (*buffer).record;
+        record.write_bytes(0, 1);
+        (&mut *record, &mut (*buffer).payload)
     };
     // A send is stamped at its entry, a receive at its exit: bytes cannot arrive before they
     // leave, so a linked receive never precedes its send.
@@ -472,7 +487,7 @@ fn emit(t: &Transfer) {
                         }
                     }
                 }
-                read_head(r, payload(state, syscall, msghdr), bytes);
+                read_head(r, payload(state, syscall, msghdr).0, bytes);
             }
         }
         ChannelKind::UnixStream => {
@@ -512,7 +527,7 @@ fn emit(t: &Transfer) {
             } else {
                 r.path_len = unix_path(if send { peer } else { sk }, o, &mut r.path);
             }
-            read_head(r, payload(state, syscall, msghdr), bytes);
+            read_head(r, payload(state, syscall, msghdr).0, bytes);
         }
         ChannelKind::Pipe | ChannelKind::Fifo => {
             r.local_ino = state.ino;
@@ -522,7 +537,39 @@ fn emit(t: &Transfer) {
             }
         }
     }
-    entry.submit(submit_flags());
+    if cfg.capture_bytes != 0 {
+        r.capturing = 1;
+        let (buf, first_len) = payload(state, syscall, msghdr);
+        r.captured_len = capture(captured, buf, bytes.min(first_len).min(cfg.capture_bytes as u64));
+    }
+    let size = size_of::<IpcRecord>() as u64 + (r.captured_len as u64 & (CAPTURE_BYTES_MAX as u64 * 2 - 1));
+    let size = if size > size_of::<IpcBuffer>() as u64 { size_of::<IpcBuffer>() as u64 } else { size };
+    // SAFETY: `buffer` holds at least `size` bytes (bounded just above).
+    let out = unsafe { core::slice::from_raw_parts(buffer.cast::<u8>(), size as usize) };
+    if EVENTS.output::<[u8]>(out, submit_flags()).is_err() {
+        count_lost(RecordKind::Ipc as u32);
+    }
+}
+
+/// `--capture-bytes`: copies the first `want` bytes at `buf` in user memory; returns how many were
+/// copied. Memory that cannot be read is counted ([`lost_slot::IPC_PAYLOAD_UNREADABLE`]): the
+/// transfer is recorded without its bytes.
+#[inline(always)]
+fn capture(out: &mut [u8; CAPTURE_BYTES_MAX], buf: u64, want: u64) -> u32 {
+    if want == 0 {
+        return 0;
+    }
+    let len = if want > CAPTURE_BYTES_MAX as u64 { CAPTURE_BYTES_MAX as u32 } else { want as u32 };
+    // SAFETY: copies `len` (at most the buffer's size) bytes of the traced process's memory;
+    // `bpf_probe_read_user` checks the address, a bad one is an error, not a fault.
+    let ret = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(out.as_mut_ptr().cast(), len, buf as *const c_void)
+    };
+    if buf == 0 || ret != 0 {
+        count_lost(lost_slot::IPC_PAYLOAD_UNREADABLE);
+        return 0;
+    }
+    len
 }
 
 /// Copies up to `HEAD_LEN` payload bytes from user memory into the record.

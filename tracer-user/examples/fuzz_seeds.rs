@@ -159,6 +159,8 @@ fn events() -> Vec<Event> {
                 syscall_ns: 1,
                 seq: Some(1),
                 digest: Some(9),
+                payload: Some(data::Payload(b"GET / HTTP/1.1\r\n".to_vec())),
+                payload_truncated: Some(true),
             }),
         ),
         ev(
@@ -172,6 +174,8 @@ fn events() -> Vec<Event> {
                 syscall_ns: 1,
                 seq: Some(1),
                 digest: Some(9),
+                payload: Some(data::Payload(b"GET / HTTP/1.1\r\n".to_vec())),
+                payload_truncated: Some(true),
             }),
         ),
         ev(

@@ -222,7 +222,7 @@ impl EventAssembler {
                 let (exit_code, signal) = exit_status(r.exit_code);
                 EventData::Exit(data::Exit { exit_code, signal, thread: r.group_dead == 0, comm: comm(&r.comm) })
             }
-            Record::Ipc(r) => match self.channels.ipc_event(h.pid, &r) {
+            Record::Ipc(r, captured) => match self.channels.ipc_event(h.pid, &r, captured) {
                 Some(data) => data,
                 None => {
                     self.undecodable += 1;
@@ -275,6 +275,7 @@ pub fn lost_slot_name(slot: u32) -> Option<&'static str> {
         Err(tracer_common::lost_slot::UNTRACKED_CHILD) => "untraced_children",
         Err(tracer_common::lost_slot::IPC_INFLIGHT) => "ipc_untracked_syscalls",
         Err(tracer_common::lost_slot::IPC_MMSG_BEYOND_LIMIT) => "ipc_messages_beyond_limit",
+        Err(tracer_common::lost_slot::IPC_PAYLOAD_UNREADABLE) => "ipc_payload_unreadable",
         Err(_) => return None,
     })
 }

@@ -113,7 +113,7 @@ impl ChannelResolver {
     }
 
     /// The event for an IPC record, with `flow_id`s left for the [`crate::flows::FlowMatcher`].
-    pub fn ipc_event(&mut self, pid: u32, r: &IpcRecord) -> Option<EventData> {
+    pub fn ipc_event(&mut self, pid: u32, r: &IpcRecord, captured: &[u8]) -> Option<EventData> {
         let direction = Direction::try_from(r.direction).ok()?;
         let kind = ChannelKind::try_from(r.channel).ok()?;
         let syscall: Syscall = IpcSyscall::from_u32(r.syscall)?.into();
@@ -154,6 +154,9 @@ impl ChannelResolver {
         };
         let seq = (r.pos_valid != 0).then_some(r.stream_pos);
         let digest = digest_of.map(|()| digest(r.bytes, &r.head[..(r.head_len as usize).min(r.head.len())]));
+        let capturing = r.capturing != 0;
+        let payload = capturing.then(|| data::Payload(captured.to_vec()));
+        let payload_truncated = capturing.then_some((captured.len() as u64) < r.bytes);
         Some(if send {
             EventData::Send(data::Send {
                 channel,
@@ -164,6 +167,8 @@ impl ChannelResolver {
                 syscall_ns: r.syscall_ns,
                 seq,
                 digest,
+                payload,
+                payload_truncated,
             })
         } else {
             EventData::Recv(data::Recv {
@@ -175,6 +180,8 @@ impl ChannelResolver {
                 syscall_ns: r.syscall_ns,
                 seq,
                 digest,
+                payload,
+                payload_truncated,
             })
         })
     }
@@ -231,8 +238,10 @@ mod tests {
         recv.syscall = IpcSyscall::Read as u32;
         (recv.local_port, recv.remote_port) = (8080, 40000);
         let mut resolver = ChannelResolver::default();
-        let Some(EventData::Send(data::Send { channel: a, seq, .. })) = resolver.ipc_event(10, &send) else { panic!() };
-        let Some(EventData::Recv(data::Recv { channel: b, syscall, .. })) = resolver.ipc_event(11, &recv) else {
+        let Some(EventData::Send(data::Send { channel: a, seq, .. })) = resolver.ipc_event(10, &send, &[]) else {
+            panic!()
+        };
+        let Some(EventData::Recv(data::Recv { channel: b, syscall, .. })) = resolver.ipc_event(11, &recv, &[]) else {
             panic!()
         };
         assert_eq!(a, b);
@@ -261,7 +270,7 @@ mod tests {
         send.head[..5].copy_from_slice(b"hello");
         send.head_len = 5;
         let Some(EventData::Send(data::Send { channel, digest: d, seq, .. })) =
-            ChannelResolver::default().ipc_event(1, &send)
+            ChannelResolver::default().ipc_event(1, &send, &[])
         else {
             panic!()
         };
@@ -300,9 +309,9 @@ mod tests {
         let mut c = record(ChannelKind::UnixStream, Direction::Send);
         (c.local_sk, c.peer_sk) = (a.peer_sk, a.local_sk);
         let mut resolver = ChannelResolver::default();
-        let Some(EventData::Send(data::Send { channel: ca, .. })) = resolver.ipc_event(1, &a) else { panic!() };
-        let Some(EventData::Recv(data::Recv { channel: cb, .. })) = resolver.ipc_event(1, &b) else { panic!() };
-        let Some(EventData::Send(data::Send { channel: cc, .. })) = resolver.ipc_event(1, &c) else { panic!() };
+        let Some(EventData::Send(data::Send { channel: ca, .. })) = resolver.ipc_event(1, &a, &[]) else { panic!() };
+        let Some(EventData::Recv(data::Recv { channel: cb, .. })) = resolver.ipc_event(1, &b, &[]) else { panic!() };
+        let Some(EventData::Send(data::Send { channel: cc, .. })) = resolver.ipc_event(1, &c, &[]) else { panic!() };
         assert_eq!(ca, cb, "a send and its receive name the same channel");
         let (Channel::UnixStream { id: ida, to: toa, .. }, Channel::UnixStream { id: idc, to: toc, .. }) = (&ca, &cc)
         else {

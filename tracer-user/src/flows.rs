@@ -255,6 +255,8 @@ mod tests {
                 syscall_ns: 0,
                 seq,
                 digest,
+                payload: None,
+                payload_truncated: None,
             }),
         }
     }
@@ -274,6 +276,8 @@ mod tests {
                 syscall_ns: 0,
                 seq,
                 digest,
+                payload: None,
+                payload_truncated: None,
             }),
         }
     }

@@ -17,7 +17,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use tracer_common::{Config, RecordKind, cookie, kind_bit, lost_slot};
+use tracer_common::{CAPTURE_BYTES_MAX, Config, RecordKind, cookie, kind_bit, lost_slot};
 
 use crate::{
     assemble::{EventAssembler, FunctionTable, ProbedFunction, lost_slot_name},
@@ -69,6 +69,9 @@ pub struct RecordOptions {
     pub max_probes: usize,
     /// Bytes read of each string parameter or return value at most (`--string-size`).
     pub string_size: u16,
+    /// `--capture-bytes`: payload bytes kept from each send and receive (0: none; at most
+    /// [`CAPTURE_BYTES_MAX`]).
+    pub capture_bytes: u32,
     /// The host name written in every event (checked with [`host::check_name`]; default: this
     /// machine's host name).
     pub host: String,
@@ -90,6 +93,7 @@ impl Default for RecordOptions {
             buffer_size: DEFAULT_BUFFER_SIZE,
             max_probes: DEFAULT_MAX_PROBES,
             string_size: crate::debuginfo::layout::DEFAULT_STRING_SIZE,
+            capture_bytes: 0,
             host: host::default_name(),
             run_as: None,
         }
@@ -122,6 +126,8 @@ pub enum RecordError {
     TooManyProbes { count: usize, max: usize },
     #[error("--functions needs call or return events, but --events has neither")]
     FunctionsWithoutCallEvents,
+    #[error("--capture-bytes is at most {CAPTURE_BYTES_MAX}, got {0}")]
+    CaptureBytesTooLarge(u32),
     #[error("--buffer-size must be a power of two multiple of the page size (4 KiB), got {0}")]
     BadBufferSize(u32),
     #[error(transparent)]
@@ -195,6 +201,9 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
     let size = options.buffer_size;
     if !size.is_power_of_two() || size < 4096 {
         return Err(RecordError::BadBufferSize(size));
+    }
+    if options.capture_bytes as usize > CAPTURE_BYTES_MAX {
+        return Err(RecordError::CaptureBytesTooLarge(options.capture_bytes));
     }
     let want_calls = options.events.contains(&EventKind::Call) || options.events.contains(&EventKind::Return);
     if !want_calls && !options.functions.is_empty() {
@@ -550,6 +559,8 @@ impl Plan {
             has_target_inodes: !binaries.is_empty() as u32,
             top_by_process: 0,
             wakeup_bytes: wakeup_bytes(options.buffer_size),
+            capture_bytes: options.capture_bytes,
+            _pad: 0,
             offsets: KernelBtf::load()?.offsets()?,
         };
         raise_fd_limit(1024);

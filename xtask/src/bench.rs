@@ -107,6 +107,8 @@ pub enum Part {
     Events,
     /// The native trace format against JSON lines and uftrace: bytes an event, `report` time (root).
     Native,
+    /// What a traced message costs with and without `--capture-bytes` (root).
+    Capture,
 }
 
 pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
@@ -125,6 +127,65 @@ pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
     }
     if wanted(Part::Native) {
         crate::bench_native::run_bench(tracer)?;
+    }
+    if wanted(Part::Capture) {
+        capture(tracer)?;
+    }
+    Ok(())
+}
+
+/// Messages per run of the capture benchmark.
+const MESSAGES: u64 = 100_000;
+
+/// The cost of a traced message (its send and its receive) by `--capture-bytes`.
+fn capture(tracer: &Path) -> Result<()> {
+    let ipc = fixture("ipc")?;
+    let dir = root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let out = dir.join("capture.jsonl");
+    println!(
+        "xtask: {RUNS} runs of each; `ipc bench {MESSAGES} SIZE` (tests/fixtures/c/ipc.c): {MESSAGES} writes of SIZE bytes into a Unix socketpair, read SIZE at a time by a child, traced with `tracer record -e ipc --capture-bytes N`"
+    );
+    println!();
+    println!(
+        "| message size | untraced, per message | `--capture-bytes` | traced, per message (send + recv) | added by capture |"
+    );
+    println!("|---|---|---|---|---|");
+    for size in [64u64, 4096] {
+        let untraced = measure(&format!("ipc bench {size}"), || {
+            let mut c = Command::new(&ipc);
+            c.args(["bench", &MESSAGES.to_string(), &size.to_string()]);
+            c
+        })?;
+        let base = untraced.loop_ns as f64 / MESSAGES as f64;
+        let mut without = None;
+        for capture in [0u64, 64, 4096] {
+            if capture > size && capture != 4096 {
+                continue;
+            }
+            let sample = measure(&format!("tracer --capture-bytes {capture} on ipc bench {size}"), || {
+                let mut c = Command::new(tracer);
+                c.args(["record", "-e", "ipc", "--capture-bytes", &capture.to_string(), "-o"])
+                    .arg(&out)
+                    .arg("--")
+                    .arg(&ipc)
+                    .args(["bench", &MESSAGES.to_string(), &size.to_string()]);
+                c
+            })?;
+            let (lost, events) = trace_end(&out)?;
+            if lost != 0 || events < 2 * MESSAGES {
+                bail!("the capture benchmark lost events ({lost} lost, {events} written)");
+            }
+            let per = sample.loop_ns as f64 / MESSAGES as f64 - base;
+            let added = match without {
+                None => {
+                    without = Some(per);
+                    "—".to_string()
+                }
+                Some(w) => format!("{:.0} ns", per - w),
+            };
+            println!("| {size} B | {base:.0} ns | {capture} | {per:.0} ns | {added} |");
+        }
     }
     Ok(())
 }

@@ -13,7 +13,9 @@ use crate::run_checked;
 /// eBPF with `RUSTC_BOOTSTRAP=1`), LLVM 22 (for bpf-linker), C, C++ and Go compilers (test
 /// fixtures; Debian 12's Go is 1.19), iproute2 (network namespaces for the multi-host tests),
 /// libc6-dbg (libc's DWARF under /usr/lib/debug/.build-id, which the debuginfo tests find by build
-/// id), systemtap-sdt-dev (`<sys/sdt.h>`, for the USDT fixture; `tracer_events.h` itself needs nothing).
+/// id), systemtap-sdt-dev (`<sys/sdt.h>`, for the USDT fixture; `tracer_events.h` itself needs nothing),
+/// tshark (Wireshark's reader checks the pcapng captures; installed noninteractively, its debconf
+/// question about non-root capture keeps its default, no).
 const PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
@@ -30,6 +32,7 @@ const PACKAGES: &[&str] = &[
     // speedscope's own viewer, loaded headless by the speedscope export test.
     "chromium",
     "nodejs",
+    "tshark",
 ];
 /// The speedscope release (its `dist/release` viewer and `file-format-schema.json`) and the JSON
 /// Schema validator (ajv, draft-07 like the schema) the speedscope export test uses, installed

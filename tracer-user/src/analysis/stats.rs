@@ -664,6 +664,8 @@ mod tests {
                         syscall_ns: 5,
                         seq: None,
                         digest: None,
+                        payload: None,
+                        payload_truncated: None,
                     }),
                 ),
                 ev(
@@ -679,6 +681,8 @@ mod tests {
                         syscall_ns: 5,
                         seq: None,
                         digest: None,
+                        payload: None,
+                        payload_truncated: None,
                     }),
                 ),
                 ev(

@@ -164,6 +164,7 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
                 follow_children: !args.trace.no_follow,
                 buffer_size: args.trace.buffer_size,
                 max_probes: args.trace.max_probes as u32,
+                capture_bytes: args.trace.capture_bytes,
                 ..Default::default()
             };
             (a.name.clone(), request)
@@ -243,7 +244,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
                 collector::rate(events, seconds)
             );
         }
-        let mut sink = format.sink(out);
+        let mut sink = format.sink_with_events(out, args.trace.pcap_events);
         merged.write(&mut *sink)?;
         for host in &merged.start.hosts {
             eprintln!(

@@ -96,7 +96,7 @@ pub struct TraceOptions {
     #[arg(long)]
     pub no_follow: bool,
     /// Output format (default: from the output's extension: .jsonl, .json, .flame.json, .folded,
-    /// .svg, .pftrace, .trc).
+    /// .svg, .pftrace, .speedscope.json, .trc, .pcapng).
     #[arg(long, value_enum, value_name = "FMT")]
     pub format: Option<Format>,
     /// Stop after this many seconds.
@@ -113,6 +113,14 @@ pub struct TraceOptions {
     #[arg(long, value_name = "BYTES", default_value_t = crate::debuginfo::layout::DEFAULT_STRING_SIZE,
           value_parser = clap::value_parser!(u16).range(1..=crate::debuginfo::layout::MAX_STRING_SIZE as i64))]
     pub string_size: u16,
+    /// Copy the first N bytes of every traced send and receive (0: none; at most 4096): JSON lines
+    /// get `payload` (base64) and `payload_truncated`.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub capture_bytes: u32,
+    /// pcapng output: also write the events that are not messages (calls, returns, spawns,
+    /// exits, signals) as packets holding their JSON lines.
+    #[arg(long)]
+    pub pcap_events: bool,
 }
 
 impl TraceOptions {
@@ -132,6 +140,9 @@ pub struct ExportArgs {
     /// Output format (default: from the output's extension).
     #[arg(long, value_enum, value_name = "FMT")]
     pub format: Option<Format>,
+    /// pcapng output: also write the events that are not messages as packets (see `record`).
+    #[arg(long)]
+    pub pcap_events: bool,
 }
 
 #[derive(Debug, Args)]
@@ -302,7 +313,7 @@ pub(crate) fn output_format(path: &Path, format: Option<Format>) -> anyhow::Resu
     match Format::from_path(path) {
         Some(f) => Ok(f),
         None => bail!(
-            "cannot tell the output format from '{}'; add --format (jsonl, chrome, flamegraph, folded, svg, perfetto or native)",
+            "cannot tell the output format from '{}'; add --format (jsonl, chrome, flamegraph, folded, svg, perfetto, speedscope, native or pcapng)",
             path.display()
         ),
     }
@@ -336,6 +347,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         buffer_size: args.trace.buffer_size,
         max_probes: args.trace.max_probes,
         string_size: args.trace.string_size,
+        capture_bytes: args.trace.capture_bytes,
         host: args.host_name.unwrap_or_else(host::default_name),
         ..RecordOptions::default()
     };
@@ -348,7 +360,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         if let Some(line) = &plan.probe_summary {
             eprintln!("tracer: {line}");
         }
-        let mut sink = format.sink(out);
+        let mut sink = format.sink_with_events(out, args.trace.pcap_events);
         // Formats that are only readable once complete get their events in a JSON lines spool
         // as well, flushed as they come: what a crash leaves is there.
         let spool = spool_path(&args.output, format);
@@ -456,7 +468,7 @@ fn export(args: ExportArgs) -> anyhow::Result<i32> {
     let format = output_format(&args.output, args.format)?;
     let trace = open_trace(&args.input)?;
     let out = open_output(&args.output)?;
-    let mut sink = format.sink(out);
+    let mut sink = format.sink_with_events(out, args.pcap_events);
     let replayed = replay(&args.input, trace, &mut *sink)?;
     eprintln!("tracer: {} events written to {}", replayed.events, describe_output(&args.output));
     Ok(0)
@@ -597,7 +609,7 @@ mod tests {
         let err = output_format(Path::new("a.txt"), None).unwrap_err().to_string();
         assert_eq!(
             err,
-            "cannot tell the output format from 'a.txt'; add --format (jsonl, chrome, flamegraph, folded, svg, perfetto or native)"
+            "cannot tell the output format from 'a.txt'; add --format (jsonl, chrome, flamegraph, folded, svg, perfetto, speedscope, native or pcapng)"
         );
     }
 }

@@ -612,6 +612,7 @@ fn options(agent: &Agent, conn: &Conn, request: TraceRequest) -> Result<RecordOp
         max_probes: if request.max_probes == 0 { defaults.max_probes } else { request.max_probes as usize },
         // The request has no string size yet: the default bound.
         string_size: defaults.string_size,
+        capture_bytes: request.capture_bytes,
         host: agent.opts.host.clone(),
         run_as,
     })

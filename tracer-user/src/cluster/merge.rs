@@ -207,6 +207,8 @@ mod tests {
                 syscall_ns: 1,
                 seq: Some(seq),
                 digest: None,
+                payload: None,
+                payload_truncated: None,
             })
         } else {
             EventData::Recv(data::Recv {
@@ -218,6 +220,8 @@ mod tests {
                 syscall_ns: 1,
                 seq: Some(seq),
                 digest: None,
+                payload: None,
+                payload_truncated: None,
             })
         };
         Event { ts, host: host.into(), pid: 1, tid: 1, data }

@@ -42,6 +42,8 @@ pub struct TraceRequest {
     pub follow_children: bool,
     pub buffer_size: u32,
     pub max_probes: u32,
+    /// `--capture-bytes` (checked by the agent like `record`'s own).
+    pub capture_bytes: u32,
 }
 
 impl Default for TraceRequest {
@@ -56,6 +58,7 @@ impl Default for TraceRequest {
             follow_children: true,
             buffer_size: 0,
             max_probes: 0,
+            capture_bytes: 0,
         }
     }
 }

@@ -167,6 +167,8 @@ mod tests {
                 syscall_ns: 5,
                 seq: Some(77),
                 digest: None,
+                payload: None,
+                payload_truncated: None,
             })),
             ev(EventData::Recv(data::Recv {
                 channel: Channel::UnixDgram { id: None, path: Some("/s".into()) },
@@ -177,6 +179,8 @@ mod tests {
                 syscall_ns: 5,
                 seq: None,
                 digest: Some(99),
+                payload: None,
+                payload_truncated: None,
             })),
             ev(EventData::Signal(data::Signal {
                 signal: SignalId::new(10),

@@ -84,6 +84,59 @@ impl<'de> Deserialize<'de> for Args {
     }
 }
 
+/// The first bytes of a transfer (`--capture-bytes`): base64 (standard, padded) in JSON lines,
+/// raw bytes on the wire.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Payload(pub Vec<u8>);
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Payload({:?})", String::from_utf8_lossy(&self.0))
+    }
+}
+
+impl Serialize for Payload {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            use base64::Engine;
+            serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(&self.0))
+        } else {
+            serializer.serialize_bytes(&self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Payload, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Payload;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "payload bytes (base64 in JSON)")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Payload, E> {
+                use base64::Engine;
+                base64::engine::general_purpose::STANDARD.decode(text).map(Payload).map_err(E::custom)
+            }
+
+            fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<Payload, E> {
+                Ok(Payload(bytes.to_vec()))
+            }
+
+            fn visit_byte_buf<E: serde::de::Error>(self, bytes: Vec<u8>) -> Result<Payload, E> {
+                Ok(Payload(bytes))
+            }
+        }
+        if deserializer.is_human_readable() {
+            deserializer.deserialize_str(Visitor)
+        } else {
+            deserializer.deserialize_byte_buf(Visitor)
+        }
+    }
+}
+
 /// A traced function was entered.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Call<N = Arc<str>> {
@@ -242,6 +295,13 @@ pub struct Send {
     /// Datagrams: a hash of the length and first payload bytes, which tells datagrams apart.
     #[serde(default)]
     pub digest: Option<u64>,
+    /// `--capture-bytes`: the first bytes transferred (vectored syscalls: of the first buffer);
+    /// `None` when capture is off.
+    #[serde(default)]
+    pub payload: Option<Payload>,
+    /// With `payload`: true when fewer bytes were captured than transferred.
+    #[serde(default)]
+    pub payload_truncated: Option<bool>,
 }
 
 /// Bytes arrived at this thread through a socket or pipe. `ts` is the syscall's exit (the bytes
@@ -262,6 +322,11 @@ pub struct Recv {
     pub seq: Option<u64>,
     #[serde(default)]
     pub digest: Option<u64>,
+    /// As in [`Send::payload`].
+    #[serde(default)]
+    pub payload: Option<Payload>,
+    #[serde(default)]
+    pub payload_truncated: Option<bool>,
 }
 
 /// A signal generated for a traced process (`delivered: false`), or delivered to a traced

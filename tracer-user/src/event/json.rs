@@ -27,10 +27,23 @@ use super::{Event, EventData, Interner, TraceEnd, TraceItem, TraceStart};
 
 /// Fields left out of a line when empty (none, an empty list or map, or an object whose fields are
 /// all empty): a Go call's `goid`, a trace's `probe_paths` (and their `moved`), a merged trace's
-/// `hosts`, a host's `lost`, a `machine` that could not be read, and a call's `params`, `file`,
-/// `line` and a return's `ret` (calls at source level) when the function has no DWARF.
-pub const OMITTED_WHEN_EMPTY: &[&str] =
-    &["goid", "probe_paths", "moved", "hosts", "lost", "machine", "params", "file", "line", "ret"];
+/// `hosts`, a host's `lost`, a `machine` that could not be read, a call's `params`, `file`,
+/// `line` and a return's `ret` (calls at source level) when the function has no DWARF, and a
+/// message's `payload` and `payload_truncated` when payloads are not captured.
+pub const OMITTED_WHEN_EMPTY: &[&str] = &[
+    "goid",
+    "probe_paths",
+    "moved",
+    "hosts",
+    "lost",
+    "machine",
+    "params",
+    "file",
+    "line",
+    "ret",
+    "payload",
+    "payload_truncated",
+];
 
 /// The field that tags a line.
 const KIND: &str = "kind";

@@ -425,6 +425,8 @@ mod tests {
             syscall_ns: 1500,
             seq: Some(1000),
             digest: None,
+            payload: None,
+            payload_truncated: None,
         }));
         let line = to_line(&send);
         assert!(
@@ -441,6 +443,8 @@ mod tests {
             syscall_ns: 20,
             seq: Some(5),
             digest: None,
+            payload: None,
+            payload_truncated: None,
         }));
         let line = to_line(&recv);
         assert!(line.contains(r#""flow_id":7,"flow_ids":[7,8]"#), "{line}");
@@ -454,6 +458,8 @@ mod tests {
             syscall_ns: 0,
             seq: None,
             digest: Some(77),
+            payload: None,
+            payload_truncated: None,
         }));
         assert!(to_line(&unlinked).contains(r#""flow_id":null,"flow_ids":[]"#));
         assert_eq!(round_trip(&unlinked), unlinked);
@@ -470,6 +476,39 @@ mod tests {
         let line = to_line(&sig);
         assert!(line.contains(r#""signal":{"number":10,"name":"SIGUSR1"}"#), "{line}");
         assert_eq!(round_trip(&sig), sig);
+    }
+
+    #[test]
+    fn payloads_are_base64_in_json_and_absent_when_capture_is_off() {
+        let send = |payload: Option<&[u8]>, truncated| {
+            event(EventData::Send(data::Send {
+                channel: Channel::Pipe { id: 5 },
+                fd: 1,
+                bytes: 6,
+                syscall: Syscall::Write,
+                flow_id: 1,
+                syscall_ns: 0,
+                seq: None,
+                digest: None,
+                payload: payload.map(|p| data::Payload(p.to_vec())),
+                payload_truncated: truncated,
+            }))
+        };
+        let off = send(None, None);
+        let line = to_line(&off);
+        assert!(!line.contains("payload"), "{line}");
+        assert_eq!(round_trip(&off), off);
+        let cut = send(Some(b"hel\0"), Some(true));
+        let line = to_line(&cut);
+        assert!(line.contains(r#""payload":"aGVsAA==","payload_truncated":true"#), "{line}");
+        assert_eq!(round_trip(&cut), cut);
+        // Postcard (the wire) carries the raw bytes (and the host per batch, not per event).
+        let wire: Event = postcard::from_bytes(&postcard::to_allocvec(&cut).unwrap()).unwrap();
+        assert_eq!(wire.data, cut.data);
+        // Capture on, nothing read: an empty payload is still said.
+        let empty = send(Some(b""), Some(true));
+        assert!(to_line(&empty).contains(r#""payload":"","payload_truncated":true"#));
+        assert_eq!(round_trip(&empty), empty);
     }
 
     #[test]
@@ -514,6 +553,8 @@ mod tests {
             syscall_ns: 1,
             seq: None,
             digest: None,
+            payload: None,
+            payload_truncated: None,
         }));
         let text = r#"{"ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"channel":{"id":3,"path":"/f","type":"fifo"},"fd":3,"bytes":10,"syscall":"write","flow_id":7,"syscall_ns":1,"kind":"send"}"#;
         assert_eq!(parse(text).unwrap(), TraceItem::Event(send));

@@ -7,6 +7,7 @@ pub mod hosts;
 pub mod input;
 pub mod jsonl;
 pub mod native;
+pub mod pcapng;
 pub mod perfetto;
 pub mod speedscope;
 pub mod svg;
@@ -40,6 +41,8 @@ pub enum Format {
     Native,
     /// speedscope's own format: an evented profile per thread on shared frames (`.speedscope.json`).
     Speedscope,
+    /// A packet capture for Wireshark: every message as a packet (`.pcapng`).
+    Pcapng,
 }
 
 impl Format {
@@ -56,6 +59,7 @@ impl Format {
             (".svg", Format::Svg),
             (".pftrace", Format::Perfetto),
             (".trc", Format::Native),
+            (".pcapng", Format::Pcapng),
         ]
         .into_iter()
         .find_map(|(ext, format)| name.ends_with(ext).then_some(format))
@@ -78,6 +82,7 @@ impl Format {
             Format::Perfetto => "a Perfetto trace",
             Format::Native => "a native trace",
             Format::Speedscope => "a speedscope profile",
+            Format::Pcapng => "a pcapng capture",
         }
     }
 
@@ -94,6 +99,16 @@ impl Format {
             Format::Perfetto => Box::new(HostGrouping::new(perfetto::PerfettoWriter::new(out))),
             Format::Native => Box::new(native::NativeWriter::new(out)),
             Format::Speedscope => Box::new(HostGrouping::new(speedscope::SpeedscopeWriter::new(out))),
+            Format::Pcapng => Box::new(pcapng::PcapngWriter::new(out, false)),
+        }
+    }
+
+    /// As [`Format::sink`], with `--pcap-events`: a capture also holds the events that are not
+    /// messages (other formats have them anyway).
+    pub fn sink_with_events<W: Write + Send + 'static>(self, out: W, pcap_events: bool) -> Box<dyn Sink + Send> {
+        match self {
+            Format::Pcapng => Box::new(pcapng::PcapngWriter::new(out, pcap_events)),
+            other => other.sink(out),
         }
     }
 }
@@ -132,6 +147,7 @@ mod tests {
         assert_eq!(Format::from_path(Path::new("trace.pftrace")), Some(Format::Perfetto));
         assert_eq!(Format::from_path(Path::new("trace.trc")), Some(Format::Native));
         assert_eq!(Format::from_path(Path::new("trace.speedscope.json")), Some(Format::Speedscope));
+        assert_eq!(Format::from_path(Path::new("trace.pcapng")), Some(Format::Pcapng));
         assert_eq!(Format::from_path(Path::new("trace.txt")), None);
         assert_eq!(Format::from_path(Path::new("trace")), None);
     }

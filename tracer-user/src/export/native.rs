@@ -747,6 +747,8 @@ mod tests {
                     syscall_ns: 5,
                     seq: Some(77),
                     digest: None,
+                    payload: None,
+                    payload_truncated: None,
                 }),
             ),
             ev(
@@ -760,6 +762,8 @@ mod tests {
                     syscall_ns: 5,
                     seq: Some(1),
                     digest: Some(99),
+                    payload: None,
+                    payload_truncated: None,
                 }),
             ),
             ev(
@@ -818,9 +822,10 @@ mod tests {
         }
     }
 
-    /// Calls and returns with values from DWARF take the general encoding, and come back whole.
+    /// Calls and returns with values from DWARF take the general encoding, and come back whole,
+    /// as do captured payloads.
     #[test]
-    fn source_level_calls_round_trip() {
+    fn source_level_calls_and_payloads_round_trip() {
         let ev = |ts, data| test_events::event_on("h2", ts, 7, 8, data);
         let events = vec![
             ev(
@@ -849,10 +854,25 @@ mod tests {
                     ret: Some(data::SourceValue(serde_json::json!({"string": "ok", "truncated": true}))),
                 }),
             ),
+            ev(
+                9,
+                EventData::Send(data::Send {
+                    channel: Channel::Tcp { src: "10.0.0.1:1".parse().unwrap(), dst: "10.0.0.2:2".parse().unwrap() },
+                    fd: 3,
+                    bytes: 100,
+                    syscall: Syscall::Sendto,
+                    flow_id: 1,
+                    syscall_ns: 5,
+                    seq: Some(77),
+                    digest: None,
+                    payload: Some(data::Payload(b"GET / HTTP/1.1\r\n\0\xff".to_vec())),
+                    payload_truncated: Some(true),
+                }),
+            ),
         ];
         let (items, torn) = read(&write(&events, true, None));
         let items = items.unwrap();
-        assert_eq!(items[1..3], events.iter().cloned().map(TraceItem::Event).collect::<Vec<_>>()[..]);
+        assert_eq!(items[1..4], events.iter().cloned().map(TraceItem::Event).collect::<Vec<_>>()[..]);
         assert_eq!(torn, None);
     }
 

@@ -907,6 +907,8 @@ mod tests {
                     syscall_ns: 10,
                     seq: None,
                     digest: None,
+                    payload: None,
+                    payload_truncated: None,
                 }),
             )
         };
@@ -924,6 +926,8 @@ mod tests {
                     syscall_ns: 10,
                     seq: None,
                     digest: None,
+                    payload: None,
+                    payload_truncated: None,
                 }),
             )
         };
