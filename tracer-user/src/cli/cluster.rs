@@ -242,7 +242,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
                 collector::rate(events, seconds)
             );
         }
-        let mut sink = format.sink(out);
+        let mut sink = args.trace.otlp.add_to(format.sink(out));
         merged.write(&mut *sink)?;
         for host in &merged.start.hosts {
             eprintln!(

@@ -23,7 +23,7 @@ use crate::{
         stats::{self, ReportBuilder, SortColumn},
     },
     event::{EndReason, EventKind, TraceEnd},
-    export::{Format, jsonl},
+    export::{Format, jsonl, otlp},
     host,
     record::{self, RecordOptions},
     sink::Sink,
@@ -134,6 +134,41 @@ pub struct TraceOptions {
     /// Refuse to probe more functions than this without -f.
     #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
     pub max_probes: usize,
+    #[command(flatten)]
+    pub otlp: OtlpOptions,
+}
+
+/// Sending the trace to an OpenTelemetry collector as well.
+#[derive(Debug, Args, Clone, Default)]
+pub struct OtlpOptions {
+    /// Send the trace's spans to this OpenTelemetry collector too (OTLP/HTTP protobuf), e.g.
+    /// http://127.0.0.1:4318 (`/v1/traces` is appended when the URL names no path).
+    #[arg(long, value_name = "URL", value_parser = parse_otlp_url)]
+    pub otlp: Option<String>,
+    /// The `service.name` of the spans sent with --otlp (default: each process's command name).
+    #[arg(long, value_name = "NAME", requires = "otlp")]
+    pub service_name: Option<String>,
+}
+
+impl OtlpOptions {
+    /// The OTLP sink asked for, if any, joined to `sink`.
+    pub(crate) fn add_to(&self, sink: Box<dyn Sink + Send>) -> Box<dyn Sink + Send> {
+        match self.sink() {
+            Some(otlp) => Box::new(vec![sink, otlp]),
+            None => sink,
+        }
+    }
+
+    pub(crate) fn sink(&self) -> Option<Box<dyn Sink + Send>> {
+        let url = self.otlp.clone()?;
+        let config = otlp::OtlpConfig { url, service_name: self.service_name.clone(), retry: Default::default() };
+        // The URL was checked when parsed.
+        Some(Box::new(otlp::OtlpSink::new(config).expect("a URL parse_otlp_url accepted")))
+    }
+}
+
+fn parse_otlp_url(s: &str) -> Result<String, otlp::UrlError> {
+    otlp::traces_endpoint(s).map(|_| s.to_string())
 }
 
 impl TraceOptions {
@@ -147,12 +182,14 @@ impl TraceOptions {
 pub struct ExportArgs {
     /// A JSON lines trace written by `tracer record`.
     pub input: PathBuf,
-    /// Output file ('-' for standard output).
-    #[arg(short, long, value_name = "PATH")]
-    pub output: PathBuf,
+    /// Output file ('-' for standard output); optional with --otlp.
+    #[arg(short, long, value_name = "PATH", required_unless_present = "otlp")]
+    pub output: Option<PathBuf>,
     /// Output format (default: from the output's extension).
     #[arg(long, value_enum, value_name = "FMT")]
     pub format: Option<Format>,
+    #[command(flatten)]
+    pub otlp: OtlpOptions,
 }
 
 #[derive(Debug, Args)]
@@ -409,7 +446,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         if let Some(line) = &plan.probe_summary {
             eprintln!("tracer: {line}");
         }
-        let mut sink = format.sink(out);
+        let mut sink = args.trace.otlp.add_to(format.sink(out));
         // Formats that are only readable once complete get their events in a JSON lines spool
         // as well, flushed as they come: what a crash leaves is there.
         let spool = spool_path(&args.output, format);
@@ -511,12 +548,17 @@ fn replay(input: &Path, trace: Trace, sink: &mut dyn Sink) -> anyhow::Result<jso
 }
 
 fn export(args: ExportArgs) -> anyhow::Result<i32> {
-    let format = output_format(&args.output, args.format)?;
+    let format = args.output.as_deref().map(|output| output_format(output, args.format)).transpose()?;
     let trace = open_trace(&args.input)?;
-    let out = open_output(&args.output)?;
-    let mut sink = format.sink(out);
-    let replayed = replay(&args.input, trace, &mut *sink)?;
-    eprintln!("tracer: {} events written to {}", replayed.events, describe_output(&args.output));
+    let mut sinks: Vec<Box<dyn Sink + Send>> = Vec::new();
+    if let (Some(output), Some(format)) = (&args.output, format) {
+        sinks.push(format.sink(open_output(output)?));
+    }
+    sinks.extend(args.otlp.sink());
+    let replayed = replay(&args.input, trace, &mut sinks)?;
+    if let Some(output) = &args.output {
+        eprintln!("tracer: {} events written to {}", replayed.events, describe_output(output));
+    }
     Ok(0)
 }
 

@@ -5,6 +5,7 @@ pub mod flame;
 pub mod folded;
 pub mod hosts;
 pub mod jsonl;
+pub mod otlp;
 pub mod perfetto;
 pub mod svg;
 
