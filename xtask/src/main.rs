@@ -230,7 +230,8 @@ fn test(filter: Option<&str>) -> Result<()> {
     if let Some(f) = filter {
         args.push(f);
     }
-    run_checked(cargo(&args).env("TRACER_BIN", &tracer))?;
+    let rotel = toolchain::rotel_agent().context("rotel-agent is not installed: run `cargo xtask setup`")?;
+    run_checked(cargo(&args).env("TRACER_BIN", &tracer).env("ROTEL_AGENT", rotel))?;
     println!("xtask: all tests passed");
     Ok(())
 }

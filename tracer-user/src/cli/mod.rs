@@ -159,11 +159,14 @@ impl OtlpOptions {
         }
     }
 
-    pub(crate) fn sink(&self) -> Option<Box<dyn Sink + Send>> {
+    pub(crate) fn config(&self) -> Option<otlp::OtlpConfig> {
         let url = self.otlp.clone()?;
-        let config = otlp::OtlpConfig { url, service_name: self.service_name.clone(), retry: Default::default() };
+        Some(otlp::OtlpConfig { url, service_name: self.service_name.clone(), retry: Default::default() })
+    }
+
+    pub(crate) fn sink(&self) -> Option<Box<dyn Sink + Send>> {
         // The URL was checked when parsed.
-        Some(Box::new(otlp::OtlpSink::new(config).expect("a URL parse_otlp_url accepted")))
+        Some(Box::new(otlp::OtlpSink::new(self.config()?).expect("a URL parse_otlp_url accepted")))
     }
 }
 
