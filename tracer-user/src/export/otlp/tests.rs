@@ -314,7 +314,10 @@ fn an_unreachable_collector_is_retried_then_counted() {
 fn a_full_queue_drops_whole_batches_and_counts_their_spans() {
     let (release, hold) = mpsc::channel();
     let listener = Listener::start(vec![], Some(hold));
-    let mut s = sink(&listener.url, None);
+    // A timeout longer than the test takes to fill the queue: a held request that timed out would
+    // be sent again (OTLP delivery is at least once), and counted twice by the listener.
+    let retry = RetryPolicy { timeout: Duration::from_secs(300), ..fast_retry() };
+    let mut s = OtlpSink::new(OtlpConfig { url: listener.url.clone(), service_name: None, retry }).unwrap();
     s.begin(&start(0)).unwrap();
     // The first batch holds the exporter (the listener answers it only when released); the queue
     // takes QUEUE_BATCHES more; the rest find it full.
