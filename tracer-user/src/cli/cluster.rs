@@ -129,7 +129,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         test_clock_skew_ns: args.test_clock_skew_ns,
         orphan_timeout: args.orphan_timeout,
         max_buffered: args.buffer_events,
-        otlp: args.otlp.config(),
+        otlp: args.otlp.config(true),
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let local = tokio::task::LocalSet::new();
@@ -245,7 +245,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
                 collector::rate(events, seconds)
             );
         }
-        let mut sink = args.trace.otlp.add_to(format.sink(out));
+        let mut sink = args.trace.otlp.add_to(format.sink(out), false);
         merged.write(&mut *sink)?;
         for host in &merged.start.hosts {
             eprintln!(

@@ -152,21 +152,28 @@ pub struct OtlpOptions {
 
 impl OtlpOptions {
     /// The OTLP sink asked for, if any, joined to `sink`.
-    pub(crate) fn add_to(&self, sink: Box<dyn Sink + Send>) -> Box<dyn Sink + Send> {
-        match self.sink() {
+    /// `live`: the trace is being recorded (a full export queue drops batches rather than hold
+    /// the recording up); otherwise it is read from a file, and the queue waits.
+    pub(crate) fn add_to(&self, sink: Box<dyn Sink + Send>, live: bool) -> Box<dyn Sink + Send> {
+        match self.sink(live) {
             Some(otlp) => Box::new(vec![sink, otlp]),
             None => sink,
         }
     }
 
-    pub(crate) fn config(&self) -> Option<otlp::OtlpConfig> {
+    pub(crate) fn config(&self, live: bool) -> Option<otlp::OtlpConfig> {
         let url = self.otlp.clone()?;
-        Some(otlp::OtlpConfig { url, service_name: self.service_name.clone(), retry: Default::default() })
+        Some(otlp::OtlpConfig {
+            url,
+            service_name: self.service_name.clone(),
+            retry: Default::default(),
+            wait_when_full: !live,
+        })
     }
 
-    pub(crate) fn sink(&self) -> Option<Box<dyn Sink + Send>> {
+    pub(crate) fn sink(&self, live: bool) -> Option<Box<dyn Sink + Send>> {
         // The URL was checked when parsed.
-        Some(Box::new(otlp::OtlpSink::new(self.config()?).expect("a URL parse_otlp_url accepted")))
+        Some(Box::new(otlp::OtlpSink::new(self.config(live)?).expect("a URL parse_otlp_url accepted")))
     }
 }
 
@@ -449,7 +456,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         if let Some(line) = &plan.probe_summary {
             eprintln!("tracer: {line}");
         }
-        let mut sink = args.trace.otlp.add_to(format.sink(out));
+        let mut sink = args.trace.otlp.add_to(format.sink(out), true);
         // Formats that are only readable once complete get their events in a JSON lines spool
         // as well, flushed as they come: what a crash leaves is there.
         let spool = spool_path(&args.output, format);
@@ -557,7 +564,7 @@ fn export(args: ExportArgs) -> anyhow::Result<i32> {
     if let (Some(output), Some(format)) = (&args.output, format) {
         sinks.push(format.sink(open_output(output)?));
     }
-    sinks.extend(args.otlp.sink());
+    sinks.extend(args.otlp.sink(false));
     let replayed = replay(&args.input, trace, &mut sinks)?;
     if let Some(output) = &args.output {
         eprintln!("tracer: {} events written to {}", replayed.events, describe_output(output));

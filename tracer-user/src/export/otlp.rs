@@ -137,6 +137,9 @@ pub struct OtlpConfig {
     /// `service.name` of every resource; `None`: each process's comm.
     pub service_name: Option<String>,
     pub retry: RetryPolicy,
+    /// Wait for room in a full queue instead of dropping the batch: for traces read from a file
+    /// (`export`, `collect`'s merged trace), where waiting costs nothing; a live recording drops.
+    pub wait_when_full: bool,
 }
 
 /// Why `--otlp URL` was refused.
@@ -177,7 +180,7 @@ pub struct OtlpSink {
     /// an unreachable collector holds the end of a trace up for at most [`DRAIN_DEADLINE`].
     deadline: Arc<OnceLock<Instant>>,
     endpoint: String,
-    /// The trace is ending: batches wait for room in the queue.
+    /// Batches wait for room in the queue: the trace is ending, or is read from a file.
     ending: bool,
     host: Arc<str>,
 }
@@ -228,7 +231,7 @@ impl OtlpSink {
             counters,
             deadline,
             endpoint,
-            ending: false,
+            ending: config.wait_when_full,
             host: Arc::from(""),
         })
     }

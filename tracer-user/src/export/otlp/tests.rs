@@ -102,6 +102,7 @@ fn sink(url: &str, service_name: Option<&str>) -> OtlpSink {
         url: url.to_string(),
         service_name: service_name.map(String::from),
         retry: fast_retry(),
+        wait_when_full: false,
     })
     .unwrap()
 }
@@ -317,7 +318,9 @@ fn a_full_queue_drops_whole_batches_and_counts_their_spans() {
     // A timeout longer than the test takes to fill the queue: a held request that timed out would
     // be sent again (OTLP delivery is at least once), and counted twice by the listener.
     let retry = RetryPolicy { timeout: Duration::from_secs(300), ..fast_retry() };
-    let mut s = OtlpSink::new(OtlpConfig { url: listener.url.clone(), service_name: None, retry }).unwrap();
+    let mut s =
+        OtlpSink::new(OtlpConfig { url: listener.url.clone(), service_name: None, retry, wait_when_full: false })
+            .unwrap();
     s.begin(&start(0)).unwrap();
     // The first batch holds the exporter (the listener answers it only when released); the queue
     // takes QUEUE_BATCHES more; the rest find it full.
@@ -361,4 +364,31 @@ fn statuses_are_classified_as_otlp_http_says() {
     for s in [400, 401, 404, 413, 500] {
         assert!(matches!(classify(s), Outcome::Refused(_)), "{s}");
     }
+}
+
+#[test]
+fn a_trace_read_from_a_file_waits_for_room_instead_of_dropping() {
+    let (release, hold) = mpsc::channel();
+    let listener = Listener::start(vec![], Some(hold));
+    let retry = RetryPolicy { timeout: Duration::from_secs(300), ..fast_retry() };
+    let mut s =
+        OtlpSink::new(OtlpConfig { url: listener.url.clone(), service_name: None, retry, wait_when_full: true })
+            .unwrap();
+    s.begin(&start(0)).unwrap();
+    let calls = (QUEUE_BATCHES as u64 + 3) * BATCH_SPANS as u64;
+    // The listener is released from another thread while this one waits for room.
+    let releaser = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(200));
+        release.send(()).unwrap();
+    });
+    for i in 0..calls {
+        s.event(&call(i * 10, 1, "f")).unwrap();
+        s.event(&ret(i * 10 + 5, 1, "f", Some(5))).unwrap();
+    }
+    s.end(&end(calls * 10)).unwrap();
+    releaser.join().unwrap();
+    let c = s.counters();
+    assert_eq!(c.spans_dropped_queue_full.load(Ordering::Relaxed), 0);
+    assert_eq!(c.spans_sent.load(Ordering::Relaxed), calls + 1);
+    assert_eq!(listener.spans().len() as u64, calls + 1);
 }
