@@ -337,8 +337,9 @@ impl OtlpSink {
         }
     }
 
-    fn process_event(&mut self, e: &Event, name: String, attributes: Vec<KeyValue>) {
-        let p = self.process(&e.host, e.pid, e.ts);
+    /// A span event on the span of process `pid`.
+    fn process_event(&mut self, e: &Event, pid: u32, name: String, attributes: Vec<KeyValue>) {
+        let p = self.process(&e.host, pid, e.ts);
         if p.events.len() >= MAX_PROCESS_EVENTS {
             p.dropped_events += 1;
             return;
@@ -501,6 +502,8 @@ impl Sink for OtlpSink {
         Ok(())
     }
 
+    /// User log events (the `log` kind, not in the event model yet) are to become OTLP log
+    /// records with the trace and span id of [`Self::current_span`]: see [`log_record`].
     fn event(&mut self, e: &Event) -> io::Result<()> {
         // Calls of a multi-host trace nest per host: the tracker's keys are pids, so the host
         // each call event belongs to is the event's.
@@ -521,7 +524,7 @@ impl Sink for OtlpSink {
                     self.process(&e.host, e.pid, e.ts).comm = comm;
                 }
                 let attrs = vec![int("tracer.child_pid", s.child_pid as i64)];
-                self.process_event(e, name, attrs);
+                self.process_event(e, e.pid, name, attrs);
             }
             EventData::Exit(x) => {
                 let name = lifecycle_name(&e.data).unwrap_or_default();
@@ -536,7 +539,7 @@ impl Sink for OtlpSink {
                     let comm = Arc::from(x.comm.as_str());
                     self.process(&e.host, e.pid, e.ts).comm = comm;
                 }
-                self.process_event(e, name, attrs);
+                self.process_event(e, e.pid, name, attrs);
                 if !x.thread {
                     self.end_process(&e.host.clone(), e.pid, e.ts);
                 }
@@ -546,9 +549,10 @@ impl Sink for OtlpSink {
                 let name = format!("signal {} {what}", s.signal.name);
                 let attrs =
                     vec![int("tracer.sender_pid", s.sender_pid as i64), int("tracer.target_pid", s.target_pid as i64)];
-                self.process_event(e, name, attrs);
-            } // User log events (the `log` kind, not in the event model yet) become OTLP log
-              // records with the trace and span id of `current_span`: see [`log_record`].
+                // On the target's span: a generation may be raised in a process that is exiting
+                // (SIGCHLD, in the child), whose span has ended.
+                self.process_event(e, s.target_pid, name, attrs);
+            }
         }
         Ok(())
     }
