@@ -392,3 +392,32 @@ fn a_trace_read_from_a_file_waits_for_room_instead_of_dropping() {
     assert_eq!(c.spans_sent.load(Ordering::Relaxed), calls + 1);
     assert_eq!(listener.spans().len() as u64, calls + 1);
 }
+
+#[test]
+fn a_signal_raised_in_an_exited_child_goes_on_its_target_and_opens_no_second_process_span() {
+    let listener = Listener::start(vec![], None);
+    let mut s = sink(&listener.url, None);
+    s.begin(&start(100)).unwrap();
+    let exit =
+        |_pid: u32| EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: false, comm: "app".into() });
+    let sigchld = EventData::Signal(data::Signal {
+        signal: crate::event::SignalId::new(libc::SIGCHLD),
+        sender_pid: 2,
+        target_pid: 1,
+        target_tid: 0,
+        delivered: false,
+        flow_id: None,
+        group: true,
+        queued: true,
+    });
+    s.event(&ev(110, 2, 2, exit())).unwrap();
+    // The kernel raises SIGCHLD in the exiting child's context.
+    s.event(&ev(111, 2, 2, sigchld)).unwrap();
+    s.event(&ev(120, 1, 1, exit())).unwrap();
+    s.end(&end(200)).unwrap();
+    let spans = listener.spans();
+    assert_eq!(spans.len(), 2, "one span per process: {spans:?}");
+    let parent = spans.iter().find(|(r, _)| int_attr(&r.attributes, "process.pid") == 1).unwrap();
+    let events: Vec<&str> = parent.1.events.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(events, ["signal SIGCHLD generated", "exit 0"]);
+}
