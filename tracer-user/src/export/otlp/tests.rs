@@ -398,8 +398,7 @@ fn a_signal_raised_in_an_exited_child_goes_on_its_target_and_opens_no_second_pro
     let listener = Listener::start(vec![], None);
     let mut s = sink(&listener.url, None);
     s.begin(&start(100)).unwrap();
-    let exit =
-        |_pid: u32| EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: false, comm: "app".into() });
+    let exit = || EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: false, comm: "app".into() });
     let sigchld = EventData::Signal(data::Signal {
         signal: crate::event::SignalId::new(libc::SIGCHLD),
         sender_pid: 2,
