@@ -1,5 +1,5 @@
 //! Embeds the eBPF object that `cargo xtask build` built and named in `TRACER_EBPF_OBJECT`, and
-//! generates the Perfetto trace types from the vendored `.proto` files.
+//! generates the Perfetto trace types and the OTLP messages from the vendored `.proto` files.
 //!
 //! Without the object (a plain `cargo build`, `cargo clippy`, `cargo test` of the pure-logic
 //! modules) an empty one is embedded and `tracer record` says how to build properly.
@@ -23,9 +23,17 @@ fn main() {
     }
 
     println!("cargo::rerun-if-changed=proto");
-    let descriptors = protox::compile(["protos/perfetto/trace/trace.proto"], ["proto"])
-        .unwrap_or_else(|e| panic!("cannot compile the Perfetto protos: {e:?}"));
+    let descriptors = protox::compile(
+        [
+            "protos/perfetto/trace/trace.proto",
+            // OTLP's request messages (the services in these files are not generated: no gRPC).
+            "opentelemetry/proto/collector/trace/v1/trace_service.proto",
+            "opentelemetry/proto/collector/logs/v1/logs_service.proto",
+        ],
+        ["proto"],
+    )
+    .unwrap_or_else(|e| panic!("cannot compile the Perfetto and OTLP protos: {e:?}"));
     prost_build::Config::new()
         .compile_fds(descriptors)
-        .unwrap_or_else(|e| panic!("cannot generate Rust for the Perfetto protos: {e}"));
+        .unwrap_or_else(|e| panic!("cannot generate Rust for the Perfetto and OTLP protos: {e}"));
 }

@@ -235,7 +235,13 @@ fn test(filter: Option<&str>) -> Result<()> {
     if let Some(f) = filter {
         args.push(f);
     }
-    run_checked(cargo(&args).env("TRACER_BIN", &tracer).env("TRACER_SPEEDSCOPE", toolchain::speedscope_dir()))?;
+    let rotel = toolchain::rotel_agent().context("rotel-agent is not installed: run `cargo xtask setup`")?;
+    run_checked(
+        cargo(&args)
+            .env("TRACER_BIN", &tracer)
+            .env("TRACER_SPEEDSCOPE", toolchain::speedscope_dir())
+            .env("ROTEL_AGENT", rotel),
+    )?;
     println!("xtask: all tests passed");
     Ok(())
 }

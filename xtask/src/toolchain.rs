@@ -11,7 +11,7 @@ use crate::run_checked;
 
 /// Debian packages a fresh machine needs: Debian's rustc 1.96 with its `core` sources (builds
 /// eBPF with `RUSTC_BOOTSTRAP=1`), LLVM 22 (for bpf-linker), C, C++ and Go compilers (test
-/// fixtures; Debian 12's Go is 1.19), iproute2 (network namespaces for the multi-host tests),
+/// fixtures; Debian 12's Go is 1.19), python3-venv (rotel's virtual environment), iproute2 (network namespaces for the multi-host tests),
 /// libc6-dbg (libc's DWARF under /usr/lib/debug/.build-id, which the debuginfo tests find by build
 /// id), systemtap-sdt-dev (`<sys/sdt.h>`, for the USDT fixture; `tracer_events.h` itself needs nothing),
 /// tshark (Wireshark's reader checks the pcapng captures; installed noninteractively, its debconf
@@ -25,6 +25,7 @@ const PACKAGES: &[&str] = &[
     "g++",
     "golang-go",
     "iproute2",
+    "python3-venv",
     "libc6-dbg",
     "systemtap-sdt-dev",
     // The native format's bench compares its size and `report` speed with uftrace's.
@@ -38,6 +39,21 @@ const PACKAGES: &[&str] = &[
 /// Schema validator (ajv, draft-07 like the schema) the speedscope export test uses, installed
 /// with npm under `target/tools/speedscope`.
 const NPM_PACKAGES: &[&str] = &["speedscope@1.25.0", "ajv@8.20.0"];
+/// rotel, the OpenTelemetry collector the OTLP export tests send to: its wheel ships the
+/// `rotel-agent` binary. In a virtual environment of its own, so that no system Python changes.
+pub const ROTEL_VENV: &str = "/opt/tracer-rotel";
+const ROTEL_VERSION: &str = "0.0.1a15";
+
+/// The `rotel-agent` of [`ROTEL_VENV`], if installed.
+pub fn rotel_agent() -> Option<PathBuf> {
+    let lib = Path::new(ROTEL_VENV).join("lib");
+    std::fs::read_dir(&lib)
+        .ok()?
+        .flatten()
+        .map(|python| python.path().join("site-packages/rotel/rotel-agent"))
+        .find(|p| p.is_file())
+}
+
 /// bpf-linker must be built against the LLVM major version of the compiler emitting the bitcode.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -91,6 +107,15 @@ pub fn setup() -> Result<()> {
                 .env("PATH", path)
                 .env_remove("RUSTUP_TOOLCHAIN"),
         )?;
+    }
+    if rotel_agent().is_none() {
+        println!("xtask: installing rotel {ROTEL_VERSION} (an OpenTelemetry collector) into {ROTEL_VENV}");
+        run_checked(Command::new("python3").args(["-m", "venv", ROTEL_VENV]))?;
+        run_checked(Command::new(Path::new(ROTEL_VENV).join("bin/pip")).args([
+            "install",
+            "-q",
+            &format!("rotel=={ROTEL_VERSION}"),
+        ]))?;
     }
     Ok(())
 }

@@ -61,6 +61,8 @@ pub struct AgentArgs {
     /// Events kept for a collector that is away; older ones are dropped and counted as lost.
     #[arg(long, value_name = "N", default_value_t = 2_000_000)]
     pub buffer_events: usize,
+    #[command(flatten)]
+    pub otlp: super::OtlpOptions,
     /// FOR TESTS: pretend this host's clock is ahead by this many nanoseconds.
     #[arg(long, value_name = "NS", default_value_t = 0, allow_negative_numbers = true)]
     pub test_clock_skew_ns: i64,
@@ -127,6 +129,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         test_clock_skew_ns: args.test_clock_skew_ns,
         orphan_timeout: args.orphan_timeout,
         max_buffered: args.buffer_events,
+        otlp: args.otlp.config(true),
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let local = tokio::task::LocalSet::new();
@@ -244,7 +247,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
                 collector::rate(events, seconds)
             );
         }
-        let mut sink = format.sink_with_events(out, args.trace.pcap_events);
+        let mut sink = args.trace.otlp.add_to(format.sink_with_events(out, args.trace.pcap_events), false);
         merged.write(&mut *sink)?;
         for host in &merged.start.hosts {
             eprintln!(

@@ -23,7 +23,7 @@ use crate::{
         stats::{self, ReportBuilder, SortColumn},
     },
     event::{EndReason, EventKind, TraceEnd, why_lost},
-    export::{Format, input, jsonl},
+    export::{Format, input, jsonl, otlp},
     host,
     record::{self, RecordOptions},
     sink::Sink,
@@ -121,6 +121,51 @@ pub struct TraceOptions {
     /// exits, signals) as packets holding their JSON lines.
     #[arg(long)]
     pub pcap_events: bool,
+    #[command(flatten)]
+    pub otlp: OtlpOptions,
+}
+
+/// Sending the trace to an OpenTelemetry collector as well.
+#[derive(Debug, Args, Clone, Default)]
+pub struct OtlpOptions {
+    /// Send the trace's spans to this OpenTelemetry collector too (OTLP/HTTP protobuf), e.g.
+    /// http://127.0.0.1:4318 (`/v1/traces` is appended when the URL names no path).
+    #[arg(long, value_name = "URL", value_parser = parse_otlp_url)]
+    pub otlp: Option<String>,
+    /// The `service.name` of the spans sent with --otlp (default: each process's command name).
+    #[arg(long, value_name = "NAME", requires = "otlp")]
+    pub service_name: Option<String>,
+}
+
+impl OtlpOptions {
+    /// The OTLP sink asked for, if any, joined to `sink`.
+    /// `live`: the trace is being recorded (a full export queue drops batches rather than hold
+    /// the recording up); otherwise it is read from a file, and the queue waits.
+    pub(crate) fn add_to(&self, sink: Box<dyn Sink + Send>, live: bool) -> Box<dyn Sink + Send> {
+        match self.sink(live) {
+            Some(otlp) => Box::new(vec![sink, otlp]),
+            None => sink,
+        }
+    }
+
+    pub(crate) fn config(&self, live: bool) -> Option<otlp::OtlpConfig> {
+        let url = self.otlp.clone()?;
+        Some(otlp::OtlpConfig {
+            url,
+            service_name: self.service_name.clone(),
+            retry: Default::default(),
+            wait_when_full: !live,
+        })
+    }
+
+    pub(crate) fn sink(&self, live: bool) -> Option<Box<dyn Sink + Send>> {
+        // The URL was checked when parsed.
+        Some(Box::new(otlp::OtlpSink::new(self.config(live)?).expect("a URL parse_otlp_url accepted")))
+    }
+}
+
+fn parse_otlp_url(s: &str) -> Result<String, otlp::UrlError> {
+    otlp::traces_endpoint(s).map(|_| s.to_string())
 }
 
 impl TraceOptions {
@@ -134,15 +179,17 @@ impl TraceOptions {
 pub struct ExportArgs {
     /// A JSON lines trace written by `tracer record`.
     pub input: PathBuf,
-    /// Output file ('-' for standard output).
-    #[arg(short, long, value_name = "PATH")]
-    pub output: PathBuf,
+    /// Output file ('-' for standard output); optional with --otlp.
+    #[arg(short, long, value_name = "PATH", required_unless_present = "otlp")]
+    pub output: Option<PathBuf>,
     /// Output format (default: from the output's extension).
     #[arg(long, value_enum, value_name = "FMT")]
     pub format: Option<Format>,
     /// pcapng output: also write the events that are not messages as packets (see `record`).
     #[arg(long)]
     pub pcap_events: bool,
+    #[command(flatten)]
+    pub otlp: OtlpOptions,
 }
 
 #[derive(Debug, Args)]
@@ -360,7 +407,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         if let Some(line) = &plan.probe_summary {
             eprintln!("tracer: {line}");
         }
-        let mut sink = format.sink_with_events(out, args.trace.pcap_events);
+        let mut sink = args.trace.otlp.add_to(format.sink_with_events(out, args.trace.pcap_events), true);
         // Formats that are only readable once complete get their events in a JSON lines spool
         // as well, flushed as they come: what a crash leaves is there.
         let spool = spool_path(&args.output, format);
@@ -465,12 +512,17 @@ fn replay(input: &Path, trace: Trace, sink: &mut dyn Sink) -> anyhow::Result<jso
 }
 
 fn export(args: ExportArgs) -> anyhow::Result<i32> {
-    let format = output_format(&args.output, args.format)?;
+    let format = args.output.as_deref().map(|output| output_format(output, args.format)).transpose()?;
     let trace = open_trace(&args.input)?;
-    let out = open_output(&args.output)?;
-    let mut sink = format.sink_with_events(out, args.pcap_events);
-    let replayed = replay(&args.input, trace, &mut *sink)?;
-    eprintln!("tracer: {} events written to {}", replayed.events, describe_output(&args.output));
+    let mut sinks: Vec<Box<dyn Sink + Send>> = Vec::new();
+    if let (Some(output), Some(format)) = (&args.output, format) {
+        sinks.push(format.sink_with_events(open_output(output)?, args.pcap_events));
+    }
+    sinks.extend(args.otlp.sink(false));
+    let replayed = replay(&args.input, trace, &mut sinks)?;
+    if let Some(output) = &args.output {
+        eprintln!("tracer: {} events written to {}", replayed.events, describe_output(output));
+    }
     Ok(0)
 }
 

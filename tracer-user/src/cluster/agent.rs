@@ -92,6 +92,9 @@ pub struct AgentOptions {
     pub orphan_timeout: Duration,
     /// Events kept for a collector that is not connected; older ones are dropped and counted.
     pub max_buffered: usize,
+    /// Send every trace's spans straight to this OpenTelemetry collector as well (`--otlp`). Only
+    /// the operator's command line sets it: no collector peer can name where this host's spans go.
+    pub otlp: Option<crate::export::otlp::OtlpConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -556,17 +559,25 @@ async fn send_pending<W: tokio::io::AsyncWrite + Unpin>(
     }
 }
 
-/// The recording's sink: numbers events into the outbox.
+/// The recording's sink: numbers events into the outbox, and hands them to the OTLP exporter
+/// when the agent has one.
 struct OutboxSink {
     agent: Rc<Agent>,
+    otlp: Option<crate::export::otlp::OtlpSink>,
 }
 
 impl Sink for OutboxSink {
-    fn begin(&mut self, _: &TraceStart) -> std::io::Result<()> {
+    fn begin(&mut self, start: &TraceStart) -> std::io::Result<()> {
+        if let Some(otlp) = &mut self.otlp {
+            otlp.begin(start)?;
+        }
         Ok(())
     }
 
     fn event(&mut self, event: &Event) -> std::io::Result<()> {
+        if let Some(otlp) = &mut self.otlp {
+            otlp.event(event)?;
+        }
         let mut event = event.clone();
         event.ts = self.agent.skew(event.ts);
         if let Some(slot) = self.agent.slot.borrow_mut().as_mut() {
@@ -577,6 +588,12 @@ impl Sink for OutboxSink {
     }
 
     fn end(&mut self, end: &TraceEnd) -> std::io::Result<()> {
+        if let Some(mut otlp) = self.otlp.take() {
+            // Sending what is queued may take a while (at most the exporter's drain deadline): not
+            // on the agent's one thread.
+            let end = end.clone();
+            drop(tokio::task::spawn_blocking(move || otlp.end(&end)));
+        }
         let mut end = end.clone();
         end.ts = self.agent.skew(end.ts);
         if let Some(slot) = self.agent.slot.borrow_mut().as_mut() {
@@ -662,7 +679,14 @@ fn start_trace(
     log(format_args!("trace {trace_id} started: {} probes", start.probes));
     let agent = agent.clone();
     tokio::task::spawn_local(async move {
-        let mut sink = OutboxSink { agent: agent.clone() };
+        let otlp = agent.opts.otlp.clone().and_then(|config| match crate::export::otlp::OtlpSink::new(config) {
+            Ok(sink) => Some(sink),
+            Err(e) => {
+                log(format_args!("warning: no OTLP export: {e}"));
+                None
+            }
+        });
+        let mut sink = OutboxSink { agent: agent.clone(), otlp };
         let stop = async { stopped.await.unwrap_or(EndReason::Stopped) };
         match recording.run(&mut sink, stop).await {
             Ok(outcome) => {

@@ -7,6 +7,7 @@ pub mod hosts;
 pub mod input;
 pub mod jsonl;
 pub mod native;
+pub mod otlp;
 pub mod pcapng;
 pub mod perfetto;
 pub mod speedscope;

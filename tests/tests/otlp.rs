@@ -1,0 +1,265 @@
+//! OTLP export checked by a real OpenTelemetry collector: `rotel-agent` (from PyPI, installed by
+//! `cargo xtask setup`, named by `ROTEL_AGENT`) receives what `tracer` sends and prints every span
+//! (`--debug-log traces --debug-log-verbosity detailed`); the tests read that print-out.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use tracer_tests::{fixture, temp_dir, tracer};
+
+/// A running rotel-agent, stopped (by its pid) when dropped.
+struct Rotel {
+    child: Child,
+    out: PathBuf,
+    url: String,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Rotel {
+    fn start(dir: &Path) -> Rotel {
+        let agent = std::env::var_os("ROTEL_AGENT").expect(
+            "ROTEL_AGENT is not set: run the integration tests with `cargo xtask test` (after `cargo xtask setup`)",
+        );
+        let (http, grpc) = (free_port(), free_port());
+        let out = dir.join("rotel.out");
+        let child = Command::new(agent)
+            .args(["start", "--exporter", "blackhole", "--debug-log", "traces", "--debug-log-verbosity", "detailed"])
+            .args(["--otlp-http-endpoint", &format!("127.0.0.1:{http}")])
+            .args(["--otlp-grpc-endpoint", &format!("127.0.0.1:{grpc}")])
+            .arg("--pid-file")
+            .arg(dir.join("rotel.pid"))
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start rotel-agent");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", http)).is_err() {
+            assert!(Instant::now() < deadline, "rotel-agent did not listen on {http}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Rotel { child, out, url: format!("http://127.0.0.1:{http}") }
+    }
+
+    /// The spans rotel printed, once it has printed `count` (it batches for a moment).
+    fn spans(&self, count: usize) -> Vec<Span> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let spans = parse(&std::fs::read_to_string(&self.out).unwrap());
+            if spans.len() >= count || Instant::now() > deadline {
+                return spans;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Rotel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A span as rotel prints it.
+#[derive(Debug, Default, Clone)]
+struct Span {
+    resource: BTreeMap<String, String>,
+    trace_id: String,
+    parent_id: String,
+    id: String,
+    name: String,
+    kind: String,
+    attributes: BTreeMap<String, String>,
+    /// (trace id, span id) of each link.
+    links: Vec<(String, String)>,
+}
+
+/// Reads rotel's detailed debug log: `Resource attributes:` then `-> key: Value` lines, and per
+/// span `Span #N`, `Trace ID : ..`, `Parent ID : ..`, `ID : ..`, `Name : ..`, `Kind : ..`,
+/// `Attributes:` and `Links:` with `SpanLink #N` blocks.
+fn parse(text: &str) -> Vec<Span> {
+    #[derive(PartialEq)]
+    enum In {
+        Resource,
+        Span,
+        Link,
+        Other,
+    }
+    let mut spans: Vec<Span> = Vec::new();
+    let mut resource = BTreeMap::new();
+    let mut at = In::Other;
+    for line in text.lines() {
+        let t = line.trim();
+        if t == "Resource attributes:" {
+            resource = BTreeMap::new();
+            at = In::Resource;
+        } else if t.starts_with("ScopeSpans") || t.starts_with("ResourceSpans") {
+            at = In::Other;
+        } else if t.starts_with("Span #") {
+            spans.push(Span { resource: resource.clone(), ..Default::default() });
+            at = In::Span;
+        } else if t.starts_with("SpanLink #") {
+            spans.last_mut().unwrap().links.push(Default::default());
+            at = In::Link;
+        } else if let Some(kv) = t.strip_prefix("-> ") {
+            let (k, v) = kv.split_once(": ").unwrap_or((kv, ""));
+            match at {
+                In::Resource => {
+                    resource.insert(k.to_string(), v.to_string());
+                }
+                In::Span => {
+                    spans.last_mut().unwrap().attributes.insert(k.to_string(), v.to_string());
+                }
+                In::Link => {
+                    let link = spans.last_mut().unwrap().links.last_mut().unwrap();
+                    match k {
+                        "Trace ID" => link.0 = v.to_string(),
+                        "ID" => link.1 = v.to_string(),
+                        _ => {}
+                    }
+                }
+                In::Other => {}
+            }
+        } else if at == In::Span
+            && let Some((k, v)) = t.split_once(':')
+        {
+            let span = spans.last_mut().unwrap();
+            let v = v.trim().to_string();
+            match k.trim() {
+                "Trace ID" => span.trace_id = v,
+                "Parent ID" => span.parent_id = v,
+                "ID" => span.id = v,
+                "Name" => span.name = v,
+                "Kind" => span.kind = v,
+                _ => {}
+            }
+        }
+    }
+    spans
+}
+
+/// The number in `tracer: N spans sent to ...`.
+fn spans_sent(stderr: &str) -> usize {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("tracer: ")?.split_once(" spans sent to ")?.0.parse().ok())
+        .unwrap_or_else(|| panic!("no 'spans sent' line: {stderr}"))
+}
+
+#[test]
+fn otlp_call_tree_arrives_whole_in_a_real_collector() {
+    let dir = temp_dir();
+    let rotel = Rotel::start(dir.path());
+    let trace = dir.path().join("t.jsonl");
+    let calls = fixture("calls");
+    let run = tracer(&[
+        "record".as_ref(),
+        "-f".as_ref(),
+        "deep".as_ref(),
+        "-e".as_ref(),
+        "call,return,spawn,exit".as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+        "--".as_ref(),
+        calls.as_os_str(),
+        "deep".as_ref(),
+        "5".as_ref(),
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let run = tracer(&[
+        "export".as_ref(),
+        trace.as_os_str(),
+        "--otlp".as_ref(),
+        rotel.url.as_ref(),
+        "--service-name".as_ref(),
+        "deeptest".as_ref(),
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    // deep(5) .. deep(1), and the process.
+    assert_eq!(spans_sent(&run.stderr), 6, "{run:?}");
+    let spans = rotel.spans(6);
+    assert_eq!(spans.len(), 6, "{spans:#?}");
+    let process: Vec<&Span> = spans.iter().filter(|s| s.name == "process calls").collect();
+    assert_eq!(process.len(), 1, "{spans:#?}");
+    let process = process[0];
+    assert_eq!(process.parent_id, "", "the process span is the root");
+    let pid = &process.resource["process.pid"];
+    for s in &spans {
+        assert_eq!(s.resource["service.name"], "Str(deeptest)");
+        assert_eq!(s.resource["process.executable.name"], "Str(calls)");
+        assert_eq!(&s.resource["process.pid"], pid);
+        assert_eq!(s.trace_id, process.trace_id, "one trace per process");
+    }
+    // Walk down from the process: deep(5) is its child, deep(4) deep(5)'s, and so on.
+    let by_parent: HashMap<&str, &Span> = spans.iter().map(|s| (s.parent_id.as_str(), s)).collect();
+    let mut parent = process;
+    for n in (1..=5).rev() {
+        let s = by_parent.get(parent.id.as_str()).unwrap_or_else(|| panic!("no child of {parent:?}"));
+        assert_eq!(s.name, "deep");
+        assert_eq!(s.kind, "SPAN_KIND_INTERNAL");
+        assert_eq!(s.attributes["code.function"], "Str(deep)");
+        assert!(s.attributes["tracer.args"].starts_with(&format!("Slice(Int({n}), ")), "{s:?}");
+        assert_eq!(s.attributes["tracer.retval"], format!("Int({n})"));
+        parent = s;
+    }
+}
+
+#[test]
+fn otlp_receives_link_to_their_sends_in_a_real_collector() {
+    // The pipe fixture: the child writes 4 x 256 bytes, the parent reads 300, 300, 300, 124.
+    let dir = temp_dir();
+    let rotel = Rotel::start(dir.path());
+    let trace = dir.path().join("t.jsonl");
+    let ipc = fixture("ipc");
+    let run = tracer(&[
+        "record".as_ref(),
+        "-e".as_ref(),
+        "ipc,spawn,exit".as_ref(),
+        "--otlp".as_ref(),
+        rotel.url.as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+        "--".as_ref(),
+        ipc.as_os_str(),
+        "pipe".as_ref(),
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let sent = spans_sent(&run.stderr);
+    let spans = rotel.spans(sent);
+    assert_eq!(spans.len(), sent, "{spans:#?}");
+    let sends: Vec<&Span> = spans.iter().filter(|s| s.name == "send pipe").collect();
+    let recvs: Vec<&Span> = spans.iter().filter(|s| s.name == "recv pipe").collect();
+    let processes: Vec<&Span> = spans.iter().filter(|s| s.name.starts_with("process ")).collect();
+    assert_eq!((sends.len(), recvs.len(), processes.len()), (4, 4, 2), "{spans:#?}");
+    assert_eq!(sent, 10, "4 sends, 4 receives, 2 processes");
+    let process_of =
+        |s: &Span| *processes.iter().find(|p| p.resource["process.pid"] == s.resource["process.pid"]).unwrap();
+    for s in sends.iter().chain(&recvs) {
+        let p = process_of(s);
+        assert_eq!((&s.trace_id, &s.parent_id), (&p.trace_id, &p.id), "{s:?} under its process {p:?}");
+    }
+    assert!(sends.iter().all(|s| s.kind == "SPAN_KIND_PRODUCER" && s.attributes["tracer.bytes"] == "Int(256)"));
+    assert!(recvs.iter().all(|s| s.kind == "SPAN_KIND_CONSUMER"));
+    assert_ne!(sends[0].resource["process.pid"], recvs[0].resource["process.pid"]);
+    // Each receive links to the sends it read, in order: [0 1] [1 2] [2 3] [3].
+    let mut recvs = recvs.clone();
+    recvs.sort_by_key(|s| s.links.first().map(|l| sends.iter().position(|x| (&x.trace_id, &x.id) == (&l.0, &l.1))));
+    let send_index = |l: &(String, String)| {
+        sends
+            .iter()
+            .position(|s| (&s.trace_id, &s.id) == (&l.0, &l.1))
+            .unwrap_or_else(|| panic!("link {l:?} to no send"))
+    };
+    // Sends in the order rotel printed them are time order (one batch, in event order).
+    let linked: Vec<Vec<usize>> = recvs.iter().map(|r| r.links.iter().map(send_index).collect()).collect();
+    assert_eq!(linked, [vec![0, 1], vec![1, 2], vec![2, 3], vec![3]]);
+}

@@ -1,0 +1,835 @@
+//! OTLP export: a trace as OpenTelemetry spans, sent to a collector over OTLP/HTTP (protobuf).
+//!
+//! The mapping (also in the README's "OpenTelemetry" section):
+//! - One resource per traced process (`host.name`, `process.pid`, `process.executable.name`,
+//!   `service.name`: `--service-name`, else the process's comm).
+//! - One trace per process: its trace id is drawn when the process is first seen. The process
+//!   itself is the root span (`process <comm>`, from its first event to its exit or the end of
+//!   tracing); spawns, exits and signals are its span events.
+//! - One span per call, a child of its caller's span (the process span for a call with no traced
+//!   caller), with `code.function`, `tracer.module`, `thread.id`, `tracer.args` and `tracer.retval`,
+//!   and with DWARF `code.param.NAME` and `code.return` (JSON text). File and line are not
+//!   sent yet (call slices do not carry them).
+//! - `log` and `usdt` events are events of their process's span (log records: not yet).
+//! - Each IPC send and receive is a short span (PRODUCER, CONSUMER) under the call it happened in;
+//!   a receive's span links to the spans of the sends whose bytes it read (their `flow_id`s), so
+//!   links cross processes and, in a collected trace, hosts.
+//!
+//! Spans are batched per [`BATCH_SPANS`] and handed to an exporter thread through a queue of
+//! [`QUEUE_BATCHES`] batches; a batch that finds the queue full is dropped and counted. The
+//! exporter retries 429, 502, 503, 504 and connection errors with exponential back-off; a batch
+//! that still fails is dropped and counted. Drops are reported on stderr when the trace ends.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    hash::{BuildHasher, Hash, Hasher},
+    io,
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use prost::Message as _;
+
+use crate::{
+    analysis::call_tree::{self, CallEvent, CallSink, CallTracker, Ending},
+    event::{Event, EventData, TargetInfo, TraceEnd, TraceStart, Track, data},
+    export::lifecycle_name,
+    sink::Sink,
+};
+
+/// The Rust types of the vendored OTLP protos (messages only).
+#[allow(clippy::all, clippy::pedantic)]
+pub mod proto {
+    pub mod common {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.common.v1.rs"));
+        }
+    }
+    pub mod resource {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.resource.v1.rs"));
+        }
+    }
+    pub mod trace {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.trace.v1.rs"));
+        }
+    }
+    pub mod logs {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.logs.v1.rs"));
+        }
+    }
+    pub mod collector {
+        pub mod trace {
+            pub mod v1 {
+                include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.collector.trace.v1.rs"));
+            }
+        }
+        pub mod logs {
+            pub mod v1 {
+                include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.collector.logs.v1.rs"));
+            }
+        }
+    }
+}
+
+use proto::{
+    collector::trace::v1::ExportTraceServiceRequest,
+    common::v1::{AnyValue, ArrayValue, InstrumentationScope, KeyValue, any_value},
+    resource::v1::Resource,
+    trace::v1::{ResourceSpans, ScopeSpans, Span, span},
+};
+
+/// Spans in one export request.
+pub const BATCH_SPANS: usize = 512;
+/// Batches waiting for the exporter thread; more are dropped (and counted).
+pub const QUEUE_BATCHES: usize = 64;
+/// Span events kept on one process span; more are counted in its `dropped_events_count`.
+pub const MAX_PROCESS_EVENTS: usize = 1024;
+/// How long the end of a trace waits for queued batches to be sent.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
+/// Most sends remembered for links from receives yet to come; older ones are forgotten first.
+const MAX_REMEMBERED_SENDS: usize = super::MAX_REMEMBERED_SENDS;
+
+/// How the exporter retries.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    /// Attempts per batch, the first included.
+    pub attempts: u32,
+    pub first_backoff: Duration,
+    pub max_backoff: Duration,
+    /// How long one request may take.
+    pub timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 6,
+            first_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the exporter sent and lost, counted in spans.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub spans_sent: AtomicU64,
+    /// Batches that found the queue full.
+    pub spans_dropped_queue_full: AtomicU64,
+    /// Batches the collector refused, or that failed every attempt.
+    pub spans_dropped_export_failed: AtomicU64,
+    pub retries: AtomicU64,
+}
+
+/// Where to send, and as whom.
+#[derive(Clone, Debug)]
+pub struct OtlpConfig {
+    /// The collector's base URL (`http://host:4318`); `/v1/traces` is appended unless the URL
+    /// already names a path.
+    pub url: String,
+    /// `service.name` of every resource; `None`: each process's comm.
+    pub service_name: Option<String>,
+    pub retry: RetryPolicy,
+    /// Wait for room in a full queue instead of dropping the batch: for traces read from a file
+    /// (`export`, `collect`'s merged trace), where waiting costs nothing; a live recording drops.
+    pub wait_when_full: bool,
+}
+
+/// Why `--otlp URL` was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum UrlError {
+    #[error("'{0}' is not an http:// URL (OTLP/HTTP without TLS is what tracer speaks)")]
+    NotHttp(String),
+    #[error("'{0}' names no host")]
+    NoHost(String),
+}
+
+/// The traces endpoint of a collector URL: `http://h:4318` → `http://h:4318/v1/traces`.
+pub fn traces_endpoint(url: &str) -> Result<String, UrlError> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| UrlError::NotHttp(url.to_string()))?;
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    if authority.is_empty() || authority.contains(['@', ' ', '?', '#']) {
+        return Err(UrlError::NoHost(url.to_string()));
+    }
+    Ok(if path.is_empty() { format!("http://{authority}/v1/traces") } else { url.to_string() })
+}
+
+/// A trace's spans, sent to an OTLP/HTTP collector as they end.
+pub struct OtlpSink {
+    tracker: CallTracker,
+    ids: IdSource,
+    service_name: Option<String>,
+    processes: HashMap<(Arc<str>, u32), Process>,
+    /// The span ids of the open calls of each track, by depth.
+    open: HashMap<(Arc<str>, u32, Track), Vec<u64>>,
+    /// flow_id → (trace id, span id) of the send span.
+    sends: HashMap<u64, ([u8; 16], u64)>,
+    send_order: VecDeque<u64>,
+    batch: Vec<(BatchKey, Span)>,
+    queue: Option<mpsc::SyncSender<Vec<u8>>>,
+    exporter: Option<thread::JoinHandle<()>>,
+    counters: Arc<Counters>,
+    /// Set when the trace ends: batches still queued after it are dropped (and counted), so that
+    /// an unreachable collector holds the end of a trace up for at most [`DRAIN_DEADLINE`].
+    deadline: Arc<OnceLock<Instant>>,
+    endpoint: String,
+    /// Batches wait for room in the queue: the trace is ending, or is read from a file.
+    ending: bool,
+    host: Arc<str>,
+}
+
+/// Whose resource a batched span goes under.
+#[derive(PartialEq, Eq)]
+struct BatchKey {
+    host: Arc<str>,
+    pid: u32,
+    comm: Arc<str>,
+}
+
+struct Process {
+    trace_id: [u8; 16],
+    span_id: u64,
+    comm: Arc<str>,
+    start: u64,
+    events: Vec<span::Event>,
+    dropped_events: u32,
+}
+
+impl OtlpSink {
+    /// Starts the exporter thread. `url` must have been checked by [`traces_endpoint`].
+    pub fn new(config: OtlpConfig) -> Result<OtlpSink, UrlError> {
+        let endpoint = traces_endpoint(&config.url)?;
+        let counters = Arc::new(Counters::default());
+        let deadline = Arc::new(OnceLock::new());
+        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(QUEUE_BATCHES);
+        let exporter = {
+            let (counters, deadline, endpoint) = (counters.clone(), deadline.clone(), endpoint.clone());
+            let retry = config.retry;
+            thread::Builder::new()
+                .name("otlp-export".into())
+                .spawn(move || export_loop(&endpoint, retry, rx, &counters, &deadline))
+                .expect("spawn the OTLP exporter thread")
+        };
+        Ok(OtlpSink {
+            tracker: CallTracker::default(),
+            ids: IdSource::new(),
+            service_name: config.service_name,
+            processes: HashMap::new(),
+            open: HashMap::new(),
+            sends: HashMap::new(),
+            send_order: VecDeque::new(),
+            batch: Vec::new(),
+            queue: Some(tx),
+            exporter: Some(exporter),
+            counters,
+            deadline,
+            endpoint,
+            ending: config.wait_when_full,
+            host: Arc::from(""),
+        })
+    }
+
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+
+    fn process(&mut self, host: &Arc<str>, pid: u32, ts: u64) -> &mut Process {
+        let ids = &mut self.ids;
+        self.processes.entry((host.clone(), pid)).or_insert_with(|| Process {
+            trace_id: ids.trace_id(),
+            span_id: ids.span_id(),
+            comm: Arc::from(""),
+            start: ts,
+            events: Vec::new(),
+            dropped_events: 0,
+        })
+    }
+
+    /// The span a thread is in now: its innermost open call, else its process.
+    fn current_span(&mut self, host: &Arc<str>, pid: u32, tid: u32, ts: u64) -> ([u8; 16], u64) {
+        let top = self.open.get(&(host.clone(), pid, Track::Thread(tid))).and_then(|s| s.last().copied());
+        let p = self.process(host, pid, ts);
+        (p.trace_id, top.unwrap_or(p.span_id))
+    }
+
+    fn push(&mut self, host: &Arc<str>, pid: u32, span: Span) {
+        let comm = self.processes.get(&(host.clone(), pid)).map_or_else(|| Arc::from(""), |p| p.comm.clone());
+        self.batch.push((BatchKey { host: host.clone(), pid, comm }, span));
+        if self.batch.len() >= BATCH_SPANS {
+            self.send_batch();
+        }
+    }
+
+    /// Encodes the batch as one request (a resource per process) and queues it; the end of the
+    /// trace waits for room (the exporter drains the queue by its deadline), events never do.
+    fn send_batch(&mut self) {
+        let wait = self.ending;
+        if self.batch.is_empty() {
+            return;
+        }
+        let spans = std::mem::take(&mut self.batch);
+        let n = spans.len() as u64;
+        let request = self.request(spans);
+        let Some(queue) = &self.queue else { return };
+        let queued = if wait {
+            queue.send(request.encode_to_vec()).is_ok()
+        } else {
+            queue.try_send(request.encode_to_vec()).is_ok()
+        };
+        if !queued {
+            self.counters.spans_dropped_queue_full.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    fn request(&self, spans: Vec<(BatchKey, Span)>) -> ExportTraceServiceRequest {
+        let mut by_process: Vec<(BatchKey, Vec<Span>)> = Vec::new();
+        for (key, span) in spans {
+            match by_process.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, v)) => v.push(span),
+                None => by_process.push((key, vec![span])),
+            }
+        }
+        let resource_spans = by_process
+            .into_iter()
+            .map(|(key, spans)| ResourceSpans {
+                resource: Some(resource(&key.host, key.pid, &key.comm, self.service_name.as_deref())),
+                scope_spans: vec![ScopeSpans {
+                    scope: Some(InstrumentationScope {
+                        name: "tracer".into(),
+                        version: env!("CARGO_PKG_VERSION").into(),
+                        ..Default::default()
+                    }),
+                    spans,
+                    schema_url: String::new(),
+                }],
+                schema_url: String::new(),
+            })
+            .collect();
+        ExportTraceServiceRequest { resource_spans }
+    }
+
+    /// Ends a process's span (its exit, or the end of tracing).
+    fn end_process(&mut self, host: &Arc<str>, pid: u32, end: u64) {
+        let Some(p) = self.processes.remove(&(host.clone(), pid)) else { return };
+        self.open.retain(|(h, p2, _), _| !(h == host && *p2 == pid));
+        let name = if p.comm.is_empty() { format!("process {pid}") } else { format!("process {}", p.comm) };
+        let span = Span {
+            trace_id: p.trace_id.to_vec(),
+            span_id: p.span_id.to_be_bytes().to_vec(),
+            name,
+            kind: span::SpanKind::Internal as i32,
+            start_time_unix_nano: p.start,
+            end_time_unix_nano: end.max(p.start),
+            events: p.events,
+            dropped_events_count: p.dropped_events,
+            ..Default::default()
+        };
+        self.batch.push((BatchKey { host: host.clone(), pid, comm: p.comm }, span));
+        if self.batch.len() >= BATCH_SPANS {
+            self.send_batch();
+        }
+    }
+
+    /// A span event on the span of process `pid`.
+    fn process_event(&mut self, e: &Event, pid: u32, name: String, attributes: Vec<KeyValue>) {
+        let p = self.process(&e.host, pid, e.ts);
+        if p.events.len() >= MAX_PROCESS_EVENTS {
+            p.dropped_events += 1;
+            return;
+        }
+        let mut attributes = attributes;
+        attributes.push(int("thread.id", e.tid as i64));
+        p.events.push(span::Event { time_unix_nano: e.ts, name, attributes, dropped_attributes_count: 0 });
+    }
+
+    fn remember_send(&mut self, flow_id: u64, span: ([u8; 16], u64)) {
+        if self.sends.insert(flow_id, span).is_none() {
+            self.send_order.push_back(flow_id);
+            if self.send_order.len() > MAX_REMEMBERED_SENDS
+                && let Some(old) = self.send_order.pop_front()
+            {
+                self.sends.remove(&old);
+            }
+        }
+    }
+
+    fn ipc_span(&mut self, e: &Event) {
+        let (kind, name, channel, bytes, start, end, links, flow) = match &e.data {
+            EventData::Send(s) => (
+                span::SpanKind::Producer,
+                format!("send {}", channel_kind(&s.channel)),
+                &s.channel,
+                s.bytes,
+                e.ts,
+                e.ts + s.syscall_ns,
+                Vec::new(),
+                Some(s.flow_id),
+            ),
+            EventData::Recv(r) => {
+                let links = r
+                    .flow_ids
+                    .iter()
+                    .filter_map(|id| self.sends.get(id))
+                    .map(|(trace_id, span_id)| span::Link {
+                        trace_id: trace_id.to_vec(),
+                        span_id: span_id.to_be_bytes().to_vec(),
+                        ..Default::default()
+                    })
+                    .collect();
+                (
+                    span::SpanKind::Consumer,
+                    format!("recv {}", channel_kind(&r.channel)),
+                    &r.channel,
+                    r.bytes,
+                    e.ts.saturating_sub(r.syscall_ns),
+                    e.ts,
+                    links,
+                    None,
+                )
+            }
+            _ => return,
+        };
+        let channel = serde_json::to_string(channel).unwrap_or_default();
+        let (trace_id, parent) = self.current_span(&e.host, e.pid, e.tid, e.ts);
+        let span_id = self.ids.span_id();
+        if let Some(flow) = flow {
+            self.remember_send(flow, (trace_id, span_id));
+        }
+        let span = Span {
+            trace_id: trace_id.to_vec(),
+            span_id: span_id.to_be_bytes().to_vec(),
+            parent_span_id: parent.to_be_bytes().to_vec(),
+            name,
+            kind: kind as i32,
+            start_time_unix_nano: start,
+            end_time_unix_nano: end,
+            attributes: vec![
+                int("thread.id", e.tid as i64),
+                string("tracer.channel", channel),
+                int("tracer.bytes", bytes as i64),
+            ],
+            links,
+            ..Default::default()
+        };
+        self.push(&e.host, e.pid, span);
+    }
+
+    fn on_call_event(&mut self, c: CallEvent) {
+        let host = self.host.clone();
+        match c {
+            CallEvent::Begin { pid, track, depth, .. } => {
+                let id = self.ids.span_id();
+                let stack = self.open.entry((host, pid, track)).or_default();
+                stack.truncate(depth);
+                stack.push(id);
+            }
+            CallEvent::End(slice) => {
+                let depth = slice.depth();
+                let key = (host.clone(), slice.pid, slice.track);
+                let stack = self.open.entry(key).or_default();
+                let own = if slice.call_seen { stack.get(depth).copied() } else { None };
+                let parent = depth.checked_sub(1).and_then(|d| stack.get(d).copied());
+                stack.truncate(depth);
+                let span_id = own.unwrap_or_else(|| self.ids.span_id());
+                let p = self.process(&host, slice.pid, slice.frame.start);
+                let parent = parent.unwrap_or(p.span_id);
+                let trace_id = p.trace_id;
+                let mut attributes = vec![
+                    string("code.function", slice.frame.function.to_string()),
+                    string("tracer.module", slice.frame.module.to_string()),
+                    int("thread.id", slice.tid as i64),
+                ];
+                if slice.call_seen {
+                    attributes.push(ints("tracer.args", slice.frame.args.as_slice()));
+                }
+                // Parameters and return value at source level (DWARF), as their JSON text.
+                for (name, value) in &slice.frame.params.0 {
+                    attributes.push(string(&format!("code.param.{name}"), value.0.to_string()));
+                }
+                if let Some(ret) = &slice.frame.ret {
+                    attributes.push(string("code.return", ret.0.to_string()));
+                }
+                match slice.ending {
+                    Ending::Returned { retval } => attributes.push(int("tracer.retval", retval as i64)),
+                    ending => attributes
+                        .push(string("tracer.unfinished", ending.unfinished_reason().unwrap_or_default().to_string())),
+                }
+                let span = Span {
+                    trace_id: trace_id.to_vec(),
+                    span_id: span_id.to_be_bytes().to_vec(),
+                    parent_span_id: parent.to_be_bytes().to_vec(),
+                    name: slice.frame.function.to_string(),
+                    kind: span::SpanKind::Internal as i32,
+                    start_time_unix_nano: slice.frame.start,
+                    end_time_unix_nano: slice.end,
+                    attributes,
+                    ..Default::default()
+                };
+                self.push(&host, slice.pid, span);
+            }
+        }
+    }
+}
+
+/// Adapts the sink's call handling to [`call_tree`]'s driver (the host is set per event).
+struct Calls<'a>(&'a mut OtlpSink);
+
+impl CallSink for Calls<'_> {
+    fn tracker(&mut self) -> &mut CallTracker {
+        &mut self.0.tracker
+    }
+    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
+        self.0.on_call_event(c);
+        Ok(())
+    }
+}
+
+impl Sink for OtlpSink {
+    fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+        self.host = Arc::from(start.host.as_str());
+        let host = self.host.clone();
+        for target in start.targets.iter().chain(start.hosts.iter().flat_map(|h| h.targets.iter())) {
+            let (pid, comm) = match target {
+                TargetInfo::Process { pid, comm, .. } => (*pid, comm.clone()),
+                TargetInfo::Command { pid, argv, .. } => {
+                    (*pid, argv.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string()).unwrap_or_default())
+                }
+                TargetInfo::Binary { .. } => continue,
+            };
+            let p = self.process(&host, pid, start.ts);
+            p.comm = Arc::from(comm.chars().take(15).collect::<String>());
+        }
+        Ok(())
+    }
+
+    /// User log events (`log`) are to become OTLP log records with the trace and span id of
+    /// [`Self::current_span`] (see [`log_record`]); until then they are process span events.
+    fn event(&mut self, e: &Event) -> io::Result<()> {
+        // Calls of a multi-host trace nest per host: the tracker's keys are pids, so the host
+        // each call event belongs to is the event's.
+        self.host = e.host.clone();
+        call_tree::follow_event(&mut Calls(self), e)?;
+        match &e.data {
+            EventData::Call(_) | EventData::Return(_) => {}
+            EventData::Send(_) | EventData::Recv(_) => self.ipc_span(e),
+            EventData::Spawn(s) => {
+                let name = lifecycle_name(&e.data).unwrap_or_default();
+                if s.how == data::SpawnHow::Fork {
+                    // The child's own trace starts here.
+                    let comm = Arc::from(s.comm.as_str());
+                    self.process(&e.host, s.child_pid, e.ts).comm = comm;
+                }
+                if s.how == data::SpawnHow::Exec {
+                    let comm = Arc::from(s.comm.as_str());
+                    self.process(&e.host, e.pid, e.ts).comm = comm;
+                }
+                let attrs = vec![int("tracer.child_pid", s.child_pid as i64)];
+                self.process_event(e, e.pid, name, attrs);
+            }
+            EventData::Exit(x) => {
+                let name = lifecycle_name(&e.data).unwrap_or_default();
+                let mut attrs = Vec::new();
+                if let Some(code) = x.exit_code {
+                    attrs.push(int("process.exit.code", code as i64));
+                }
+                if let Some(sig) = x.signal {
+                    attrs.push(int("tracer.signal", sig as i64));
+                }
+                if !x.comm.is_empty() {
+                    let comm = Arc::from(x.comm.as_str());
+                    self.process(&e.host, e.pid, e.ts).comm = comm;
+                }
+                self.process_event(e, e.pid, name, attrs);
+                if !x.thread {
+                    self.end_process(&e.host.clone(), e.pid, e.ts);
+                }
+            }
+            EventData::Signal(s) => {
+                let what = if s.delivered { "delivered" } else { "generated" };
+                let name = format!("signal {} {what}", s.signal.name);
+                let attrs =
+                    vec![int("tracer.sender_pid", s.sender_pid as i64), int("tracer.target_pid", s.target_pid as i64)];
+                // On the target's span: a generation may be raised in a process that is exiting
+                // (SIGCHLD, in the child), whose span has ended.
+                self.process_event(e, s.target_pid, name, attrs);
+            }
+            // Until log records are sent (see [`log_record`]), what a program said is an event
+            // of its process's span, with its fields as attributes.
+            EventData::Log(log) => {
+                let mut attrs = vec![string("log.severity", log.level.name().to_string())];
+                let optional =
+                    [("log.source", &log.source), ("code.function", &log.function), ("code.filepath", &log.file)];
+                for (key, value) in optional {
+                    if let Some(v) = value {
+                        attrs.push(string(key, v.clone()));
+                    }
+                }
+                if let Some(line) = log.line {
+                    attrs.push(int("code.lineno", line as i64));
+                }
+                if !log.data.is_null() {
+                    attrs.push(string("tracer.data", log.data.to_string()));
+                }
+                self.process_event(e, e.pid, log.message.clone(), attrs);
+            }
+            EventData::Usdt(u) => {
+                let args: Vec<String> = u
+                    .args
+                    .iter()
+                    .map(|a| match a {
+                        Some(data::ArgValue::Signed(v)) => v.to_string(),
+                        Some(data::ArgValue::Unsigned(v)) => v.to_string(),
+                        None => "?".to_string(),
+                    })
+                    .collect();
+                let attrs = vec![string("tracer.module", u.module.to_string()), string("tracer.args", args.join(", "))];
+                self.process_event(e, e.pid, format!("usdt {}:{}", u.provider, u.name), attrs);
+            }
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
+        self.ending = true;
+        call_tree::follow_end(&mut Calls(self), end.ts)?;
+        let mut open: Vec<(Arc<str>, u32)> = self.processes.keys().cloned().collect();
+        open.sort();
+        for (host, pid) in open {
+            self.end_process(&host, pid, end.ts);
+        }
+        self.send_batch();
+        self.queue = None;
+        let _ = self.deadline.set(Instant::now() + DRAIN_DEADLINE);
+        if let Some(exporter) = self.exporter.take() {
+            let _ = exporter.join();
+        }
+        let c = &self.counters;
+        eprintln!("tracer: {} spans sent to {} (OTLP)", c.spans_sent.load(Ordering::Relaxed), self.endpoint);
+        let full = c.spans_dropped_queue_full.load(Ordering::Relaxed);
+        let failed = c.spans_dropped_export_failed.load(Ordering::Relaxed);
+        if full > 0 {
+            eprintln!(
+                "tracer: warning: {full} spans were lost before OTLP export (the export queue of {QUEUE_BATCHES} batches was full: the collector took them slower than they came)"
+            );
+        }
+        if failed > 0 {
+            eprintln!(
+                "tracer: warning: {failed} spans were lost in OTLP export (the collector refused them or was unreachable; see above)"
+            );
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.send_batch();
+        Ok(())
+    }
+}
+
+/// An OTLP log record for a user log event, in the span it was logged from: not yet sent (logs
+/// take their own endpoint, `/v1/logs`, and queue).
+pub fn log_record(ts: u64, body: &str, trace_id: [u8; 16], span_id: u64) -> proto::logs::v1::LogRecord {
+    proto::logs::v1::LogRecord {
+        time_unix_nano: ts,
+        observed_time_unix_nano: ts,
+        body: Some(AnyValue { value: Some(any_value::Value::StringValue(body.to_string())) }),
+        trace_id: trace_id.to_vec(),
+        span_id: span_id.to_be_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+fn resource(host: &str, pid: u32, comm: &str, service_name: Option<&str>) -> Resource {
+    let comm = if comm.is_empty() { format!("pid {pid}") } else { comm.to_string() };
+    Resource {
+        attributes: vec![
+            string("service.name", service_name.map_or_else(|| comm.clone(), str::to_string)),
+            string("host.name", host.to_string()),
+            int("process.pid", pid as i64),
+            string("process.executable.name", comm),
+        ],
+        ..Default::default()
+    }
+}
+
+fn channel_kind(c: &data::Channel) -> &'static str {
+    match c {
+        data::Channel::Tcp { .. } => "tcp",
+        data::Channel::Udp { .. } => "udp",
+        data::Channel::UnixStream { .. } => "unix_stream",
+        data::Channel::UnixDgram { .. } => "unix_dgram",
+        data::Channel::Pipe { .. } => "pipe",
+        data::Channel::Fifo { .. } => "fifo",
+    }
+}
+
+fn string(key: &str, value: String) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(any_value::Value::StringValue(value)) }),
+        ..Default::default()
+    }
+}
+
+/// OTLP integers are signed: a u64 above `i64::MAX` keeps its bits.
+fn int(key: &str, value: i64) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(any_value::Value::IntValue(value)) }),
+        ..Default::default()
+    }
+}
+
+fn ints(key: &str, values: &[u64]) -> KeyValue {
+    let values =
+        values.iter().map(|v| AnyValue { value: Some(any_value::Value::IntValue(*v as i64)) }).collect::<Vec<_>>();
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(any_value::Value::ArrayValue(ArrayValue { values })) }),
+        ..Default::default()
+    }
+}
+
+/// Random-looking ids, unique within an export, and unlikely to collide with another host's
+/// (a per-export random seed, from std's randomly keyed hasher).
+struct IdSource {
+    seed: u64,
+    next: u64,
+}
+
+impl IdSource {
+    fn new() -> IdSource {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        std::process::id().hash(&mut h);
+        std::time::SystemTime::now().hash(&mut h);
+        IdSource { seed: h.finish(), next: 0 }
+    }
+
+    /// Never zero (an all-zero id is invalid in OTLP).
+    fn span_id(&mut self) -> u64 {
+        loop {
+            self.next += 1;
+            let id = splitmix64(self.seed.wrapping_add(self.next));
+            if id != 0 {
+                return id;
+            }
+        }
+    }
+
+    fn trace_id(&mut self) -> [u8; 16] {
+        let mut id = [0; 16];
+        id[..8].copy_from_slice(&self.span_id().to_be_bytes());
+        id[8..].copy_from_slice(&self.span_id().to_be_bytes());
+        id
+    }
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// What one attempt to send a batch came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Sent,
+    /// Worth another try: 429, 502, 503, 504, or no answer.
+    Retry(String),
+    /// The collector refused the batch for good.
+    Refused(String),
+}
+
+/// Sends batches from the queue until it closes.
+fn export_loop(
+    endpoint: &str,
+    retry: RetryPolicy,
+    rx: mpsc::Receiver<Vec<u8>>,
+    counters: &Counters,
+    deadline: &OnceLock<Instant>,
+) {
+    let agent: ureq::Agent =
+        ureq::Agent::config_builder().timeout_global(Some(retry.timeout)).http_status_as_error(false).build().into();
+    let mut warned = false;
+    for body in rx {
+        let spans = count_spans(&body);
+        let attempt = || match deadline.get() {
+            Some(at) if Instant::now() >= *at => Outcome::Refused(format!(
+                "the trace ended {} s ago and the batch was not sent yet",
+                DRAIN_DEADLINE.as_secs()
+            )),
+            _ => post(&agent, endpoint, &body),
+        };
+        match send_with_retries(&retry, counters, attempt) {
+            Ok(()) => {
+                counters.spans_sent.fetch_add(spans, Ordering::Relaxed);
+            }
+            Err(why) => {
+                counters.spans_dropped_export_failed.fetch_add(spans, Ordering::Relaxed);
+                if !warned {
+                    eprintln!("tracer: warning: OTLP export to {endpoint} failed: {why}");
+                    warned = true;
+                }
+            }
+        }
+    }
+}
+
+fn count_spans(body: &[u8]) -> u64 {
+    ExportTraceServiceRequest::decode(body)
+        .map(|r| r.resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len() as u64).sum())
+        .unwrap_or(0)
+}
+
+/// Tries `attempt` until it sends, is refused, or the policy's attempts run out, sleeping an
+/// exponentially growing back-off between tries.
+pub fn send_with_retries(
+    policy: &RetryPolicy,
+    counters: &Counters,
+    mut attempt: impl FnMut() -> Outcome,
+) -> Result<(), String> {
+    let mut backoff = policy.first_backoff;
+    let mut last = String::new();
+    for n in 0..policy.attempts.max(1) {
+        if n > 0 {
+            counters.retries.fetch_add(1, Ordering::Relaxed);
+            thread::sleep(backoff);
+            backoff = (backoff * 2).min(policy.max_backoff);
+        }
+        match attempt() {
+            Outcome::Sent => return Ok(()),
+            Outcome::Refused(why) => return Err(why),
+            Outcome::Retry(why) => last = why,
+        }
+    }
+    Err(format!("{last} (after {} attempts)", policy.attempts.max(1)))
+}
+
+fn post(agent: &ureq::Agent, endpoint: &str, body: &[u8]) -> Outcome {
+    match agent.post(endpoint).header("Content-Type", "application/x-protobuf").send(body) {
+        Ok(response) => classify(response.status().as_u16()),
+        Err(e) => Outcome::Retry(format!("cannot reach the collector: {e}")),
+    }
+}
+
+/// OTLP/HTTP's rule: 429, 502, 503 and 504 are retryable, other failures are not.
+pub fn classify(status: u16) -> Outcome {
+    match status {
+        200..=299 => Outcome::Sent,
+        429 | 502 | 503 | 504 => Outcome::Retry(format!("the collector answered {status}")),
+        _ => Outcome::Refused(format!("the collector answered {status}")),
+    }
+}
+
+#[cfg(test)]
+mod tests;

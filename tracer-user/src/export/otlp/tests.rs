@@ -1,0 +1,426 @@
+//! The mapping, checked on the requests a local HTTP listener receives, and the retry and queue
+//! rules, against a listener that answers what each test scripts.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpListener,
+    sync::{Mutex, mpsc},
+};
+
+use super::*;
+use crate::event::{
+    Channel, Syscall,
+    test_events::{call, end, ev, ret, start},
+};
+
+/// A collector stand-in: answers each request with the next status of `statuses` (then 200),
+/// after `hold` lets it (when given), and keeps every request it got.
+struct Listener {
+    url: String,
+    requests: Arc<Mutex<Vec<(u16, ExportTraceServiceRequest)>>>,
+}
+
+impl Listener {
+    fn start(statuses: Vec<u16>, hold: Option<mpsc::Receiver<()>>) -> Listener {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        thread::spawn(move || {
+            let mut statuses = statuses.into_iter();
+            let mut hold = hold;
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut out = stream;
+                loop {
+                    let mut length = None;
+                    let mut line = String::new();
+                    let mut first = true;
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            break;
+                        }
+                        if first {
+                            assert!(line.starts_with("POST /v1/traces "), "{line}");
+                            first = false;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        let lower = line.to_ascii_lowercase();
+                        if let Some(v) = lower.strip_prefix("content-length:") {
+                            length = Some(v.trim().parse::<usize>().unwrap());
+                        }
+                    }
+                    let Some(length) = length else { break };
+                    let mut body = vec![0; length];
+                    reader.read_exact(&mut body).unwrap();
+                    if let Some(h) = hold.take() {
+                        let _ = h.recv();
+                    }
+                    let status = statuses.next().unwrap_or(200);
+                    seen.lock().unwrap().push((status, ExportTraceServiceRequest::decode(&body[..]).unwrap()));
+                    let reply = format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n");
+                    if out.write_all(reply.as_bytes()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Listener { url, requests }
+    }
+
+    /// The spans of the requests answered 200.
+    fn spans(&self) -> Vec<(Resource, Span)> {
+        let requests = self.requests.lock().unwrap();
+        requests
+            .iter()
+            .filter(|(status, _)| *status == 200)
+            .flat_map(|(_, r)| r.resource_spans.iter())
+            .flat_map(|rs| {
+                rs.scope_spans
+                    .iter()
+                    .flat_map(move |s| s.spans.iter().map(move |sp| (rs.resource.clone().unwrap(), sp.clone())))
+            })
+            .collect()
+    }
+}
+
+fn fast_retry() -> RetryPolicy {
+    RetryPolicy {
+        attempts: 3,
+        first_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(4),
+        timeout: Duration::from_secs(5),
+    }
+}
+
+fn sink(url: &str, service_name: Option<&str>) -> OtlpSink {
+    OtlpSink::new(OtlpConfig {
+        url: url.to_string(),
+        service_name: service_name.map(String::from),
+        retry: fast_retry(),
+        wait_when_full: false,
+    })
+    .unwrap()
+}
+
+fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()?.value.as_ref())
+}
+
+fn str_attr(attrs: &[KeyValue], key: &str) -> String {
+    match attr(attrs, key) {
+        Some(any_value::Value::StringValue(s)) => s.clone(),
+        other => panic!("{key}: {other:?}"),
+    }
+}
+
+fn int_attr(attrs: &[KeyValue], key: &str) -> i64 {
+    match attr(attrs, key) {
+        Some(any_value::Value::IntValue(v)) => *v,
+        other => panic!("{key}: {other:?}"),
+    }
+}
+
+fn pipe() -> Channel {
+    Channel::Pipe { id: 9 }
+}
+
+#[test]
+fn calls_become_nested_spans_in_one_trace_per_process_and_receives_link_to_sends() {
+    let listener = Listener::start(vec![], None);
+    let mut s = sink(&listener.url, None);
+    s.begin(&start(100)).unwrap();
+    for e in [
+        call(100, 1, "main"),
+        call(110, 1, "work"),
+        ev(
+            120,
+            1,
+            1,
+            EventData::Send(data::Send {
+                channel: pipe(),
+                fd: 4,
+                bytes: 5,
+                syscall: Syscall::Write,
+                flow_id: 77,
+                syscall_ns: 3,
+                seq: Some(0),
+                digest: None,
+                payload: None,
+                payload_truncated: None,
+            }),
+        ),
+        ret(130, 1, "work", Some(20)),
+        ev(
+            140,
+            2,
+            2,
+            EventData::Recv(data::Recv {
+                channel: pipe(),
+                fd: 3,
+                bytes: 5,
+                syscall: Syscall::Read,
+                flow_ids: vec![77],
+                syscall_ns: 4,
+                seq: Some(0),
+                digest: None,
+                payload: None,
+                payload_truncated: None,
+            }),
+        ),
+        ev(
+            145,
+            1,
+            1,
+            EventData::Spawn(data::Spawn {
+                parent_pid: 1,
+                child_pid: 3,
+                child_tid: 3,
+                how: data::SpawnHow::Fork,
+                comm: "app".into(),
+                filename: None,
+            }),
+        ),
+        ret(150, 1, "main", Some(50)),
+        ev(
+            160,
+            1,
+            1,
+            EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: false, comm: "app".into() }),
+        ),
+    ] {
+        s.event(&e).unwrap();
+    }
+    s.end(&end(200)).unwrap();
+    let spans = listener.spans();
+    let by_name = |name: &str| -> Vec<&(Resource, Span)> { spans.iter().filter(|(_, s)| s.name == name).collect() };
+    let names: std::collections::BTreeSet<&str> = spans.iter().map(|(_, s)| s.name.as_str()).collect();
+    // pid 1: its process span, main, work, the send; pid 2: its process span and the receive;
+    // pid 3 (forked, nothing else seen): its process span.
+    assert_eq!(spans.len(), 7, "{names:?}");
+    let (res, process) =
+        by_name("process app").into_iter().find(|(r, _)| int_attr(&r.attributes, "process.pid") == 1).unwrap();
+    assert_eq!(str_attr(&res.attributes, "service.name"), "app");
+    assert_eq!(str_attr(&res.attributes, "host.name"), "h");
+    assert_eq!(str_attr(&res.attributes, "process.executable.name"), "app");
+    assert!(process.parent_span_id.is_empty());
+    assert_eq!((process.start_time_unix_nano, process.end_time_unix_nano), (100, 160));
+    let events: Vec<&str> = process.events.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(events, ["fork 3", "exit 0"]);
+
+    let main = by_name("main")[0].1.clone();
+    let work = by_name("work")[0].1.clone();
+    assert_eq!(main.parent_span_id, process.span_id);
+    assert_eq!(work.parent_span_id, main.span_id);
+    assert_eq!(main.trace_id, process.trace_id);
+    assert_eq!(work.trace_id, process.trace_id);
+    assert_eq!((work.start_time_unix_nano, work.end_time_unix_nano), (110, 130));
+    assert_eq!(str_attr(&work.attributes, "code.function"), "work");
+    assert_eq!(str_attr(&work.attributes, "tracer.module"), "/bin/app");
+    assert_eq!(int_attr(&work.attributes, "tracer.retval"), 7);
+    assert_eq!(int_attr(&work.attributes, "thread.id"), 1);
+    let Some(any_value::Value::ArrayValue(args)) = attr(&work.attributes, "tracer.args") else { panic!() };
+    let args: Vec<_> = args.values.iter().map(|v| v.value.clone().unwrap()).collect();
+    assert_eq!(args[0], any_value::Value::IntValue(110));
+    assert_eq!(args[5], any_value::Value::IntValue(-1), "u64::MAX keeps its bits");
+
+    let send = by_name("send pipe")[0].1.clone();
+    assert_eq!(send.parent_span_id, work.span_id, "the send happened inside work");
+    assert_eq!(send.kind, span::SpanKind::Producer as i32);
+    assert_eq!((send.start_time_unix_nano, send.end_time_unix_nano), (120, 123));
+    let (recv_res, recv) = by_name("recv pipe")[0].clone();
+    assert_eq!(int_attr(&recv_res.attributes, "process.pid"), 2);
+    assert_eq!(str_attr(&recv_res.attributes, "process.executable.name"), "pid 2", "no comm known for pid 2");
+    assert_eq!(recv.kind, span::SpanKind::Consumer as i32);
+    assert_ne!(recv.trace_id, send.trace_id, "one trace per process");
+    assert_eq!(recv.links.len(), 1);
+    assert_eq!((&recv.links[0].trace_id, &recv.links[0].span_id), (&send.trace_id, &send.span_id));
+    assert_eq!(s.counters().spans_sent.load(Ordering::Relaxed), 7);
+}
+
+#[test]
+fn the_service_name_option_names_every_resource() {
+    let listener = Listener::start(vec![], None);
+    let mut s = sink(&listener.url, Some("checkout"));
+    s.begin(&start(100)).unwrap();
+    s.event(&call(100, 1, "main")).unwrap();
+    s.end(&end(200)).unwrap();
+    let spans = listener.spans();
+    assert_eq!(spans.len(), 2, "main (ended by the end of tracing) and the process");
+    for (res, _) in &spans {
+        assert_eq!(str_attr(&res.attributes, "service.name"), "checkout");
+        assert_eq!(str_attr(&res.attributes, "process.executable.name"), "app");
+    }
+    let main = spans.iter().find(|(_, s)| s.name == "main").unwrap();
+    assert_eq!(str_attr(&main.1.attributes, "tracer.unfinished"), "tracing stopped");
+}
+
+#[test]
+fn a_503_is_retried_and_the_batch_then_sent() {
+    let listener = Listener::start(vec![503, 503], None);
+    let mut s = sink(&listener.url, None);
+    s.begin(&start(100)).unwrap();
+    s.event(&call(100, 1, "main")).unwrap();
+    s.event(&ret(150, 1, "main", Some(50))).unwrap();
+    s.end(&end(200)).unwrap();
+    let c = s.counters();
+    assert_eq!(c.retries.load(Ordering::Relaxed), 2);
+    assert_eq!(c.spans_sent.load(Ordering::Relaxed), 2);
+    assert_eq!(c.spans_dropped_export_failed.load(Ordering::Relaxed), 0);
+    let statuses: Vec<u16> = listener.requests.lock().unwrap().iter().map(|(s, _)| *s).collect();
+    assert_eq!(statuses, [503, 503, 200]);
+    assert_eq!(listener.spans().len(), 2);
+}
+
+#[test]
+fn a_batch_failing_every_attempt_or_refused_is_counted_as_lost() {
+    // Three attempts answered 503: given up.
+    let listener = Listener::start(vec![503, 503, 503], None);
+    let mut s = sink(&listener.url, None);
+    s.begin(&start(100)).unwrap();
+    s.event(&call(100, 1, "main")).unwrap();
+    s.end(&end(200)).unwrap();
+    let c = s.counters();
+    assert_eq!(c.spans_dropped_export_failed.load(Ordering::Relaxed), 2);
+    assert_eq!(c.spans_sent.load(Ordering::Relaxed), 0);
+    // A 400 is not retried.
+    let listener = Listener::start(vec![400], None);
+    let mut s = sink(&listener.url, None);
+    s.begin(&start(100)).unwrap();
+    s.event(&call(100, 1, "main")).unwrap();
+    s.end(&end(200)).unwrap();
+    let c = s.counters();
+    assert_eq!(c.retries.load(Ordering::Relaxed), 0);
+    assert_eq!(c.spans_dropped_export_failed.load(Ordering::Relaxed), 2);
+    assert_eq!(listener.requests.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn an_unreachable_collector_is_retried_then_counted() {
+    // A port nobody listens on: bound, then closed.
+    let url = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let mut s = sink(&url, None);
+    s.begin(&start(100)).unwrap();
+    s.event(&call(100, 1, "main")).unwrap();
+    s.end(&end(200)).unwrap();
+    let c = s.counters();
+    assert_eq!(c.retries.load(Ordering::Relaxed), 2);
+    assert_eq!(c.spans_dropped_export_failed.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn a_full_queue_drops_whole_batches_and_counts_their_spans() {
+    let (release, hold) = mpsc::channel();
+    let listener = Listener::start(vec![], Some(hold));
+    // A timeout longer than the test takes to fill the queue: a held request that timed out would
+    // be sent again (OTLP delivery is at least once), and counted twice by the listener.
+    let retry = RetryPolicy { timeout: Duration::from_secs(300), ..fast_retry() };
+    let mut s =
+        OtlpSink::new(OtlpConfig { url: listener.url.clone(), service_name: None, retry, wait_when_full: false })
+            .unwrap();
+    s.begin(&start(0)).unwrap();
+    // The first batch holds the exporter (the listener answers it only when released); the queue
+    // takes QUEUE_BATCHES more; the rest find it full.
+    let batches = QUEUE_BATCHES as u64 + 10;
+    for i in 0..batches * BATCH_SPANS as u64 {
+        s.event(&call(i * 10, 1, "f")).unwrap();
+        s.event(&ret(i * 10 + 5, 1, "f", Some(5))).unwrap();
+    }
+    release.send(()).unwrap();
+    s.end(&end(batches * BATCH_SPANS as u64 * 10)).unwrap();
+    let c = s.counters();
+    let (sent, dropped) = (c.spans_sent.load(Ordering::Relaxed), c.spans_dropped_queue_full.load(Ordering::Relaxed));
+    let calls = batches * BATCH_SPANS as u64;
+    assert_eq!(sent + dropped, calls + 1, "every call and the process span, sent or counted");
+    // The exporter had taken the first batch, or not yet, when the queue filled.
+    let queued = (sent - 1) / BATCH_SPANS as u64;
+    assert!(queued == QUEUE_BATCHES as u64 || queued == QUEUE_BATCHES as u64 + 1, "{queued} batches sent");
+    assert_eq!(dropped % BATCH_SPANS as u64, 0);
+    assert_eq!(listener.spans().len() as u64, sent);
+}
+
+#[test]
+fn urls_must_be_plain_http_with_a_host() {
+    assert_eq!(traces_endpoint("http://127.0.0.1:4318").unwrap(), "http://127.0.0.1:4318/v1/traces");
+    assert_eq!(traces_endpoint("http://c:4318/").unwrap(), "http://c:4318/v1/traces");
+    assert_eq!(traces_endpoint("http://c:4318/otlp/v1/traces").unwrap(), "http://c:4318/otlp/v1/traces");
+    assert_eq!(
+        traces_endpoint("https://c:4318").unwrap_err().to_string(),
+        "'https://c:4318' is not an http:// URL (OTLP/HTTP without TLS is what tracer speaks)"
+    );
+    assert!(matches!(traces_endpoint("http://"), Err(UrlError::NoHost(_))));
+    assert!(matches!(traces_endpoint("http://user@c:1"), Err(UrlError::NoHost(_))));
+}
+
+#[test]
+fn statuses_are_classified_as_otlp_http_says() {
+    assert_eq!(classify(200), Outcome::Sent);
+    for s in [429, 502, 503, 504] {
+        assert!(matches!(classify(s), Outcome::Retry(_)), "{s}");
+    }
+    for s in [400, 401, 404, 413, 500] {
+        assert!(matches!(classify(s), Outcome::Refused(_)), "{s}");
+    }
+}
+
+#[test]
+fn a_trace_read_from_a_file_waits_for_room_instead_of_dropping() {
+    let (release, hold) = mpsc::channel();
+    let listener = Listener::start(vec![], Some(hold));
+    let retry = RetryPolicy { timeout: Duration::from_secs(300), ..fast_retry() };
+    let mut s =
+        OtlpSink::new(OtlpConfig { url: listener.url.clone(), service_name: None, retry, wait_when_full: true })
+            .unwrap();
+    s.begin(&start(0)).unwrap();
+    let calls = (QUEUE_BATCHES as u64 + 3) * BATCH_SPANS as u64;
+    // The listener is released from another thread while this one waits for room.
+    let releaser = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(200));
+        release.send(()).unwrap();
+    });
+    for i in 0..calls {
+        s.event(&call(i * 10, 1, "f")).unwrap();
+        s.event(&ret(i * 10 + 5, 1, "f", Some(5))).unwrap();
+    }
+    s.end(&end(calls * 10)).unwrap();
+    releaser.join().unwrap();
+    let c = s.counters();
+    assert_eq!(c.spans_dropped_queue_full.load(Ordering::Relaxed), 0);
+    assert_eq!(c.spans_sent.load(Ordering::Relaxed), calls + 1);
+    assert_eq!(listener.spans().len() as u64, calls + 1);
+}
+
+#[test]
+fn a_signal_raised_in_an_exited_child_goes_on_its_target_and_opens_no_second_process_span() {
+    let listener = Listener::start(vec![], None);
+    let mut s = sink(&listener.url, None);
+    s.begin(&start(100)).unwrap();
+    let exit = || EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: false, comm: "app".into() });
+    let sigchld = EventData::Signal(data::Signal {
+        signal: crate::event::SignalId::new(libc::SIGCHLD),
+        sender_pid: 2,
+        target_pid: 1,
+        target_tid: 0,
+        delivered: false,
+        flow_id: None,
+        group: true,
+        queued: true,
+    });
+    s.event(&ev(110, 2, 2, exit())).unwrap();
+    // The kernel raises SIGCHLD in the exiting child's context.
+    s.event(&ev(111, 2, 2, sigchld)).unwrap();
+    s.event(&ev(120, 1, 1, exit())).unwrap();
+    s.end(&end(200)).unwrap();
+    let spans = listener.spans();
+    assert_eq!(spans.len(), 2, "one span per process: {spans:?}");
+    let parent = spans.iter().find(|(r, _)| int_attr(&r.attributes, "process.pid") == 1).unwrap();
+    let events: Vec<&str> = parent.1.events.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(events, ["signal SIGCHLD generated", "exit 0"]);
+}
