@@ -205,6 +205,9 @@ pub fn why_lost(kind: &str) -> &'static str {
         "undecodable" => {
             "lost in user space: kernel records the tracer could not decode (a tracer bug: please report it)"
         }
+        "ipc_payload_unreadable" => {
+            "payload bytes not captured (--capture-bytes): the kernel could not read the message's buffer in the process, e.g. its page was not resident; the message itself is recorded"
+        }
         "log_unreadable" => {
             "program events lost in the probe: the kernel could not read the payload at the address the program passed, or it is not a tracer-events payload this tracer reads; check the program's tracer-events version and what it passes to the probe"
         }

@@ -916,7 +916,7 @@ mod tests {
         let replayed = replay(r, &mut sink).unwrap();
         assert_eq!(
             replayed,
-            Replayed { events: 12, end_missing: true, torn: Some("batch 5 is cut short (82 of 83 bytes)".into()) }
+            Replayed { events: 12, end_missing: true, torn: Some("batch 5 is cut short (86 of 87 bytes)".into()) }
         );
     }
 

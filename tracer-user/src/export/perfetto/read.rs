@@ -19,7 +19,7 @@ use super::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("not a Perfetto trace: {0}")]
+    #[error("not a Perfetto trace")]
     Decode(#[from] prost::DecodeError),
     #[error("packet {packet} refers to {table} iid {iid}, which its sequence did not intern")]
     UnknownIid { packet: usize, table: &'static str, iid: u64 },
