@@ -34,6 +34,8 @@ fn main() {
     )
     .unwrap_or_else(|e| panic!("cannot compile the Perfetto and OTLP protos: {e:?}"));
     prost_build::Config::new()
+        // OTLP's comments hold indented JSON examples, which rustdoc would run as doctests.
+        .disable_comments([".opentelemetry"])
         .compile_fds(descriptors)
         .unwrap_or_else(|e| panic!("cannot generate Rust for the Perfetto and OTLP protos: {e}"));
 }
