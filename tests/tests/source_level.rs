@@ -160,3 +160,34 @@ fn rust_calls_carry_str_params_and_ret() {
     );
     assert!(t.place("params::greet").0.ends_with("tests/fixtures/rust/params.rs"));
 }
+
+/// Where people look: `tracer calls` prints a call as its source reads, and Chrome slices carry
+/// the parameters by name and the typed return value.
+#[test]
+fn calls_and_chrome_show_calls_at_source_level() {
+    let dir = temp_dir();
+    let program = fixture("params").display().to_string();
+    let (run, _) = record(dir.path(), &["-f", "text", "-f", "greet", "--", &program]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let trace = dir.path().join("trace.jsonl").display().to_string();
+    let calls = tracer_tests::tracer(&["calls", &trace]);
+    assert_eq!(calls.code(), 0, "{calls:?}");
+    let greet: Vec<&str> = calls.stdout.lines().filter(|l| l.contains("greet(")).collect();
+    assert_eq!(greet.len(), 1, "{}", calls.stdout);
+    assert!(greet[0].ends_with(r#"greet(who="carol") = "hello""#), "{}", greet[0]);
+    let chrome = dir.path().join("t.json").display().to_string();
+    let export = tracer_tests::tracer(&["export", &trace, "-o", &chrome]);
+    assert_eq!(export.code(), 0, "{export:?}");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&chrome).unwrap()).unwrap();
+    let slice = |name: &str| -> Value {
+        let found: Vec<&Value> =
+            json["traceEvents"].as_array().unwrap().iter().filter(|e| e["name"] == name && e["ph"] == "X").collect();
+        assert_eq!(found.len(), 1, "one {name} slice");
+        found[0].clone()
+    };
+    let text = slice("text");
+    assert_eq!(text["args"]["params"]["name"], json!("alice"));
+    assert_eq!(text["args"]["params"]["col"], json!("BLUE"));
+    assert_eq!(text["args"]["ret"], json!(true));
+    assert_eq!(slice("greet")["args"]["ret"], json!("hello"));
+}

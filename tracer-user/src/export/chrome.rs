@@ -138,6 +138,15 @@ impl<W: Write> ChromeWriter<W> {
             for (i, a) in call.args.iter().enumerate() {
                 args.insert(format!("arg{i}"), register(*a));
             }
+            // Parameters at source level (DWARF), by name, in one object so that no parameter
+            // name can hide another argument.
+            if !call.params.is_empty() {
+                let params = call.params.0.iter().map(|(name, value)| (name.clone(), value.0.clone()));
+                args.insert("params".into(), Value::Object(params.collect()));
+            }
+        }
+        if let Some(ret) = &call.ret {
+            args.insert("ret".into(), ret.0.clone());
         }
         match slice.ending {
             Ending::Returned { retval } => {

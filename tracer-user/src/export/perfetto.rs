@@ -416,6 +416,9 @@ impl<W: Write> PerfettoWriter<W> {
                     .zip(["arg0", "arg1", "arg2", "arg3", "arg4", "arg5", "arg6", "arg7", "arg8"])
                     .map(|(a, n)| (n, Arg::Uint(*a))),
             );
+            // Parameters at source level (DWARF), by name: a string as itself, anything else as
+            // its JSON.
+            args.extend(frame.params.0.iter().map(|(name, value)| (name.as_str(), serde_arg(&value.0))));
         }
         let mark = Mark { name: Some(frame.function.to_string()), category: "call", args, ..Mark::default() };
         let uuid = self.call_track(pid, track)?;
@@ -453,6 +456,9 @@ impl<W: Write> CallSink for PerfettoWriter<W> {
                 };
                 if let Track::Goroutine(_) = slice.track {
                     args.push(("return_tid", Arg::Uint(slice.tid.into())));
+                }
+                if let Some(ret) = &slice.frame.ret {
+                    args.push(("ret", serde_arg(&ret.0)));
                 }
                 let uuid = self.call_track(slice.pid, slice.track)?;
                 self.event_on(uuid, slice.end, track_event::Type::SliceEnd, Mark { args, ..Mark::default() })
