@@ -196,3 +196,21 @@ async fn accept_failures_back_off_and_a_collector_still_gets_in() {
     assert!(matches!(session.reader.recv().await.unwrap(), Message::ClockEcho { id: 1, .. }));
     drop(flood);
 }
+
+/// The agent bounds what a collector asks of it with the rules `record` applies: a capture
+/// larger than the kernel programs' limit is refused, and nothing is traced.
+#[tokio::test]
+async fn an_agent_refuses_a_capture_beyond_the_limit() {
+    let dir = temp_dir();
+    let agent = LocalAgent::start(dir.path(), "cap", &[]);
+    let cluster = Cluster::connect(vec![spec(&agent, "cap")], ClientOptions::default()).await.expect("connect");
+    let request = TraceRequest {
+        pids: vec![std::process::id()],
+        events: vec!["ipc".into()],
+        capture_bytes: 1 << 20,
+        ..Default::default()
+    };
+    let error = cluster.start_all(request).await.err().expect("refused").to_string();
+    assert!(error.contains("--capture-bytes is at most 4096, got 1048576"), "{error}");
+    assert!(!agent.log().contains("started"), "nothing was traced: {}", agent.log());
+}

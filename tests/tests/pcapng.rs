@@ -170,3 +170,34 @@ fn record_writes_pcapng_by_extension() {
     let http = fields(&pcap, "http", &["http.request.method", "http.response.code"]);
     assert_eq!(http, [vec!["GET".to_string(), String::new()], vec![String::new(), "200".to_string()]]);
 }
+
+/// `collect` captures through an agent and writes the capture itself: the payloads travel the
+/// wire, and the host's interface is named for the host.
+#[test]
+fn collect_captures_through_an_agent_and_writes_pcapng() {
+    let dir = temp_dir();
+    let agent = tracer_tests::LocalAgent::start(dir.path(), "web", &["--allow-commands"]);
+    let pcap = dir.path().join("c.pcapng");
+    let command = format!("web:{} http", fixture("ipc").display());
+    let run = tracer(&[
+        "collect",
+        "--agent",
+        &agent.spec("web"),
+        "-e",
+        "ipc,spawn,exit",
+        "--capture-bytes",
+        "4096",
+        "-c",
+        &command,
+        "-o",
+        pcap.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let http = fields(&pcap, "http", &["http.request.method", "http.response.code", "frame.comment"]);
+    assert_eq!(http.len(), 2, "{http:?}");
+    assert_eq!(http[0][..2], ["GET", ""]);
+    assert_eq!(http[1][..2], ["", "200"]);
+    assert!(http.iter().all(|row| row[2].contains("host=web ")), "{http:?}");
+    let interfaces = tshark(&pcap, &["-T", "fields", "-e", "frame.interface_name"]);
+    assert!(interfaces.iter().all(|name| name == "web"), "{interfaces:?}");
+}
