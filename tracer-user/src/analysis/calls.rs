@@ -23,7 +23,7 @@ use super::{
     stats::human_ns,
 };
 use crate::{
-    event::{ArgValue, Event, EventData, TraceEnd, TraceStart},
+    event::{Event, EventData, TraceEnd, TraceStart},
     sink::Sink,
 };
 
@@ -73,18 +73,7 @@ fn said(data: &EventData) -> Option<String> {
             }
             Some(text)
         }
-        EventData::Usdt(u) => {
-            let args: Vec<String> = u
-                .args
-                .iter()
-                .map(|a| match a {
-                    Some(ArgValue::Signed(v)) => v.to_string(),
-                    Some(ArgValue::Unsigned(v)) => v.to_string(),
-                    None => "?".to_string(),
-                })
-                .collect();
-            Some(format!("usdt {}:{}({})", u.provider, u.name, args.join(", ")))
-        }
+        EventData::Usdt(u) => Some(format!("usdt {}:{}({})", u.provider, u.name, u.args_text())),
         _ => None,
     }
 }
@@ -254,6 +243,7 @@ impl<W: Write> Sink for CallPrinter<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::ArgValue;
     use crate::{
         event::test_events::{call, log, ret, usdt},
         event::test_events::{end, start},

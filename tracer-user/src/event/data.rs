@@ -496,6 +496,22 @@ pub struct Usdt<N = Arc<str>> {
     pub args: Vec<Option<ArgValue>>,
 }
 
+impl<N> Usdt<N> {
+    /// The arguments as people read them: `1, -1, ?` (`?` for one that could not be read).
+    pub fn args_text(&self) -> String {
+        let args: Vec<String> = self
+            .args
+            .iter()
+            .map(|a| match a {
+                Some(ArgValue::Signed(v)) => v.to_string(),
+                Some(ArgValue::Unsigned(v)) => v.to_string(),
+                None => "?".to_string(),
+            })
+            .collect();
+        args.join(", ")
+    }
+}
+
 /// A USDT argument, signed or not as its spec says: a bare number in JSON.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ArgValue {

@@ -582,16 +582,7 @@ impl Sink for OtlpSink {
                 self.process_event(e, e.pid, log.message.clone(), attrs);
             }
             EventData::Usdt(u) => {
-                let args: Vec<String> = u
-                    .args
-                    .iter()
-                    .map(|a| match a {
-                        Some(data::ArgValue::Signed(v)) => v.to_string(),
-                        Some(data::ArgValue::Unsigned(v)) => v.to_string(),
-                        None => "?".to_string(),
-                    })
-                    .collect();
-                let attrs = vec![string("tracer.module", u.module.to_string()), string("tracer.args", args.join(", "))];
+                let attrs = vec![string("tracer.module", u.module.to_string()), string("tracer.args", u.args_text())];
                 self.process_event(e, e.pid, format!("usdt {}:{}", u.provider, u.name), attrs);
             }
         }
