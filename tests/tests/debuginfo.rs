@@ -20,7 +20,7 @@ use tracer_user::{
             StringRead, StringStatus,
         },
     },
-    symbols::SymbolTable,
+    record::resolve::symbols::SymbolTable,
 };
 
 /// A fixture's functions as the tracer will read them: symbols first, then their DWARF.

@@ -21,7 +21,7 @@ use tracer_user::{
         },
         types::Kind,
     },
-    symbols::SymbolTable,
+    record::resolve::symbols::SymbolTable,
 };
 
 /// One call as the probes would see it.

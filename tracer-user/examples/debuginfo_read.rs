@@ -7,7 +7,7 @@ use std::{path::PathBuf, time::Instant};
 
 use tracer_user::{
     debuginfo::{DebugInfo, DebugSearch},
-    symbols::SymbolTable,
+    record::resolve::symbols::SymbolTable,
 };
 
 fn main() -> anyhow::Result<()> {

@@ -31,7 +31,7 @@ mod tests {
     fn causes_are_said_once() {
         let cases: Vec<(Box<dyn Error + Send + Sync>, &str)> = vec![
             (
-                Box::new(crate::record::RecordError::Target(crate::targets::TargetError::Inspect {
+                Box::new(crate::record::RecordError::Target(crate::record::resolve::targets::TargetError::Inspect {
                     pid: 1,
                     source: permission_denied(),
                 })),
@@ -42,11 +42,17 @@ mod tests {
                 "writing the trace failed: Broken pipe (os error 32)",
             ),
             (
-                Box::new(crate::symbols::SymbolError::Read { path: PathBuf::from("/x"), source: permission_denied() }),
+                Box::new(crate::record::resolve::symbols::SymbolError::Read {
+                    path: PathBuf::from("/x"),
+                    source: permission_denied(),
+                }),
                 "cannot read /x: Permission denied (os error 13)",
             ),
             (
-                Box::new(crate::launch::LaunchError::Start { path: PathBuf::from("/x"), source: permission_denied() }),
+                Box::new(crate::record::attach::launch::LaunchError::Start {
+                    path: PathBuf::from("/x"),
+                    source: permission_denied(),
+                }),
                 "cannot start /x: Permission denied (os error 13)",
             ),
             (

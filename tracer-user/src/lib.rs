@@ -1,38 +1,33 @@
 //! `tracer`'s user space: everything between the kernel's ring buffer and the files users open.
 //!
-//! The path of an event: [`targets`] and [`symbols`] decide what to probe, [`loader`] attaches the
-//! eBPF programs, [`drain`] reads the ring buffer, [`assemble`] turns records into [`event::Event`]s
-//! on the Unix clock ([`clock`]), and a [`sink::Sink`] (a file format from [`export`], a channel, a
-//! callback) takes them. [`record`] ties these together; [`cli`] is the command line. [`analysis`]
-//! turns a trace into call slices, flame graphs, reports and call sequences.
+//! The modules follow the path of an event:
+//! - [`record`]: resolve what to trace ([`record::resolve`]: targets, modules, symbols, probe
+//!   placement), put the probes in place ([`record::attach`]: loader, uprobe-multi, kernel BTF,
+//!   launch), and drain the ring buffer ([`record::drain`]). [`debuginfo`] (DWARF) and [`usdt`]
+//!   (`.note.stapsdt`) read what a binary says about its functions and probes.
+//! - [`assemble`]: kernel records become [`event::Event`]s: the Unix clock ([`assemble::clock`]),
+//!   returns paired with calls ([`assemble::pairing`]), IPC channels and signals
+//!   ([`assemble::channels`]).
+//! - [`pipeline`]: events in time order ([`pipeline::order`]), receives linked to sends
+//!   ([`pipeline::flows`]), filtered to the kinds asked for.
+//! - [`event`]: the one event model and its JSON lines encoding; [`sink::Sink`] is where a trace goes.
+//! - [`export`]: file formats and OTLP; [`analysis`]: call slices, flame stacks, reports, call
+//!   listings; [`cluster`]: agents, the collector and the protocol between them; [`top`]: live
+//!   statistics aggregated in the kernel.
+//!
+//! The library never prints: the `tracer` binary (`src/main.rs`, `src/cli/`) owns the command line
+//! and decides what reaches the terminal.
 
 pub mod analysis;
 pub mod assemble;
-pub mod call_stack;
-pub mod channels;
 pub mod cli;
-pub mod clock;
 pub mod cluster;
 pub mod debuginfo;
-pub mod disasm;
-pub mod drain;
 pub mod errors;
 pub mod event;
 pub mod export;
-pub mod flows;
-pub mod golang;
-pub mod host;
-pub mod kernel_btf;
-pub mod launch;
-pub mod loader;
-pub mod modules;
-pub mod order;
 pub mod pipeline;
-pub mod placement;
 pub mod record;
 pub mod sink;
-pub mod symbols;
-pub mod targets;
 pub mod top;
-pub mod uprobe_multi;
 pub mod usdt;

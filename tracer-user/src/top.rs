@@ -19,9 +19,9 @@ use tracer_common::{
 use crate::{
     assemble::FunctionTable,
     event::EventKind,
-    kernel_btf::KernelBtf,
-    launch::{ChildExit, spawn_stopped, try_reap},
-    loader::{Kernel, LostCounters, raise_fd_limit},
+    record::attach::kernel_btf::KernelBtf,
+    record::attach::launch::{ChildExit, spawn_stopped, try_reap},
+    record::attach::loader::{Kernel, LostCounters, raise_fd_limit},
     record::{Plan, RecordError, RecordOptions, any_target_alive, plan},
 };
 

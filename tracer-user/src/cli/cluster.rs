@@ -19,7 +19,8 @@ use crate::{
         tls,
     },
     event::EndReason,
-    host, record,
+    event::host,
+    record,
 };
 
 /// `collect`'s exit code when some host's trace could not be collected whole (`EX_TEMPFAIL`:

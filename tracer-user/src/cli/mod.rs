@@ -22,9 +22,9 @@ use crate::{
         calls::{CallFilter, CallPrinter},
         stats::{self, ReportBuilder, SortColumn},
     },
+    event::host,
     event::{EndReason, EventKind, TraceEnd, why_lost},
     export::{Format, input, jsonl, otlp},
-    host,
     record::{self, RecordOptions},
     sink::Sink,
 };

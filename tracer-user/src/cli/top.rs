@@ -12,7 +12,7 @@ use clap::Args;
 use super::{parse_seconds, stop_signal};
 use crate::{
     event::EndReason,
-    launch::ChildExit,
+    record::attach::launch::ChildExit,
     record::{self, RecordOptions},
     top::{Snapshot, Top, plan_top},
 };

@@ -45,10 +45,10 @@ use super::{
     wire::Encoder,
 };
 use crate::{
-    clock::BootClock,
+    assemble::clock::BootClock,
     errors::report,
     event::{EndReason, Event, EventKind, TraceEnd, TraceStart},
-    launch::{RunAs, try_reap},
+    record::attach::launch::{RunAs, try_reap},
     record::{self, RecordOptions},
     sink::Sink,
 };

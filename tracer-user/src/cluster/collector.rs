@@ -84,11 +84,11 @@ use super::{
     wire::Decoder,
 };
 use crate::{
-    clock::BootClock,
+    assemble::clock::BootClock,
     errors::report,
+    event::host::{self, Machine, NameError},
     event::{EndReason, Event, EventKind, FORMAT_VERSION, HostLoss, LossCause, TraceEnd, TraceStart},
     export::Format,
-    host::{self, Machine, NameError},
 };
 
 /// Where an agent listens.

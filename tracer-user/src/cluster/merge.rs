@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::clock_sync::{ClockModel, ClockSample, Link, estimate, refine};
 use crate::{
     event::{EndReason, Event, EventData, HostEnd, HostInfo, HostLoss, TraceEnd, TraceStart},
-    flows::FlowMatcher,
+    pipeline::flows::FlowMatcher,
     sink::Sink,
 };
 

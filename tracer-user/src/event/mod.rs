@@ -7,6 +7,7 @@
 //! field is one edit here, and every encoding follows.
 
 pub mod data;
+pub mod host;
 pub mod json;
 #[cfg(test)]
 pub(crate) mod test_events;
@@ -21,7 +22,7 @@ pub use trace::{
     ClockInfo, EndReason, HostEnd, HostInfo, HostLoss, IpcStats, LossCause, TargetInfo, TraceEnd, TraceStart, why_lost,
 };
 
-pub use crate::placement::ProbePaths;
+pub use crate::record::resolve::placement::ProbePaths;
 
 /// Version of the JSON lines format written in `trace_start.format_version`.
 pub const FORMAT_VERSION: u32 = 1;

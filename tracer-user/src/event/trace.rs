@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt};
 use serde::{Deserialize, Serialize};
 
 use super::EventKind;
-use crate::{host::Machine, placement::ProbePaths};
+use crate::{event::host::Machine, record::resolve::placement::ProbePaths};
 
 /// What a trace's first line says about it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -20,8 +20,8 @@ use super::{
     notes::{NoteError, UsdtFile, UsdtNote},
 };
 use crate::{
-    kernel_btf::{KernelBtf, KernelBtfError},
-    modules::{ModuleCandidates, ModuleError},
+    record::attach::kernel_btf::{KernelBtf, KernelBtfError},
+    record::resolve::modules::{ModuleCandidates, ModuleError},
 };
 
 /// Provider and name of the probe every program event goes through.

@@ -2,7 +2,7 @@
 //!
 //! Everything attached lives in [`Kernel`]: dropping it detaches every probe and tracepoint (the
 //! kernel closes the links with their file descriptors), so a target is never left probed. The
-//! function probes are uprobe-multi links ([`crate::uprobe_multi`]); the rest goes through aya.
+//! function probes are uprobe-multi links ([`crate::record::attach::uprobe_multi`]); the rest goes through aya.
 
 use std::{
     collections::BTreeMap,
@@ -18,7 +18,7 @@ use aya::{
 use tracer_common::{Config, InodeKey, lost_slot, names, programs};
 
 use crate::{
-    uprobe_multi::{self, Site},
+    record::attach::uprobe_multi::{self, Site},
     usdt::select::{UsdtProbe, UsdtProgram},
 };
 
@@ -66,7 +66,7 @@ pub struct Kernel {
     /// Uprobe-multi links of the function probes: dropping them detaches the probes.
     entry_links: Vec<OwnedFd>,
     return_links: Vec<OwnedFd>,
-    /// The entry and return programs, loaded on first use (see [`crate::uprobe_multi`]).
+    /// The entry and return programs, loaded on first use (see [`crate::record::attach::uprobe_multi`]).
     function_programs: Option<(OwnedFd, OwnedFd)>,
     /// Uprobe-multi links of the USDT probes (closing them also lowers their semaphores).
     usdt_links: Vec<OwnedFd>,

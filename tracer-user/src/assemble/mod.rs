@@ -1,6 +1,10 @@
 //! From kernel records to [`Event`]s: Unix timestamps, function names, call durations, exit
 //! statuses.
 
+pub mod channels;
+pub mod clock;
+pub mod pairing;
+
 use crate::event::data;
 use std::sync::Arc;
 
@@ -10,9 +14,9 @@ use tracer_common::{
 };
 
 use crate::{
-    call_stack::{CallStacks, GoroutineStacks},
-    channels::{ChannelResolver, signal_event},
-    clock::BootClock,
+    assemble::channels::{ChannelResolver, signal_event},
+    assemble::clock::BootClock,
+    assemble::pairing::{CallStacks, GoroutineStacks},
     debuginfo::{
         SourceFunction, format,
         layout::{FunctionLayout, Registers, Source, parse_strings},

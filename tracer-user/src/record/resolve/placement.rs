@@ -24,7 +24,7 @@
 use iced_x86::{Code as Opcode, Instruction, Mnemonic, OpKind};
 use serde::{Deserialize, Serialize};
 
-use crate::disasm::FunctionCode;
+use crate::record::resolve::disasm::FunctionCode;
 
 /// The path a probe's hit takes in the kernel, fastest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

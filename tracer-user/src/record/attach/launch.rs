@@ -231,7 +231,7 @@ mod tests {
         let child = spawn_stopped(Path::new("/bin/true"), &["true".into()], None).unwrap();
         let pid = child.pid();
         drop(child);
-        assert!(!crate::targets::process_alive(pid));
+        assert!(!crate::record::resolve::targets::process_alive(pid));
     }
 
     #[test]

@@ -4,6 +4,10 @@
 //!
 //! Everything a user can get wrong is checked in [`plan`], before anything is attached or launched.
 
+pub mod attach;
+pub mod drain;
+pub mod resolve;
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     ffi::OsString,
@@ -20,21 +24,21 @@ use aya::maps::{MapData, RingBuf};
 use tracer_common::{CAPTURE_BYTES_MAX, Config, RecordKind, cookie, kind_bit, lost_slot};
 
 use crate::{
+    assemble::clock::BootClock,
     assemble::{EventAssembler, FunctionTable, ProbedFunction, lost_slot_name},
-    clock::BootClock,
-    drain::{Batch, RingDrain},
+    event::host::{self, Machine, NameError},
     event::{EndReason, EventKind, FORMAT_VERSION, ProbePaths, TargetInfo, TraceEnd, TraceStart},
-    host::{self, Machine, NameError},
-    kernel_btf::{KernelBtf, KernelBtfError},
-    launch::{ChildExit, LaunchError, RunAs, spawn_stopped, try_reap},
-    loader::{Kernel, LoadError, LostCounters, ProbeSpec, raise_fd_limit},
-    modules::{ModuleCandidates, ModuleError},
-    order::REORDER_WINDOW_NS,
     pipeline::EventPipeline,
-    placement::ProbePath,
+    pipeline::order::REORDER_WINDOW_NS,
+    record::attach::kernel_btf::{KernelBtf, KernelBtfError},
+    record::attach::launch::{ChildExit, LaunchError, RunAs, spawn_stopped, try_reap},
+    record::attach::loader::{Kernel, LoadError, LostCounters, ProbeSpec, raise_fd_limit},
+    record::drain::{Batch, RingDrain},
+    record::resolve::modules::{ModuleCandidates, ModuleError},
+    record::resolve::placement::ProbePath,
+    record::resolve::symbols::{FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code},
+    record::resolve::targets::{self, FileId, Process, TargetError},
     sink::Sink,
-    symbols::{FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code},
-    targets::{self, FileId, Process, TargetError},
     usdt::{
         self,
         select::{ProbeFiles, RegisterOffsets, Selection as UsdtSelection, UsdtPattern},

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use object::read::elf::ElfFile64;
 
-use crate::targets;
+use crate::record::resolve::targets;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {

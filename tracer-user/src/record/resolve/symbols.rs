@@ -9,9 +9,9 @@ use std::{
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
 use crate::{
-    disasm::{Entry, FunctionCode},
-    golang::{self, GoInfo},
-    placement::{self, EntryPoint, KernelProbes, ProbePath},
+    record::resolve::disasm::{Entry, FunctionCode},
+    record::resolve::golang::{self, GoInfo},
+    record::resolve::placement::{self, EntryPoint, KernelProbes, ProbePath},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +46,7 @@ pub struct Function {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Placement {
     /// A uprobe and a uretprobe for its return, both at `entry` bytes after the symbol (past a
-    /// leading `endbr64` or nops when that reaches a faster path: see [`crate::placement`]) (System
+    /// leading `endbr64` or nops when that reaches a faster path: see [`crate::record::resolve::placement`]) (System
     /// V code: C, C++, Rust).
     Native(EntryPoint),
     /// Go code, whose runtime moves and walks stacks, so no uretprobe: ordinary uprobes at the

@@ -112,7 +112,7 @@ impl ChannelResolver {
         Some(path)
     }
 
-    /// The event for an IPC record, with `flow_id`s left for the [`crate::flows::FlowMatcher`].
+    /// The event for an IPC record, with `flow_id`s left for the [`crate::pipeline::flows::FlowMatcher`].
     pub fn ipc_event(&mut self, pid: u32, r: &IpcRecord, captured: &[u8]) -> Option<EventData> {
         let direction = Direction::try_from(r.direction).ok()?;
         let kind = ChannelKind::try_from(r.channel).ok()?;

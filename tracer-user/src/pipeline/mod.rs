@@ -2,12 +2,15 @@
 //! they are put in time order ([`Reorder`]), linked ([`FlowMatcher`]), and filtered to the kinds the
 //! user asked for (IPC records come both ways even when only sends were asked for).
 
+pub mod flows;
+pub mod order;
+
 use std::{collections::BTreeSet, io};
 
 use crate::{
     event::{Event, EventKind, IpcStats},
-    flows::FlowMatcher,
-    order::Reorder,
+    pipeline::flows::FlowMatcher,
+    pipeline::order::Reorder,
     sink::Sink,
 };
 

@@ -14,7 +14,7 @@
 //! - Signals: the kernel queues a signal for one thread or for the whole process and a thread
 //!   takes its own first: delivery pops the thread's queue, then the process's.
 //!
-//! Events must come in time order (see [`crate::order`]): a send is stamped at its syscall's entry
+//! Events must come in time order (see [`crate::pipeline::order`]): a send is stamped at its syscall's entry
 //! and a receive at its exit, so a send always precedes the receives of its bytes.
 
 use crate::event::data;
