@@ -20,7 +20,6 @@
 
 pub mod analysis;
 pub mod assemble;
-pub mod cli;
 pub mod cluster;
 pub mod debuginfo;
 pub mod errors;

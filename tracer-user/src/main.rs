@@ -1,7 +1,9 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use tracer_user::cli::{Cli, run};
+mod cli;
+
+use cli::{Cli, run};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -31,13 +31,12 @@ use crate::{
 };
 
 /// The columns a function table can be sorted by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SortColumn {
     Function,
     Process,
     Calls,
     Total,
-    #[value(name = "self")]
     SelfTime,
     Mean,
     Min,
@@ -46,6 +45,42 @@ pub enum SortColumn {
     P99,
     Max,
     Unfinished,
+}
+
+impl SortColumn {
+    /// Every column, in the order the command line lists them.
+    pub const ALL: [SortColumn; 12] = [
+        SortColumn::Function,
+        SortColumn::Process,
+        SortColumn::Calls,
+        SortColumn::Total,
+        SortColumn::SelfTime,
+        SortColumn::Mean,
+        SortColumn::Min,
+        SortColumn::P50,
+        SortColumn::P90,
+        SortColumn::P99,
+        SortColumn::Max,
+        SortColumn::Unfinished,
+    ];
+
+    /// The column's name on the command line (`--sort NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SortColumn::Function => "function",
+            SortColumn::Process => "process",
+            SortColumn::Calls => "calls",
+            SortColumn::Total => "total",
+            SortColumn::SelfTime => "self",
+            SortColumn::Mean => "mean",
+            SortColumn::Min => "min",
+            SortColumn::P50 => "p50",
+            SortColumn::P90 => "p90",
+            SortColumn::P99 => "p99",
+            SortColumn::Max => "max",
+            SortColumn::Unfinished => "unfinished",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

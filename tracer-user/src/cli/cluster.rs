@@ -9,7 +9,7 @@ use super::{
     TraceOptions, describe_output, open_output, output_format, parse_seconds, print_summary, still_running_code,
     stop_signal,
 };
-use crate::{
+use tracer_user::{
     cluster::{
         agent::{self, AgentOptions, Listen},
         auth::Secret,

@@ -4,6 +4,7 @@
 mod cluster;
 mod status;
 mod top;
+mod values;
 
 use std::{
     collections::BTreeSet,
@@ -17,7 +18,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
 
-use crate::{
+use tracer_user::{
     analysis::{
         calls::{CallFilter, CallPrinter},
         stats::{self, ReportBuilder, SortColumn},
@@ -97,7 +98,7 @@ pub struct TraceOptions {
     pub no_follow: bool,
     /// Output format (default: from the output's extension: .jsonl, .json, .flame.json, .folded,
     /// .svg, .pftrace, .speedscope.json, .trc, .pcapng).
-    #[arg(long, value_enum, value_name = "FMT")]
+    #[arg(long, value_parser = values::format(), value_name = "FMT")]
     pub format: Option<Format>,
     /// Stop after this many seconds.
     #[arg(short, long, value_name = "SECONDS", value_parser = parse_seconds)]
@@ -110,8 +111,8 @@ pub struct TraceOptions {
     pub max_probes: usize,
     /// Bytes read of each string parameter (C `char *`, Rust `&str`) and string return value at
     /// most; a longer one is marked truncated.
-    #[arg(long, value_name = "BYTES", default_value_t = crate::debuginfo::layout::DEFAULT_STRING_SIZE,
-          value_parser = clap::value_parser!(u16).range(1..=crate::debuginfo::layout::MAX_STRING_SIZE as i64))]
+    #[arg(long, value_name = "BYTES", default_value_t = tracer_user::debuginfo::layout::DEFAULT_STRING_SIZE,
+          value_parser = clap::value_parser!(u16).range(1..=tracer_user::debuginfo::layout::MAX_STRING_SIZE as i64))]
     pub string_size: u16,
     /// Copy the first N bytes of every traced send and receive (0: none; at most 4096): JSON lines
     /// get `payload` (base64) and `payload_truncated`.
@@ -183,7 +184,7 @@ pub struct ExportArgs {
     #[arg(short, long, value_name = "PATH", required_unless_present = "otlp")]
     pub output: Option<PathBuf>,
     /// Output format (default: from the output's extension).
-    #[arg(long, value_enum, value_name = "FMT")]
+    #[arg(long, value_parser = values::format(), value_name = "FMT")]
     pub format: Option<Format>,
     /// pcapng output: also write the events that are not messages as packets (see `record`).
     #[arg(long)]
@@ -200,7 +201,7 @@ pub struct ReportArgs {
     #[arg(long)]
     pub by_process: bool,
     /// Sort the function table by this column (numbers biggest first).
-    #[arg(long, value_enum, value_name = "COLUMN", default_value = "total")]
+    #[arg(long, value_parser = values::sort_column(), value_name = "COLUMN", default_value = "total")]
     pub sort: SortColumn,
     /// Write the report as JSON.
     #[arg(long)]

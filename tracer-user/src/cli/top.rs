@@ -1,4 +1,4 @@
-//! `tracer top`: the command line of live in-kernel statistics (see [`crate::top`]).
+//! `tracer top`: the command line of live in-kernel statistics (see [`tracer_user::top`]).
 
 use std::{
     ffi::OsString,
@@ -10,7 +10,7 @@ use std::{
 use clap::Args;
 
 use super::{parse_seconds, stop_signal};
-use crate::{
+use tracer_user::{
     event::EndReason,
     record::attach::launch::ChildExit,
     record::{self, RecordOptions},

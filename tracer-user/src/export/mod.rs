@@ -24,29 +24,68 @@ use crate::{
 /// Most sends remembered for links to receives yet to come; older ones are forgotten first.
 pub(crate) const MAX_REMEMBERED_SENDS: usize = 1 << 20;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// The file formats a trace can be written in; what each is: [`Format::summary`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
-    /// JSON lines: one event per line (`.jsonl`).
     Jsonl,
-    /// Chrome/Perfetto Trace Event Format, JSON object form (`.json`).
     Chrome,
-    /// Flame graph data: a JSON tree of time per call stack and process (`.flame.json`).
     Flamegraph,
-    /// Folded stacks for inferno, flamegraph.pl and speedscope (`.folded`).
     Folded,
-    /// An interactive flame graph (`.svg`).
     Svg,
-    /// Perfetto's native protobuf trace (`.pftrace`).
     Perfetto,
-    /// The tracer's own compact binary format (`.trc`), read back by `report`, `calls`, `export`.
     Native,
-    /// speedscope's own format: an evented profile per thread on shared frames (`.speedscope.json`).
     Speedscope,
-    /// A packet capture for Wireshark: every message as a packet (`.pcapng`).
     Pcapng,
 }
 
 impl Format {
+    /// Every format, in the order the command line lists them.
+    pub const ALL: [Format; 9] = [
+        Format::Jsonl,
+        Format::Chrome,
+        Format::Flamegraph,
+        Format::Folded,
+        Format::Svg,
+        Format::Perfetto,
+        Format::Native,
+        Format::Speedscope,
+        Format::Pcapng,
+    ];
+
+    /// The format's name on the command line (`--format NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Jsonl => "jsonl",
+            Format::Chrome => "chrome",
+            Format::Flamegraph => "flamegraph",
+            Format::Folded => "folded",
+            Format::Svg => "svg",
+            Format::Perfetto => "perfetto",
+            Format::Native => "native",
+            Format::Speedscope => "speedscope",
+            Format::Pcapng => "pcapng",
+        }
+    }
+
+    /// What the format is and its extension, for help texts.
+    pub fn summary(self) -> &'static str {
+        match self {
+            Format::Jsonl => "JSON lines: one event per line (`.jsonl`)",
+            Format::Chrome => "Chrome/Perfetto Trace Event Format, JSON object form (`.json`)",
+            Format::Flamegraph => "Flame graph data: a JSON tree of time per call stack and process (`.flame.json`)",
+            Format::Folded => "Folded stacks for inferno, flamegraph.pl and speedscope (`.folded`)",
+            Format::Svg => "An interactive flame graph (`.svg`)",
+            Format::Perfetto => "Perfetto's native protobuf trace (`.pftrace`)",
+            Format::Native => {
+                "The tracer's own compact binary format (`.trc`), read back by `report`, `calls`, `export`"
+            }
+            Format::Speedscope => {
+                "speedscope's own format: an evented profile per thread on shared frames (`.speedscope.json`)"
+            }
+            Format::Pcapng => "A packet capture for Wireshark: every message as a packet (`.pcapng`)",
+        }
+    }
+
     /// The format an output path's extension implies.
     pub fn from_path(path: &Path) -> Option<Format> {
         let name = path.file_name()?.to_string_lossy().to_lowercase();
@@ -151,5 +190,11 @@ mod tests {
         assert_eq!(Format::from_path(Path::new("trace.pcapng")), Some(Format::Pcapng));
         assert_eq!(Format::from_path(Path::new("trace.txt")), None);
         assert_eq!(Format::from_path(Path::new("trace")), None);
+    }
+
+    #[test]
+    fn every_format_has_a_name_of_its_own() {
+        let names: std::collections::BTreeSet<_> = Format::ALL.map(Format::name).into();
+        assert_eq!(names.len(), Format::ALL.len());
     }
 }
