@@ -7,6 +7,7 @@ use cli::{Cli, run};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    cli::stderr::install();
     match run(cli) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {

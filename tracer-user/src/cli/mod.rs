@@ -3,6 +3,7 @@
 
 mod cluster;
 mod status;
+pub mod stderr;
 mod top;
 mod values;
 

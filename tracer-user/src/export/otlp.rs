@@ -604,17 +604,17 @@ impl Sink for OtlpSink {
             let _ = exporter.join();
         }
         let c = &self.counters;
-        eprintln!("tracer: {} spans sent to {} (OTLP)", c.spans_sent.load(Ordering::Relaxed), self.endpoint);
+        tracing::info!("{} spans sent to {} (OTLP)", c.spans_sent.load(Ordering::Relaxed), self.endpoint);
         let full = c.spans_dropped_queue_full.load(Ordering::Relaxed);
         let failed = c.spans_dropped_export_failed.load(Ordering::Relaxed);
         if full > 0 {
-            eprintln!(
-                "tracer: warning: {full} spans were lost before OTLP export (the export queue of {QUEUE_BATCHES} batches was full: the collector took them slower than they came)"
+            tracing::warn!(
+                "{full} spans were lost before OTLP export (the export queue of {QUEUE_BATCHES} batches was full: the collector took them slower than they came)"
             );
         }
         if failed > 0 {
-            eprintln!(
-                "tracer: warning: {failed} spans were lost in OTLP export (the collector refused them or was unreachable; see above)"
+            tracing::warn!(
+                "{failed} spans were lost in OTLP export (the collector refused them or was unreachable; see above)"
             );
         }
         Ok(())
@@ -768,7 +768,7 @@ fn export_loop(
             Err(why) => {
                 counters.spans_dropped_export_failed.fetch_add(spans, Ordering::Relaxed);
                 if !warned {
-                    eprintln!("tracer: warning: OTLP export to {endpoint} failed: {why}");
+                    tracing::warn!("OTLP export to {endpoint} failed: {why}");
                     warned = true;
                 }
             }
