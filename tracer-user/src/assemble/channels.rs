@@ -1,5 +1,5 @@
-//! From the kernel's IPC and signal records to events: which channel a transfer went through, named
-//! so that both ends agree, and what the flow matcher needs to link them.
+//! From the kernel's IPC records to events: which channel a transfer went through, named so that
+//! both ends agree, and what the flow matcher needs to link them.
 
 use crate::event::data;
 use std::{
@@ -9,9 +9,9 @@ use std::{
     path::PathBuf,
 };
 
-use tracer_common::{ChannelKind, Direction, IpcRecord, IpcSyscall, SignalRecord, decode::c_bytes};
+use tracer_common::{ChannelKind, Direction, IpcRecord, IpcSyscall, decode::c_bytes};
 
-use crate::event::{Channel, EventData, SignalId, Syscall};
+use crate::event::{Channel, EventData, Syscall};
 
 const AF_INET: u16 = 2;
 
@@ -187,24 +187,6 @@ impl ChannelResolver {
     }
 }
 
-/// The event for a signal record, with its `flow_id` left for the flow matcher.
-pub fn signal_event(pid: u32, r: &SignalRecord) -> EventData {
-    let delivered = r.delivered != 0;
-    EventData::Signal(data::Signal {
-        signal: SignalId::new(r.signal as i32),
-        // At generation the sender is the current process; at delivery the siginfo says who sent
-        // it (the matcher replaces it with the generation's sender when it links them).
-        sender_pid: if delivered { r.si_pid } else { pid },
-        target_pid: r.target_pid,
-        target_tid: r.target_tid,
-        delivered,
-        flow_id: None,
-        group: r.group != 0,
-        // TRACE_SIGNAL_DELIVERED (0) and TRACE_SIGNAL_LOSE_INFO (4) leave the signal pending.
-        queued: delivered || r.result == 0 || r.result == 4,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use tracer_common::{RecordHeader, RecordKind};
@@ -320,27 +302,5 @@ mod tests {
         assert_eq!(ida, idc, "both directions are one conversation");
         assert_ne!(toa, toc, "told apart by their receiving ends");
         assert!(![a.local_sk, a.peer_sk].contains(ida) && ![a.local_sk, a.peer_sk].contains(toa));
-    }
-
-    #[test]
-    fn signal_results() {
-        let mut r = SignalRecord {
-            header: RecordHeader { kind: RecordKind::Signal as u32, _pad: 0, ts_boot_ns: 1, pid: 7, tid: 7 },
-            signal: 10,
-            delivered: 0,
-            target_pid: 8,
-            target_tid: 8,
-            code: 0,
-            si_pid: 0,
-            group: 1,
-            result: 2,
-        };
-        let EventData::Signal(data::Signal { queued, sender_pid, group, .. }) = signal_event(7, &r) else { panic!() };
-        assert!(!queued, "already pending: not queued again");
-        assert_eq!(sender_pid, 7);
-        assert!(group);
-        r.result = 0;
-        let EventData::Signal(data::Signal { queued, .. }) = signal_event(7, &r) else { panic!() };
-        assert!(queued);
     }
 }

@@ -4,6 +4,7 @@
 pub mod channels;
 pub mod clock;
 pub mod pairing;
+pub mod signals;
 
 use crate::event::data;
 use std::sync::Arc;
@@ -14,9 +15,9 @@ use tracer_common::{
 };
 
 use crate::{
-    assemble::channels::{ChannelResolver, signal_event},
     assemble::clock::BootClock,
     assemble::pairing::{CallStacks, GoroutineStacks},
+    assemble::{channels::ChannelResolver, signals::signal_event},
     debuginfo::{
         SourceFunction, format,
         layout::{FunctionLayout, Registers, Source, parse_strings},
