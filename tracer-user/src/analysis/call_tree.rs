@@ -21,7 +21,10 @@
 //! cap (a flame graph shows it folded into that frame).
 
 use crate::event::data;
-use std::{collections::HashMap, io, sync::Arc};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+};
 
 pub use crate::event::Track;
 use crate::event::{Args, Event, EventData, SpawnHow};
@@ -130,11 +133,19 @@ struct ThreadCalls {
     last_tid: u32,
 }
 
+type Key = (u32, Track);
+
 /// The open calls of every track, turned into slices as they end.
+///
+/// [`CallTracker::event`] and [`CallTracker::finish`] return what begins and ends, for the
+/// caller to iterate ([`Calls`]); nothing is called back.
 #[derive(Debug)]
 pub struct CallTracker {
-    threads: HashMap<(u32, Track), ThreadCalls>,
+    threads: HashMap<Key, ThreadCalls>,
     max_depth: usize,
+    /// What the event being followed still has to do, planned when it comes and done as
+    /// [`Calls`] is iterated (kept here so that following an event allocates nothing).
+    ops: VecDeque<Op>,
 }
 
 impl Default for CallTracker {
@@ -143,61 +154,85 @@ impl Default for CallTracker {
     }
 }
 
+/// One step of what an event does to the open calls.
+#[derive(Debug)]
+enum Op {
+    /// Report the call at `depth` of a track as begun.
+    Begin { key: Key, tid: u32, depth: usize },
+    /// End the top frame of a track, once or while more than `keep` frames are open; the top
+    /// frame takes `ret` (its return value at source level) as it ends.
+    Pop {
+        key: Key,
+        at: At,
+        keep: usize,
+        once: bool,
+        end: u64,
+        ending: Ending,
+        call_seen: bool,
+        ret: Option<data::SourceValue>,
+    },
+    /// Place a call whose call line is missing.
+    Insert { key: Key, pos: usize, frame: Frame },
+    /// Forget a track (its thread exited, or its process ended).
+    Remove { key: Key },
+}
+
 impl CallTracker {
     /// A tracker keeping at most `max_depth` (at least 1) open calls per thread.
     pub fn new(max_depth: usize) -> Self {
-        CallTracker { threads: HashMap::new(), max_depth: max_depth.max(1) }
+        CallTracker { threads: HashMap::new(), max_depth: max_depth.max(1), ops: VecDeque::new() }
     }
 
-    /// Follows one event; `on` hears of each call that begins or ends because of it.
-    pub fn event(&mut self, e: &Event, on: &mut dyn FnMut(CallEvent)) {
+    /// Follows one event: the calls that begin or end because of it, in order, for the caller to
+    /// iterate.
+    pub fn event(&mut self, e: &Event) -> Calls<'_> {
+        self.ops.clear();
         let at = At { pid: e.pid, tid: e.tid, track: e.track() };
+        let key = (e.pid, at.track);
         match &e.data {
             EventData::Call(data::Call { function, module, args, params, .. }) => {
                 let max_depth = self.max_depth;
-                let thread = self.threads.entry((e.pid, at.track)).or_default();
+                let thread = self.threads.entry(key).or_default();
                 thread.last_tid = e.tid;
                 if thread.frames.len() >= max_depth {
                     thread.hidden += 1;
-                    return;
+                } else {
+                    thread.frames.push(Frame {
+                        function: function.clone(),
+                        module: module.clone(),
+                        args: *args,
+                        params: params.clone(),
+                        ret: None,
+                        start: e.ts,
+                        callee_ns: 0,
+                    });
+                    let depth = thread.frames.len() - 1;
+                    self.ops.push_back(Op::Begin { key, tid: e.tid, depth });
                 }
-                thread.frames.push(Frame {
-                    function: function.clone(),
-                    module: module.clone(),
-                    args: *args,
-                    params: params.clone(),
-                    ret: None,
-                    start: e.ts,
-                    callee_ns: 0,
-                });
-                let depth = thread.frames.len() - 1;
-                on(CallEvent::Begin { pid: e.pid, tid: e.tid, track: at.track, frame: &thread.frames[depth], depth });
             }
-            EventData::Return(data::Return { function, module, retval, duration_ns, ret, .. }) => {
-                // Without a duration the call was not seen: there is no slice.
-                let Some(duration) = duration_ns else { return };
+            // A return without a duration (its call was not seen) has no slice.
+            EventData::Return(data::Return { function, module, retval, duration_ns: Some(duration), ret, .. }) => {
                 let start = e.ts.saturating_sub(*duration);
-                let max_depth = self.max_depth;
-                let thread = self.threads.entry((e.pid, at.track)).or_default();
-                thread.last_tid = e.tid;
                 let ret = Return { function, module, start, end: e.ts, retval: *retval, value: ret.as_ref() };
-                thread.ret(at, ret, max_depth, on);
+                self.plan_return(key, at, ret);
             }
             EventData::Exit(data::Exit { thread, .. }) => {
-                if let Some(mut calls) = self.threads.remove(&(e.pid, Track::Thread(e.tid))) {
-                    calls.close_above(at, 0, e.ts, Ending::ThreadExited, on);
+                let own = (e.pid, Track::Thread(e.tid));
+                if self.threads.contains_key(&own) {
+                    self.plan_close(own, at, e.ts, Ending::ThreadExited);
                 }
                 if !*thread {
                     // The process is gone: so are its goroutines.
-                    self.close_process(e.pid, e.ts, Ending::ThreadExited, on);
+                    self.plan_close_process(e.pid, Some(own), e.ts, Ending::ThreadExited);
                 }
             }
             EventData::Spawn(data::Spawn { how: SpawnHow::Exec, .. }) => {
                 // The old program's calls never return, on any thread or goroutine of the process.
-                self.close_process(e.pid, e.ts, Ending::Exec, on);
+                self.plan_close_process(e.pid, None, e.ts, Ending::Exec);
             }
             _ => {}
         }
+        Calls { tracker: self, ended: None }
     }
 
     /// The calls open on a track, outermost first.
@@ -205,24 +240,177 @@ impl CallTracker {
         self.threads.get(&(pid, track)).map_or(&[], |t| t.frames.as_slice())
     }
 
-    /// Ends every open call of a process, track by track in order.
-    fn close_process(&mut self, pid: u32, ts: u64, ending: Ending, on: &mut dyn FnMut(CallEvent)) {
-        let mut tracks: Vec<(u32, Track)> = self.threads.keys().filter(|k| k.0 == pid).copied().collect();
-        tracks.sort_unstable();
-        for key in tracks {
-            if let Some(mut calls) = self.threads.remove(&key) {
-                calls.close_all(pid, key.1, ts, ending, on);
-            }
+    /// Ends every open call at `ts` (tracing stopped), track by track in (pid, track) order.
+    pub fn finish(&mut self, ts: u64) -> Calls<'_> {
+        self.ops.clear();
+        let mut keys: Vec<Key> = self.threads.keys().copied().collect();
+        keys.sort_unstable();
+        for key in keys {
+            let at = self.track_end(key);
+            self.plan_close(key, at, ts, Ending::TracingStopped);
+        }
+        Calls { tracker: self, ended: None }
+    }
+
+    /// Where a track's calls end without an event of their own: on its thread, or for a goroutine
+    /// on the thread it last ran on.
+    fn track_end(&self, key: Key) -> At {
+        let tid = match key.1 {
+            Track::Thread(t) => t,
+            Track::Goroutine(_) => self.threads.get(&key).map_or(0, |t| t.last_tid),
+        };
+        At { pid: key.0, tid, track: key.1 }
+    }
+
+    /// Ends every frame of a track as not returned, then forgets it.
+    fn plan_close(&mut self, key: Key, at: At, end: u64, ending: Ending) {
+        self.ops.push_back(Op::Pop { key, at, keep: 0, once: false, end, ending, call_seen: true, ret: None });
+        self.ops.push_back(Op::Remove { key });
+    }
+
+    /// Ends every open call of a process (but `except`'s, planned already), track by track in order.
+    fn plan_close_process(&mut self, pid: u32, except: Option<Key>, ts: u64, ending: Ending) {
+        let mut keys: Vec<Key> = self.threads.keys().filter(|k| k.0 == pid && Some(**k) != except).copied().collect();
+        keys.sort_unstable();
+        for key in keys {
+            let at = self.track_end(key);
+            self.plan_close(key, at, ts, ending);
         }
     }
 
-    /// Ends every open call at `ts` (tracing stopped), track by track in (pid, track) order.
-    pub fn finish(&mut self, ts: u64, on: &mut dyn FnMut(CallEvent)) {
-        let mut threads: Vec<((u32, Track), ThreadCalls)> = self.threads.drain().collect();
-        threads.sort_unstable_by_key(|(k, _)| *k);
-        for ((pid, track), mut thread) in threads {
-            thread.close_all(pid, track, ts, Ending::TracingStopped, on);
+    fn plan_return(&mut self, key: Key, at: At, ret: Return) {
+        let max_depth = self.max_depth;
+        let thread = self.threads.entry(key).or_default();
+        thread.last_tid = at.tid;
+        // Frames are in start order: those at `pos` and above started inside the returning call.
+        let pos = thread.frames.partition_point(|f| f.start <= ret.start);
+        let matched = pos > 0 && {
+            let f = &thread.frames[pos - 1];
+            f.start == ret.start && f.function == *ret.function
+        };
+        let end = ret.end;
+        let pop = |keep, once, ending, call_seen, ret| Op::Pop { key, at, keep, once, end, ending, call_seen, ret };
+        let target = if matched {
+            pos - 1
+        } else if pos == thread.frames.len() && thread.frames.len() >= max_depth {
+            // A call past the cap returned: its time is already the top frame's.
+            thread.hidden = thread.hidden.saturating_sub(1);
+            return;
+        } else {
+            // The call line is missing: its return still places the slice, around the calls that
+            // started after it.
+            if thread.frames.len() >= max_depth {
+                self.ops.push_back(pop(0, true, Ending::CallerReturned, true, None));
+            }
+            let frame = Frame {
+                function: ret.function.clone(),
+                module: ret.module.clone(),
+                args: Args::default(),
+                params: data::Params::default(),
+                ret: None,
+                start: ret.start,
+                callee_ns: 0,
+            };
+            self.ops.push_back(Op::Insert { key, pos, frame });
+            pos
+        };
+        self.ops.push_back(pop(target + 1, false, Ending::CallerReturned, true, None));
+        let returned = Ending::Returned { retval: ret.retval };
+        self.ops.push_back(pop(0, true, returned, matched, ret.value.cloned()));
+    }
+}
+
+/// The calls that begin and end because of one event (or the end of tracing), in order.
+///
+/// A lending iterator (`while let Some(c) = calls.next()`): each [`CallEvent`] borrows the open
+/// calls around it, so the next one comes once it is let go. Dropping `Calls` early still does
+/// the rest of the event's work, unreported.
+pub struct Calls<'t> {
+    tracker: &'t mut CallTracker,
+    /// The frame of the last slice reported, with its track: its time goes to its caller's
+    /// callee time when the next step is asked for.
+    ended: Option<(Key, Frame, u64)>,
+}
+
+/// What a step of [`Calls`] found, before it is borrowed into a [`CallEvent`].
+enum Step {
+    Begin { key: Key, tid: u32, depth: usize },
+    End { key: Key, at: At, end: u64, ending: Ending, call_seen: bool },
+}
+
+impl Calls<'_> {
+    /// The next call that begins or ends; `None` once the event's work is done.
+    #[allow(clippy::should_implement_trait)] // a lending iterator: each item borrows the iterator
+    pub fn next(&mut self) -> Option<CallEvent<'_>> {
+        self.credit_caller();
+        Some(match self.step()? {
+            Step::Begin { key, tid, depth } => {
+                let frame = &self.tracker.threads[&key].frames[depth];
+                CallEvent::Begin { pid: key.0, tid, track: key.1, frame, depth }
+            }
+            Step::End { key, at, end, ending, call_seen } => {
+                let (_, frame, _) = self.ended.as_ref().expect("a step that ends a call keeps its frame");
+                let callers = self.tracker.threads.get(&key).map_or(&[][..], |t| &t.frames[..]);
+                CallEvent::End(Slice {
+                    pid: at.pid,
+                    tid: at.tid,
+                    track: at.track,
+                    frame,
+                    end,
+                    ending,
+                    callers,
+                    call_seen,
+                })
+            }
+        })
+    }
+
+    /// The last slice's time goes to its caller's callee time, once the slice has been seen.
+    fn credit_caller(&mut self) {
+        if let Some((key, frame, end)) = self.ended.take()
+            && let Some(caller) = self.tracker.threads.get_mut(&key).and_then(|t| t.frames.last_mut())
+        {
+            caller.callee_ns += end.saturating_sub(frame.start);
         }
+    }
+
+    /// Runs ops until one has something to report.
+    fn step(&mut self) -> Option<Step> {
+        loop {
+            match self.tracker.ops.pop_front()? {
+                Op::Begin { key, tid, depth } => return Some(Step::Begin { key, tid, depth }),
+                Op::Insert { key, pos, frame } => {
+                    self.tracker.threads.entry(key).or_default().frames.insert(pos, frame);
+                }
+                Op::Remove { key } => {
+                    self.tracker.threads.remove(&key);
+                }
+                Op::Pop { key, at, keep, once, end, ending, call_seen, ret } => {
+                    let Some(thread) = self.tracker.threads.get_mut(&key) else { continue };
+                    if thread.frames.len() <= keep {
+                        continue;
+                    }
+                    let Some(mut frame) = thread.frames.pop() else { continue };
+                    // Hidden calls were inside the top frame: they end with it.
+                    thread.hidden = 0;
+                    if ret.is_some() {
+                        frame.ret = ret;
+                    }
+                    if !once {
+                        // More frames above `keep` may follow.
+                        self.tracker.ops.push_front(Op::Pop { key, at, keep, once, end, ending, call_seen, ret: None });
+                    }
+                    self.ended = Some((key, frame, end));
+                    return Some(Step::End { key, at, end, ending, call_seen });
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Calls<'_> {
+    fn drop(&mut self) {
+        while self.next().is_some() {}
     }
 }
 
@@ -234,36 +422,6 @@ struct At {
     track: Track,
 }
 
-/// Something that turns call slices into output, owning the tracker that makes them.
-pub trait CallSink {
-    fn tracker(&mut self) -> &mut CallTracker;
-    /// Hears of a call that begins or ends. After an error, nothing more is heard.
-    fn on_call(&mut self, c: CallEvent) -> io::Result<()>;
-}
-
-/// Follows one event with the sink's tracker, handing the sink what begins and ends.
-pub fn follow_event(sink: &mut impl CallSink, e: &Event) -> io::Result<()> {
-    follow(sink, |tracker, on| tracker.event(e, on))
-}
-
-/// Ends every open call at `ts` (tracing stopped), handing the sink the slices.
-pub fn follow_end(sink: &mut impl CallSink, ts: u64) -> io::Result<()> {
-    follow(sink, |tracker, on| tracker.finish(ts, on))
-}
-
-fn follow<S: CallSink>(sink: &mut S, step: impl FnOnce(&mut CallTracker, &mut dyn FnMut(CallEvent))) -> io::Result<()> {
-    // The tracker is moved out for the step, so that the callback can borrow the sink.
-    let mut tracker = std::mem::take(sink.tracker());
-    let mut result = Ok(());
-    step(&mut tracker, &mut |c| {
-        if result.is_ok() {
-            result = sink.on_call(c);
-        }
-    });
-    *sink.tracker() = tracker;
-    result
-}
-
 struct Return<'a> {
     function: &'a Arc<str>,
     module: &'a Arc<str>,
@@ -273,86 +431,17 @@ struct Return<'a> {
     value: Option<&'a data::SourceValue>,
 }
 
-impl ThreadCalls {
-    /// Pops the top frame and reports it ended; its time goes to its caller's callee time.
-    fn close_top(&mut self, at: At, end: u64, ending: Ending, call_seen: bool, on: &mut dyn FnMut(CallEvent)) {
-        let Some(frame) = self.frames.pop() else { return };
-        // Hidden calls were inside the top frame: they end with it.
-        self.hidden = 0;
-        let slice = Slice {
-            pid: at.pid,
-            tid: at.tid,
-            track: at.track,
-            frame: &frame,
-            end,
-            ending,
-            callers: &self.frames,
-            call_seen,
-        };
-        let duration = slice.duration();
-        on(CallEvent::End(slice));
-        if let Some(caller) = self.frames.last_mut() {
-            caller.callee_ns += duration;
-        }
-    }
-
-    /// Ends, as not returned, every frame of the track (a goroutine's on the thread it last ran on).
-    fn close_all(&mut self, pid: u32, track: Track, end: u64, ending: Ending, on: &mut dyn FnMut(CallEvent)) {
-        let tid = match track {
-            Track::Thread(t) => t,
-            Track::Goroutine(_) => self.last_tid,
-        };
-        self.close_above(At { pid, tid, track }, 0, end, ending, on);
-    }
-
-    /// Ends, as not returned, the frames from index `keep` up.
-    fn close_above(&mut self, at: At, keep: usize, end: u64, ending: Ending, on: &mut dyn FnMut(CallEvent)) {
-        while self.frames.len() > keep {
-            self.close_top(at, end, ending, true, on);
-        }
-    }
-
-    fn ret(&mut self, at: At, ret: Return, max_depth: usize, on: &mut dyn FnMut(CallEvent)) {
-        // Frames are in start order: those at `pos` and above started inside the returning call.
-        let pos = self.frames.partition_point(|f| f.start <= ret.start);
-        let matched = pos > 0 && {
-            let f = &self.frames[pos - 1];
-            f.start == ret.start && f.function == *ret.function
-        };
-        let target = if matched {
-            pos - 1
-        } else if pos == self.frames.len() && self.frames.len() >= max_depth {
-            // A call past the cap returned: its time is already the top frame's.
-            self.hidden = self.hidden.saturating_sub(1);
-            return;
-        } else {
-            // The call line is missing: its return still places the slice, around the calls that
-            // started after it.
-            if self.frames.len() >= max_depth {
-                self.close_top(at, ret.end, Ending::CallerReturned, true, on);
-            }
-            let frame = Frame {
-                function: ret.function.clone(),
-                module: ret.module.clone(),
-                args: Args::default(),
-                params: data::Params::default(),
-                ret: None,
-                start: ret.start,
-                callee_ns: 0,
-            };
-            self.frames.insert(pos, frame);
-            pos
-        };
-        self.close_above(at, target + 1, ret.end, Ending::CallerReturned, on);
-        self.frames[target].ret = ret.value.cloned();
-        self.close_top(at, ret.end, Ending::Returned { retval: ret.retval }, matched, on);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::event::test_events::{call, ev, go_call, go_ret, ret};
+
+    /// Hands `on` each call that begins or ends.
+    fn each(mut calls: Calls, mut on: impl FnMut(CallEvent)) {
+        while let Some(c) = calls.next() {
+            on(c);
+        }
+    }
 
     /// (function, start, end, depth, returned, call_seen, self_ns) of each slice, in end order.
     type Row = (String, u64, u64, usize, bool, bool, u64);
@@ -374,9 +463,9 @@ mod tests {
         };
         let mut tracker = CallTracker::new(max_depth);
         for e in events {
-            tracker.event(e, &mut on);
+            each(tracker.event(e), &mut on);
         }
-        tracker.finish(end, &mut on);
+        each(tracker.finish(end), &mut on);
         (rows, begins)
     }
 
@@ -488,9 +577,9 @@ mod tests {
             }
         };
         for e in [call(100, 2, "worker"), call(110, 1, "old_main"), exit, exec, call(700, 1, "new_main")] {
-            tracker.event(&e, &mut on);
+            each(tracker.event(&e), &mut on);
         }
-        tracker.finish(900, &mut on);
+        each(tracker.finish(900), &mut on);
         assert_eq!(
             ends,
             vec![
@@ -537,7 +626,7 @@ mod tests {
         let mut ends = Vec::new();
         let mut tracker = CallTracker::default();
         for e in &events {
-            tracker.event(e, &mut |c| {
+            each(tracker.event(e), |c| {
                 if let CallEvent::End(s) = c {
                     ends.push((s.frame.function.to_string(), s.track, s.tid, s.depth(), s.frame.start, s.end));
                 }
@@ -561,7 +650,7 @@ mod tests {
             EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: false, comm: "g".into() }),
         );
         for e in [go_call(100, 3, 5, "blocked"), exit] {
-            tracker.event(&e, &mut |c| {
+            each(tracker.event(&e), |c| {
                 if let CallEvent::End(s) = c {
                     ended.push((s.frame.function.to_string(), s.end, s.ending));
                 }

@@ -18,7 +18,7 @@ use std::{
 use globset::GlobMatcher;
 
 use super::{
-    call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Track},
+    call_tree::{self, CallEvent, CallTracker, Calls, Ending, Slice, Track},
     processes::ProcessNames,
     stats::human_ns,
 };
@@ -91,9 +91,14 @@ fn source_level(frame: &call_tree::Frame) -> Arc<str> {
 
 /// Writes call trees as the trace goes; a [`Sink`].
 pub struct CallPrinter<W: Write> {
+    tracker: CallTracker,
+    printer: Printer<W>,
+}
+
+/// What the call trees are written with: everything but the open calls.
+struct Printer<W: Write> {
     out: W,
     filter: CallFilter,
-    tracker: CallTracker,
     names: ProcessNames,
     origin: u64,
     /// Lines waiting for their outermost shown call to end, per track.
@@ -104,16 +109,20 @@ pub struct CallPrinter<W: Write> {
 impl<W: Write> CallPrinter<W> {
     pub fn new(out: W, filter: CallFilter) -> Self {
         CallPrinter {
-            out,
-            filter,
             tracker: CallTracker::default(),
-            names: ProcessNames::default(),
-            origin: 0,
-            pending: HashMap::new(),
-            last_thread: None,
+            printer: Printer {
+                out,
+                filter,
+                names: ProcessNames::default(),
+                origin: 0,
+                pending: HashMap::new(),
+                last_thread: None,
+            },
         }
     }
+}
 
+impl<W: Write> Printer<W> {
     /// The depth of the outermost of `frames` (callers, outermost first, then the call itself)
     /// that the function filter shows.
     fn shown_from<'a>(&self, mut frames: impl Iterator<Item = &'a Arc<str>>) -> Option<usize> {
@@ -121,13 +130,13 @@ impl<W: Write> CallPrinter<W> {
         frames.position(|f| pattern.is_match(f.as_ref()))
     }
 
-    /// Places a program's event in its thread's open call, or prints it when no call is open.
-    fn said(&mut self, e: &Event, text: String) -> io::Result<()> {
+    /// Places a program's event in its thread's open call (`open`, outermost first), or prints it
+    /// when no call is open.
+    fn said(&mut self, e: &Event, text: String, open: &[call_tree::Frame]) -> io::Result<()> {
         if self.filter.pid.is_some_and(|p| p != e.pid) || self.filter.tid.is_some_and(|t| t != e.tid) {
             return Ok(());
         }
         let track = Track::Thread(e.tid);
-        let open = self.tracker.open_calls(e.pid, track);
         let depth = open.len();
         let Some(base) = self.shown_from(open.iter().map(|f| &f.function)) else { return Ok(()) };
         let depth = depth - base;
@@ -179,15 +188,18 @@ impl<W: Write> CallPrinter<W> {
         }
         Ok(())
     }
-}
 
-impl<W: Write> CallSink for CallPrinter<W> {
-    fn tracker(&mut self) -> &mut CallTracker {
-        &mut self.tracker
+    /// Writes each call that ended, once its tree is complete.
+    fn calls(&mut self, mut calls: Calls) -> io::Result<()> {
+        while let Some(c) = calls.next() {
+            if let CallEvent::End(slice) = c {
+                self.slice(&slice)?;
+            }
+        }
+        Ok(())
     }
 
-    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
-        let CallEvent::End(slice) = c else { return Ok(()) };
+    fn slice(&mut self, slice: &Slice) -> io::Result<()> {
         if self.filter.pid.is_some_and(|p| p != slice.pid) || self.filter.tid.is_some_and(|t| t != slice.tid) {
             return Ok(());
         }
@@ -221,22 +233,22 @@ impl<W: Write> CallSink for CallPrinter<W> {
 
 impl<W: Write> Sink for CallPrinter<W> {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
-        self.origin = start.ts;
-        self.names.begin(start);
+        self.printer.origin = start.ts;
+        self.printer.names.begin(start);
         Ok(())
     }
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
-        self.names.event(e);
+        self.printer.names.event(e);
         match said(&e.data) {
-            Some(text) => self.said(e, text),
-            None => call_tree::follow_event(self, e),
+            Some(text) => self.printer.said(e, text, self.tracker.open_calls(e.pid, Track::Thread(e.tid))),
+            None => self.printer.calls(self.tracker.event(e)),
         }
     }
 
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        call_tree::follow_end(self, end.ts)?;
-        self.out.flush()
+        self.printer.calls(self.tracker.finish(end.ts))?;
+        self.printer.out.flush()
     }
 }
 

@@ -12,14 +12,13 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    io,
     sync::Arc,
 };
 
 use serde::Serialize;
 
 use super::{
-    call_tree::{self, CallEvent, CallSink, CallTracker, Ending},
+    call_tree::{CallEvent, CallTracker, Calls, Ending, Slice},
     processes::ProcessNames,
 };
 use crate::event::{Event, TraceEnd, TraceStart};
@@ -45,6 +44,12 @@ struct Node {
 pub struct StackCollector {
     tracker: CallTracker,
     names: ProcessNames,
+    tree: StackTree,
+}
+
+/// The stacks seen so far, as a tree of nodes per process.
+#[derive(Debug, Default)]
+struct StackTree {
     nodes: Vec<Node>,
     /// The node for a function under a parent node.
     child_index: HashMap<(usize, Arc<str>), usize>,
@@ -65,19 +70,22 @@ impl StackCollector {
 
     pub fn event(&mut self, e: &Event) {
         self.names.event(e);
-        let _infallible = call_tree::follow_event(self, e);
+        self.tree.add_all(self.tracker.event(e));
     }
 
     /// Ends the calls still open at the trace's end; returns the flame graph roots, one per process,
     /// by total time descending (children by name).
     pub fn finish(&mut self, end: &TraceEnd) -> Vec<FlameNode> {
-        let _infallible = call_tree::follow_end(self, end.ts);
+        self.tree.add_all(self.tracker.finish(end.ts));
+        let tree = &self.tree;
         let mut roots: Vec<(u32, usize)> =
-            self.roots.iter().filter(|(pid, _)| self.returned.contains(pid)).map(|(p, n)| (*p, *n)).collect();
-        roots.sort_by_key(|&(pid, node)| (std::cmp::Reverse(self.nodes[node].value), pid));
-        roots.into_iter().map(|(pid, node)| self.flame_node(node, self.names.label(pid))).collect()
+            tree.roots.iter().filter(|(pid, _)| tree.returned.contains(pid)).map(|(p, n)| (*p, *n)).collect();
+        roots.sort_by_key(|&(pid, node)| (std::cmp::Reverse(tree.nodes[node].value), pid));
+        roots.into_iter().map(|(pid, node)| tree.flame_node(node, self.names.label(pid))).collect()
     }
+}
 
+impl StackTree {
     fn new_node(&mut self, name: Arc<str>) -> usize {
         self.nodes.push(Node { name, value: 0, children: Vec::new() });
         self.nodes.len() - 1
@@ -99,15 +107,17 @@ impl StackCollector {
         children.sort_by(|a, b| a.name.cmp(&b.name));
         FlameNode { name, value: self.nodes[node].value, children }
     }
-}
 
-impl CallSink for StackCollector {
-    fn tracker(&mut self) -> &mut CallTracker {
-        &mut self.tracker
+    /// Adds each call that ended to the node of its stack.
+    fn add_all(&mut self, mut calls: Calls) {
+        while let Some(c) = calls.next() {
+            if let CallEvent::End(slice) = c {
+                self.add(&slice);
+            }
+        }
     }
 
-    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
-        let CallEvent::End(slice) = c else { return Ok(()) };
+    fn add(&mut self, slice: &Slice) {
         if matches!(slice.ending, Ending::Returned { .. }) {
             self.returned.insert(slice.pid);
         }
@@ -129,7 +139,6 @@ impl CallSink for StackCollector {
             node = self.child(node, f);
         }
         self.nodes[node].value += duration;
-        Ok(())
     }
 }
 

@@ -21,7 +21,7 @@ use std::{
 use serde::Serialize;
 
 use super::{
-    call_tree::{self, CallEvent, CallSink, CallTracker, Ending},
+    call_tree::{CallEvent, CallTracker, Calls, Ending},
     percentile::Percentiles,
     processes::ProcessNames,
 };
@@ -262,15 +262,12 @@ impl ReportBuilder {
     }
 }
 
-impl CallSink for ReportBuilder {
-    fn tracker(&mut self) -> &mut CallTracker {
-        &mut self.tracker
-    }
-
-    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
-        let CallEvent::End(slice) = c else { return Ok(()) };
-        let key = (self.by_process.then_some(slice.pid), slice.frame.function.clone());
-        let acc = self.functions.entry(key).or_default();
+/// Adds the calls that ended to the function table.
+fn count_calls(mut calls: Calls, functions: &mut HashMap<(Option<u32>, Arc<str>), Accumulator>, by_process: bool) {
+    while let Some(c) = calls.next() {
+        let CallEvent::End(slice) = c else { continue };
+        let key = (by_process.then_some(slice.pid), slice.frame.function.clone());
+        let acc = functions.entry(key).or_default();
         let duration = slice.duration();
         acc.min = if acc.calls == 0 { duration } else { acc.min.min(duration) };
         acc.max = acc.max.max(duration);
@@ -281,7 +278,6 @@ impl CallSink for ReportBuilder {
         if !matches!(slice.ending, Ending::Returned { .. }) {
             acc.unfinished += 1;
         }
-        Ok(())
     }
 }
 
@@ -299,7 +295,7 @@ impl Sink for ReportBuilder {
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
         self.names.event(e);
-        call_tree::follow_event(self, e)?;
+        count_calls(self.tracker.event(e), &mut self.functions, self.by_process);
         self.process(e.pid, e.ts);
         match &e.data {
             EventData::Spawn(data::Spawn { child_pid, how: SpawnHow::Fork, .. }) => {
@@ -330,7 +326,7 @@ impl Sink for ReportBuilder {
     }
 
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        call_tree::follow_end(self, end.ts)?;
+        count_calls(self.tracker.finish(end.ts), &mut self.functions, self.by_process);
         self.report = Some(self.build(end));
         Ok(())
     }

@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 
 use super::{MAX_REMEMBERED_SENDS, lifecycle_name};
 use crate::{
-    analysis::call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Slice, Track},
+    analysis::call_tree::{CallEvent, CallTracker, Calls, Ending, Slice, Track},
     event::{
         Event, EventData, SpawnHow, TargetInfo, TraceEnd, TraceStart,
         json::{Json, Line},
@@ -43,7 +43,14 @@ struct FlowEnd {
     ts: u64,
 }
 
+/// Writes a Chrome trace as the trace goes; a [`Sink`].
 pub struct ChromeWriter<W: Write> {
+    calls: CallTracker,
+    output: Output<W>,
+}
+
+/// The trace being written: everything but the open calls.
+struct Output<W: Write> {
     out: BufWriter<W>,
     wrote_event: bool,
     /// Where each send happened, by flow id, for the arrows to its receives.
@@ -53,7 +60,6 @@ pub struct ChromeWriter<W: Write> {
     next_arrow: u64,
     origin_ns: u64,
     start: Option<TraceStart>,
-    calls: CallTracker,
     process_names: BTreeMap<u32, String>,
     thread_names: BTreeMap<(u32, u32), String>,
 }
@@ -98,7 +104,13 @@ fn micros(ns: i128) -> f64 {
 
 impl<W: Write> ChromeWriter<W> {
     pub fn new(out: W) -> Self {
-        ChromeWriter {
+        ChromeWriter { calls: CallTracker::default(), output: Output::new(out) }
+    }
+}
+
+impl<W: Write> Output<W> {
+    fn new(out: W) -> Self {
+        Output {
             out: BufWriter::with_capacity(1 << 20, out),
             wrote_event: false,
             sends: BTreeMap::new(),
@@ -106,7 +118,6 @@ impl<W: Write> ChromeWriter<W> {
             next_arrow: 1,
             origin_ns: 0,
             start: None,
-            calls: CallTracker::default(),
             process_names: BTreeMap::new(),
             thread_names: BTreeMap::new(),
         }
@@ -228,20 +239,35 @@ impl<W: Write> ChromeWriter<W> {
     }
 }
 
-impl<W: Write> CallSink for ChromeWriter<W> {
-    fn tracker(&mut self) -> &mut CallTracker {
-        &mut self.calls
+impl<W: Write> Sink for ChromeWriter<W> {
+    fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+        self.output.begin(start)
     }
 
-    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
-        match c {
-            CallEvent::Begin { .. } => Ok(()),
-            CallEvent::End(slice) => self.slice(&slice),
-        }
+    fn event(&mut self, e: &Event) -> io::Result<()> {
+        // Calls and returns make slices; an exit or exec ends the calls still open.
+        self.output.slices(self.calls.event(e))?;
+        self.output.event(e)
+    }
+
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
+        self.output.slices(self.calls.finish(end.ts))?;
+        self.output.end(end)
     }
 }
 
-impl<W: Write> Sink for ChromeWriter<W> {
+/// The trace's other lines, around the slices.
+impl<W: Write> Output<W> {
+    /// Writes each call that ended.
+    fn slices(&mut self, mut calls: Calls) -> io::Result<()> {
+        while let Some(c) = calls.next() {
+            if let CallEvent::End(slice) = c {
+                self.slice(&slice)?;
+            }
+        }
+        Ok(())
+    }
+
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
         self.origin_ns = start.ts;
         for target in &start.targets {
@@ -263,8 +289,6 @@ impl<W: Write> Sink for ChromeWriter<W> {
     }
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
-        // Calls and returns make slices; an exit or exec ends the calls still open.
-        call_tree::follow_event(self, e)?;
         match &e.data {
             EventData::Call(data::Call { .. }) | EventData::Return(data::Return { .. }) => {}
             EventData::Spawn(data::Spawn { parent_pid, child_pid, child_tid, how, comm, filename }) => {
@@ -354,7 +378,6 @@ impl<W: Write> Sink for ChromeWriter<W> {
     }
 
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        call_tree::follow_end(self, end.ts)?;
         self.name_metadata()?;
         self.out.write_all(b"\n],\"displayTimeUnit\":\"ns\",\"metadata\":")?;
         serde_json::to_writer(

@@ -36,7 +36,7 @@ use std::{
 use prost::Message as _;
 
 use crate::{
-    analysis::call_tree::{self, CallEvent, CallSink, CallTracker, Ending},
+    analysis::call_tree::{CallEvent, CallTracker, Calls, Ending},
     event::{Event, EventData, TargetInfo, TraceEnd, TraceStart, Track, data},
     export::lifecycle_name,
     sink::Sink,
@@ -163,9 +163,14 @@ pub fn traces_endpoint(url: &str) -> Result<String, UrlError> {
     Ok(if path.is_empty() { format!("http://{authority}/v1/traces") } else { url.to_string() })
 }
 
-/// A trace's spans, sent to an OTLP/HTTP collector as they end.
+/// A trace's spans, sent to an OTLP/HTTP collector as they end; a [`Sink`].
 pub struct OtlpSink {
     tracker: CallTracker,
+    spans: Spans,
+}
+
+/// The spans being made and sent: everything but the open calls.
+struct Spans {
     ids: IdSource,
     service_name: Option<String>,
     processes: HashMap<(Arc<str>, u32), Process>,
@@ -219,8 +224,7 @@ impl OtlpSink {
                 .spawn(move || export_loop(&endpoint, retry, rx, &counters, &deadline))
                 .expect("spawn the OTLP exporter thread")
         };
-        Ok(OtlpSink {
-            tracker: CallTracker::default(),
+        let spans = Spans {
             ids: IdSource::new(),
             service_name: config.service_name,
             processes: HashMap::new(),
@@ -235,13 +239,16 @@ impl OtlpSink {
             endpoint,
             ending: config.wait_when_full,
             host: Arc::from(""),
-        })
+        };
+        Ok(OtlpSink { tracker: CallTracker::default(), spans })
     }
 
     pub fn counters(&self) -> Arc<Counters> {
-        self.counters.clone()
+        self.spans.counters.clone()
     }
+}
 
+impl Spans {
     fn process(&mut self, host: &Arc<str>, pid: u32, ts: u64) -> &mut Process {
         let ids = &mut self.ids;
         self.processes.entry((host.clone(), pid)).or_insert_with(|| Process {
@@ -423,7 +430,15 @@ impl OtlpSink {
         self.push(&e.host, e.pid, span);
     }
 
-    fn on_call_event(&mut self, c: CallEvent) {
+    /// Makes a span of each call that ended (a call's span id is drawn when it begins, so that
+    /// its callees can name it as their parent).
+    fn calls(&mut self, mut calls: Calls) {
+        while let Some(c) = calls.next() {
+            self.call(c);
+        }
+    }
+
+    fn call(&mut self, c: CallEvent) {
         let host = self.host.clone();
         match c {
             CallEvent::Begin { pid, track, depth, .. } => {
@@ -480,21 +495,37 @@ impl OtlpSink {
     }
 }
 
-/// Adapts the sink's call handling to [`call_tree`]'s driver (the host is set per event).
-struct Calls<'a>(&'a mut OtlpSink);
-
-impl CallSink for Calls<'_> {
-    fn tracker(&mut self) -> &mut CallTracker {
-        &mut self.0.tracker
+impl Sink for OtlpSink {
+    fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+        self.spans.begin(start);
+        Ok(())
     }
-    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
-        self.0.on_call_event(c);
+
+    fn event(&mut self, e: &Event) -> io::Result<()> {
+        // Calls of a multi-host trace nest per host: the tracker's keys are pids, so the host
+        // each call event belongs to is the event's.
+        self.spans.host = e.host.clone();
+        self.spans.calls(self.tracker.event(e));
+        self.spans.event(e);
+        Ok(())
+    }
+
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
+        self.spans.ending = true;
+        self.spans.calls(self.tracker.finish(end.ts));
+        self.spans.end(end);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.spans.send_batch();
         Ok(())
     }
 }
 
-impl Sink for OtlpSink {
-    fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+/// The spans of the trace's other events, around the calls'.
+impl Spans {
+    fn begin(&mut self, start: &TraceStart) {
         self.host = Arc::from(start.host.as_str());
         let host = self.host.clone();
         for target in start.targets.iter().chain(start.hosts.iter().flat_map(|h| h.targets.iter())) {
@@ -508,16 +539,11 @@ impl Sink for OtlpSink {
             let p = self.process(&host, pid, start.ts);
             p.comm = Arc::from(comm.chars().take(15).collect::<String>());
         }
-        Ok(())
     }
 
     /// User log events (`log`) are to become OTLP log records with the trace and span id of
     /// [`Self::current_span`] (see [`log_record`]); until then they are process span events.
-    fn event(&mut self, e: &Event) -> io::Result<()> {
-        // Calls of a multi-host trace nest per host: the tracker's keys are pids, so the host
-        // each call event belongs to is the event's.
-        self.host = e.host.clone();
-        call_tree::follow_event(&mut Calls(self), e)?;
+    fn event(&mut self, e: &Event) {
         match &e.data {
             EventData::Call(_) | EventData::Return(_) => {}
             EventData::Send(_) | EventData::Recv(_) => self.ipc_span(e),
@@ -586,12 +612,9 @@ impl Sink for OtlpSink {
                 self.process_event(e, e.pid, format!("usdt {}:{}", u.provider, u.name), attrs);
             }
         }
-        Ok(())
     }
 
-    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        self.ending = true;
-        call_tree::follow_end(&mut Calls(self), end.ts)?;
+    fn end(&mut self, end: &TraceEnd) {
         let mut open: Vec<(Arc<str>, u32)> = self.processes.keys().cloned().collect();
         open.sort();
         for (host, pid) in open {
@@ -617,12 +640,6 @@ impl Sink for OtlpSink {
                 "{failed} spans were lost in OTLP export (the collector refused them or was unreachable; see above)"
             );
         }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.send_batch();
-        Ok(())
     }
 }
 

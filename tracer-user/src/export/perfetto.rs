@@ -44,7 +44,7 @@ use prost::Message as _;
 use super::{MAX_REMEMBERED_SENDS, lifecycle_name};
 use crate::{
     analysis::{
-        call_tree::{self, CallEvent, CallSink, CallTracker, Ending, Frame, Track},
+        call_tree::{CallEvent, CallTracker, Calls, Ending, Frame, Track},
         processes::ProcessNames,
     },
     event::{Event, EventData, SpawnHow, TraceEnd, TraceStart},
@@ -158,14 +158,20 @@ struct Mark<'a> {
     terminating_flows: Vec<u64>,
 }
 
+/// Writes a Perfetto trace as the trace goes; a [`Sink`].
 pub struct PerfettoWriter<W: Write> {
+    calls: CallTracker,
+    output: Output<W>,
+}
+
+/// The trace being written: everything but the open calls.
+struct Output<W: Write> {
     out: BufWriter<W>,
     buf: Vec<u8>,
     state: Incremental,
     max_interned: usize,
     /// When the trace began: the clock's start for packets written before any timestamped one.
     start_ts: u64,
-    calls: CallTracker,
     names: ProcessNames,
     thread_names: HashMap<(u32, u32), String>,
     processes_declared: HashSet<u32>,
@@ -179,13 +185,24 @@ pub struct PerfettoWriter<W: Write> {
 
 impl<W: Write> PerfettoWriter<W> {
     pub fn new(out: W) -> Self {
-        PerfettoWriter {
+        PerfettoWriter { calls: CallTracker::default(), output: Output::new(out) }
+    }
+
+    /// A writer that clears its incremental state whenever its tables hold `max_interned` strings.
+    #[cfg(test)]
+    fn with_max_interned(out: W, max_interned: usize) -> Self {
+        PerfettoWriter { calls: CallTracker::default(), output: Output { max_interned, ..Output::new(out) } }
+    }
+}
+
+impl<W: Write> Output<W> {
+    fn new(out: W) -> Self {
+        Output {
             out: BufWriter::with_capacity(1 << 20, out),
             buf: Vec::new(),
             state: Incremental::default(),
             max_interned: MAX_INTERNED,
             start_ts: 0,
-            calls: CallTracker::default(),
             names: ProcessNames::default(),
             thread_names: HashMap::new(),
             processes_declared: HashSet::new(),
@@ -195,12 +212,6 @@ impl<W: Write> PerfettoWriter<W> {
             signals: HashMap::new(),
             next_flow: 1,
         }
-    }
-
-    /// A writer that clears its incremental state whenever its tables hold `max_interned` strings.
-    #[cfg(test)]
-    fn with_max_interned(out: W, max_interned: usize) -> Self {
-        PerfettoWriter { max_interned, ..Self::new(out) }
     }
 
     /// Clears the incremental state and sets it up again at `ts`: the default clock is the
@@ -435,14 +446,16 @@ impl<W: Write> PerfettoWriter<W> {
         self.next_flow += 1;
         self.next_flow - 1
     }
-}
 
-impl<W: Write> CallSink for PerfettoWriter<W> {
-    fn tracker(&mut self) -> &mut CallTracker {
-        &mut self.calls
+    /// Writes where each call begins and ends.
+    fn calls(&mut self, mut calls: Calls) -> io::Result<()> {
+        while let Some(c) = calls.next() {
+            self.call(c)?;
+        }
+        Ok(())
     }
 
-    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
+    fn call(&mut self, c: CallEvent) -> io::Result<()> {
         match c {
             CallEvent::Begin { pid, tid, track, frame, .. } => self.begin_call(pid, tid, track, frame, true),
             CallEvent::End(slice) => {
@@ -478,12 +491,32 @@ fn serde_arg(value: &impl serde::Serialize) -> Arg {
 
 impl<W: Write> Sink for PerfettoWriter<W> {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
-        self.start_ts = start.ts;
-        self.names.begin(start);
+        self.output.begin(start);
         Ok(())
     }
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
+        // The tracks are named before the calls on them are written.
+        self.output.name_tracks(e)?;
+        self.output.calls(self.calls.event(e))?;
+        self.output.event(e)
+    }
+
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
+        self.output.calls(self.calls.finish(end.ts))?;
+        self.output.out.flush()
+    }
+}
+
+/// The trace's other packets, around the calls.
+impl<W: Write> Output<W> {
+    fn begin(&mut self, start: &TraceStart) {
+        self.start_ts = start.ts;
+        self.names.begin(start);
+    }
+
+    /// Follows the names an event gives processes and threads.
+    fn name_tracks(&mut self, e: &Event) -> io::Result<()> {
         if let Some(pid) = self.names.event(e)
             && self.processes_declared.contains(&pid)
         {
@@ -493,7 +526,10 @@ impl<W: Write> Sink for PerfettoWriter<W> {
         if let EventData::Spawn(data::Spawn { child_pid, child_tid, how: SpawnHow::Thread, comm, .. }) = &e.data {
             self.thread_names.insert((*child_pid, *child_tid), comm.clone());
         }
-        call_tree::follow_event(self, e)?;
+        Ok(())
+    }
+
+    fn event(&mut self, e: &Event) -> io::Result<()> {
         match &e.data {
             EventData::Call(data::Call { .. }) | EventData::Return(data::Return { .. }) => Ok(()),
             EventData::Spawn(data::Spawn { .. }) | EventData::Exit(data::Exit { .. }) => {
@@ -601,11 +637,6 @@ impl<W: Write> Sink for PerfettoWriter<W> {
                 self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
             }
         }
-    }
-
-    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        call_tree::follow_end(self, end.ts)?;
-        self.out.flush()
     }
 }
 

@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::{
     analysis::{
-        call_tree::{self, CallEvent, CallSink, CallTracker},
+        call_tree::{CallEvent, CallTracker, Calls, Slice},
         processes::ProcessNames,
     },
     event::{Event, TraceEnd, TraceStart, Track},
@@ -67,16 +67,23 @@ struct Profile<'a> {
     events: Vec<FrameEvent>,
 }
 
+/// Writes a speedscope file at the end of the trace; a [`Sink`].
 pub struct SpeedscopeWriter<W: Write> {
     out: BufWriter<W>,
     calls: CallTracker,
+    profiles: Profiles,
+}
+
+/// The calls kept for the profiles, and the names they are shown with.
+#[derive(Default)]
+struct Profiles {
     names: ProcessNames,
     start_ts: u64,
     /// Each frame's index, by (function, module).
     frame_index: HashMap<(Arc<str>, Arc<str>), u32>,
     frames: Vec<(Arc<str>, Arc<str>)>,
     /// Each track's calls and its name as it was when its first call ended.
-    profiles: BTreeMap<(u32, Track), (String, Vec<Kept>)>,
+    tracks: BTreeMap<(u32, Track), (String, Vec<Kept>)>,
 }
 
 impl<W: Write> SpeedscopeWriter<W> {
@@ -84,14 +91,12 @@ impl<W: Write> SpeedscopeWriter<W> {
         SpeedscopeWriter {
             out: BufWriter::with_capacity(1 << 20, out),
             calls: CallTracker::default(),
-            names: ProcessNames::default(),
-            start_ts: 0,
-            frame_index: HashMap::new(),
-            frames: Vec::new(),
-            profiles: BTreeMap::new(),
+            profiles: Profiles::default(),
         }
     }
+}
 
+impl Profiles {
     fn frame(&mut self, function: &Arc<str>, module: &Arc<str>) -> u32 {
         let next = self.frames.len() as u32;
         *self.frame_index.entry((function.clone(), module.clone())).or_insert_with(|| {
@@ -129,13 +134,17 @@ fn frame_events(mut calls: Vec<Kept>) -> Vec<FrameEvent> {
     events
 }
 
-impl<W: Write> CallSink for SpeedscopeWriter<W> {
-    fn tracker(&mut self) -> &mut CallTracker {
-        &mut self.calls
+impl Profiles {
+    /// Keeps each call that ended.
+    fn keep_all(&mut self, mut calls: Calls) {
+        while let Some(c) = calls.next() {
+            if let CallEvent::End(slice) = c {
+                self.keep(&slice);
+            }
+        }
     }
 
-    fn on_call(&mut self, c: CallEvent) -> io::Result<()> {
-        let CallEvent::End(slice) = c else { return Ok(()) };
+    fn keep(&mut self, slice: &Slice) {
         let frame = self.frame(&slice.frame.function, &slice.frame.module);
         let kept = Kept {
             start: slice.frame.start.saturating_sub(self.start_ts),
@@ -144,39 +153,39 @@ impl<W: Write> CallSink for SpeedscopeWriter<W> {
             depth: slice.callers.len() as u32,
         };
         let key = (slice.pid, slice.track);
-        if !self.profiles.contains_key(&key) {
+        if !self.tracks.contains_key(&key) {
             let process = self.names.get(slice.pid).unwrap_or("?");
             let name = match slice.track {
                 Track::Thread(tid) => format!("{process} {}/{tid}", slice.pid),
                 Track::Goroutine(goid) => format!("{process} {}/goroutine {goid}", slice.pid),
             };
-            self.profiles.insert(key, (name, Vec::new()));
+            self.tracks.insert(key, (name, Vec::new()));
         }
-        self.profiles.get_mut(&key).expect("inserted above").1.push(kept);
-        Ok(())
+        self.tracks.get_mut(&key).expect("inserted above").1.push(kept);
     }
 }
 
 impl<W: Write> Sink for SpeedscopeWriter<W> {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
-        self.start_ts = start.ts;
-        self.names.begin(start);
+        self.profiles.start_ts = start.ts;
+        self.profiles.names.begin(start);
         Ok(())
     }
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
-        self.names.event(e);
-        call_tree::follow_event(self, e)
+        self.profiles.names.event(e);
+        self.profiles.keep_all(self.calls.event(e));
+        Ok(())
     }
 
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        call_tree::follow_end(self, end.ts)?;
-        let frames: Vec<Frame> = self.frames.iter().map(|(name, file)| Frame { name, file }).collect();
+        self.profiles.keep_all(self.calls.finish(end.ts));
+        let frames: Vec<Frame> = self.profiles.frames.iter().map(|(name, file)| Frame { name, file }).collect();
         let out = &mut self.out;
         write!(out, "{{\"$schema\":\"https://www.speedscope.app/file-format-schema.json\",\"shared\":{{\"frames\":")?;
         serde_json::to_writer(&mut *out, &frames)?;
         write!(out, "}},\"profiles\":[")?;
-        for (i, (name, calls)) in std::mem::take(&mut self.profiles).into_values().enumerate() {
+        for (i, (name, calls)) in std::mem::take(&mut self.profiles.tracks).into_values().enumerate() {
             let events = frame_events(calls);
             let profile = Profile {
                 kind: "evented",
