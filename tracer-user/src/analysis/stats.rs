@@ -3,7 +3,7 @@
 //! Per function (or per process and function): calls, total (inclusive) time, self time (total
 //! minus the time in traced callees), mean, min, percentiles and max of the calls' durations, and
 //! how many of the calls did not return (they are counted up to when they ended: see
-//! [`super::call_tree`]). A recursive function's total counts each level, as profilers do.
+//! [`super::slices`]). A recursive function's total counts each level, as profilers do.
 //! Per process: lifetime, how it ended, children forked, threads started, IPC bytes.
 //! What the programs said: `log` events per level and source, `usdt` events per probe (per
 //! process too with `--by-process`); shown only when the trace has some.
@@ -21,9 +21,9 @@ use std::{
 use serde::Serialize;
 
 use super::{
-    call_tree::{CallEvent, CallTracker, Calls, Ending},
     percentile::Percentiles,
     processes::ProcessNames,
+    slices::{CallEvent, CallTracker, Calls, Ending},
 };
 use crate::{
     event::{Event, EventData, Level, SpawnHow, TargetInfo, TraceEnd, TraceStart},

@@ -21,7 +21,7 @@ use clap::{Args, Parser, Subcommand};
 
 use tracer_user::{
     analysis::{
-        calls::{CallFilter, CallPrinter},
+        call_listing::{CallFilter, CallPrinter},
         stats::{self, ReportBuilder, SortColumn},
     },
     event::host,

@@ -3,7 +3,7 @@
 //!
 //! - Each call is a complete (`X`) slice on its thread (a Go call on its goroutine's track, named
 //!   `goroutine N`, numbered from [`GOROUTINE_TID_BASE`]: a goroutine moves between threads), written when it ends, as
-//!   [`crate::analysis::call_tree`] reconstructs it (a return's start is its timestamp minus the
+//!   [`crate::analysis::slices`] reconstructs it (a return's start is its timestamp minus the
 //!   recorded duration, so recursion pairs exactly as recorded).
 //! - A call that never returned ends when its caller returns, its thread exits or execs, or at the
 //!   end of the trace, and is marked `unfinished` in its args, with why.
@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 
 use super::{MAX_REMEMBERED_SENDS, lifecycle_name};
 use crate::{
-    analysis::call_tree::{CallEvent, CallTracker, Calls, Ending, Slice, Track},
+    analysis::slices::{CallEvent, CallTracker, Calls, Ending, Slice, Track},
     event::{
         Event, EventData, SpawnHow, TargetInfo, TraceEnd, TraceStart,
         json::{Json, Line},

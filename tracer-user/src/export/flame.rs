@@ -8,7 +8,7 @@
 use std::io::{self, BufWriter, Write};
 
 use crate::{
-    analysis::stacks::{FlameNode, StackCollector},
+    analysis::flame_stacks::{FlameNode, StackCollector},
     event::{Event, TraceEnd, TraceStart},
     sink::Sink,
 };

@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use crate::analysis::stacks::{FlameNode, for_each_folded_line};
+use crate::analysis::flame_stacks::{FlameNode, for_each_folded_line};
 
 /// Writes the stacks under these roots, one line each, as it walks them.
 pub fn write(roots: &[FlameNode], out: &mut dyn Write) -> io::Result<()> {

@@ -36,7 +36,7 @@ use std::{
 use prost::Message as _;
 
 use crate::{
-    analysis::call_tree::{CallEvent, CallTracker, Calls, Ending},
+    analysis::slices::{CallEvent, CallTracker, Calls, Ending},
     event::{Event, EventData, TargetInfo, TraceEnd, TraceStart, Track, data},
     export::lifecycle_name,
     sink::Sink,

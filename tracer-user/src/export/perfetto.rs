@@ -4,7 +4,7 @@
 //! - A track per process, and under it a track per thread (`TrackDescriptor`s with the process's
 //!   and thread's names, emitted when first used and again when a process is renamed by exec).
 //! - Each call is a slice on its thread's track: `SLICE_BEGIN` when it is called, `SLICE_END` when
-//!   it ends as [`crate::analysis::call_tree`] reconstructs it. Arguments and the module go on the
+//!   it ends as [`crate::analysis::slices`] reconstructs it. Arguments and the module go on the
 //!   begin, the return value (or why it did not return) on the end. A Go call is on its
 //!   goroutine's track (`goroutine N`, under the process), since a goroutine moves between
 //!   threads; the threads it began and ended on are its `tid` and `return_tid`.
@@ -44,8 +44,8 @@ use prost::Message as _;
 use super::{MAX_REMEMBERED_SENDS, lifecycle_name};
 use crate::{
     analysis::{
-        call_tree::{CallEvent, CallTracker, Calls, Ending, Frame, Track},
         processes::ProcessNames,
+        slices::{CallEvent, CallTracker, Calls, Ending, Frame, Track},
     },
     event::{Event, EventData, SpawnHow, TraceEnd, TraceStart},
     sink::Sink,

@@ -10,7 +10,7 @@
 //!   and closes it at its end, in nanoseconds since the trace began (absolute Unix nanoseconds
 //!   would lose precision in JavaScript's doubles).
 //!
-//! The call slices come from [`crate::analysis::call_tree`], like every other export. Events must
+//! The call slices come from [`crate::analysis::slices`], like every other export. Events must
 //! be in time order and nest; slices end in nesting order but a slice whose call line was lost
 //! begins only when it ends, so each profile's slices are kept (24 bytes each) and ordered at the
 //! end, and a slice is closed no later than the one it nests in.
@@ -25,8 +25,8 @@ use serde::Serialize;
 
 use crate::{
     analysis::{
-        call_tree::{CallEvent, CallTracker, Calls, Slice},
         processes::ProcessNames,
+        slices::{CallEvent, CallTracker, Calls, Slice},
     },
     event::{Event, TraceEnd, TraceStart, Track},
     sink::Sink,

@@ -6,7 +6,7 @@
 
 use std::io::{self, Write};
 
-use crate::analysis::stacks::{FlameNode, folded_lines};
+use crate::analysis::flame_stacks::{FlameNode, folded_lines};
 
 /// Writes the flame graph of these roots as SVG.
 pub fn write(roots: &[FlameNode], out: &mut dyn Write) -> io::Result<()> {

@@ -1,10 +1,10 @@
 //! Time per call stack, aggregated over a whole trace: what flame graphs and folded stacks show.
 //!
-//! Each call slice (see [`super::call_tree`]) adds its inclusive duration to the node of its
+//! Each call slice (see [`super::slices`]) adds its inclusive duration to the node of its
 //! stack: the process, then its callers' functions outermost first, then its own. So a node's
 //! value is the time spent with that stack active, and its children never sum to more than it.
 //! Only active call-stack time counts: a thread between traced calls adds nothing. Threads of a
-//! process merge under the process. Stacks are at most [`super::call_tree::MAX_DEPTH`] frames:
+//! process merge under the process. Stacks are at most [`super::slices::MAX_DEPTH`] frames:
 //! deeper calls are folded into the frame at the cap. Calls still open when tracing stops count up
 //! to the stop time. A process none of whose calls returned is left out.
 //!
@@ -18,8 +18,8 @@ use std::{
 use serde::Serialize;
 
 use super::{
-    call_tree::{CallEvent, CallTracker, Calls, Ending, Slice},
     processes::ProcessNames,
+    slices::{CallEvent, CallTracker, Calls, Ending, Slice},
 };
 use crate::event::{Event, TraceEnd, TraceStart};
 

@@ -18,8 +18,8 @@ use std::{
 use globset::GlobMatcher;
 
 use super::{
-    call_tree::{self, CallEvent, CallTracker, Calls, Ending, Slice, Track},
     processes::ProcessNames,
+    slices::{self, CallEvent, CallTracker, Calls, Ending, Slice, Track},
     stats::human_ns,
 };
 use crate::{
@@ -80,7 +80,7 @@ fn said(data: &EventData) -> Option<String> {
 
 /// A call as its source reads, `greet(name="alice", times=3) = 0`, when it has parameters or a
 /// return value at source level; else its function's name alone.
-fn source_level(frame: &call_tree::Frame) -> Arc<str> {
+fn source_level(frame: &slices::Frame) -> Arc<str> {
     if frame.params.is_empty() && frame.ret.is_none() {
         return frame.function.clone();
     }
@@ -132,7 +132,7 @@ impl<W: Write> Printer<W> {
 
     /// Places a program's event in its thread's open call (`open`, outermost first), or prints it
     /// when no call is open.
-    fn said(&mut self, e: &Event, text: String, open: &[call_tree::Frame]) -> io::Result<()> {
+    fn said(&mut self, e: &Event, text: String, open: &[slices::Frame]) -> io::Result<()> {
         if self.filter.pid.is_some_and(|p| p != e.pid) || self.filter.tid.is_some_and(|t| t != e.tid) {
             return Ok(());
         }
