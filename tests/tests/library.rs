@@ -96,6 +96,42 @@ async fn trace_a_command_then_follow_a_trace_live() {
     assert_eq!(slices.count(), 177);
 }
 
+/// While a trace runs, each host's stream spills to a file in a private directory (mode 0700)
+/// where the collector was told; the directory is gone once the trace is.
+#[tokio::test]
+async fn the_spill_directory_is_private_and_removed_after_the_run() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = temp_dir();
+    let agent = LocalAgent::start(dir.path(), "h", &["--allow-commands"]);
+    let spill_in = dir.path().join("spill-here");
+    std::fs::create_dir(&spill_in).unwrap();
+    let options = ClientOptions { spill_in: Some(spill_in.clone()), ..Default::default() };
+    let cluster = Cluster::connect(vec![spec(&agent, "h")], options).await.expect("connect");
+    let calls = fixture("calls").display().to_string();
+    let request = TraceRequest {
+        functions: vec!["fib".into()],
+        command: vec![calls, "run".into(), "0".into()],
+        ..Default::default()
+    };
+    let trace = cluster.start_all(request).await.expect("start");
+    let spill = trace.spill_dir().to_path_buf();
+    assert_eq!(spill.parent(), Some(spill_in.as_path()));
+    assert_eq!(std::fs::metadata(&spill).unwrap().permissions().mode() & 0o777, 0o700, "{}", spill.display());
+    trace.finished().await;
+    let so_far = trace.events_so_far();
+    let files: Vec<String> =
+        std::fs::read_dir(&spill).unwrap().map(|f| f.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(files, ["host-0.trc"]);
+    let bytes = std::fs::metadata(spill.join("host-0.trc")).unwrap().len();
+    assert!(bytes > 0 && (bytes as usize) < 40 * so_far.len(), "{bytes} bytes for {} events", so_far.len());
+    let merged = trace.stop().await.expect("stop");
+    assert_eq!(merged.events.iter().filter(|e| is_call_of(e, "fib")).count(), 177);
+    assert_eq!(merged.events.len(), so_far.len());
+    drop(trace);
+    assert!(!spill.exists(), "{} is left behind", spill.display());
+    assert_eq!(std::fs::read_dir(&spill_in).unwrap().count(), 0);
+}
+
 /// Receives messages for a while; returns them.
 async fn receive_for(session: &mut tracer_user::cluster::session::Session, how_long: Duration) -> Vec<Message> {
     let mut got = Vec::new();

@@ -6,8 +6,8 @@ mod cli;
 use cli::{Cli, run};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
     cli::stderr::install();
+    let cli = Cli::parse();
     match run(cli) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {

@@ -201,6 +201,21 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
     Ok(args.agents.iter().map(|a| (a.name.clone(), requests.remove(&a.name).expect("one per agent"))).collect())
 }
 
+/// The merged trace's first and last lines: what the summary reads.
+struct Merged {
+    start: tracer_user::event::TraceStart,
+    end: tracer_user::event::TraceEnd,
+}
+
+/// Where `collect` makes its spill directory: beside the output, or in `$TMPDIR` for stdout.
+fn spill_parent(output: &std::path::Path) -> PathBuf {
+    match output.parent() {
+        _ if output == std::path::Path::new("-") => std::env::temp_dir(),
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
 pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
     // Before anything else: with a name given twice, the targets below could go to either host.
     collector::check_names(&args.agents)?;
@@ -213,6 +228,8 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         tls,
         tls_server_name: args.tls_server_name.clone(),
         reconnect_for: args.reconnect_for,
+        // Each host's stream spills beside the output (on the same disk the trace goes to).
+        spill_in: Some(spill_parent(&args.output)),
         ..Default::default()
     };
     let out = open_output(&args.output)?;
@@ -241,7 +258,6 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
             }
         };
         let reason = super::status::with_status("received", || trace.received_and_lost(), until_done).await;
-        let merged = trace.stop_because(reason).await?;
         for (host, events, seconds) in trace.ingest() {
             eprintln!(
                 "tracer: host {host}: received {events} events in {seconds:.3} s{}",
@@ -249,7 +265,9 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
             );
         }
         let mut sink = args.trace.otlp.add_to(format.sink_with_events(out, args.trace.pcap_events), false);
-        merged.write(&mut *sink)?;
+        let (start, end) = trace.stop_into(reason, &mut *sink).await?;
+        drop(sink);
+        let merged = Merged { start, end };
         for host in &merged.start.hosts {
             eprintln!(
                 "tracer: host {}: {} events, clock offset {} ns ± {} ns (± {} ns from round trips alone)",

@@ -1,7 +1,8 @@
 //! What reaches stderr from the library. The library never prints: it emits `tracing` events, and
-//! this subscriber writes each of the tracer's own as one line, `tracer: MESSAGE`, with
-//! `warning: ` or `error: ` before the message at those levels (the lines users and tests read).
-//! Debug and trace events, and events of other crates, are not shown.
+//! this subscriber writes each of the tracer's own as one line (the lines users and tests read):
+//! `tracer: MESSAGE`, with `warning: ` or `error: ` before the message at those levels; or, for the
+//! parts that name themselves with a target of their own (`tracer agent`, `tracer collect`),
+//! `TARGET: MESSAGE` as they word it. Debug and trace events, and other crates' events, are not shown.
 
 use std::{
     fmt::{self, Write as _},
@@ -29,14 +30,22 @@ struct Stderr;
 impl<S: Subscriber> Layer<S> for Stderr {
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
         let meta = event.metadata();
-        if !meta.target().starts_with("tracer_user") || *meta.level() > Level::INFO {
+        let target = meta.target();
+        if !target.starts_with("tracer") || *meta.level() > Level::INFO {
             return;
         }
-        let mut line = String::from("tracer: ");
-        match *meta.level() {
-            Level::ERROR => line.push_str("error: "),
-            Level::WARN => line.push_str("warning: "),
-            _ => {}
+        let mut line = String::new();
+        if target.contains("::") || target == "tracer_user" {
+            // A module path: the line is the tracer's, its level said.
+            line.push_str("tracer: ");
+            match *meta.level() {
+                Level::ERROR => line.push_str("error: "),
+                Level::WARN => line.push_str("warning: "),
+                _ => {}
+            }
+        } else {
+            line.push_str(target);
+            line.push_str(": ");
         }
         event.record(&mut Message(&mut line));
         line.push('\n');

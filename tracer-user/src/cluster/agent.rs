@@ -150,7 +150,7 @@ impl Drops {
         }
         if *logged < LOGS_PER_SECOND {
             *logged += 1;
-            log(format_args!("{detail} ({total} {what} so far)"));
+            tracing::info!(target: LOG, "{detail} ({total} {what} so far)");
         }
     }
 }
@@ -170,9 +170,8 @@ struct Agent {
     launched: RefCell<Vec<u32>>,
 }
 
-fn log(message: impl std::fmt::Display) {
-    eprintln!("tracer agent: {message}");
-}
+/// The `tracing` target of the agent's events: the binary prints them as `tracer agent: …`.
+pub const LOG: &str = "tracer agent";
 
 impl Agent {
     fn now_ns(&self) -> u64 {
@@ -228,14 +227,15 @@ pub async fn serve(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Re
         (Listener::Unix { .. }, _) => ", for root only".to_string(),
         _ => String::new(),
     };
-    log(format_args!(
+    tracing::info!(
+                target: LOG,
         "listening on {} (host {}){who}{}{}{}",
         listener.describe(),
         opts.host,
         if opts.secret.is_some() { ", secret required" } else { "" },
         if opts.tls.is_some() { ", TLS" } else { "" },
         if opts.allow_commands { ", launching commands" } else { "" },
-    ));
+    );
     let agent = Rc::new(Agent {
         opts,
         slot: RefCell::new(None),
@@ -318,10 +318,11 @@ async fn watchdog(agent: Rc<Agent>) {
             _ => (false, false),
         };
         if running {
-            log(format_args!(
+            tracing::info!(
+                target: LOG,
                 "no word from the collector for {:?}: stopping the trace and detaching",
                 agent.opts.orphan_timeout
-            ));
+            );
             stop_trace(&agent, EndReason::Terminated);
         } else if forget {
             *agent.slot.borrow_mut() = None;
@@ -355,11 +356,11 @@ async fn connection(agent: Rc<Agent>, id: u64, stream: Box<dyn Transport>, peer:
         agent.drops.note("collectors refused", format_args!("refused {}: {reason}", peer.name));
         return;
     }
-    log(format_args!("collector {} connected", peer.name));
+    tracing::info!(target: LOG, "collector {} connected", peer.name);
     agent.collectors.set(agent.collectors.get() + 1);
     let reason = serve_session(&agent, id, session, peer.creds.clone()).await;
     agent.collectors.set(agent.collectors.get() - 1);
-    log(format_args!("collector {} disconnected: {reason}", peer.name));
+    tracing::info!(target: LOG, "collector {} disconnected: {reason}", peer.name);
 }
 
 /// What this connection has sent of the trace it streams.
@@ -378,24 +379,13 @@ enum Wake {
 
 /// Exchanges messages with an authenticated collector until the connection ends; returns why.
 async fn serve_session(agent: &Rc<Agent>, id: u64, session: Session, creds: Option<PeerCreds>) -> String {
-    let Session { mut reader, mut writer, transcript, resume_key, .. } = session;
+    let Session { reader, mut writer, transcript, resume_key, .. } = session;
     let conn = Conn { id, heard: Rc::new(Cell::new(Instant::now())), transcript, resume_key, creds };
     // Frames are read by a task of their own: a read cut short by `select!` would lose bytes. Only
     // frames from the collector count as hearing from it.
     let (tx, mut incoming) = mpsc::channel(64);
     let heard = conn.heard.clone();
-    let reading = tokio::task::spawn_local(async move {
-        loop {
-            let message = reader.recv().await;
-            let failed = message.is_err();
-            if !failed {
-                heard.set(Instant::now());
-            }
-            if tx.send(message).await.is_err() || failed {
-                return;
-            }
-        }
-    });
+    let reading = tokio::task::spawn_local(reader.forward(tx, move || heard.set(Instant::now())));
     let mut changed = agent.changed.subscribe();
     let mut streaming = Streaming::default();
     let reason = loop {
@@ -657,11 +647,11 @@ fn start_trace(
     record::check_root().map_err(|e| report(&e))?;
     let plan = record::plan(options).map_err(|e| report(&e))?;
     for w in &plan.warnings {
-        log(format_args!("warning: {w}"));
+        tracing::warn!(target: LOG, "warning: {w}");
     }
     let recording = plan.start().map_err(|e| report(&e))?;
     for w in &recording.warnings {
-        log(format_args!("warning: {w}"));
+        tracing::warn!(target: LOG, "warning: {w}");
     }
     let mut start = recording.trace_start().clone();
     start.ts = agent.skew(start.ts);
@@ -676,13 +666,13 @@ fn start_trace(
         heard: conn.heard.clone(),
         resume_key: conn.resume_key,
     });
-    log(format_args!("trace {trace_id} started: {} probes", start.probes));
+    tracing::info!(target: LOG, "trace {trace_id} started: {} probes", start.probes);
     let agent = agent.clone();
     tokio::task::spawn_local(async move {
         let otlp = agent.opts.otlp.clone().and_then(|config| match crate::export::otlp::OtlpSink::new(config) {
             Ok(sink) => Some(sink),
             Err(e) => {
-                log(format_args!("warning: no OTLP export: {e}"));
+                tracing::warn!(target: LOG, "warning: no OTLP export: {e}");
                 None
             }
         });
@@ -690,14 +680,14 @@ fn start_trace(
         let stop = async { stopped.await.unwrap_or(EndReason::Stopped) };
         match recording.run(&mut sink, stop).await {
             Ok(outcome) => {
-                log(format_args!("trace {trace_id} ended ({})", outcome.end.reason));
+                tracing::info!(target: LOG, "trace {trace_id} ended ({})", outcome.end.reason);
                 if let Some(pid) = outcome.command_still_running {
-                    log(format_args!("the command (pid {pid}) is still running, untraced"));
+                    tracing::info!(target: LOG, "the command (pid {pid}) is still running, untraced");
                     agent.launched.borrow_mut().push(pid);
                 }
             }
             Err(e) => {
-                log(format_args!("trace {trace_id} failed: {}", report(&e)));
+                tracing::warn!(target: LOG, "trace {trace_id} failed: {}", report(&e));
                 // The collector still gets an end, so that it stops waiting.
                 let _ = sink.end(&TraceEnd::new(agent.clock.now_unix_ns(), EndReason::Terminated, 0));
             }

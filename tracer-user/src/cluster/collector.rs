@@ -57,7 +57,6 @@
 //! ```
 
 use std::{
-    collections::HashMap,
     path::{Path, PathBuf},
     str::FromStr,
     sync::{
@@ -74,21 +73,22 @@ use tokio::{
 use tokio_rustls::TlsConnector;
 
 use super::{
-    auth::{self, Key, Secret},
+    auth::{Key, Secret},
     clock_sync::ClockSample,
     listener::peer_creds,
-    merge::{HostTrace, MergedTrace, merge},
+    merge::{HostEvents, HostTrace, MergedTrace, merge, merge_into},
     protocol::{Message, TraceRequest},
+    reconnect,
     session::{self, HandshakeError, Session},
+    spill::{HostSpill, SpillDir},
     tls,
-    wire::Decoder,
 };
 use crate::{
     assemble::clock::BootClock,
     errors::report,
     event::host::{self, Machine, NameError},
     event::{EndReason, Event, EventKind, FORMAT_VERSION, HostLoss, LossCause, TraceEnd, TraceStart},
-    export::Format,
+    sink::Sink,
 };
 
 /// Where an agent listens.
@@ -151,6 +151,8 @@ pub struct ClientOptions {
     pub silence: Duration,
     /// How long [`ClusterTrace::stop`] waits for every host's last events.
     pub stop_timeout: Duration,
+    /// Where each trace's private spill directory is made (default: `$TMPDIR`).
+    pub spill_in: Option<PathBuf>,
 }
 
 impl Default for ClientOptions {
@@ -162,6 +164,7 @@ impl Default for ClientOptions {
             reconnect_for: Duration::from_secs(60),
             silence: Duration::from_secs(3),
             stop_timeout: Duration::from_secs(30),
+            spill_in: None,
         }
     }
 }
@@ -190,56 +193,60 @@ pub enum ClusterError {
 
 /// Everything one host has sent for the current trace.
 #[derive(Default)]
-struct HostState {
-    host: String,
-    samples: Vec<ClockSample>,
-    trace_id: Option<u64>,
-    start: Option<TraceStart>,
-    end: Option<TraceEnd>,
+pub(super) struct HostState {
+    pub(super) host: String,
+    pub(super) samples: Vec<ClockSample>,
+    pub(super) trace_id: Option<u64>,
+    pub(super) start: Option<TraceStart>,
+    pub(super) end: Option<TraceEnd>,
     /// Events the agent says it produced (known once it ended).
-    total: Option<u64>,
-    events: Vec<Event>,
-    next_seq: u64,
-    lost_in_transit: u64,
+    pub(super) total: Option<u64>,
+    /// The events received, on disk: memory holds one batch.
+    pub(super) spill: Option<HostSpill>,
+    pub(super) next_seq: u64,
+    pub(super) lost_in_transit: u64,
     /// What makes this host's trace incomplete, so far.
-    losses: Vec<HostLoss>,
+    pub(super) losses: Vec<HostLoss>,
     /// Nothing more will come for this trace (the agent is lost, or dropped or failed it).
-    given_up: bool,
+    pub(super) given_up: bool,
     /// The resume key of the connection that started the trace.
-    resume_key: Option<Key>,
+    pub(super) resume_key: Option<Key>,
     /// When the first and the latest events arrived (ingest rate).
-    first_arrival: Option<Instant>,
-    last_arrival: Option<Instant>,
+    pub(super) first_arrival: Option<Instant>,
+    pub(super) last_arrival: Option<Instant>,
 }
 
 impl HostState {
-    fn finished(&self) -> bool {
+    pub(super) fn finished(&self) -> bool {
         self.given_up || self.total.is_some_and(|t| self.next_seq >= t)
     }
 
-    fn lose(&mut self, cause: LossCause, detail: String) {
-        log(format_args!("host {}: {detail}", self.host));
+    pub(super) fn lose(&mut self, cause: LossCause, detail: String) {
+        tracing::warn!(target: LOG, "host {}: {detail}", self.host);
         self.losses.push(HostLoss { cause, detail });
     }
 }
 
 /// A receiver of one trace's events as they arrive.
-struct Subscriber {
-    trace_id: u64,
-    events: mpsc::UnboundedSender<Event>,
+pub(super) struct Subscriber {
+    pub(super) trace_id: u64,
+    pub(super) events: mpsc::Sender<Event>,
+    /// Events it was not given because its channel was full.
+    pub(super) dropped: u64,
 }
 
-struct Shared {
-    hosts: Vec<Mutex<HostState>>,
+pub(super) struct Shared {
+    pub(super) hosts: Vec<Mutex<HostState>>,
     /// The collector's own machine.
-    machine: Machine,
-    subscribers: Mutex<Vec<Subscriber>>,
-    changed: Notify,
-    clock: BootClock,
-    stop_timeout: Duration,
+    pub(super) machine: Machine,
+    pub(super) subscribers: Mutex<Vec<Subscriber>>,
+    pub(super) changed: Notify,
+    pub(super) clock: BootClock,
+    pub(super) stop_timeout: Duration,
+    pub(super) spill_in: Option<PathBuf>,
 }
 
-enum Command {
+pub(super) enum Command {
     Start { trace_id: u64, request: TraceRequest, reply: oneshot::Sender<Result<(), String>> },
     Stop { trace_id: u64 },
 }
@@ -270,9 +277,8 @@ pub fn rate(events: u64, seconds: f64) -> String {
     format!(" ({:.0} events/s)", events as f64 / seconds)
 }
 
-fn log(message: impl std::fmt::Display) {
-    eprintln!("tracer collect: {message}");
-}
+/// The `tracing` target of the collector's events: the binary prints them as `tracer collect: …`.
+pub const LOG: &str = "tracer collect";
 
 /// Checks the agents' names: each valid, none given twice.
 pub fn check_names(agents: &[AgentSpec]) -> Result<(), NameError> {
@@ -328,9 +334,6 @@ pub async fn connect_session(spec: &AgentSpec, options: &ClientOptions) -> Resul
     })
 }
 
-/// How long an agent may be silent while it starts a trace.
-const START_SILENCE: Duration = Duration::from_secs(30);
-
 /// Round trips before the first trace: the tightest gives the offset.
 const FIRST_PROBES: u32 = 16;
 
@@ -383,11 +386,12 @@ impl Cluster {
             changed: Notify::new(),
             clock,
             stop_timeout: options.stop_timeout,
+            spill_in: options.spill_in.clone(),
         });
         let mut handles = Vec::new();
         for (index, ((conn, _), spec)) in connections.into_iter().zip(agents).enumerate() {
             let (tx, rx) = mpsc::channel(16);
-            tokio::spawn(agent_task(index, spec.clone(), options.clone(), shared.clone(), rx, conn));
+            tokio::spawn(reconnect::agent_task(index, spec.clone(), options.clone(), shared.clone(), rx, conn));
             handles.push(AgentHandle { spec, commands: tx });
         }
         Ok(Cluster { agents: handles, shared, next_trace: AtomicU64::new(1) })
@@ -413,11 +417,13 @@ impl Cluster {
         for (agent, _) in &requests {
             indexes.push(self.index(agent)?);
         }
+        let spill = SpillDir::create(self.shared.spill_in.as_deref())?;
         for &i in &indexes {
+            let file = spill.host(i)?;
             let mut h = self.shared.hosts[i].lock().unwrap();
             let samples = std::mem::take(&mut h.samples);
             let host = std::mem::take(&mut h.host);
-            *h = HostState { host, samples, trace_id: Some(trace_id), ..Default::default() };
+            *h = HostState { host, samples, trace_id: Some(trace_id), spill: Some(file), ..Default::default() };
         }
         let mut started: Vec<usize> = Vec::new();
         for ((agent, request), &i) in requests.into_iter().zip(&indexes) {
@@ -436,7 +442,7 @@ impl Cluster {
             started.push(i);
         }
         let commands = indexes.iter().map(|&i| self.agents[i].commands.clone()).collect();
-        Ok(ClusterTrace { id: trace_id, hosts: indexes, shared: self.shared.clone(), commands })
+        Ok(ClusterTrace { id: trace_id, hosts: indexes, shared: self.shared.clone(), commands, spill })
     }
 
     /// Starts one trace with the same request on every connected agent.
@@ -467,7 +473,14 @@ pub struct ClusterTrace {
     hosts: Vec<usize>,
     shared: Arc<Shared>,
     commands: Vec<mpsc::Sender<Command>>,
+    spill: Arc<SpillDir>,
 }
+
+/// Events a subscriber's channel holds; beyond, events are dropped for it and counted.
+pub const SUBSCRIBER_CHANNEL: usize = 1 << 16;
+
+/// The `lost_events` kind of what live subscribers were not given.
+pub const LOST_BY_SUBSCRIBERS: &str = "live_subscribers";
 
 impl ClusterTrace {
     /// This trace's id, unique per collector process; agents tag everything they send with it.
@@ -476,40 +489,64 @@ impl ClusterTrace {
     }
 
     /// Every event received so far, on the collector's clock (as measured so far) and in one time
-    /// order. Flows are linked only in [`ClusterTrace::stop`]'s result.
+    /// order. Flows are linked only in [`ClusterTrace::stop`]'s result. Empty if the spill files
+    /// cannot be read (said as a warning).
     pub fn events_so_far(&self) -> Vec<Event> {
-        self.snapshot(EndReason::InputEnded).events
+        match self.snapshot(EndReason::InputEnded) {
+            Ok(m) => m.events,
+            Err(e) => {
+                tracing::warn!(target: LOG, "warning: cannot read the events so far: {}", report(&e));
+                Vec::new()
+            }
+        }
     }
 
     /// The trace so far, merged: clocks corrected, flows linked.
-    pub fn snapshot(&self, reason: EndReason) -> MergedTrace {
-        self.merged(reason, |events| events.clone())
+    pub fn snapshot(&self, reason: EndReason) -> Result<MergedTrace, ClusterError> {
+        let hosts = self.host_traces(false)?;
+        let collector = self.collector_start(&hosts);
+        Ok(merge(hosts, &collector, reason)?)
     }
 
-    /// Merges what the hosts sent, taking each host's events with `take`.
-    fn merged(&self, reason: EndReason, take: impl Fn(&mut Vec<Event>) -> Vec<Event>) -> MergedTrace {
-        let hosts: Vec<HostTrace> = self
-            .hosts
+    /// The private directory this trace's hosts spill to (removed once the trace and what was
+    /// read from it are dropped).
+    pub fn spill_dir(&self) -> &Path {
+        self.spill.path()
+    }
+
+    /// What the hosts sent. `finish`: the trace is over, its spill files are taken (later
+    /// arrivals are dropped).
+    fn host_traces(&self, finish: bool) -> std::io::Result<Vec<HostTrace>> {
+        self.hosts
             .iter()
             .map(|&i| {
                 let mut h = self.shared.hosts[i].lock().unwrap();
-                HostTrace {
+                let mut spill = if finish { h.spill.take() } else { None };
+                let events = match spill.as_mut().or(h.spill.as_mut()) {
+                    Some(s) => HostEvents::Spilled(s.flushed()?),
+                    None => HostEvents::default(),
+                };
+                Ok(HostTrace {
                     host: h.host.clone(),
                     samples: h.samples.clone(),
                     start: h.start.clone(),
                     end: h.end.clone(),
-                    events: take(&mut h.events),
+                    events,
                     lost_in_transit: h.lost_in_transit,
                     losses: h.losses.clone(),
-                }
+                })
             })
-            .collect();
+            .collect()
+    }
+
+    /// The start of the merged trace: the collector's clock and machine.
+    fn collector_start(&self, hosts: &[HostTrace]) -> TraceStart {
         let kinds = hosts
             .iter()
             .filter_map(|h| h.start.as_ref())
             .flat_map(|s| s.events.clone())
             .collect::<std::collections::BTreeSet<EventKind>>();
-        let collector = TraceStart {
+        TraceStart {
             format_version: FORMAT_VERSION,
             host: host::default_name(),
             tracer_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -522,23 +559,43 @@ impl ClusterTrace {
             probe_paths: Default::default(),
             hosts: Vec::new(),
             machine: Some(self.shared.machine.clone()),
-        };
-        merge(hosts, &collector, reason)
+        }
     }
 
     /// Every event of this trace as it arrives (on its host's clock, flows not yet linked): first
-    /// those received so far, then the rest. The channel closes when the trace is stopped.
-    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Event> {
-        let (tx, rx) = mpsc::unbounded_channel();
+    /// those received so far, then the rest. The channel holds [`SUBSCRIBER_CHANNEL`] events: a
+    /// subscriber that falls further behind misses events, counted in the merged trace's
+    /// `lost_events` as [`LOST_BY_SUBSCRIBERS`] and said on stop. It closes when the trace is
+    /// stopped.
+    pub fn subscribe(&self) -> mpsc::Receiver<Event> {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_CHANNEL);
         // Holding the trace's hosts (in index order, as everywhere) while replaying and
         // registering: no batch can arrive in between, so nothing is missed or sent twice.
         let mut indexes = self.hosts.clone();
         indexes.sort_unstable();
-        let hosts: Vec<_> = indexes.iter().map(|&i| self.shared.hosts[i].lock().unwrap()).collect();
-        for e in hosts.iter().flat_map(|h| &h.events) {
-            let _ = tx.send(e.clone());
+        let mut hosts: Vec<_> = indexes.iter().map(|&i| self.shared.hosts[i].lock().unwrap()).collect();
+        let mut subscriber = Subscriber { trace_id: self.id, events: tx, dropped: 0 };
+        for h in hosts.iter_mut() {
+            let so_far = h.spill.as_mut().map(|s| s.flushed().and_then(|f| f.read().map(|r| r.collect::<Vec<_>>())));
+            match so_far {
+                None => {}
+                Some(Ok(events)) => {
+                    for e in events {
+                        match e {
+                            Ok(e) => {
+                                subscriber.give(e);
+                            }
+                            Err(_) => subscriber.dropped += 1,
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    subscriber.dropped += h.spill.as_ref().map_or(0, |s| s.len());
+                    tracing::warn!(target: LOG, "warning: cannot replay host {}'s events so far: {e}", h.host);
+                }
+            }
         }
-        self.shared.subscribers.lock().unwrap().push(Subscriber { trace_id: self.id, events: tx });
+        self.shared.subscribers.lock().unwrap().push(subscriber);
         rx
     }
 
@@ -604,6 +661,33 @@ impl ClusterTrace {
     /// Like [`ClusterTrace::stop`], naming why in the merged trace's end. A host whose trace
     /// could not be collected whole is named in the end's `hosts`, with what was lost and why.
     pub async fn stop_because(&self, reason: EndReason) -> Result<MergedTrace, ClusterError> {
+        let (hosts, collector, reason, dropped) = self.finish(reason).await?;
+        let merging = Instant::now();
+        let mut merged = merge(hosts, &collector, reason)?;
+        add_subscriber_drops(&mut merged.end, dropped);
+        self.merged_in(merging, merged.events.len() as u64);
+        Ok(merged)
+    }
+
+    /// Like [`ClusterTrace::stop_because`], writing the merged trace into `sink` as it is merged
+    /// instead of returning its events: memory holds what links need, not the trace.
+    pub async fn stop_into(
+        &self,
+        reason: EndReason,
+        sink: &mut dyn Sink,
+    ) -> Result<(TraceStart, TraceEnd), ClusterError> {
+        let (hosts, collector, reason, dropped) = self.finish(reason).await?;
+        let merging = Instant::now();
+        let mut sink = AddSubscriberDrops { sink, dropped };
+        let (start, mut end) = merge_into(hosts, &collector, reason, &mut sink)?;
+        add_subscriber_drops(&mut end, dropped);
+        self.merged_in(merging, end.events_written);
+        Ok((start, end))
+    }
+
+    /// Stops every host and waits for their last events; returns what they sent, the merged
+    /// trace's start and end reason, and what live subscribers missed. Closes the subscriptions.
+    async fn finish(&self, reason: EndReason) -> Result<(Vec<HostTrace>, TraceStart, EndReason, u64), ClusterError> {
         let ended_by_itself = self.is_finished();
         for c in &self.commands {
             let _ = c.send(Command::Stop { trace_id: self.id }).await;
@@ -625,287 +709,79 @@ impl ClusterTrace {
             }
         }
         let reason = if ended_by_itself { EndReason::TargetsExited } else { reason };
-        let merging = Instant::now();
-        // The trace is over: its events move into the merge instead of being copied.
-        let merged = self.merged(reason, std::mem::take);
-        // Closes this trace's subscriptions.
-        self.shared.subscribers.lock().unwrap().retain(|s| s.trace_id != self.id);
-        let seconds = merging.elapsed().as_secs_f64();
-        log(format_args!(
-            "merged {} events from {} hosts in {seconds:.3} s{}",
-            merged.events.len(),
+        // The trace is over: its spill files move into the merge.
+        let hosts = self.host_traces(true)?;
+        let collector = self.collector_start(&hosts);
+        let mut dropped = 0;
+        self.shared.subscribers.lock().unwrap().retain(|s| {
+            if s.trace_id == self.id {
+                dropped += s.dropped;
+            }
+            s.trace_id != self.id
+        });
+        if dropped > 0 {
+            tracing::warn!(
+                target: LOG,
+                "warning: live subscribers missed {dropped} events: {}",
+                crate::event::why_lost(LOST_BY_SUBSCRIBERS)
+            );
+        }
+        Ok((hosts, collector, reason, dropped))
+    }
+
+    fn merged_in(&self, since: Instant, events: u64) {
+        let seconds = since.elapsed().as_secs_f64();
+        tracing::info!(
+            target: LOG,
+            "merged {events} events from {} hosts in {seconds:.3} s{}",
             self.hosts.len(),
-            rate(merged.events.len() as u64, seconds)
-        ));
-        Ok(merged)
+            rate(events, seconds)
+        );
     }
 }
 
-impl MergedTrace {
-    /// Writes the merged trace as a Chrome trace.
-    pub fn export_chrome(&self, path: &Path) -> Result<(), ClusterError> {
-        self.export(path, Format::Chrome)
-    }
-
-    /// Writes the merged trace in any format `record` writes.
-    pub fn export(&self, path: &Path, format: Format) -> Result<(), ClusterError> {
-        let mut sink = format.sink(std::fs::File::create(path)?);
-        self.write(&mut *sink)?;
-        Ok(())
-    }
-}
-
-/// Serves one agent: the connection, and reconnections.
-async fn agent_task(
-    index: usize,
-    spec: AgentSpec,
-    options: ClientOptions,
-    shared: Arc<Shared>,
-    mut commands: mpsc::Receiver<Command>,
-    first: Session,
-) {
-    let mut connection = Some(first);
-    loop {
-        let conn = match connection.take() {
-            Some(c) => c,
-            None => match reconnect(&spec, &options).await {
-                Some(c) => c,
-                None => {
-                    let mut h = shared.hosts[index].lock().unwrap();
-                    if h.trace_id.is_some() && !h.finished() {
-                        h.given_up = true;
-                        let detail = format!(
-                            "could not reach the agent again within {:?} (the reconnect window): events from #{} on are missing",
-                            options.reconnect_for, h.next_seq
-                        );
-                        h.lose(LossCause::ReconnectWindowUsedUp, detail);
-                    }
-                    drop(h);
-                    shared.changed.notify_waiters();
-                    return;
-                }
-            },
-        };
-        match session(index, &options, &shared, &mut commands, conn).await {
-            Ok(()) => return,
-            Err(reason) => {
-                log(format_args!("connection to {} lost ({reason}); reconnecting", spec.name));
+impl Subscriber {
+    /// Gives an event to the subscriber, or counts it as dropped if its channel is full.
+    /// `false`: the subscriber has hung up.
+    pub(super) fn give(&mut self, event: Event) -> bool {
+        match self.events.try_send(event) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.dropped += 1;
+                true
             }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
         }
     }
 }
 
-async fn reconnect(spec: &AgentSpec, options: &ClientOptions) -> Option<Session> {
-    let deadline = Instant::now() + options.reconnect_for;
-    while Instant::now() < deadline {
-        match connect_session(spec, options).await {
-            Ok(c) => {
-                log(format_args!("reconnected to {}", spec.name));
-                return Some(c);
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
+fn add_subscriber_drops(end: &mut TraceEnd, dropped: u64) {
+    if dropped > 0 {
+        *end.lost_events.entry(LOST_BY_SUBSCRIBERS.to_string()).or_default() += dropped;
     }
-    None
 }
 
-/// One connection's life: commands out, events in, clock probes and acks every so often.
-/// `Ok` when the cluster is gone; `Err(reason)` when the connection dropped.
-async fn session(
-    index: usize,
-    options: &ClientOptions,
-    shared: &Arc<Shared>,
-    commands: &mut mpsc::Receiver<Command>,
-    conn: Session,
-) -> Result<(), String> {
-    // The collector stamps each event with the name the user gave the host on receipt (the wire
-    // carries no host): an agent cannot speak for another host, and the agents' own names (often
-    // equal: machines cloned from one image) are only information, in `trace_start.hosts`.
-    let host: Arc<str> = Arc::from(shared.hosts[index].lock().unwrap().host.as_str());
-    let Session { mut reader, mut writer, transcript, resume_key, .. } = conn;
-    let (tx, mut incoming) = mpsc::channel(256);
-    let reading = tokio::spawn(async move {
-        loop {
-            let message = reader.recv().await;
-            let failed = message.is_err();
-            if tx.send(message).await.is_err() || failed {
-                return;
-            }
-        }
-    });
-    let result = async {
-        let mut decoder = Decoder::default();
-        let mut pending_start: Option<oneshot::Sender<Result<(), String>>> = None;
-        let mut resuming = false;
-        let mut probes: HashMap<u32, u64> = HashMap::new();
-        let mut next_probe = 1_000u32;
-        let mut acked = 0;
-        // Carry on with a trace the previous connection was streaming, proving with the key of
-        // the connection that started it that this is the same collector.
-        let resume = {
-            let h = shared.hosts[index].lock().unwrap();
-            // Only a trace the agent confirmed (a start in flight is answered on this connection).
-            match (h.trace_id, h.resume_key) {
-                (Some(trace_id), Some(key)) if h.start.is_some() && !h.finished() => Some(Message::Resume {
-                    trace_id,
-                    next_seq: h.next_seq,
-                    proof: auth::resume_proof(&key, &transcript, trace_id),
-                }),
-                _ => None,
-            }
-        };
-        if let Some(resume) = resume {
-            resuming = true;
-            writer.send(&resume).await.map_err(|e| report(&e))?;
-        }
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let mut ticks = 0u64;
-        let mut last_heard = Instant::now();
-        loop {
-            tokio::select! {
-                command = commands.recv() => match command {
-                    None => return Ok(()),
-                    Some(Command::Start { trace_id, request, reply }) => {
-                        pending_start = Some(reply);
-                        writer.send(&Message::Start { trace_id, request }).await.map_err(|e| report(&e))?;
-                    }
-                    Some(Command::Stop { trace_id }) => {
-                        writer.send(&Message::Stop { trace_id }).await.map_err(|e| report(&e))?;
-                    }
-                },
-                message = incoming.recv() => {
-                    let message = message.ok_or("connection closed")?.map_err(|e| report(&e))?;
-                    last_heard = Instant::now();
-                    match message {
-                        Message::ClockEcho { id, agent_ns } => {
-                            if let Some(t0) = probes.remove(&id) {
-                                let sample = ClockSample { t0, t1: shared.clock.now_unix_ns(), agent_ns };
-                                shared.hosts[index].lock().unwrap().samples.push(sample);
-                            }
-                        }
-                        Message::Started { trace_id, trace_start } => {
-                            let mut h = shared.hosts[index].lock().unwrap();
-                            if h.trace_id == Some(trace_id) {
-                                let mut trace_start = *trace_start;
-                                trace_start.machine = trace_start.machine.map(Machine::from_peer);
-                                h.start = Some(trace_start);
-                                if !resuming {
-                                    // The key that will resume this trace after a dropped connection.
-                                    h.resume_key = Some(resume_key);
-                                }
-                            }
-                            resuming = false;
-                            drop(h);
-                            decoder.reset();
-                            if let Some(reply) = pending_start.take() {
-                                let _ = reply.send(Ok(()));
-                            }
-                        }
-                        Message::Failed { error, .. } => {
-                            match pending_start.take() {
-                                Some(reply) => {
-                                    let _ = reply.send(Err(error));
-                                }
-                                None => {
-                                    let mut h = shared.hosts[index].lock().unwrap();
-                                    if h.trace_id.is_some() && !h.finished() {
-                                        h.given_up = true;
-                                        let cause = if resuming { LossCause::AgentDroppedTrace } else { LossCause::AgentFailed };
-                                        h.lose(cause, format!("the agent says: {error}"));
-                                    }
-                                }
-                            }
-                            resuming = false;
-                            shared.changed.notify_waiters();
-                        }
-                        Message::Events(batch) => {
-                            let first_seq = batch.first_seq;
-                            let events = decoder.events(&host, batch).map_err(|e| e.to_string())?;
-                            let mut h = shared.hosts[index].lock().unwrap();
-                            // A resumed connection may repeat what was received but not yet acked.
-                            let skip = h.next_seq.saturating_sub(first_seq) as usize;
-                            if first_seq > h.next_seq {
-                                return Err(format!("events {}..{} are missing", h.next_seq, first_seq));
-                            }
-                            let fresh: Vec<Event> = events.into_iter().skip(skip).collect();
-                            h.next_seq += fresh.len() as u64;
-                            let now = Instant::now();
-                            h.first_arrival.get_or_insert(now);
-                            h.last_arrival = Some(now);
-                            // Still holding the host: see `ClusterTrace::subscribe`.
-                            if let Some(trace_id) = h.trace_id {
-                                deliver(shared, trace_id, &fresh);
-                            }
-                            h.events.extend(fresh);
-                        }
-                        Message::Gap { first_seq, count } => {
-                            let mut h = shared.hosts[index].lock().unwrap();
-                            if first_seq == h.next_seq {
-                                h.lost_in_transit += count;
-                                h.next_seq += count;
-                                let detail = format!(
-                                    "the agent dropped events #{first_seq} to #{} while the collector was away (its --buffer-events was full)",
-                                    first_seq + count - 1
-                                );
-                                h.lose(LossCause::Gap, detail);
-                            }
-                        }
-                        Message::Ended { trace_id, trace_end, total_events } => {
-                            let mut h = shared.hosts[index].lock().unwrap();
-                            if h.trace_id == Some(trace_id) {
-                                h.end = Some(trace_end);
-                                h.total = Some(total_events);
-                            }
-                        }
-                        Message::Refused { reason } => return Err(format!("refused: {reason}")),
-                        other => return Err(format!("unexpected {other:?}")),
-                    }
-                    // Everything is here: say so at once, so that the agent can let the trace go
-                    // (it keeps an unacknowledged trace for its collector).
-                    let done = {
-                        let h = shared.hosts[index].lock().unwrap();
-                        h.total.is_some_and(|t| h.next_seq >= t).then_some(h.next_seq)
-                    };
-                    if let Some(next_seq) = done.filter(|&n| n != acked) {
-                        writer.send(&Message::Ack { next_seq }).await.map_err(|e| report(&e))?;
-                        acked = next_seq;
-                    }
-                    shared.changed.notify_waiters();
-                },
-                _ = tick.tick() => {
-                    ticks += 1;
-                    // An agent attaching probes answers nothing until it is done: that may take
-                    // seconds (large binaries, a loaded machine).
-                    let silence = if pending_start.is_some() { options.silence.max(START_SILENCE) } else { options.silence };
-                    if last_heard.elapsed() > silence {
-                        return Err(format!("silent for {silence:?}"));
-                    }
-                    let next_seq = shared.hosts[index].lock().unwrap().next_seq;
-                    if next_seq != acked {
-                        writer.send(&Message::Ack { next_seq }).await.map_err(|e| report(&e))?;
-                        acked = next_seq;
-                    }
-                    if ticks.is_multiple_of(10) {
-                        next_probe = next_probe.wrapping_add(1);
-                        probes.insert(next_probe, shared.clock.now_unix_ns());
-                        writer.send(&Message::ClockProbe { id: next_probe }).await.map_err(|e| report(&e))?;
-                    }
-                },
-            }
-        }
-    }
-    .await;
-    reading.abort();
-    result
+/// Passes a merge on to a sink, adding what live subscribers missed to its end.
+struct AddSubscriberDrops<'a> {
+    sink: &'a mut dyn Sink,
+    dropped: u64,
 }
 
-/// Passes fresh events of a trace to its subscribers; drops those that hung up.
-fn deliver(shared: &Shared, trace_id: u64, events: &[Event]) {
-    shared
-        .subscribers
-        .lock()
-        .unwrap()
-        .retain(|s| s.trace_id != trace_id || events.iter().all(|e| s.events.send(e.clone()).is_ok()));
+impl Sink for AddSubscriberDrops<'_> {
+    fn begin(&mut self, start: &TraceStart) -> std::io::Result<()> {
+        self.sink.begin(start)
+    }
+    fn event(&mut self, event: &Event) -> std::io::Result<()> {
+        self.sink.event(event)
+    }
+    fn end(&mut self, end: &TraceEnd) -> std::io::Result<()> {
+        let mut end = end.clone();
+        add_subscriber_drops(&mut end, self.dropped);
+        self.sink.end(&end)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.sink.flush()
+    }
 }
 
 #[cfg(test)]

@@ -1,15 +1,73 @@
 //! One timeline from several hosts: clocks corrected, messages linked across hosts, events in one
 //! time order.
+//!
+//! The merge streams: it reads each host's events three times (from the collector's spill files,
+//! [`super::spill`], or from memory) and holds only what links need. First every host's sends
+//! are registered with the flow matcher, then every receive and signal looks for its sends (so
+//! positions and digests, not timestamps, decide the links, and clock errors cannot hide one);
+//! the cross-host links refine the clock offsets; then a k-way merge of the hosts' streams, each
+//! corrected on read and already in its own time order, writes one time order into the sink.
+//! What stays in memory: the send times (for the links) and the linked receives and signals, in
+//! number the trace's IPC events, not its calls and returns.
 
 use crate::event::data;
-use std::collections::HashMap;
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap, VecDeque},
+    io,
+    path::Path,
+};
 
-use super::clock_sync::{ClockModel, ClockSample, Link, estimate, refine};
+use super::{
+    clock_sync::{ClockModel, ClockSample, Link, estimate, refine},
+    collector::ClusterError,
+    spill::SpilledEvents,
+};
 use crate::{
     event::{EndReason, Event, EventData, HostEnd, HostInfo, HostLoss, TraceEnd, TraceStart},
+    export::Format,
     pipeline::flows::FlowMatcher,
     sink::Sink,
 };
+
+/// A host's events, in the host's own time order, readable as often as the merge needs.
+#[derive(Clone, Debug)]
+pub enum HostEvents {
+    Memory(Vec<Event>),
+    Spilled(SpilledEvents),
+}
+
+impl Default for HostEvents {
+    fn default() -> Self {
+        HostEvents::Memory(Vec::new())
+    }
+}
+
+impl From<Vec<Event>> for HostEvents {
+    fn from(events: Vec<Event>) -> Self {
+        HostEvents::Memory(events)
+    }
+}
+
+impl HostEvents {
+    pub fn len(&self) -> u64 {
+        match self {
+            HostEvents::Memory(v) => v.len() as u64,
+            HostEvents::Spilled(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn read(&self) -> io::Result<Box<dyn Iterator<Item = io::Result<Event>> + '_>> {
+        Ok(match self {
+            HostEvents::Memory(v) => Box::new(v.iter().cloned().map(Ok)),
+            HostEvents::Spilled(s) => Box::new(s.read()?),
+        })
+    }
+}
 
 /// What one host sent for a trace.
 #[derive(Clone, Debug, Default)]
@@ -20,8 +78,8 @@ pub struct HostTrace {
     pub start: Option<TraceStart>,
     pub end: Option<TraceEnd>,
     /// In the host's own time order.
-    pub events: Vec<Event>,
-    /// Events the agent had to drop while the collector was away.
+    pub events: HostEvents,
+    /// Events the agent had to drop before the collector received them.
     pub lost_in_transit: u64,
     /// What the collector could not get from this host, and why (empty: complete).
     pub losses: Vec<HostLoss>,
@@ -45,43 +103,87 @@ impl MergedTrace {
     }
 }
 
+/// Keeps a merge's items in memory, for [`merge`].
+#[derive(Default)]
+struct Collect {
+    start: Option<TraceStart>,
+    events: Vec<Event>,
+}
+
+impl Sink for Collect {
+    fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
+        self.start = Some(start.clone());
+        Ok(())
+    }
+    fn event(&mut self, event: &Event) -> io::Result<()> {
+        self.events.push(event.clone());
+        Ok(())
+    }
+    fn end(&mut self, _: &TraceEnd) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Removes the drift part of a clock model, leaving the constant offset for [`refine`].
 fn without_drift(model: &ClockModel, ts: u64) -> i64 {
     ts as i64 - (model.offset_at(ts) - model.offset_ns)
 }
 
-/// Merges hosts' traces. `collector` describes the merged trace (its host name, clock, version).
-pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReason) -> MergedTrace {
+fn is_send(e: &Event) -> bool {
+    matches!(e.data, EventData::Send(data::Send { .. }))
+}
+
+/// Merges hosts' traces in memory. `collector` describes the merged trace (its host name, clock,
+/// version).
+pub fn merge(hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReason) -> io::Result<MergedTrace> {
+    let mut collect = Collect::default();
+    let (start, end) = merge_into(hosts, collector, reason, &mut collect)?;
+    debug_assert_eq!(collect.start.as_ref(), Some(&start));
+    Ok(MergedTrace { start, events: collect.events, end })
+}
+
+/// Merges hosts' traces into `sink` (begin, every event in one time order, end), and returns the
+/// start and end it wrote.
+pub fn merge_into(
+    hosts: Vec<HostTrace>,
+    collector: &TraceStart,
+    reason: EndReason,
+    sink: &mut dyn Sink,
+) -> io::Result<(TraceStart, TraceEnd)> {
     let models: Vec<ClockModel> = hosts.iter().map(|h| estimate(&h.samples).unwrap_or(ClockModel::ZERO)).collect();
-    let counts: Vec<u64> = hosts.iter().map(|h| h.events.len() as u64).collect();
+    let counts: Vec<u64> = hosts.iter().map(|h| h.events.len()).collect();
 
-    // Link first: positions and digests, not timestamps, decide the links, so clock errors
-    // cannot hide one. Every send is registered before any receive looks for it.
-    let mut per_host: Vec<Vec<Event>> = hosts.iter_mut().map(|h| std::mem::take(&mut h.events)).collect();
+    // Link first, every send registered before any receive looks for it. Sends are numbered in
+    // this order (host by host), so the last pass gives each its flow id again by counting.
     let mut matcher = FlowMatcher::default();
-    for events in per_host.iter_mut() {
-        for e in events.iter_mut().filter(|e| matches!(e.data, EventData::Send(data::Send { .. }))) {
-            matcher.process(e);
-        }
-    }
-    for events in per_host.iter_mut() {
-        for e in events.iter_mut().filter(|e| !matches!(e.data, EventData::Send(data::Send { .. }))) {
-            matcher.process(e);
-        }
-    }
-
-    // Causality: no linked receive before its send.
     let mut sends: HashMap<u64, (usize, i64)> = HashMap::new();
-    for (h, events) in per_host.iter().enumerate() {
-        for e in events {
-            if let EventData::Send(data::Send { flow_id, .. }) = e.data {
-                sends.insert(flow_id, (h, without_drift(&models[h], e.ts)));
+    let mut first_flow = Vec::with_capacity(hosts.len());
+    let mut next_flow = 1;
+    for (h, t) in hosts.iter().enumerate() {
+        first_flow.push(next_flow);
+        for e in t.events.read()? {
+            let mut e = e?;
+            if is_send(&e) {
+                matcher.process(&mut e);
+                if let EventData::Send(data::Send { flow_id, .. }) = e.data {
+                    debug_assert_eq!(flow_id, next_flow);
+                    next_flow = flow_id + 1;
+                    sends.insert(flow_id, (h, without_drift(&models[h], e.ts)));
+                }
             }
         }
     }
+    // Receives and signals, linked: kept by their position in their host's stream.
+    let mut linked: Vec<VecDeque<(u64, Event)>> = Vec::with_capacity(hosts.len());
     let mut links = Vec::new();
-    for (h, events) in per_host.iter().enumerate() {
-        for e in events {
+    for (h, t) in hosts.iter().enumerate() {
+        let mut mine = VecDeque::new();
+        for (i, e) in t.events.read()?.enumerate() {
+            let mut e = e?;
+            if !matches!(e.data, EventData::Recv(_) | EventData::Signal(_)) {
+                continue;
+            }
+            matcher.process(&mut e);
             if let EventData::Recv(data::Recv { flow_ids, .. }) = &e.data {
                 for id in flow_ids {
                     if let Some(&(from, sent)) = sends.get(id)
@@ -91,21 +193,14 @@ pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReaso
                     }
                 }
             }
+            mine.push_back((i as u64, e));
         }
+        linked.push(mine);
     }
+    drop(sends);
     let estimates: Vec<(i64, u64)> = models.iter().map(|m| (m.offset_ns, m.uncertainty_ns)).collect();
     let refined = refine(&estimates, &links);
     let correct = |h: usize, ts: u64| (without_drift(&models[h], ts) - refined.offsets[h]).max(0) as u64;
-
-    let mut events: Vec<Event> = Vec::with_capacity(per_host.iter().map(Vec::len).sum());
-    for (h, host_events) in per_host.into_iter().enumerate() {
-        events.extend(host_events.into_iter().map(|mut e| {
-            e.ts = correct(h, e.ts);
-            e
-        }));
-    }
-    // Each host's events are already in order; a stable sort keeps ties in host order.
-    events.sort_by_key(|e| e.ts);
 
     let infos: Vec<HostInfo> = hosts
         .iter()
@@ -136,6 +231,48 @@ pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReaso
         start.clock.source.push_str("; message links contradict the round trips, round-trip estimates kept");
     }
 
+    // One time order: a k-way merge of the hosts' streams, each corrected on read. Ties go to the
+    // lower host index, then keep their host's order.
+    sink.begin(&start)?;
+    let mut streams = Vec::with_capacity(hosts.len());
+    let mut heap = BinaryHeap::new();
+    for (h, t) in hosts.iter().enumerate() {
+        let mut stream = t.events.read()?.enumerate();
+        let head = stream.next().map(|(i, e)| e.map(|e| (i, e))).transpose()?;
+        if let Some((i, e)) = &head {
+            heap.push(Reverse((correct(h, e.ts), h, *i)));
+        }
+        streams.push(HostStream { stream, head: head.map(|(_, e)| e), next_flow: first_flow[h] });
+    }
+    let mut written = 0u64;
+    let mut last_ts = None;
+    while let Some(Reverse((ts, h, i))) = heap.pop() {
+        let s = &mut streams[h];
+        let mut e = s.head.take().expect("a stream on the heap has its head");
+        e.ts = ts;
+        match &mut e.data {
+            EventData::Send(data::Send { flow_id, .. }) => {
+                *flow_id = s.next_flow;
+                s.next_flow += 1;
+            }
+            EventData::Recv(_) | EventData::Signal(_) => {
+                if let Some((_, mut done)) = linked[h].pop_front().filter(|(at, _)| *at == i as u64) {
+                    done.ts = ts;
+                    e = done;
+                }
+            }
+            _ => {}
+        }
+        sink.event(&e)?;
+        written += 1;
+        last_ts = Some(ts);
+        if let Some((next, n)) = s.stream.next() {
+            let n = n?;
+            heap.push(Reverse((correct(h, n.ts), h, next)));
+            s.head = Some(n);
+        }
+    }
+
     let mut lost: std::collections::BTreeMap<String, u64> = Default::default();
     for t in &hosts {
         for (k, v) in t.end.iter().flat_map(|e| e.lost_events.iter()) {
@@ -164,9 +301,9 @@ pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReaso
             .enumerate()
             .filter_map(|(h, t)| t.end.as_ref().map(|e| correct(h, e.ts)))
             .max()
-            .unwrap_or_else(|| events.last().map_or(start.ts, |e| e.ts)),
+            .unwrap_or_else(|| last_ts.unwrap_or(start.ts)),
         reason,
-        events_written: events.len() as u64,
+        events_written: written,
         lost_events: lost,
         calls_without_return_probe: hosts
             .iter()
@@ -177,7 +314,30 @@ pub fn merge(mut hosts: Vec<HostTrace>, collector: &TraceStart, reason: EndReaso
         ipc: matcher.stats.clone(),
         hosts: host_ends,
     };
-    MergedTrace { start, events, end }
+    sink.end(&end)?;
+    Ok((start, end))
+}
+
+/// One host's stream in the k-way merge: the event on the heap, the rest, and the flow id its
+/// next send gets.
+struct HostStream<I> {
+    stream: I,
+    head: Option<Event>,
+    next_flow: u64,
+}
+
+impl MergedTrace {
+    /// Writes the merged trace as a Chrome trace.
+    pub fn export_chrome(&self, path: &Path) -> Result<(), ClusterError> {
+        self.export(path, Format::Chrome)
+    }
+
+    /// Writes the merged trace in any format `record` writes.
+    pub fn export(&self, path: &Path, format: Format) -> Result<(), ClusterError> {
+        let mut sink = format.sink(std::fs::File::create(path)?);
+        self.write(&mut *sink)?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -246,7 +406,8 @@ mod tests {
         let a = HostTrace {
             host: "a".into(),
             samples: samples(0, 0),
-            events: vec![transfer("a", 10_000, true, ab.clone(), 1), transfer("a", 20_030, false, ba.clone(), 500)],
+            events: vec![transfer("a", 10_000, true, ab.clone(), 1), transfer("a", 20_030, false, ba.clone(), 500)]
+                .into(),
             ..Default::default()
         };
         let b = HostTrace {
@@ -256,10 +417,11 @@ mod tests {
             events: vec![
                 transfer("b", 10_030 + skew as u64, false, ab, 1),
                 transfer("b", 20_000 + skew as u64, true, ba, 500),
-            ],
+            ]
+            .into(),
             ..Default::default()
         };
-        let m = merge(vec![a, b], &collector(), EndReason::Stopped);
+        let m = merge(vec![a, b], &collector(), EndReason::Stopped).unwrap();
         let b_info = &m.start.hosts[1];
         assert!((b_info.offset_ns - skew).abs() <= 30, "{b_info:?}");
         assert!(b_info.uncertainty_ns < b_info.round_trip_uncertainty_ns, "links narrow the doubt: {b_info:?}");
@@ -280,5 +442,92 @@ mod tests {
         assert_eq!(flow_ids, &[flow_id]);
         assert_eq!(m.end.ipc.linked_recvs, 2);
         assert_eq!(m.end.events_written, 4);
+    }
+
+    /// Host `name`'s events spilled to a file of `dir`, as the collector keeps them.
+    fn spilled(dir: &std::sync::Arc<crate::cluster::spill::SpillDir>, index: usize, events: &[Event]) -> HostEvents {
+        let mut file = dir.host(index).unwrap();
+        for e in events {
+            file.push(e).unwrap();
+        }
+        HostEvents::Spilled(file.flushed().unwrap())
+    }
+
+    #[test]
+    fn a_k_way_merge_of_spilled_hosts_keeps_one_time_order_and_links_flows_across_them() {
+        use crate::event::test_events::{call, ret};
+        let skew = 1_000_000u64; // host b runs 1 ms ahead
+        let ab = tcp("10.0.0.1:1000", "10.0.0.2:80");
+        let ba = tcp("10.0.0.2:80", "10.0.0.1:1000");
+        let on = |host: &str, mut e: Event| {
+            e.host = host.into();
+            e
+        };
+        // Calls every 100 ns on both hosts (true time), and 50 requests from a each answered by
+        // b 10 µs later: a's requests at 5_000 + 20_000 k, b's receives 30 ns after.
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for i in 0..10_000u64 {
+            let t = i * 100;
+            a.push(on("a", if i % 2 == 0 { call(t, 1, "f") } else { ret(t, 1, "f", Some(100)) }));
+            b.push(on(
+                "b",
+                if i % 2 == 0 { call(t + 50 + skew, 2, "g") } else { ret(t + 50 + skew, 2, "g", Some(100)) },
+            ));
+            if i % 200 == 50 {
+                let k = i / 200;
+                a.push(transfer("a", t + 1, true, ab.clone(), 1 + 10 * k));
+                b.push(transfer("b", t + 31 + skew, false, ab.clone(), 1 + 10 * k));
+                b.push(transfer("b", t + 10_001 + skew, true, ba.clone(), 700 + 10 * k));
+                a.push(transfer("a", t + 10_031, false, ba.clone(), 700 + 10 * k));
+            }
+        }
+        a.sort_by_key(|e| e.ts);
+        b.sort_by_key(|e| e.ts);
+        let dir = crate::cluster::spill::SpillDir::create(Some(&std::env::temp_dir())).unwrap();
+        let hosts = |events_a: HostEvents, events_b: HostEvents| {
+            vec![
+                HostTrace { host: "a".into(), samples: samples(0, 0), events: events_a, ..Default::default() },
+                HostTrace {
+                    host: "b".into(),
+                    samples: samples(skew as i64, 200),
+                    events: events_b,
+                    ..Default::default()
+                },
+            ]
+        };
+        let from_disk =
+            merge(hosts(spilled(&dir, 0, &a), spilled(&dir, 1, &b)), &collector(), EndReason::Stopped).unwrap();
+        let in_memory = merge(hosts(a.clone().into(), b.clone().into()), &collector(), EndReason::Stopped).unwrap();
+        assert_eq!(from_disk.events, in_memory.events, "the same merge from disk and from memory");
+        let m = from_disk;
+        assert_eq!(m.events.len(), a.len() + b.len());
+        assert_eq!(m.end.events_written, m.events.len() as u64);
+        assert!(m.events.windows(2).all(|w| w[0].ts <= w[1].ts), "one time order");
+        // Each host's events keep their order, and their own times less the offset.
+        let offset = m.start.hosts[1].offset_ns;
+        assert!((offset - skew as i64).abs() <= 200, "{offset}");
+        let of = |host: &str| m.events.iter().filter(|e| &*e.host == host).map(|e| e.ts).collect::<Vec<_>>();
+        assert_eq!(of("a"), a.iter().map(|e| e.ts).collect::<Vec<_>>());
+        assert_eq!(of("b"), b.iter().map(|e| (e.ts as i64 - offset) as u64).collect::<Vec<_>>());
+        // Every receive is linked to the send on the other host, and comes after it.
+        let mut sent_at = HashMap::new();
+        let mut linked = 0;
+        for (i, e) in m.events.iter().enumerate() {
+            match &e.data {
+                EventData::Send(data::Send { flow_id, .. }) => {
+                    assert!(sent_at.insert(*flow_id, (i, e.host.clone())).is_none(), "flow ids are unique");
+                }
+                EventData::Recv(data::Recv { flow_ids, .. }) => {
+                    let [id] = flow_ids[..] else { panic!("one link: {flow_ids:?}") };
+                    let (at, from) = &sent_at[&id];
+                    assert!(*at < i && *from != e.host, "the send, on the other host, before its receive");
+                    linked += 1;
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(linked, 100);
+        assert_eq!(m.end.ipc.linked_recvs, 100);
     }
 }

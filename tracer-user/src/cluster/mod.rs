@@ -9,6 +9,8 @@ pub mod listener;
 pub mod merge;
 pub mod outbox;
 pub mod protocol;
+pub mod reconnect;
 pub mod session;
+pub mod spill;
 pub mod tls;
 pub mod wire;

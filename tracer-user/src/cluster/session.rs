@@ -105,6 +105,29 @@ impl<R: AsyncRead + Unpin> SessionReader<R> {
     }
 }
 
+impl<R: AsyncRead + Unpin> SessionReader<R> {
+    /// Reads frames into `frames` until the connection fails or `frames` is closed, calling
+    /// `heard` after each frame that opened. Both ends run it as a task of its own, because a
+    /// `recv` cut short by `select!` would lose bytes of a frame; the error, if any, is the last
+    /// item sent.
+    pub async fn forward(
+        mut self,
+        frames: tokio::sync::mpsc::Sender<Result<Message, FrameError>>,
+        mut heard: impl FnMut(),
+    ) {
+        loop {
+            let message = self.recv().await;
+            let failed = message.is_err();
+            if !failed {
+                heard();
+            }
+            if frames.send(message).await.is_err() || failed {
+                return;
+            }
+        }
+    }
+}
+
 /// The writing half of an authenticated connection.
 pub struct SessionWriter<W> {
     inner: W,

@@ -149,6 +149,8 @@ pub enum LossCause {
     StopTimedOut,
     /// The agent dropped events while the collector was away (its buffer was full).
     Gap,
+    /// The collector could not write the host's events to its spill file (the disk is full).
+    SpillFailed,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,6 +212,12 @@ pub fn why_lost(kind: &str) -> &'static str {
         }
         "log_unreadable" => {
             "program events lost in the probe: the kernel could not read the payload at the address the program passed, or it is not a tracer-events payload this tracer reads; check the program's tracer-events version and what it passes to the probe"
+        }
+        "in_transit" => {
+            "lost in transit: the agent's outbox (--buffer-events) overflowed before the collector received them (it fell behind, or was away); give the agent a larger --buffer-events, trace fewer functions, or put the collector closer to the agent"
+        }
+        "live_subscribers" => {
+            "not given to a live subscriber (ClusterTrace::subscribe, on_event) that fell behind its bounded channel; the merged trace has them all"
         }
         _ => "lost (see the trace's trace_end)",
     }

@@ -1,0 +1,286 @@
+//! The collector's side of one agent connection: the session (commands out, events in, clock
+//! probes and acknowledgements), and reconnecting and resuming the trace when it drops.
+
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::{
+    auth,
+    clock_sync::ClockSample,
+    collector::{AgentSpec, ClientOptions, Command, HostState, LOG, Shared, connect_session},
+    protocol::Message,
+    session::Session,
+    wire::Decoder,
+};
+use crate::{
+    errors::report,
+    event::host::Machine,
+    event::{Event, LossCause},
+};
+
+/// How long an agent may be silent while it starts a trace.
+const START_SILENCE: Duration = Duration::from_secs(30);
+
+/// Serves one agent: the connection, and reconnections.
+pub(super) async fn agent_task(
+    index: usize,
+    spec: AgentSpec,
+    options: ClientOptions,
+    shared: Arc<Shared>,
+    mut commands: mpsc::Receiver<Command>,
+    first: Session,
+) {
+    let mut connection = Some(first);
+    loop {
+        let conn = match connection.take() {
+            Some(c) => c,
+            None => match reconnect(&spec, &options).await {
+                Some(c) => c,
+                None => {
+                    let mut h = shared.hosts[index].lock().unwrap();
+                    if h.trace_id.is_some() && !h.finished() {
+                        h.given_up = true;
+                        let detail = format!(
+                            "could not reach the agent again within {:?} (the reconnect window): events from #{} on are missing",
+                            options.reconnect_for, h.next_seq
+                        );
+                        h.lose(LossCause::ReconnectWindowUsedUp, detail);
+                    }
+                    drop(h);
+                    shared.changed.notify_waiters();
+                    return;
+                }
+            },
+        };
+        match session(index, &options, &shared, &mut commands, conn).await {
+            Ok(()) => return,
+            Err(reason) => {
+                tracing::info!(target: LOG, "connection to {} lost ({reason}); reconnecting", spec.name);
+            }
+        }
+    }
+}
+
+async fn reconnect(spec: &AgentSpec, options: &ClientOptions) -> Option<Session> {
+    let deadline = Instant::now() + options.reconnect_for;
+    while Instant::now() < deadline {
+        match connect_session(spec, options).await {
+            Ok(c) => {
+                tracing::info!(target: LOG, "reconnected to {}", spec.name);
+                return Some(c);
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    None
+}
+
+/// One connection's life: commands out, events in, clock probes and acks every so often.
+/// `Ok` when the cluster is gone; `Err(reason)` when the connection dropped.
+async fn session(
+    index: usize,
+    options: &ClientOptions,
+    shared: &Arc<Shared>,
+    commands: &mut mpsc::Receiver<Command>,
+    conn: Session,
+) -> Result<(), String> {
+    // The collector stamps each event with the name the user gave the host on receipt (the wire
+    // carries no host): an agent cannot speak for another host, and the agents' own names (often
+    // equal: machines cloned from one image) are only information, in `trace_start.hosts`.
+    let host: Arc<str> = Arc::from(shared.hosts[index].lock().unwrap().host.as_str());
+    let Session { reader, mut writer, transcript, resume_key, .. } = conn;
+    let (tx, mut incoming) = mpsc::channel(256);
+    let reading = tokio::spawn(reader.forward(tx, || {}));
+    let result = async {
+        let mut decoder = Decoder::default();
+        let mut pending_start: Option<oneshot::Sender<Result<(), String>>> = None;
+        let mut resuming = false;
+        let mut probes: HashMap<u32, u64> = HashMap::new();
+        let mut next_probe = 1_000u32;
+        let mut acked = 0;
+        // Carry on with a trace the previous connection was streaming, proving with the key of
+        // the connection that started it that this is the same collector.
+        let resume = {
+            let h = shared.hosts[index].lock().unwrap();
+            // Only a trace the agent confirmed (a start in flight is answered on this connection).
+            match (h.trace_id, h.resume_key) {
+                (Some(trace_id), Some(key)) if h.start.is_some() && !h.finished() => Some(Message::Resume {
+                    trace_id,
+                    next_seq: h.next_seq,
+                    proof: auth::resume_proof(&key, &transcript, trace_id),
+                }),
+                _ => None,
+            }
+        };
+        if let Some(resume) = resume {
+            resuming = true;
+            writer.send(&resume).await.map_err(|e| report(&e))?;
+        }
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut ticks = 0u64;
+        let mut last_heard = Instant::now();
+        loop {
+            tokio::select! {
+                command = commands.recv() => match command {
+                    None => return Ok(()),
+                    Some(Command::Start { trace_id, request, reply }) => {
+                        pending_start = Some(reply);
+                        writer.send(&Message::Start { trace_id, request }).await.map_err(|e| report(&e))?;
+                    }
+                    Some(Command::Stop { trace_id }) => {
+                        writer.send(&Message::Stop { trace_id }).await.map_err(|e| report(&e))?;
+                    }
+                },
+                message = incoming.recv() => {
+                    let message = message.ok_or("connection closed")?.map_err(|e| report(&e))?;
+                    last_heard = Instant::now();
+                    match message {
+                        Message::ClockEcho { id, agent_ns } => {
+                            if let Some(t0) = probes.remove(&id) {
+                                let sample = ClockSample { t0, t1: shared.clock.now_unix_ns(), agent_ns };
+                                shared.hosts[index].lock().unwrap().samples.push(sample);
+                            }
+                        }
+                        Message::Started { trace_id, trace_start } => {
+                            let mut h = shared.hosts[index].lock().unwrap();
+                            if h.trace_id == Some(trace_id) {
+                                let mut trace_start = *trace_start;
+                                trace_start.machine = trace_start.machine.map(Machine::from_peer);
+                                h.start = Some(trace_start);
+                                if !resuming {
+                                    // The key that will resume this trace after a dropped connection.
+                                    h.resume_key = Some(resume_key);
+                                }
+                            }
+                            resuming = false;
+                            drop(h);
+                            decoder.reset();
+                            if let Some(reply) = pending_start.take() {
+                                let _ = reply.send(Ok(()));
+                            }
+                        }
+                        Message::Failed { error, .. } => {
+                            match pending_start.take() {
+                                Some(reply) => {
+                                    let _ = reply.send(Err(error));
+                                }
+                                None => {
+                                    let mut h = shared.hosts[index].lock().unwrap();
+                                    if h.trace_id.is_some() && !h.finished() {
+                                        h.given_up = true;
+                                        let cause = if resuming { LossCause::AgentDroppedTrace } else { LossCause::AgentFailed };
+                                        h.lose(cause, format!("the agent says: {error}"));
+                                    }
+                                }
+                            }
+                            resuming = false;
+                            shared.changed.notify_waiters();
+                        }
+                        Message::Events(batch) => {
+                            let first_seq = batch.first_seq;
+                            let events = decoder.events(&host, batch).map_err(|e| e.to_string())?;
+                            let mut h = shared.hosts[index].lock().unwrap();
+                            // A resumed connection may repeat what was received but not yet acked.
+                            let skip = h.next_seq.saturating_sub(first_seq) as usize;
+                            if first_seq > h.next_seq {
+                                return Err(format!("events {}..{} are missing", h.next_seq, first_seq));
+                            }
+                            let fresh: Vec<Event> = events.into_iter().skip(skip).collect();
+                            h.next_seq += fresh.len() as u64;
+                            let now = Instant::now();
+                            h.first_arrival.get_or_insert(now);
+                            h.last_arrival = Some(now);
+                            // Still holding the host: see `ClusterTrace::subscribe`.
+                            if let Some(trace_id) = h.trace_id {
+                                deliver(shared, trace_id, &fresh);
+                            }
+                            spill(&mut h, &fresh);
+                        }
+                        Message::Gap { first_seq, count } => {
+                            let mut h = shared.hosts[index].lock().unwrap();
+                            if first_seq == h.next_seq {
+                                h.lost_in_transit += count;
+                                h.next_seq += count;
+                                let detail = format!(
+                                    "the agent dropped events #{first_seq} to #{} in transit: its outbox (--buffer-events) overflowed before the collector received them (the collector fell behind, or was away); a larger --buffer-events on the agent helps, --buffer-size does not",
+                                    first_seq + count - 1
+                                );
+                                h.lose(LossCause::Gap, detail);
+                            }
+                        }
+                        Message::Ended { trace_id, trace_end, total_events } => {
+                            let mut h = shared.hosts[index].lock().unwrap();
+                            if h.trace_id == Some(trace_id) {
+                                h.end = Some(trace_end);
+                                h.total = Some(total_events);
+                            }
+                        }
+                        Message::Refused { reason } => return Err(format!("refused: {reason}")),
+                        other => return Err(format!("unexpected {other:?}")),
+                    }
+                    // Everything is here: say so at once, so that the agent can let the trace go
+                    // (it keeps an unacknowledged trace for its collector).
+                    let done = {
+                        let h = shared.hosts[index].lock().unwrap();
+                        h.total.is_some_and(|t| h.next_seq >= t).then_some(h.next_seq)
+                    };
+                    if let Some(next_seq) = done.filter(|&n| n != acked) {
+                        writer.send(&Message::Ack { next_seq }).await.map_err(|e| report(&e))?;
+                        acked = next_seq;
+                    }
+                    shared.changed.notify_waiters();
+                },
+                _ = tick.tick() => {
+                    ticks += 1;
+                    // An agent attaching probes answers nothing until it is done: that may take
+                    // seconds (large binaries, a loaded machine).
+                    let silence = if pending_start.is_some() { options.silence.max(START_SILENCE) } else { options.silence };
+                    if last_heard.elapsed() > silence {
+                        return Err(format!("silent for {silence:?}"));
+                    }
+                    let next_seq = shared.hosts[index].lock().unwrap().next_seq;
+                    if next_seq != acked {
+                        writer.send(&Message::Ack { next_seq }).await.map_err(|e| report(&e))?;
+                        acked = next_seq;
+                    }
+                    if ticks.is_multiple_of(10) {
+                        next_probe = next_probe.wrapping_add(1);
+                        probes.insert(next_probe, shared.clock.now_unix_ns());
+                        writer.send(&Message::ClockProbe { id: next_probe }).await.map_err(|e| report(&e))?;
+                    }
+                },
+            }
+        }
+    }
+    .await;
+    reading.abort();
+    result
+}
+
+/// Passes fresh events of a trace to its subscribers, each as far as its channel has room;
+/// drops those that hung up.
+fn deliver(shared: &Shared, trace_id: u64, events: &[Event]) {
+    shared
+        .subscribers
+        .lock()
+        .unwrap()
+        .retain_mut(|s| s.trace_id != trace_id || events.iter().all(|e| s.give(e.clone())));
+}
+
+/// Appends fresh events to the host's spill file. One that cannot be written (the disk is full)
+/// ends the host's part of the trace, said as its loss.
+fn spill(h: &mut HostState, events: &[Event]) {
+    let Some(file) = h.spill.as_mut() else { return };
+    if let Err(e) = events.iter().try_for_each(|e| file.push(e)) {
+        let written = file.len();
+        h.spill = None;
+        h.given_up = true;
+        let detail = format!("the collector could not write its events to the spill file after #{written}: {e}");
+        h.lose(LossCause::SpillFailed, detail);
+    }
+}
