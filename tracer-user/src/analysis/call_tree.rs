@@ -42,6 +42,9 @@ pub struct Frame {
     pub params: data::Params,
     /// Its return value at source level, once its return came with one.
     pub ret: Option<data::SourceValue>,
+    /// Where its function is defined (DWARF), when its call said.
+    pub file: Option<Arc<str>>,
+    pub line: Option<u32>,
     /// When it started, Unix ns.
     pub start: u64,
     /// Time spent so far in traced callees that have ended.
@@ -153,7 +156,7 @@ impl CallTracker {
     pub fn event(&mut self, e: &Event, on: &mut dyn FnMut(CallEvent)) {
         let at = At { pid: e.pid, tid: e.tid, track: e.track() };
         match &e.data {
-            EventData::Call(data::Call { function, module, args, params, .. }) => {
+            EventData::Call(data::Call { function, module, args, params, file, line, .. }) => {
                 let max_depth = self.max_depth;
                 let thread = self.threads.entry((e.pid, at.track)).or_default();
                 thread.last_tid = e.tid;
@@ -167,6 +170,8 @@ impl CallTracker {
                     args: *args,
                     params: params.clone(),
                     ret: None,
+                    file: file.clone(),
+                    line: *line,
                     start: e.ts,
                     callee_ns: 0,
                 });
@@ -337,6 +342,8 @@ impl ThreadCalls {
                 args: Args::default(),
                 params: data::Params::default(),
                 ret: None,
+                file: None,
+                line: None,
                 start: ret.start,
                 callee_ns: 0,
             };
