@@ -37,6 +37,17 @@ fn main() {
     let bench = out.join("bench");
     run(Command::new(&cc).args(["-no-pie", "-o"]).arg(&bench).arg(&bench_obj));
 
+    // The parameters benchmark: built as bench is, with DWARF, and the same file without it.
+    let bench_params_obj = out.join("bench_params.o");
+    run(Command::new(&cc)
+        .args(["-c", "-g", "-O2", "-fno-pie", "-pg", "-mfentry", "-mnop-mcount", "-fcf-protection=none", "-o"])
+        .arg(&bench_params_obj)
+        .arg(src.join("c/bench_params.c")));
+    let bench_params = out.join("bench_params");
+    run(Command::new(&cc).args(["-no-pie", "-o"]).arg(&bench_params).arg(&bench_params_obj));
+    let bench_params_nodwarf = out.join("bench_params_nodwarf");
+    run(Command::new("objcopy").arg("--strip-debug").arg(&bench_params).arg(&bench_params_nodwarf));
+
     // `work()` of the same program built the other three ways of issue 12's table, for probe
     // placement: with CET (`endbr64`, then the 5-byte nop), plain (`lea` first), and with GCC's
     // patchable entry (five one-byte nops).
@@ -88,6 +99,13 @@ fn main() {
     run(Command::new("objcopy").arg("--only-keep-debug").arg(&params_stripped).arg(&params_debug));
     run(Command::new("strip").arg(&params_stripped));
     run(Command::new("objcopy").arg(format!("--add-gnu-debuglink={}", params_debug.display())).arg(&params_stripped));
+    // Functions in two source files, for `-f 'SOURCE_FILE:NAME'`.
+    let twofiles = out.join("twofiles");
+    run(Command::new(&cc)
+        .args(["-g", "-O0", "-o"])
+        .arg(&twofiles)
+        .arg(src.join("c/twofiles/main.c"))
+        .arg(src.join("c/twofiles/net.c")));
     let params_cpp_src = src.join("cpp/params.cpp");
     let params_cpp = out.join("params_cpp");
     run(Command::new(&cxx).args(["-g", "-O0", "-o"]).arg(&params_cpp).arg(&params_cpp_src));
@@ -171,6 +189,9 @@ fn main() {
         ("CALLS", &calls),
         ("CALLS_STRIPPED", &stripped),
         ("BENCH", &bench),
+        ("BENCH_PARAMS", &bench_params),
+        ("BENCH_PARAMS_NODWARF", &bench_params_nodwarf),
+        ("TWOFILES", &twofiles),
         ("SHAPES", &shapes),
         ("CLIENT_SERVER_DEMO", &demo),
         ("IPC", &ipc),

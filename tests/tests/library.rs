@@ -250,3 +250,23 @@ async fn an_agent_refuses_a_capture_beyond_the_limit() {
     assert!(error.contains("--capture-bytes is at most 4096, got 1048576"), "{error}");
     assert!(!agent.log().contains("started"), "nothing was traced: {}", agent.log());
 }
+
+/// The string size of a request is bounded like `--string-size`: zero and beyond the kernel
+/// programs' 4096 are refused from the network with one sentence, and nothing is traced.
+#[tokio::test]
+async fn an_agent_refuses_a_string_size_out_of_range() {
+    let dir = temp_dir();
+    let agent = LocalAgent::start(dir.path(), "str", &[]);
+    for size in [0u16, 4097, u16::MAX] {
+        let cluster = Cluster::connect(vec![spec(&agent, "str")], ClientOptions::default()).await.expect("connect");
+        let request = TraceRequest {
+            pids: vec![std::process::id()],
+            functions: vec!["main".into()],
+            string_size: size,
+            ..Default::default()
+        };
+        let error = cluster.start_all(request).await.err().expect("refused").to_string();
+        assert!(error.contains(&format!("--string-size must be between 1 and 4096, got {size}")), "{error}");
+    }
+    assert!(!agent.log().contains("started"), "nothing was traced: {}", agent.log());
+}

@@ -190,4 +190,86 @@ fn calls_and_chrome_show_calls_at_source_level() {
     assert_eq!(text["args"]["params"]["col"], json!("BLUE"));
     assert_eq!(text["args"]["ret"], json!(true));
     assert_eq!(slice("greet")["args"]["ret"], json!("hello"));
+    // Where the function is: the file and line its call carries.
+    let (file, line) = {
+        let t = tracer_tests::Trace::load(std::path::Path::new(&trace));
+        let call = t.calls("greet")[0].clone();
+        (call["file"].as_str().unwrap().to_string(), call["line"].as_u64().unwrap())
+    };
+    assert!(file.ends_with("tests/fixtures/c/params.c"), "{file}");
+    assert_eq!(slice("greet")["args"]["file"], json!(file));
+    assert_eq!(slice("greet")["args"]["line"], json!(line));
+
+    // Perfetto: each parameter, the file and the line as debug annotations of the slice's begin.
+    use tracer_tests::perfetto::{debug_annotation, trace_packet, track_event};
+    let pftrace = dir.path().join("t.pftrace");
+    let export = tracer_tests::tracer(&["export".as_ref(), trace.as_ref(), "-o".as_ref(), pftrace.as_os_str()]);
+    assert_eq!(export.code(), 0, "{export:?}");
+    let packets = tracer_tests::perfetto::read(&pftrace);
+    let begins: Vec<_> = packets
+        .iter()
+        .filter_map(|p| match &p.data {
+            Some(trace_packet::Data::TrackEvent(e))
+                if e.name_field == Some(track_event::NameField::Name("greet".into())) =>
+            {
+                Some(e)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(begins.len(), 1, "one greet slice begins");
+    let annotation = |name: &str| {
+        let found: Vec<_> = begins[0]
+            .debug_annotations
+            .iter()
+            .filter(|a| a.name_field == Some(debug_annotation::NameField::Name(name.into())))
+            .collect();
+        assert_eq!(found.len(), 1, "one {name} annotation: {:?}", begins[0].debug_annotations);
+        found[0].value.clone()
+    };
+    assert_eq!(annotation("who"), Some(debug_annotation::Value::StringValue("carol".into())));
+    assert_eq!(annotation("file"), Some(debug_annotation::Value::StringValue(file)));
+    assert_eq!(annotation("line"), Some(debug_annotation::Value::UintValue(line)));
+}
+
+/// `-f 'FILE_GLOB:NAME'` probes the functions defined in the matching source files (DWARF's
+/// decl_file, matched on a suffix after a `/`), and only them; a glob that matches no file is one
+/// error naming the files there are.
+#[test]
+fn functions_are_chosen_by_source_file() {
+    let calls_of = |t: &tracer_tests::Trace| -> std::collections::BTreeMap<String, usize> {
+        let mut counts = std::collections::BTreeMap::new();
+        for e in t.of_kind("call") {
+            *counts.entry(e["function"].as_str().unwrap().to_string()).or_default() += 1;
+        }
+        counts
+    };
+    let t = Traced::run("twofiles", &["twofiles/net.c:*"], &[]);
+    let expected = [("net_close", 1), ("net_recv", 2), ("net_send", 3)];
+    assert_eq!(calls_of(&t.trace), expected.iter().map(|&(f, n)| (f.to_string(), n)).collect());
+    let (file, line) = t.place("net_send");
+    assert!(file.ends_with("tests/fixtures/c/twofiles/net.c"), "{file}");
+    assert_eq!(line, 9);
+
+    // A name glob after the file, and a directory glob: `*` within one directory.
+    let t = Traced::run("twofiles", &["c/*/main.c:app_*", "net.c:net_r*"], &[]);
+    let expected = [("app_run", 1), ("app_step", 4), ("net_recv", 2)];
+    assert_eq!(calls_of(&t.trace), expected.iter().map(|&(f, n)| (f.to_string(), n)).collect());
+
+    let dir = temp_dir();
+    let out = dir.path().join("t.jsonl");
+    let run = tracer_tests::tracer(&[
+        "record".as_ref(),
+        "-f".as_ref(),
+        "nope/*.c:*".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+        "--".as_ref(),
+        fixture("twofiles").as_os_str(),
+    ]);
+    run.assert_error("no function of ");
+    assert!(run.stderr.contains("is defined in a source file matching 'nope/*.c'"), "{}", run.stderr);
+    for file in ["tests/fixtures/c/twofiles/main.c", "tests/fixtures/c/twofiles/net.c"] {
+        assert!(run.stderr.contains(file), "the files there are listed: {}", run.stderr);
+    }
 }

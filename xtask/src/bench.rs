@@ -109,6 +109,8 @@ pub enum Part {
     Native,
     /// What a traced message costs with and without `--capture-bytes` (root).
     Capture,
+    /// What calls at source level cost a call: parameters from registers, a string (root).
+    Params,
 }
 
 pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
@@ -130,6 +132,9 @@ pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
     }
     if wanted(Part::Capture) {
         capture(tracer)?;
+    }
+    if wanted(Part::Params) {
+        crate::bench_params::run(tracer)?;
     }
     Ok(())
 }

@@ -45,6 +45,9 @@ pub struct Frame {
     pub params: data::Params,
     /// Its return value at source level, once its return came with one.
     pub ret: Option<data::SourceValue>,
+    /// Where its function is defined (DWARF), when its call said.
+    pub file: Option<Arc<str>>,
+    pub line: Option<u32>,
     /// When it started, Unix ns.
     pub start: u64,
     /// Time spent so far in traced callees that have ended.
@@ -190,7 +193,7 @@ impl CallTracker {
         let at = At { pid: e.pid, tid: e.tid, track: e.track() };
         let key = (e.pid, at.track);
         match &e.data {
-            EventData::Call(data::Call { function, module, args, params, .. }) => {
+            EventData::Call(data::Call { function, module, args, params, file, line, .. }) => {
                 let max_depth = self.max_depth;
                 let thread = self.threads.entry(key).or_default();
                 thread.last_tid = e.tid;
@@ -203,6 +206,8 @@ impl CallTracker {
                         args: *args,
                         params: params.clone(),
                         ret: None,
+                        file: file.clone(),
+                        line: *line,
                         start: e.ts,
                         callee_ns: 0,
                     });
@@ -308,6 +313,8 @@ impl CallTracker {
                 args: Args::default(),
                 params: data::Params::default(),
                 ret: None,
+                file: None,
+                line: None,
                 start: ret.start,
                 callee_ns: 0,
             };

@@ -169,6 +169,7 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
                 buffer_size: args.trace.buffer_size,
                 max_probes: args.trace.max_probes as u32,
                 capture_bytes: args.trace.capture_bytes,
+                string_size: args.trace.string_size,
                 ..Default::default()
             };
             (a.name.clone(), request)

@@ -82,8 +82,9 @@ pub struct RecordArgs {
 #[derive(Debug, Args)]
 pub struct TraceOptions {
     /// Functions to probe (repeatable): a glob over demangled names, optionally prefixed by a
-    /// module, e.g. 'fib', 'app::*', 'libc.so.6:malloc'. Default: every function of the main
-    /// executable.
+    /// module or by a source file glob (ending in .c .cc .cpp .cxx .h .hpp .rs: the functions
+    /// its DWARF says are defined there), e.g. 'fib', 'app::*', 'libc.so.6:malloc',
+    /// 'src/net.c:*'. Default: every function of the main executable.
     #[arg(short, long = "functions", value_name = "PATTERN")]
     pub functions: Vec<String>,
     /// USDT probes to trace (repeatable): [MODULE:]PROVIDER:NAME with globs, in the targets and

@@ -617,8 +617,7 @@ fn options(agent: &Agent, conn: &Conn, request: TraceRequest) -> Result<RecordOp
         duration: None,
         buffer_size: if request.buffer_size == 0 { defaults.buffer_size } else { request.buffer_size },
         max_probes: if request.max_probes == 0 { defaults.max_probes } else { request.max_probes as usize },
-        // The request has no string size yet: the default bound.
-        string_size: defaults.string_size,
+        string_size: request.string_size,
         capture_bytes: request.capture_bytes,
         host: agent.opts.host.clone(),
         run_as,

@@ -14,8 +14,9 @@ use crate::event::{TraceEnd, TraceStart};
 
 /// Version of this protocol; both ends must speak the same. 4: calls carry `params`, `file`,
 /// `line` and returns `ret` (calls at source level); `log` and `usdt` events; `usdt` and
-/// `capture_bytes` in a trace request, payloads on sends and receives.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// `capture_bytes` in a trace request, payloads on sends and receives. 5: `string_size` in a
+/// trace request.
+pub const PROTOCOL_VERSION: u32 = 5;
 /// The largest frame either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated
@@ -44,6 +45,8 @@ pub struct TraceRequest {
     pub max_probes: u32,
     /// `--capture-bytes` (checked by the agent like `record`'s own).
     pub capture_bytes: u32,
+    /// `--string-size` (checked by the agent like `record`'s own: 1 to 4096; no zero default).
+    pub string_size: u16,
 }
 
 impl Default for TraceRequest {
@@ -59,6 +62,7 @@ impl Default for TraceRequest {
             buffer_size: 0,
             max_probes: 0,
             capture_bytes: 0,
+            string_size: crate::debuginfo::layout::DEFAULT_STRING_SIZE,
         }
     }
 }

@@ -155,6 +155,12 @@ impl<W: Write> Output<W> {
                 let params = call.params.0.iter().map(|(name, value)| (name.clone(), value.0.clone()));
                 args.insert("params".into(), Value::Object(params.collect()));
             }
+            if let Some(file) = &call.file {
+                args.insert("file".into(), json!(&**file));
+            }
+            if let Some(line) = call.line {
+                args.insert("line".into(), json!(line));
+            }
         }
         if let Some(ret) = &call.ret {
             args.insert("ret".into(), ret.0.clone());

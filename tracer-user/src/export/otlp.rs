@@ -8,8 +8,8 @@
 //!   tracing); spawns, exits and signals are its span events.
 //! - One span per call, a child of its caller's span (the process span for a call with no traced
 //!   caller), with `code.function`, `tracer.module`, `thread.id`, `tracer.args` and `tracer.retval`,
-//!   and with DWARF `code.param.NAME` and `code.return` (JSON text). File and line are not
-//!   sent yet (call slices do not carry them).
+//!   and with DWARF `code.file.path`, `code.line.number`, `code.param.NAME` and `code.return`
+//!   (JSON text).
 //! - `log` and `usdt` events are events of their process's span (log records: not yet).
 //! - Each IPC send and receive is a short span (PRODUCER, CONSUMER) under the call it happened in;
 //!   a receive's span links to the spans of the sends whose bytes it read (their `flow_id`s), so
@@ -466,6 +466,15 @@ impl Spans {
                 if slice.call_seen {
                     attributes.push(ints("tracer.args", slice.frame.args.as_slice()));
                 }
+                // Where the function is defined (DWARF), by the current semantic conventions'
+                // names (`code.file.path`, `code.line.number`; `code.filepath`/`code.lineno` are
+                // deprecated).
+                if let Some(file) = &slice.frame.file {
+                    attributes.push(string("code.file.path", file.to_string()));
+                }
+                if let Some(line) = slice.frame.line {
+                    attributes.push(int("code.line.number", line.into()));
+                }
                 // Parameters and return value at source level (DWARF), as their JSON text.
                 for (name, value) in &slice.frame.params.0 {
                     attributes.push(string(&format!("code.param.{name}"), value.0.to_string()));
@@ -593,14 +602,14 @@ impl Spans {
             EventData::Log(log) => {
                 let mut attrs = vec![string("log.severity", log.level.name().to_string())];
                 let optional =
-                    [("log.source", &log.source), ("code.function", &log.function), ("code.filepath", &log.file)];
+                    [("log.source", &log.source), ("code.function", &log.function), ("code.file.path", &log.file)];
                 for (key, value) in optional {
                     if let Some(v) = value {
                         attrs.push(string(key, v.clone()));
                     }
                 }
                 if let Some(line) = log.line {
-                    attrs.push(int("code.lineno", line as i64));
+                    attrs.push(int("code.line.number", line as i64));
                 }
                 if !log.data.is_null() {
                     attrs.push(string("tracer.data", log.data.to_string()));

@@ -430,6 +430,12 @@ impl<W: Write> Output<W> {
             // Parameters at source level (DWARF), by name: a string as itself, anything else as
             // its JSON.
             args.extend(frame.params.0.iter().map(|(name, value)| (name.as_str(), serde_arg(&value.0))));
+            if let Some(file) = &frame.file {
+                args.push(("file", Arg::Str(file.to_string())));
+            }
+            if let Some(line) = frame.line {
+                args.push(("line", Arg::Uint(line.into())));
+            }
         }
         let mark = Mark { name: Some(frame.function.to_string()), category: "call", args, ..Mark::default() };
         let uuid = self.call_track(pid, track)?;

@@ -12,7 +12,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     ffi::OsString,
     future::Future,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -128,10 +128,14 @@ pub enum RecordError {
         "{count} functions would be probed, more than --max-probes ({max}); narrow the selection with -f (e.g. -f 'app::*')"
     )]
     TooManyProbes { count: usize, max: usize },
+    #[error("no function of {modules} is defined in a source file matching '{glob}': {available}")]
+    NoSourceMatch { glob: String, modules: String, available: String },
     #[error("--functions needs call or return events, but --events has neither")]
     FunctionsWithoutCallEvents,
     #[error("--capture-bytes is at most {CAPTURE_BYTES_MAX}, got {0}")]
     CaptureBytesTooLarge(u32),
+    #[error("--string-size must be between 1 and {max}, got {0}", max = crate::debuginfo::layout::MAX_STRING_SIZE)]
+    BadStringSize(u16),
     #[error("--buffer-size must be a power of two multiple of the page size (4 KiB), got {0}")]
     BadBufferSize(u32),
     #[error(transparent)]
@@ -208,6 +212,9 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
     }
     if options.capture_bytes as usize > CAPTURE_BYTES_MAX {
         return Err(RecordError::CaptureBytesTooLarge(options.capture_bytes));
+    }
+    if !(1..=crate::debuginfo::layout::MAX_STRING_SIZE).contains(&options.string_size) {
+        return Err(RecordError::BadStringSize(options.string_size));
     }
     let want_calls = options.events.contains(&EventKind::Call) || options.events.contains(&EventKind::Return);
     if !want_calls && !options.functions.is_empty() {
@@ -338,6 +345,8 @@ fn select_functions(
     } else {
         let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
         let mut module_candidates = None;
+        // The file each function is defined in, per module, read only for source file patterns.
+        let mut source_files: BTreeMap<PathBuf, SourceFiles> = BTreeMap::new();
         for text in &options.functions {
             let pattern = FunctionPattern::parse(text)?;
             let modules = match &pattern.module {
@@ -348,12 +357,28 @@ fn select_functions(
                 }
             };
             let mut matched = 0;
+            let mut in_source = 0;
             for module in &modules {
-                let found: Vec<usize> = load(&mut tables, module)?.matching(&pattern.name).map(|(i, _)| i).collect();
+                let table = load(&mut tables, module)?;
+                let mut found: Vec<usize> = table.matching(&pattern.name).map(|(i, _)| i).collect();
+                if let Some(glob) = &pattern.source {
+                    let files = source_files.entry(module.clone()).or_insert_with(|| SourceFiles::of(module, table));
+                    in_source += files.defined_in(glob).count();
+                    found.retain(|&i| files.file_of(table.functions[i].address).is_some_and(|f| glob.matches(f)));
+                }
                 for i in found {
                     select(&mut selected, module, i);
                     matched += 1;
                 }
+            }
+            if let (Some(glob), 0) = (&pattern.source, in_source) {
+                let modules = modules.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ");
+                let known: Vec<&SourceFiles> = source_files.values().collect();
+                return Err(RecordError::NoSourceMatch {
+                    glob: glob.as_str().to_string(),
+                    modules,
+                    available: SourceFiles::listing(&known, 10),
+                });
             }
             if matched == 0 {
                 let mut suggestions: Vec<String> =
@@ -509,6 +534,54 @@ fn source_level(
         }
     }
     out
+}
+
+/// The source file of each function of one module (DWARF `DW_AT_decl_file`), for `-f
+/// 'src/net.c:*'`.
+struct SourceFiles {
+    by_address: BTreeMap<u64, Arc<str>>,
+    /// Why there are none, when the DWARF could not be read.
+    error: Option<String>,
+}
+
+impl SourceFiles {
+    fn of(module: &Path, table: &SymbolTable) -> SourceFiles {
+        let addresses: Vec<u64> = table.functions.iter().map(|f| f.address).collect();
+        let size = crate::debuginfo::layout::DEFAULT_STRING_SIZE;
+        match crate::debuginfo::source_functions(module, &addresses, size) {
+            Ok((found, _)) => SourceFiles {
+                by_address: found.into_iter().filter_map(|(a, f)| Some((a, f.file?))).collect(),
+                error: None,
+            },
+            Err(e) => SourceFiles { by_address: BTreeMap::new(), error: Some(e.to_string()) },
+        }
+    }
+
+    fn file_of(&self, address: u64) -> Option<&str> {
+        self.by_address.get(&address).map(|f| &**f)
+    }
+
+    /// The functions defined in a file matching `glob`.
+    fn defined_in<'a>(
+        &'a self,
+        glob: &'a crate::record::resolve::symbols::SourceGlob,
+    ) -> impl Iterator<Item = u64> + 'a {
+        self.by_address.iter().filter(|(_, f)| glob.matches(f)).map(|(&a, _)| a)
+    }
+
+    /// The source files of `all`, at most `limit` of them named, for an error.
+    fn listing(all: &[&SourceFiles], limit: usize) -> String {
+        let files: BTreeSet<&str> = all.iter().flat_map(|s| s.by_address.values().map(|f| &**f)).collect();
+        if files.is_empty() {
+            return match all.iter().find_map(|s| s.error.as_deref()) {
+                Some(e) => format!("their DWARF could not be read ({e})"),
+                None => "they have no DWARF naming source files (build with -g)".to_string(),
+            };
+        }
+        let named: Vec<&str> = files.iter().take(limit).copied().collect();
+        let more = if files.len() > limit { format!(" and {} more", files.len() - limit) } else { String::new() };
+        format!("the source files there are {}{more}", named.join(", "))
+    }
 }
 
 /// What [`select_functions`] chose.

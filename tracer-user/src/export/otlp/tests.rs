@@ -242,6 +242,41 @@ fn calls_become_nested_spans_in_one_trace_per_process_and_receives_link_to_sends
     assert_eq!(s.counters().spans_sent.load(Ordering::Relaxed), 7);
 }
 
+/// A call at source level: its span carries where the function is defined, by the semantic
+/// conventions' current names, and its parameters and return value by name; a call without
+/// DWARF carries none of them.
+#[test]
+fn calls_at_source_level_carry_file_line_params_and_return() {
+    let listener = Listener::start(vec![], None);
+    let mut s = sink(&listener.url, None);
+    s.begin(&start(100)).unwrap();
+    let mut greet = call(110, 1, "greet");
+    if let EventData::Call(c) = &mut greet.data {
+        c.file = Some("/src/app/greet.c".into());
+        c.line = Some(12);
+        c.params = data::Params(vec![("who".into(), data::SourceValue(serde_json::json!("carol")))]);
+    }
+    let mut greet_ret = ret(130, 1, "greet", Some(20));
+    if let EventData::Return(r) = &mut greet_ret.data {
+        r.ret = Some(data::SourceValue(serde_json::json!("hello")));
+    }
+    for e in [call(100, 1, "main"), greet, greet_ret, ret(150, 1, "main", Some(50))] {
+        s.event(&e).unwrap();
+    }
+    s.end(&end(200)).unwrap();
+    let spans = listener.spans();
+    let span = |name: &str| spans.iter().find(|(_, s)| s.name == name).unwrap().1.clone();
+    let greet = span("greet");
+    assert_eq!(str_attr(&greet.attributes, "code.file.path"), "/src/app/greet.c");
+    assert_eq!(int_attr(&greet.attributes, "code.line.number"), 12);
+    assert_eq!(str_attr(&greet.attributes, "code.param.who"), r#""carol""#);
+    assert_eq!(str_attr(&greet.attributes, "code.return"), r#""hello""#);
+    let main = span("main");
+    for key in ["code.file.path", "code.line.number", "code.filepath", "code.lineno", "code.return"] {
+        assert!(attr(&main.attributes, key).is_none(), "main has no {key}");
+    }
+}
+
 #[test]
 fn the_service_name_option_names_every_resource() {
     let listener = Listener::start(vec![], None);

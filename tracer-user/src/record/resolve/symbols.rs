@@ -337,38 +337,81 @@ impl NamePattern {
     }
 }
 
-/// A `--functions` argument: a name glob, optionally prefixed by a module (`libc.so.6:malloc`).
-/// The module separator is a single `:`, so Rust and C++ paths (`app::run`) need no escaping.
+/// A `--functions` argument: a name glob, optionally prefixed by a module (`libc.so.6:malloc`)
+/// or by a source file glob (`src/net.c:*`). The separator is a single `:`, so Rust and C++ paths
+/// (`app::run`) need no escaping. The left side is a source file glob when it ends in a source
+/// extension ([`SOURCE_EXTENSIONS`]): no module is named so (modules are `.so`, `.so.N` or
+/// executables), and a module may be a path, so a `/` alone tells nothing.
 #[derive(Clone, Debug)]
 pub struct FunctionPattern {
     pub module: Option<String>,
+    /// Only functions defined (DWARF `DW_AT_decl_file`) in a file matching this.
+    pub source: Option<SourceGlob>,
     pub name: NamePattern,
 }
+
+/// What a source file glob ends in (`-f 'src/net.c:*'`).
+pub const SOURCE_EXTENSIONS: [&str; 7] = [".c", ".cc", ".cpp", ".cxx", ".h", ".hpp", ".rs"];
 
 impl FunctionPattern {
     pub fn parse(text: &str) -> Result<FunctionPattern, SymbolError> {
         let bytes = text.as_bytes();
         let split = (0..bytes.len())
             .find(|&i| bytes[i] == b':' && bytes.get(i + 1) != Some(&b':') && (i == 0 || bytes[i - 1] != b':'));
-        let (module, name) = match split {
+        let (left, name) = match split {
             Some(i) => (Some(&text[..i]), &text[i + 1..]),
             None => (None, text),
         };
-        if module == Some("") || name.is_empty() {
+        if left == Some("") || name.is_empty() {
             return Err(SymbolError::BadPattern {
                 pattern: text.to_string(),
-                reason: "expected 'NAME' or 'MODULE:NAME'".to_string(),
+                reason: "expected 'NAME', 'MODULE:NAME' or 'SOURCE_FILE:NAME'".to_string(),
             });
         }
-        Ok(FunctionPattern { module: module.map(str::to_string), name: NamePattern::new(name)? })
+        let name = NamePattern::new(name)?;
+        Ok(match left {
+            Some(l) if SOURCE_EXTENSIONS.iter().any(|e| l.ends_with(e)) => {
+                FunctionPattern { module: None, source: Some(SourceGlob::new(text, l)?), name }
+            }
+            _ => FunctionPattern { module: left.map(str::to_string), source: None, name },
+        })
+    }
+}
+
+/// A glob over source file paths, as users write them: relative (`src/net.c`, `*.c`), matched
+/// against the whole path DWARF gives (usually absolute) or any part of it after a `/`. `*`
+/// stays within one directory; `**` crosses them.
+#[derive(Clone, Debug)]
+pub struct SourceGlob {
+    text: String,
+    matcher: globset::GlobMatcher,
+}
+
+impl SourceGlob {
+    fn new(pattern: &str, text: &str) -> Result<SourceGlob, SymbolError> {
+        let glob = globset::GlobBuilder::new(text)
+            .literal_separator(true)
+            .backslash_escape(true)
+            .build()
+            .map_err(|e| SymbolError::BadPattern { pattern: pattern.to_string(), reason: e.kind().to_string() })?;
+        Ok(SourceGlob { text: text.to_string(), matcher: glob.compile_matcher() })
+    }
+
+    pub fn matches(&self, path: &str) -> bool {
+        self.matcher.is_match(path) || path.match_indices('/').any(|(i, _)| self.matcher.is_match(&path[i + 1..]))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
     }
 }
 
 impl std::fmt::Display for FunctionPattern {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.module {
-            Some(m) => write!(f, "{m}:{}", self.name.as_str()),
-            None => f.write_str(self.name.as_str()),
+        match (&self.module, &self.source) {
+            (Some(m), _) => write!(f, "{m}:{}", self.name.as_str()),
+            (None, Some(s)) => write!(f, "{}:{}", s.as_str(), self.name.as_str()),
+            (None, None) => f.write_str(self.name.as_str()),
         }
     }
 }
@@ -416,6 +459,30 @@ mod tests {
         assert!(FunctionPattern::parse(":x").is_err());
         assert!(FunctionPattern::parse("m:").is_err());
         assert!(FunctionPattern::parse("[").is_err());
+    }
+
+    #[test]
+    fn patterns_whose_left_side_ends_in_a_source_extension_name_source_files() {
+        let p = FunctionPattern::parse("src/net.c:*").unwrap();
+        assert_eq!(p.module, None);
+        let source = p.source.unwrap();
+        assert!(source.matches("/home/u/app/src/net.c"));
+        assert!(source.matches("src/net.c"));
+        assert!(!source.matches("/home/u/app/src/net.cc"));
+        assert!(!source.matches("/home/u/app/xsrc/net.c"), "a suffix starts after a '/'");
+        let p = FunctionPattern::parse("*.rs:app::*").unwrap();
+        let source = p.source.unwrap();
+        assert!(source.matches("/b/src/main.rs"));
+        assert!(p.name.matches("app::run"));
+        let source = FunctionPattern::parse("src/*.cpp:f").unwrap().source.unwrap();
+        assert!(source.matches("/b/src/a.cpp"));
+        assert!(!source.matches("/b/src/x/a.cpp"), "'*' stays within a directory");
+        assert!(FunctionPattern::parse("src/**/*.cpp:f").unwrap().source.unwrap().matches("/b/src/x/a.cpp"));
+        // Modules keep their meaning, paths included.
+        let p = FunctionPattern::parse("/usr/lib/libc.so.6:malloc").unwrap();
+        assert_eq!(p.module.as_deref(), Some("/usr/lib/libc.so.6"));
+        assert!(p.source.is_none());
+        assert!(FunctionPattern::parse("src/[.c:f").is_err());
     }
 
     #[test]
