@@ -41,7 +41,7 @@ impl Agents {
                         .arg("agent")
                         .arg("--socket")
                         .arg(sockets.join(format!("{name}.sock")))
-                        .args(["--name", name, "--allow-commands"])
+                        .arg("--allow-commands")
                         .stdout(Stdio::null())
                         .stderr(Stdio::null())
                         .spawn()
@@ -49,7 +49,14 @@ impl Agents {
                 })
                 .collect::<Result<_>>()?,
         );
-        std::thread::sleep(Duration::from_millis(500));
+        // Up within 20 s, even on a loaded machine.
+        for _ in 0..200 {
+            if names.iter().all(|n| sockets.join(format!("{n}.sock")).exists()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(200));
         Ok(agents)
     }
 
@@ -162,6 +169,8 @@ pub fn run(tracer: &Path) -> Result<()> {
     let out = root().join("target/bench/merged.jsonl");
     let sockets = root().join("target/bench/agents");
     let socket = |name: &str| sockets.join(format!("{name}.sock"));
+    // The agents make their socket directory (private) themselves, inside this one.
+    std::fs::create_dir_all(root().join("target/bench"))?;
     let agents = Agents::start(tracer, &sockets, &["a", "b"])?;
     println!("\nxtask: {RUNS} runs; 2 agents on this machine, each tracing {CALLS} calls (call + return)");
     let (mut per_host, mut total, mut merge) = (Vec::new(), Vec::new(), Vec::new());
