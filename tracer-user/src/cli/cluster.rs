@@ -234,7 +234,13 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         ..Default::default()
     };
     let out = open_output(&args.output)?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // One worker per host up to the machine's cores: each host's session decodes its frames and
+    // writes its spill file, and one thread for all of them falls behind two busy hosts.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.agents.len().clamp(1, cores))
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         let stop = stop_signal()?;
         let cluster = Cluster::connect(args.agents.clone(), options).await?;
