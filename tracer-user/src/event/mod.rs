@@ -7,6 +7,7 @@
 //! field is one edit here, and every encoding follows.
 
 pub mod data;
+pub mod fast_line;
 pub mod json;
 #[cfg(test)]
 pub(crate) mod test_events;
