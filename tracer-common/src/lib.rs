@@ -14,6 +14,7 @@ pub mod decode;
 pub mod names {
     pub const EVENTS: &str = "EVENTS";
     pub const TRACED_PIDS: &str = "TRACED_PIDS";
+    pub const TRACED_REMOVALS: &str = "TRACED_REMOVALS";
     pub const TARGET_INODES: &str = "TARGET_INODES";
     pub const LOST: &str = "LOST";
     pub const CONFIG: &str = "CONFIG";

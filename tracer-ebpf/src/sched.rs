@@ -11,7 +11,7 @@ use tracer_common::{ExecRecord, ExitRecord, ForkRecord, InodeKey, RecordKind, lo
 
 use crate::maps::{
     EVENTS, TARGET_INODES, TRACED_PIDS, config, count_lost, current_ids, enabled, header, is_traced, read_kernel,
-    submit_flags,
+    submit_flags, untrace,
 };
 
 /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`, run by the parent.
@@ -150,7 +150,7 @@ fn try_sched_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
         }
     }
     if group_dead {
-        let _ = TRACED_PIDS.remove(tgid);
+        untrace(tgid);
     }
     Ok(0)
 }

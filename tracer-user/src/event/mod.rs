@@ -7,6 +7,7 @@
 //! field is one edit here, and every encoding follows.
 
 pub mod data;
+pub mod fast_line;
 pub mod host;
 pub mod json;
 #[cfg(test)]

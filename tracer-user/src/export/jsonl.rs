@@ -4,7 +4,7 @@ use std::io::{self, BufRead, BufWriter, Write};
 
 use crate::{
     event::{
-        EndReason, Event, Interner, TraceEnd, TraceItem, TraceStart,
+        EndReason, Event, Interner, TraceEnd, TraceItem, TraceStart, fast_line,
         json::{self, Line},
     },
     sink::Sink,
@@ -12,11 +12,13 @@ use crate::{
 
 pub struct JsonlWriter<W: Write> {
     out: BufWriter<W>,
+    /// A call's or return's line, built here and written with one copy (see `event::fast_line`).
+    buf: Vec<u8>,
 }
 
 impl<W: Write> JsonlWriter<W> {
     pub fn new(out: W) -> Self {
-        JsonlWriter { out: BufWriter::with_capacity(1 << 20, out) }
+        JsonlWriter { out: BufWriter::with_capacity(1 << 20, out), buf: Vec::with_capacity(512) }
     }
 
     fn line(&mut self, line: Line) -> io::Result<()> {
@@ -30,6 +32,11 @@ impl<W: Write> Sink for JsonlWriter<W> {
         self.line(Line::Start(start))
     }
     fn event(&mut self, event: &Event) -> io::Result<()> {
+        self.buf.clear();
+        if fast_line::write(event, &mut self.buf) {
+            self.buf.push(b'\n');
+            return self.out.write_all(&self.buf);
+        }
         self.line(Line::Event(event))
     }
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {

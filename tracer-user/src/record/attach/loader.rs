@@ -264,10 +264,19 @@ impl Kernel {
             .map_err(|e| LoadError::Map { map: names::TRACED_PIDS, reason: e.to_string() })
     }
 
-    /// Removes a process from the traced set (one that exited before the kernel saw it exit).
+    /// Removes a process from the traced set (one that exited before the kernel saw it exit), and
+    /// counts the removal in `TRACED_REMOVALS`' user-space slot, which makes every CPU's cached
+    /// "traced" answer stale (see `is_traced` in tracer-ebpf/src/maps.rs).
     pub fn untrace_pid(&mut self, pid: u32) {
         if let Ok(mut map) = self.traced_pids_map() {
             let _ = map.remove(&pid);
+        }
+        if let Some(map) = self.ebpf.map_mut(names::TRACED_REMOVALS)
+            && let Ok(mut removals) = Array::<&mut MapData, u64>::try_from(map)
+        {
+            // User space is this slot's only writer.
+            let n = removals.get(&1, 0).unwrap_or(0);
+            let _ = removals.set(1, n.wrapping_add(1), 0);
         }
     }
 
