@@ -21,7 +21,7 @@
 //! cap (a flame graph shows it folded into that frame).
 
 use crate::event::data;
-use std::{collections::HashMap, io, sync::Arc};
+use std::{io, sync::Arc};
 
 pub use crate::event::Track;
 use crate::event::{Args, Event, EventData, SpawnHow};
@@ -133,7 +133,8 @@ struct ThreadCalls {
 /// The open calls of every track, turned into slices as they end.
 #[derive(Debug)]
 pub struct CallTracker {
-    threads: HashMap<(u32, Track), ThreadCalls>,
+    /// Looked up at every call and return: FNV, several times faster than SipHash on this key.
+    threads: fnv::FnvHashMap<(u32, Track), ThreadCalls>,
     max_depth: usize,
 }
 
@@ -146,7 +147,7 @@ impl Default for CallTracker {
 impl CallTracker {
     /// A tracker keeping at most `max_depth` (at least 1) open calls per thread.
     pub fn new(max_depth: usize) -> Self {
-        CallTracker { threads: HashMap::new(), max_depth: max_depth.max(1) }
+        CallTracker { threads: fnv::FnvHashMap::default(), max_depth: max_depth.max(1) }
     }
 
     /// Follows one event; `on` hears of each call that begins or ends because of it.

@@ -13,7 +13,7 @@
 
 use crate::event::data;
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     io::{self, Write},
     sync::Arc,
 };
@@ -153,7 +153,8 @@ pub struct ReportBuilder {
     by_process: bool,
     tracker: CallTracker,
     names: ProcessNames,
-    functions: HashMap<(Option<u32>, Arc<str>), Accumulator>,
+    /// Updated at every call's end: FNV hashes a short name several times faster than SipHash.
+    functions: fnv::FnvHashMap<(Option<u32>, Arc<str>), Accumulator>,
     processes: BTreeMap<u32, ProcessStats>,
     logs: BTreeMap<LogKey, u64>,
     usdt: BTreeMap<UsdtKey, u64>,
