@@ -13,7 +13,7 @@
 
 use crate::event::data;
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     io::{self, Write},
     sync::Arc,
 };
@@ -188,7 +188,8 @@ pub struct ReportBuilder {
     by_process: bool,
     tracker: CallTracker,
     names: ProcessNames,
-    functions: HashMap<(Option<u32>, Arc<str>), Accumulator>,
+    /// Updated at every call's end: FNV hashes a short name several times faster than SipHash.
+    functions: fnv::FnvHashMap<(Option<u32>, Arc<str>), Accumulator>,
     processes: BTreeMap<u32, ProcessStats>,
     logs: BTreeMap<LogKey, u64>,
     usdt: BTreeMap<UsdtKey, u64>,
@@ -263,7 +264,11 @@ impl ReportBuilder {
 }
 
 /// Adds the calls that ended to the function table.
-fn count_calls(mut calls: Calls, functions: &mut HashMap<(Option<u32>, Arc<str>), Accumulator>, by_process: bool) {
+fn count_calls(
+    mut calls: Calls,
+    functions: &mut fnv::FnvHashMap<(Option<u32>, Arc<str>), Accumulator>,
+    by_process: bool,
+) {
     while let Some(c) = calls.next() {
         let CallEvent::End(slice) = c else { continue };
         let key = (by_process.then_some(slice.pid), slice.frame.function.clone());

@@ -51,4 +51,13 @@ impl<R: BufRead> ItemReader for AnyReader<R> {
             AnyReader::Native(r) => r.error_here(message),
         }
     }
+    fn feed_events(
+        &mut self,
+        each: &mut dyn FnMut(&crate::event::Event) -> io::Result<()>,
+    ) -> Option<Result<TraceItem, ReadError>> {
+        match self {
+            AnyReader::Jsonl(r) => r.feed_events(each),
+            AnyReader::Native(r) => r.feed_events(each),
+        }
+    }
 }

@@ -70,6 +70,21 @@ pub trait ItemReader: Iterator<Item = Result<TraceItem, ReadError>> {
     fn torn(&self) -> Option<String>;
     /// An error at the reader's position.
     fn error_here(&self, message: &str) -> ReadError;
+    /// Hands each event to `each` until an item that is not an event, which it returns (`None`
+    /// at the end). A reader that decodes events one by one overrides it to skip the moves of
+    /// [`TraceItem`]s, which dominate replaying a compact trace.
+    fn feed_events(&mut self, each: &mut dyn FnMut(&Event) -> io::Result<()>) -> Option<Result<TraceItem, ReadError>> {
+        loop {
+            match self.next()? {
+                Ok(TraceItem::Event(e)) => {
+                    if let Err(e) = each(&e) {
+                        return Some(Err(e.into()));
+                    }
+                }
+                other => return Some(other),
+            }
+        }
+    }
 }
 
 impl<R: BufRead> ItemReader for TraceReader<R> {
@@ -152,13 +167,14 @@ pub fn replay(reader: impl ItemReader, sink: &mut dyn Sink) -> Result<Replayed, 
     sink.begin(&start)?;
     let mut events = 0;
     let mut last_ts = start.ts;
-    for line in lines.by_ref() {
-        match line? {
-            TraceItem::Event(e) => {
-                last_ts = last_ts.max(e.ts);
-                sink.event(&e)?;
-                events += 1;
-            }
+    let mut each = |e: &Event| {
+        last_ts = last_ts.max(e.ts);
+        events += 1;
+        sink.event(e)
+    };
+    while let Some(item) = lines.feed_events(&mut each) {
+        match item? {
+            TraceItem::Event(e) => each(&e)?,
             TraceItem::End(end) => {
                 sink.end(&end)?;
                 return Ok(Replayed { events, end_missing: false, torn: None });
