@@ -2,8 +2,8 @@
 //! stderr (warnings, the summary, errors) is written here, never by the library.
 
 mod cluster;
-mod status;
 pub mod kernel_log;
+mod status;
 pub mod stderr;
 mod top;
 mod values;
