@@ -580,7 +580,7 @@ mod tests {
         let len = std::fs::metadata(&exe).unwrap().len();
         assert!(t.functions.iter().all(|f| f.file_offset < len));
         // Rust functions are demangled without hash.
-        assert!(t.functions.iter().any(|f| f.name.starts_with("tracer_user::symbols::")));
+        assert!(t.functions.iter().any(|f| f.name.starts_with("tracer_user::record::resolve::symbols::")));
         assert!(!t.functions.iter().any(|f| f.name.contains("::h") && f.name.ends_with('E')));
     }
 }
