@@ -73,7 +73,7 @@ fn main() {
     run(Command::new(&cc).args(["-O0", "-pthread", "-o"]).arg(&demo).arg(src.join("c/client_server_demo.c")));
 
     let ipc = out.join("ipc");
-    run(Command::new(&cc).args(["-O0", "-o"]).arg(&ipc).arg(src.join("c/ipc.c")));
+    run(Command::new(&cc).args(["-O0", "-pthread", "-o"]).arg(&ipc).arg(src.join("c/ipc.c")));
 
     let timing = out.join("timing");
     run(Command::new(&cc).args(["-O0", "-pthread", "-o"]).arg(&timing).arg(src.join("c/timing.c")));

@@ -698,7 +698,8 @@ pub struct Config {
     /// `--capture-bytes`: payload bytes copied from each IPC transfer (0: none), at most
     /// [`CAPTURE_BYTES_MAX`].
     pub capture_bytes: u32,
-    pub _pad: u32,
+    /// 1: `--debug-kernel`: the programs' rare failure paths log a line through aya-log.
+    pub debug: u32,
     pub offsets: KernelOffsets,
 }
 

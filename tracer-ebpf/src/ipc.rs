@@ -540,7 +540,7 @@ fn emit(t: &Transfer) {
     if cfg.capture_bytes != 0 {
         r.capturing = 1;
         let (buf, first_len) = payload(state, syscall, msghdr);
-        r.captured_len = capture(captured, buf, bytes.min(first_len).min(cfg.capture_bytes as u64));
+        r.captured_len = capture(captured, buf, bytes.min(first_len).min(cfg.capture_bytes as u64), tgid, state.fd);
     }
     let size = size_of::<IpcRecord>() as u64 + (r.captured_len as u64 & (CAPTURE_BYTES_MAX as u64 * 2 - 1));
     let size = if size > size_of::<IpcBuffer>() as u64 { size_of::<IpcBuffer>() as u64 } else { size };
@@ -555,7 +555,7 @@ fn emit(t: &Transfer) {
 /// copied. Memory that cannot be read is counted ([`lost_slot::IPC_PAYLOAD_UNREADABLE`]): the
 /// transfer is recorded without its bytes.
 #[inline(always)]
-fn capture(out: &mut [u8; CAPTURE_BYTES_MAX], buf: u64, want: u64) -> u32 {
+fn capture(out: &mut [u8; CAPTURE_BYTES_MAX], buf: u64, want: u64, tgid: u32, fd: u64) -> u32 {
     if want == 0 {
         return 0;
     }
@@ -567,9 +567,29 @@ fn capture(out: &mut [u8; CAPTURE_BYTES_MAX], buf: u64, want: u64) -> u32 {
     };
     if buf == 0 || ret != 0 {
         count_lost(lost_slot::IPC_PAYLOAD_UNREADABLE);
+        if config().debug != 0 {
+            log_unreadable(tgid, fd, buf, len, ret);
+        }
         return 0;
     }
     len
+}
+
+/// `--debug-kernel`: says which payload read failed. Out of line, so the path without the flag
+/// carries none of aya-log's code.
+#[inline(never)]
+fn log_unreadable(tgid: u32, fd: u64, buf: u64, len: u32, err: i64) {
+    // aya-log-ebpf 0.2 ignores the context argument (it writes to its own ring, AYA_LOGS); the
+    // callers here run inside a `bpf_loop` callback that has no context to pass.
+    aya_log_ebpf::warn!(
+        &(),
+        "ipc payload unreadable: pid {} fd {} address {:x} length {} error {}",
+        tgid,
+        fd,
+        buf,
+        len,
+        err
+    );
 }
 
 /// Copies up to `HEAD_LEN` payload bytes from user memory into the record.

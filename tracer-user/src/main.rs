@@ -7,6 +7,7 @@ use cli::{Cli, run};
 
 fn main() -> ExitCode {
     cli::stderr::install();
+    cli::kernel_log::install();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -84,7 +84,7 @@ impl Top {
             top_by_process: by_process as u32,
             wakeup_bytes: u64::MAX,
             capture_bytes: 0,
-            _pad: 0,
+            debug: 0,
             offsets: KernelBtf::load().map_err(RecordError::from)?.offsets().map_err(RecordError::from)?,
         };
         raise_fd_limit(1024);

@@ -2,6 +2,7 @@
 //! stderr (warnings, the summary, errors) is written here, never by the library.
 
 mod cluster;
+pub mod kernel_log;
 mod status;
 pub mod stderr;
 mod top;
@@ -73,6 +74,10 @@ pub struct RecordArgs {
     /// several machines can be told apart (default: this machine's host name).
     #[arg(long, value_name = "NAME", value_parser = parse_host_name)]
     pub host_name: Option<String>,
+    /// Print the eBPF programs' diagnostics of their rare failures (a payload they could not read)
+    /// on stderr, as `tracer: kernel: ...` lines.
+    #[arg(long)]
+    pub debug_kernel: bool,
     /// The command to launch and trace, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -399,6 +404,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         string_size: args.trace.string_size,
         capture_bytes: args.trace.capture_bytes,
         host: args.host_name.unwrap_or_else(host::default_name),
+        debug_kernel: args.debug_kernel,
         ..RecordOptions::default()
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

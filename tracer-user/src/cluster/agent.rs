@@ -621,6 +621,8 @@ fn options(agent: &Agent, conn: &Conn, request: TraceRequest) -> Result<RecordOp
         capture_bytes: request.capture_bytes,
         host: agent.opts.host.clone(),
         run_as,
+        // The agent has no stderr a requester reads.
+        debug_kernel: false,
     })
 }
 

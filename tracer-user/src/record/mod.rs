@@ -6,6 +6,7 @@
 
 pub mod attach;
 pub mod drain;
+pub mod kernel_log;
 pub mod resolve;
 
 use std::{
@@ -34,6 +35,7 @@ use crate::{
     record::attach::launch::{ChildExit, LaunchError, RunAs, spawn_stopped, try_reap},
     record::attach::loader::{Kernel, LoadError, LostCounters, ProbeSpec, raise_fd_limit},
     record::drain::{Batch, RingDrain},
+    record::kernel_log::KernelLog,
     record::resolve::modules::{ModuleCandidates, ModuleError},
     record::resolve::placement::ProbePath,
     record::resolve::symbols::{FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code},
@@ -81,6 +83,9 @@ pub struct RecordOptions {
     pub host: String,
     /// Run the command as this user (the agent launching for a socket-group member).
     pub run_as: Option<RunAs>,
+    /// `--debug-kernel`: the eBPF programs log their rare failures through aya-log, and the
+    /// recording forwards those records to the `log` crate (target `tracer_ebpf::...`).
+    pub debug_kernel: bool,
 }
 
 impl Default for RecordOptions {
@@ -100,6 +105,7 @@ impl Default for RecordOptions {
             capture_bytes: 0,
             host: host::default_name(),
             run_as: None,
+            debug_kernel: false,
         }
     }
 }
@@ -637,11 +643,14 @@ impl Plan {
             top_by_process: 0,
             wakeup_bytes: wakeup_bytes(options.buffer_size),
             capture_bytes: options.capture_bytes,
-            _pad: 0,
+            debug: options.debug_kernel as u32,
             offsets: KernelBtf::load()?.offsets()?,
         };
         raise_fd_limit(1024);
         let mut kernel = Kernel::load(&config, options.buffer_size, usdt.probes.len())?;
+        // Started before any program is loaded, and kept for the whole run: its map's fd is in
+        // the programs' code.
+        let kernel_log = if options.debug_kernel { Some(kernel.start_kernel_log()?) } else { None };
         kernel.attach_sched()?;
         if want_ipc {
             kernel.attach_ipc()?;
@@ -742,6 +751,7 @@ impl Plan {
             kernel,
             ring,
             lost,
+            kernel_log,
             assembler,
             clock,
             start,
@@ -761,6 +771,8 @@ pub struct Recording {
     kernel: Kernel,
     ring: RingBuf<MapData>,
     lost: LostCounters,
+    /// `--debug-kernel`: the programs' aya-log records.
+    kernel_log: Option<KernelLog>,
     assembler: EventAssembler,
     clock: BootClock,
     start: TraceStart,
@@ -829,6 +841,7 @@ impl Recording {
             mut kernel,
             ring,
             lost,
+            kernel_log,
             mut assembler,
             clock,
             start,
@@ -841,6 +854,7 @@ impl Recording {
         } = self;
         let mut pipeline = EventPipeline::new(kinds);
         let mut drain = RingDrain::spawn(ring)?;
+        let mut kernel_log = kernel_log.map(KernelLog::polled).transpose()?;
         sink.begin(&start)?;
         sink.flush()?;
         let mut command_exit: Option<ChildExit> = None;
@@ -864,6 +878,7 @@ impl Recording {
                     }
                     None => return Err(drain.join().err().unwrap_or_else(|| std::io::Error::other("the ring-buffer drain stopped")).into()),
                 },
+                ready = kernel_log::forward(&mut kernel_log) => ready?,
                 _ = tick.tick() => {
                     pipeline.flush_older_than(clock.now_unix_ns().saturating_sub(REORDER_WINDOW_NS), sink)?;
                     progress.events_written.store(pipeline.written, Ordering::Relaxed);
@@ -898,6 +913,9 @@ impl Recording {
             push_batch(&batch, &mut assembler, &mut pipeline);
         }
         drain.join()?;
+        if let Some(log) = &mut kernel_log {
+            log.flush();
+        }
         pipeline.flush_all(sink)?;
         if let Some(pid) = child_pid
             && command_exit.is_none()

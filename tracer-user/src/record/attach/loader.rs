@@ -323,6 +323,11 @@ impl Kernel {
         map.insert(key, 1, 0).map_err(|e| LoadError::Map { map: names::TARGET_INODES, reason: e.to_string() })
     }
 
+    /// `--debug-kernel`: takes the programs' aya-log ring (keep it for the whole run).
+    pub fn start_kernel_log(&mut self) -> Result<crate::record::kernel_log::KernelLog, LoadError> {
+        crate::record::kernel_log::KernelLog::start(&mut self.ebpf).map_err(load_error)
+    }
+
     /// Takes the ring buffer, to be drained independently of the programs' lifetime.
     pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, LoadError> {
         let map = self.ebpf.take_map(names::EVENTS).ok_or_else(|| load_error("EVENTS map is missing"))?;
