@@ -9,38 +9,42 @@
 //! shape of call and return); strings are escaped by serde_json itself unless they need no
 //! escaping, the common case for function names, paths and host names.
 
-use super::{Event, EventData};
+use super::{Event, EventData, data};
 
 /// Appends `event`'s line (without the newline) to `out` and returns true, or returns false
 /// without writing when `event` is not a plain call or return (the caller serializes it).
 pub fn write(event: &Event, out: &mut Vec<u8>) -> bool {
     match &event.data {
-        EventData::Call(c) if c.params.is_empty() && c.file.is_none() && c.line.is_none() => {
+        // Every field is named (no `..`): a field added to the model does not compile here until
+        // this writer writes it or leaves the event to serde.
+        EventData::Call(data::Call { function, module, args, goid: call_goid, params, file, line })
+            if params.is_empty() && file.is_none() && line.is_none() =>
+        {
             head(out, b"{\"kind\":\"call\"", event);
-            name(out, b",\"function\":", &c.function);
-            name(out, b",\"module\":", &c.module);
+            name(out, b",\"function\":", function);
+            name(out, b",\"module\":", module);
             out.extend_from_slice(b",\"args\":[");
-            for (i, arg) in c.args.as_slice().iter().enumerate() {
+            for (i, arg) in args.as_slice().iter().enumerate() {
                 if i > 0 {
                     out.push(b',');
                 }
                 number(out, *arg);
             }
             out.push(b']');
-            goid(out, c.goid);
+            goid(out, *call_goid);
         }
-        EventData::Return(r) if r.ret.is_none() => {
+        EventData::Return(data::Return { function, module, retval, duration_ns, goid: ret_goid, ret: None }) => {
             head(out, b"{\"kind\":\"return\"", event);
-            name(out, b",\"function\":", &r.function);
-            name(out, b",\"module\":", &r.module);
+            name(out, b",\"function\":", function);
+            name(out, b",\"module\":", module);
             out.extend_from_slice(b",\"retval\":");
-            number(out, r.retval);
+            number(out, *retval);
             out.extend_from_slice(b",\"duration_ns\":");
-            match r.duration_ns {
-                Some(d) => number(out, d),
+            match duration_ns {
+                Some(d) => number(out, *d),
                 None => out.extend_from_slice(b"null"),
             }
-            goid(out, r.goid);
+            goid(out, *ret_goid);
         }
         _ => return false,
     }
