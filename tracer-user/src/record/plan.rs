@@ -1,0 +1,447 @@
+//! What to trace, resolved and checked before anything is attached or launched: targets,
+//! functions (symbols, DWARF, source globs), USDT sites, and the probes they need.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use tracer_common::{CAPTURE_BYTES_MAX, cookie};
+
+use super::{RecordError, RecordOptions, check_pid_namespace};
+use crate::{
+    assemble::{FunctionTable, ProbedFunction},
+    event::host,
+    event::{EventKind, ProbePaths},
+    record::attach::kernel_btf::KernelBtf,
+    record::attach::loader::ProbeSpec,
+    record::resolve::modules::ModuleCandidates,
+    record::resolve::placement::ProbePath,
+    record::resolve::symbols::{FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code},
+    record::resolve::targets::{self, FileId, Process},
+    usdt::{
+        self,
+        select::{ProbeFiles, RegisterOffsets, Selection as UsdtSelection, UsdtPattern},
+    },
+};
+
+/// Everything resolved and checked, nothing attached yet.
+pub struct Plan {
+    pub(crate) options: RecordOptions,
+    /// `--pid` targets, and processes already running a `--binary`.
+    pub(crate) processes: Vec<Process>,
+    pub(crate) binaries: Vec<(PathBuf, FileId)>,
+    pub(crate) command: Option<PathBuf>,
+    pub(crate) probes: Vec<ProbeSpec>,
+    pub(crate) functions: FunctionTable,
+    pub(crate) probe_paths: ProbePaths,
+    /// The USDT probe sites: program events and `-u` probes.
+    pub(crate) usdt: UsdtSelection,
+    /// One line on the paths the probes take (see [`ProbePaths::summary`]).
+    pub probe_summary: Option<String>,
+    /// Things the user should know that do not stop the trace.
+    pub warnings: Vec<String>,
+}
+
+/// Resolves targets and functions. Fails, before anything is attached or launched, on anything
+/// the user got wrong.
+pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
+    if options.pids.is_empty() && options.binaries.is_empty() && options.command.is_empty() {
+        return Err(RecordError::NoTargets);
+    }
+    host::check_name(&options.host)?;
+    check_pid_namespace()?;
+    let size = options.buffer_size;
+    if !size.is_power_of_two() || size < 4096 {
+        return Err(RecordError::BadBufferSize(size));
+    }
+    if options.capture_bytes as usize > CAPTURE_BYTES_MAX {
+        return Err(RecordError::CaptureBytesTooLarge(options.capture_bytes));
+    }
+    if !(1..=crate::debuginfo::layout::MAX_STRING_SIZE).contains(&options.string_size) {
+        return Err(RecordError::BadStringSize(options.string_size));
+    }
+    let want_calls = options.events.contains(&EventKind::Call) || options.events.contains(&EventKind::Return);
+    if !want_calls && !options.functions.is_empty() {
+        return Err(RecordError::FunctionsWithoutCallEvents);
+    }
+    let mut warnings = Vec::new();
+
+    let mut processes = Vec::new();
+    for &pid in &options.pids {
+        let p = targets::inspect_process(pid)?;
+        if p.pid != pid {
+            warnings.push(format!("{pid} is a thread of process {}: tracing the whole process", p.pid));
+        }
+        if !processes.iter().any(|q: &Process| q.pid == p.pid) {
+            processes.push(p);
+        }
+    }
+    let mut binaries = Vec::new();
+    for path in &options.binaries {
+        let path = targets::check_executable(path)?;
+        let id = FileId::of(&path)?;
+        for p in targets::processes_running(id) {
+            if !processes.iter().any(|q| q.pid == p.pid) {
+                processes.push(p);
+            }
+        }
+        binaries.push((path, id));
+    }
+    let command = match options.command.first() {
+        Some(program) => Some(targets::resolve_command(program)?),
+        None => None,
+    };
+
+    // The main executables whose functions are probed by default, each once.
+    let mut executables: Vec<PathBuf> = Vec::new();
+    let mut seen: Vec<FileId> = Vec::new();
+    let candidates =
+        processes.iter().map(|p| p.exe.clone()).chain(binaries.iter().map(|(p, _)| p.clone())).chain(command.clone());
+    for exe in candidates {
+        let id = FileId::of(&exe)?;
+        if !seen.contains(&id) {
+            seen.push(id);
+            executables.push(exe);
+        }
+    }
+
+    let Selection { probes, functions, probe_paths, probe_summary } = if want_calls {
+        select_functions(&options, &executables, &processes, &mut warnings)?
+    } else {
+        Selection::default()
+    };
+    let usdt = select_usdt(&options, &executables, &processes, &mut warnings)?;
+    Ok(Plan { options, processes, binaries, command, probes, functions, probe_paths, usdt, probe_summary, warnings })
+}
+
+/// The USDT sites to attach: every program-event probe of the targets' executables and libraries
+/// (with `log` events), and the probes the `-u` patterns match.
+fn select_usdt(
+    options: &RecordOptions,
+    executables: &[PathBuf],
+    processes: &[Process],
+    warnings: &mut Vec<String>,
+) -> Result<UsdtSelection, RecordError> {
+    let program_events = options.events.contains(&EventKind::Log);
+    if !options.usdt.is_empty() && !options.events.contains(&EventKind::Usdt) {
+        return Err(RecordError::UsdtWithoutUsdtEvents);
+    }
+    if !program_events && options.usdt.is_empty() {
+        return Ok(UsdtSelection::default());
+    }
+    let patterns = options.usdt.iter().map(|p| UsdtPattern::parse(p)).collect::<Result<Vec<_>, _>>()?;
+    let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+    let candidates = ModuleCandidates::new(executables, &pids);
+    let mut files = ProbeFiles::load(candidates.files())?;
+    let regs = RegisterOffsets::from_btf(&KernelBtf::load()?)?;
+    let mut selection = usdt::select::select(&mut files, &candidates, &patterns, &regs, program_events)?;
+    warnings.append(&mut selection.warnings);
+    Ok(selection)
+}
+
+/// The functions to probe: those matching `--functions`, or every function of the main
+/// executables.
+fn select_functions(
+    options: &RecordOptions,
+    executables: &[PathBuf],
+    processes: &[Process],
+    warnings: &mut Vec<String>,
+) -> Result<Selection, RecordError> {
+    let entry = options.events.contains(&EventKind::Call);
+    let exit = options.events.contains(&EventKind::Return);
+    let mut tables: BTreeMap<PathBuf, SymbolTable> = BTreeMap::new();
+    fn load<'a>(
+        tables: &'a mut BTreeMap<PathBuf, SymbolTable>,
+        path: &PathBuf,
+    ) -> Result<&'a SymbolTable, RecordError> {
+        if !tables.contains_key(path) {
+            tables.insert(path.clone(), SymbolTable::load(path)?);
+        }
+        Ok(&tables[path])
+    }
+    // (module, function index) in selection order, each once.
+    let mut selected: Vec<(PathBuf, usize)> = Vec::new();
+    fn select(selected: &mut Vec<(PathBuf, usize)>, module: &PathBuf, index: usize) {
+        if !selected.iter().any(|(m, i)| m == module && *i == index) {
+            selected.push((module.clone(), index));
+        }
+    }
+    if options.functions.is_empty() {
+        for exe in executables {
+            let table = match load(&mut tables, exe) {
+                Ok(table) => table,
+                // A stripped executable that exports nothing: still worth tracing its processes.
+                Err(RecordError::Symbols(SymbolError::NoFunctions { path })) => {
+                    warnings.push(format!("{} has no function symbols: tracing its processes only", path.display()));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            // Of a Go program, its own code: the runtime's and the standard library's thousands of
+            // functions (schedulers, the garbage collector) would bury it.
+            let go = table.go.is_some();
+            for (i, f) in table.functions.iter().enumerate() {
+                if !go || f.names().any(is_go_program_code) {
+                    select(&mut selected, exe, i);
+                }
+            }
+        }
+    } else {
+        let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+        let mut module_candidates = None;
+        // The file each function is defined in, per module, read only for source file patterns.
+        let mut source_files: BTreeMap<PathBuf, SourceFiles> = BTreeMap::new();
+        for text in &options.functions {
+            let pattern = FunctionPattern::parse(text)?;
+            let modules = match &pattern.module {
+                None => executables.to_vec(),
+                Some(spec) => {
+                    let candidates = module_candidates.get_or_insert_with(|| ModuleCandidates::new(executables, &pids));
+                    vec![candidates.resolve(spec)?]
+                }
+            };
+            let mut matched = 0;
+            let mut in_source = 0;
+            for module in &modules {
+                let table = load(&mut tables, module)?;
+                let mut found: Vec<usize> = table.matching(&pattern.name).map(|(i, _)| i).collect();
+                if let Some(glob) = &pattern.source {
+                    let files = source_files.entry(module.clone()).or_insert_with(|| SourceFiles::of(module, table));
+                    in_source += files.defined_in(glob).count();
+                    found.retain(|&i| files.file_of(table.functions[i].address).is_some_and(|f| glob.matches(f)));
+                }
+                for i in found {
+                    select(&mut selected, module, i);
+                    matched += 1;
+                }
+            }
+            if let (Some(glob), 0) = (&pattern.source, in_source) {
+                let modules = modules.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ");
+                let known: Vec<&SourceFiles> = source_files.values().collect();
+                return Err(RecordError::NoSourceMatch {
+                    glob: glob.as_str().to_string(),
+                    modules,
+                    available: SourceFiles::listing(&known, 10),
+                });
+            }
+            if matched == 0 {
+                let mut suggestions: Vec<String> =
+                    modules.iter().flat_map(|m| tables[m].suggestions(pattern.name.as_str(), 5)).collect();
+                suggestions.truncate(5);
+                let modules = modules.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ");
+                return Err(RecordError::NoMatch { pattern: text.clone(), modules, suggestions });
+            }
+        }
+    }
+    if selected.len() > options.max_probes {
+        return Err(RecordError::TooManyProbes { count: selected.len(), max: options.max_probes });
+    }
+    for (path, table) in &tables {
+        if table.stripped {
+            warnings
+                .push(format!("{} is stripped: only its exported functions (.dynsym) can be probed", path.display()));
+        }
+    }
+
+    let mut sources = source_level(&selected, &tables, options.string_size, warnings);
+    let mut probes = Vec::with_capacity(selected.len());
+    let mut functions = Vec::with_capacity(selected.len());
+    let mut no_return = Vec::new();
+    let mut refused: Vec<(String, String)> = Vec::new();
+    let mut probe_paths = ProbePaths::default();
+    let mut go_probed = false;
+    for (module, index) in selected {
+        let table = &tables[&module];
+        let f = &table.functions[index];
+        let function = functions.len() as u32;
+        let source = sources.remove(&(module.clone(), index)).map(Arc::new);
+        let reads = |ret: bool| {
+            let layout = source.as_ref().and_then(|s| s.layout.as_ref());
+            layout.is_some_and(|l| if ret { l.probe.ret.kind != 0 } else { l.probe.entry_strings > 0 })
+        };
+        let strings = |ret: bool| if reads(ret) { cookie::STRINGS } else { 0 };
+        let mut probe = |file_offset: u64, cookie: u64, ret: bool| {
+            probes.push(ProbeSpec { path: module.clone(), file_offset, cookie, ret });
+        };
+        match &f.placement {
+            Placement::Native(point) => {
+                let return_safe = f.return_probe_is_safe();
+                if exit && !return_safe {
+                    no_return.push(f.name.clone());
+                }
+                // Both probes on the chosen point: a uretprobe there still finds the caller's
+                // return address on top of the stack (only `endbr64` and nops come before it).
+                let at = f.file_offset + point.offset;
+                if entry {
+                    probe(at, cookie::plain(function) | strings(false), false);
+                }
+                if exit && return_safe {
+                    probe(at, cookie::plain(function) | strings(true), true);
+                }
+                probe_paths.add(&f.name, point.path);
+                if point.offset != 0 {
+                    probe_paths.moved.insert(f.name.clone(), point.offset);
+                }
+            }
+            Placement::Go { entry: at, entry_path, returns } => {
+                let goid_offset = table.go.as_ref().map_or(0, |go| go.goid_offset());
+                if entry {
+                    probe(*at, cookie::go(function, false, goid_offset), false);
+                }
+                if exit {
+                    for &ret in returns {
+                        probe(ret, cookie::go(function, true, goid_offset), false);
+                    }
+                }
+                // A `ret` is single-stepped: with return probes a Go function traps.
+                let path = if exit && !returns.is_empty() { ProbePath::Trap } else { *entry_path };
+                probe_paths.add(&f.name, path);
+                if *at != f.file_offset {
+                    probe_paths.moved.insert(f.name.clone(), *at - f.file_offset);
+                }
+                go_probed = true;
+            }
+            Placement::Refused(why) => {
+                refused.push((f.name.clone(), format!("{}: {why}", module.display())));
+                continue;
+            }
+        }
+        functions.push(ProbedFunction {
+            name: Arc::from(f.name.as_str()),
+            module: Arc::from(module.to_string_lossy()),
+            source,
+        });
+    }
+    if let Some((_, why)) = refused.first() {
+        if functions.is_empty() {
+            return Err(RecordError::GoRefused(why.clone()));
+        }
+        let names: Vec<&str> = refused.iter().take(5).map(|(n, _)| n.as_str()).collect();
+        warnings.push(format!(
+            "{} functions not probed ({}{}): {why}",
+            refused.len(),
+            names.join(", "),
+            if refused.len() > 5 { ", ..." } else { "" }
+        ));
+    }
+    // Unasked-for functions (no -f) like `_start` need no remark.
+    if !no_return.is_empty() && !options.functions.is_empty() {
+        warnings.push(format!(
+            "no return probes on {} (entry points and functions that return twice cannot take one safely)",
+            no_return.join(", ")
+        ));
+    }
+    let probe_summary = probe_paths.summary(go_probed);
+    Ok(Selection { probes, functions, probe_paths, probe_summary })
+}
+
+/// What the DWARF of each selected native function says (calls at source level), keyed as
+/// `selected` is. A module without DWARF gives nothing; one whose DWARF cannot be read gives a
+/// warning, not a failure (its calls keep their registers).
+fn source_level(
+    selected: &[(PathBuf, usize)],
+    tables: &BTreeMap<PathBuf, SymbolTable>,
+    string_size: u16,
+    warnings: &mut Vec<String>,
+) -> BTreeMap<(PathBuf, usize), crate::debuginfo::SourceFunction> {
+    let mut by_module: BTreeMap<&PathBuf, Vec<usize>> = BTreeMap::new();
+    for (module, index) in selected {
+        // Go's register ABI is not the layout's (System V and Rust's).
+        if matches!(tables[module].functions[*index].placement, Placement::Native(_)) {
+            by_module.entry(module).or_default().push(*index);
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (module, indexes) in by_module {
+        let table = &tables[module];
+        let addresses: Vec<u64> = indexes.iter().map(|&i| table.functions[i].address).collect();
+        match crate::debuginfo::source_functions(module, &addresses, string_size) {
+            Ok((mut found, rejected)) => {
+                for r in rejected {
+                    warnings.push(format!(
+                        "debug file {} does not fit {}: {}",
+                        r.path.display(),
+                        module.display(),
+                        r.why
+                    ));
+                }
+                for i in indexes {
+                    if let Some(source) = found.remove(&table.functions[i].address) {
+                        out.insert((module.clone(), i), source);
+                    }
+                }
+            }
+            Err(e) => {
+                let cause = std::error::Error::source(&e).map(|c| format!(": {c}")).unwrap_or_default();
+                warnings.push(format!("calls in {} keep their registers only: {e}{cause}", module.display()));
+            }
+        }
+    }
+    out
+}
+
+/// The source file of each function of one module (DWARF `DW_AT_decl_file`), for `-f
+/// 'src/net.c:*'`.
+struct SourceFiles {
+    by_address: BTreeMap<u64, Arc<str>>,
+    /// Why there are none, when the DWARF could not be read.
+    error: Option<String>,
+}
+
+impl SourceFiles {
+    fn of(module: &Path, table: &SymbolTable) -> SourceFiles {
+        let addresses: Vec<u64> = table.functions.iter().map(|f| f.address).collect();
+        let size = crate::debuginfo::layout::DEFAULT_STRING_SIZE;
+        match crate::debuginfo::source_functions(module, &addresses, size) {
+            Ok((found, _)) => SourceFiles {
+                by_address: found.into_iter().filter_map(|(a, f)| Some((a, f.file?))).collect(),
+                error: None,
+            },
+            Err(e) => SourceFiles { by_address: BTreeMap::new(), error: Some(e.to_string()) },
+        }
+    }
+
+    fn file_of(&self, address: u64) -> Option<&str> {
+        self.by_address.get(&address).map(|f| &**f)
+    }
+
+    /// The functions defined in a file matching `glob`.
+    fn defined_in<'a>(
+        &'a self,
+        glob: &'a crate::record::resolve::symbols::SourceGlob,
+    ) -> impl Iterator<Item = u64> + 'a {
+        self.by_address.iter().filter(|(_, f)| glob.matches(f)).map(|(&a, _)| a)
+    }
+
+    /// The source files of `all`, at most `limit` of them named, for an error.
+    fn listing(all: &[&SourceFiles], limit: usize) -> String {
+        let files: BTreeSet<&str> = all.iter().flat_map(|s| s.by_address.values().map(|f| &**f)).collect();
+        if files.is_empty() {
+            return match all.iter().find_map(|s| s.error.as_deref()) {
+                Some(e) => format!("their DWARF could not be read ({e})"),
+                None => "they have no DWARF naming source files (build with -g)".to_string(),
+            };
+        }
+        let named: Vec<&str> = files.iter().take(limit).copied().collect();
+        let more = if files.len() > limit { format!(" and {} more", files.len() - limit) } else { String::new() };
+        format!("the source files there are {}{more}", named.join(", "))
+    }
+}
+
+/// What [`select_functions`] chose.
+#[derive(Default)]
+struct Selection {
+    probes: Vec<ProbeSpec>,
+    functions: FunctionTable,
+    probe_paths: ProbePaths,
+    probe_summary: Option<String>,
+}
+
+impl Plan {
+    /// Functions to probe.
+    pub fn probe_count(&self) -> usize {
+        self.functions.len()
+    }
+}

@@ -1,0 +1,427 @@
+//! A recording: load and attach a [`Plan`], launch its command, then drain the ring buffer
+//! into a sink until the targets are gone, the duration elapses or the caller stops it.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use aya::maps::{MapData, RingBuf};
+use tracer_common::{Config, RecordKind, cookie, kind_bit, lost_slot};
+
+use super::{RecordError, TICK, kernel_log, plan::Plan};
+use crate::{
+    assemble::clock::BootClock,
+    assemble::{EventAssembler, lost_slot_name},
+    event::host::Machine,
+    event::{EndReason, EventKind, FORMAT_VERSION, TargetInfo, TraceEnd, TraceStart},
+    pipeline::EventPipeline,
+    pipeline::order::REORDER_WINDOW_NS,
+    record::attach::kernel_btf::KernelBtf,
+    record::attach::launch::{ChildExit, spawn_stopped, try_reap},
+    record::attach::loader::{Kernel, LostCounters, raise_fd_limit},
+    record::drain::{Batch, RingDrain},
+    record::kernel_log::KernelLog,
+    record::resolve::targets::{self},
+    sink::Sink,
+};
+
+/// How often the sink is flushed: with the reorder window, an event is in the file (safe from a
+/// `kill -9` of the tracer) about half a second after it happened.
+const FLUSH_EVERY: Duration = Duration::from_millis(250);
+/// How often [`Progress::lost`] is brought up to date (it reads every CPU's counters).
+const PROGRESS_LOST_EVERY: Duration = Duration::from_secs(1);
+
+impl Plan {
+    /// Launches the command (stopped), loads and attaches everything, starts tracing the targets,
+    /// and lets the command run.
+    pub fn start(self) -> Result<Recording, RecordError> {
+        let Plan { options, processes, binaries, command, probes, functions, probe_paths, usdt, .. } = self;
+        let mut warnings = Vec::new();
+        let events = &options.events;
+        let child = match &command {
+            Some(path) => Some(spawn_stopped(path, &options.command, options.run_as.as_ref())?),
+            None => None,
+        };
+
+        let mut enabled_kinds = 0;
+        if events.contains(&EventKind::Spawn) {
+            enabled_kinds |= kind_bit(RecordKind::Fork) | kind_bit(RecordKind::Exec);
+        }
+        if events.contains(&EventKind::Exit) {
+            enabled_kinds |= kind_bit(RecordKind::Exit);
+        }
+        let want_ipc = events.contains(&EventKind::Send) || events.contains(&EventKind::Recv);
+        if want_ipc {
+            enabled_kinds |= kind_bit(RecordKind::Ipc);
+        }
+        if events.contains(&EventKind::Signal) {
+            enabled_kinds |= kind_bit(RecordKind::Signal);
+        }
+        if events.contains(&EventKind::Log) {
+            enabled_kinds |= kind_bit(RecordKind::UserEvent);
+        }
+        if events.contains(&EventKind::Usdt) {
+            enabled_kinds |= kind_bit(RecordKind::Usdt);
+        }
+        let config = Config {
+            enabled_kinds,
+            follow_children: options.follow_children as u32,
+            has_target_inodes: !binaries.is_empty() as u32,
+            top_by_process: 0,
+            wakeup_bytes: wakeup_bytes(options.buffer_size),
+            capture_bytes: options.capture_bytes,
+            debug: options.debug_kernel as u32,
+            offsets: KernelBtf::load()?.offsets()?,
+        };
+        raise_fd_limit(1024);
+        let mut kernel = Kernel::load(&config, options.buffer_size, usdt.probes.len())?;
+        // Started before any program is loaded, and kept for the whole run: its map's fd is in
+        // the programs' code.
+        let kernel_log = if options.debug_kernel { Some(kernel.start_kernel_log()?) } else { None };
+        kernel.attach_sched()?;
+        if want_ipc {
+            kernel.attach_ipc()?;
+        }
+        if events.contains(&EventKind::Signal) {
+            kernel.attach_signals()?;
+        }
+        for (i, f) in functions.iter().enumerate() {
+            if let Some(layout) = f.source.as_ref().and_then(|s| s.layout.as_ref())
+                && layout.probe.reads_memory()
+            {
+                kernel.set_layout(i as u32, layout.probe.to_bytes())?;
+            }
+        }
+        let failures = kernel.attach_functions(&probes)?;
+        // A function with any probe that failed counts as not probed (its other probes stay).
+        let failed: BTreeSet<u32> = failures.iter().map(|f| cookie::function(f.cookie)).collect();
+        let attached = functions.len() - failed.len();
+        if !probes.is_empty() && attached == 0 {
+            return Err(RecordError::NoProbeAttached(failures[0].reason.clone()));
+        }
+        if !failures.is_empty() {
+            let mut listed: Vec<String> = Vec::new();
+            for f in failures.iter().take(5) {
+                listed.push(format!("{} ({})", functions[cookie::function(f.cookie) as usize].name, f.reason));
+            }
+            warnings.push(format!(
+                "{} of {} functions could not be probed: {}{}",
+                failed.len(),
+                functions.len(),
+                listed.join(", "),
+                if failures.len() > 5 { ", ..." } else { "" }
+            ));
+        }
+        let usdt_failures = kernel.attach_usdt(&usdt.probes)?;
+        if let Some(first) = usdt_failures.first() {
+            let probe = &usdt.table[first.cookie as usize];
+            warnings.push(format!(
+                "{} of {} USDT probe sites could not be attached (first: {}:{} in {}: {})",
+                usdt_failures.len(),
+                usdt.probes.len(),
+                probe.provider,
+                probe.name,
+                probe.module,
+                first.reason
+            ));
+        }
+        let ring = kernel.take_ring()?;
+        let lost = kernel.take_lost_counters()?;
+
+        // Probes are in place: only now do the targets become traced, so every call they make
+        // from here on is seen whole.
+        for (_, id) in &binaries {
+            kernel.trace_executable(id.kernel_key())?;
+        }
+        for p in &processes {
+            kernel.trace_pid(p.pid)?;
+        }
+        if let Some(child) = &child {
+            kernel.trace_pid(child.pid())?;
+        }
+
+        let clock = BootClock::calibrate();
+        let mut targets: Vec<TargetInfo> = processes
+            .iter()
+            .map(|p| TargetInfo::Process { pid: p.pid, comm: p.comm.clone(), exe: p.exe.display().to_string() })
+            .collect();
+        targets.extend(binaries.iter().map(|(path, _)| TargetInfo::Binary { path: path.display().to_string() }));
+        if let (Some(child), Some(path)) = (&child, &command) {
+            targets.push(TargetInfo::Command {
+                pid: child.pid(),
+                argv: targets::command_display(&options.command),
+                exe: path.display().to_string(),
+            });
+        }
+        let start = TraceStart {
+            format_version: FORMAT_VERSION,
+            host: options.host.clone(),
+            tracer_version: env!("CARGO_PKG_VERSION").to_string(),
+            ts: clock.now_unix_ns(),
+            clock: clock.info(),
+            targets,
+            probes: attached,
+            events: events.iter().copied().collect(),
+            follow_children: options.follow_children,
+            probe_paths,
+            hosts: vec![],
+            machine: Some(Machine::read()),
+        };
+        let return_probes = options.events.contains(&EventKind::Return);
+        let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes)
+            .with_usdt(usdt.table);
+        let child_pid = match child {
+            Some(child) => Some(child.release()?),
+            None => None,
+        };
+        Ok(Recording {
+            kernel,
+            ring,
+            lost,
+            kernel_log,
+            assembler,
+            clock,
+            start,
+            child_pid,
+            ends_when_empty: binaries.is_empty(),
+            duration: options.duration,
+            kinds: options.events.clone(),
+            usdt_sites: usdt.probes.len() - usdt_failures.len(),
+            progress: Arc::default(),
+            warnings,
+        })
+    }
+}
+
+/// A trace in progress: probes attached, targets running.
+pub struct Recording {
+    kernel: Kernel,
+    ring: RingBuf<MapData>,
+    lost: LostCounters,
+    /// `--debug-kernel`: the programs' aya-log records.
+    kernel_log: Option<KernelLog>,
+    assembler: EventAssembler,
+    clock: BootClock,
+    start: TraceStart,
+    child_pid: Option<u32>,
+    /// With `--binary`, new processes may start at any time: the trace does not end for lack of
+    /// targets.
+    ends_when_empty: bool,
+    duration: Option<Duration>,
+    kinds: BTreeSet<EventKind>,
+    /// USDT probe sites attached (program events and `-u` probes).
+    pub usdt_sites: usize,
+    progress: Arc<Progress>,
+    /// Things found while attaching that do not stop the trace (the plan's are in [`Plan::warnings`]).
+    pub warnings: Vec<String>,
+}
+
+/// What a recording has done so far, readable from elsewhere while [`Recording::run`] runs (a
+/// status line). Events written are current after every batch; the lost count is at most
+/// [`PROGRESS_LOST_EVERY`] old.
+#[derive(Debug, Default)]
+pub struct Progress {
+    events_written: AtomicU64,
+    lost: AtomicU64,
+}
+
+impl Progress {
+    pub fn events_written(&self) -> u64 {
+        self.events_written.load(Ordering::Relaxed)
+    }
+
+    /// Events lost so far, counted as `trace_end.lost_events` counts them.
+    pub fn lost(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
+    }
+}
+
+/// How a recording ended.
+#[derive(Debug)]
+pub struct Outcome {
+    pub end: TraceEnd,
+    /// How the launched command ended, if it did while traced.
+    pub command_exit: Option<ChildExit>,
+    /// The launched command's pid, when it was still running as tracing stopped.
+    pub command_still_running: Option<u32>,
+}
+
+impl Recording {
+    pub fn trace_start(&self) -> &TraceStart {
+        &self.start
+    }
+
+    /// The launched command's pid, if there is one.
+    pub fn command_pid(&self) -> Option<u32> {
+        self.child_pid
+    }
+
+    /// The recording's progress, updated while it runs.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
+    }
+
+    /// Drains events into `sink` until the trace ends: the command and its traced descendants
+    /// exit, every traced process exits, the duration elapses, or `stop` resolves.
+    pub async fn run(self, sink: &mut dyn Sink, stop: impl Future<Output = EndReason>) -> Result<Outcome, RecordError> {
+        let Recording {
+            mut kernel,
+            ring,
+            lost,
+            kernel_log,
+            mut assembler,
+            clock,
+            start,
+            child_pid,
+            ends_when_empty,
+            duration,
+            kinds,
+            progress,
+            ..
+        } = self;
+        let mut pipeline = EventPipeline::new(kinds);
+        let mut drain = RingDrain::spawn(ring)?;
+        let mut kernel_log = kernel_log.map(KernelLog::polled).transpose()?;
+        sink.begin(&start)?;
+        sink.flush()?;
+        let mut command_exit: Option<ChildExit> = None;
+        let mut last_flush = tokio::time::Instant::now();
+        let mut last_lost_count = tokio::time::Instant::now();
+        let deadline = duration.map(|d| tokio::time::Instant::now() + d);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(stop);
+
+        let reason = loop {
+            tokio::select! {
+                biased;
+                reason = &mut stop => break reason,
+                _ = sleep_until(deadline) => break EndReason::Duration,
+                batch = drain.recv() => match batch {
+                    Some(batch) => {
+                        push_batch(&batch, &mut assembler, &mut pipeline);
+                        pipeline.flush_ready(sink)?;
+                        progress.events_written.store(pipeline.written, Ordering::Relaxed);
+                    }
+                    None => return Err(drain.join().err().unwrap_or_else(|| std::io::Error::other("the ring-buffer drain stopped")).into()),
+                },
+                ready = kernel_log::forward(&mut kernel_log) => ready?,
+                _ = tick.tick() => {
+                    pipeline.flush_older_than(clock.now_unix_ns().saturating_sub(REORDER_WINDOW_NS), sink)?;
+                    progress.events_written.store(pipeline.written, Ordering::Relaxed);
+                    if last_flush.elapsed() >= FLUSH_EVERY {
+                        sink.flush()?;
+                        last_flush = tokio::time::Instant::now();
+                    }
+                    if last_lost_count.elapsed() >= PROGRESS_LOST_EVERY {
+                        let lost_so_far = lost_events(&lost, &assembler).values().sum();
+                        progress.lost.store(lost_so_far, Ordering::Relaxed);
+                        last_lost_count = tokio::time::Instant::now();
+                    }
+                    if let Some(pid) = child_pid
+                        && command_exit.is_none()
+                    {
+                        command_exit = try_reap(pid);
+                    }
+                    let command_done = child_pid.is_none() || command_exit.is_some();
+                    if command_done && ends_when_empty && !any_target_alive(&mut kernel) {
+                        break if child_pid.is_some() { EndReason::CommandExited } else { EndReason::TargetsExited };
+                    }
+                }
+            }
+        };
+
+        // Stop and detach first, so that no record arrives after the final drain.
+        let end_ts = clock.now_unix_ns();
+        kernel.stop_tracing();
+        drop(kernel);
+        drain.finish();
+        while let Some(batch) = drain.recv().await {
+            push_batch(&batch, &mut assembler, &mut pipeline);
+        }
+        drain.join()?;
+        if let Some(log) = &mut kernel_log {
+            log.flush();
+        }
+        pipeline.flush_all(sink)?;
+        if let Some(pid) = child_pid
+            && command_exit.is_none()
+        {
+            command_exit = try_reap(pid);
+        }
+
+        let lost_events = lost_events(&lost, &assembler);
+        progress.events_written.store(pipeline.written, Ordering::Relaxed);
+        progress.lost.store(lost_events.values().sum(), Ordering::Relaxed);
+        let end = TraceEnd {
+            ts: end_ts,
+            reason,
+            events_written: pipeline.written,
+            lost_events,
+            calls_without_return_probe: assembler.calls_without_return_probe(),
+            command_exit_code: command_exit.map(ChildExit::shell_code),
+            ipc: pipeline.ipc_stats(),
+            hosts: Vec::new(),
+        };
+        sink.end(&end)?;
+        let command_still_running = child_pid.filter(|_| command_exit.is_none());
+        Ok(Outcome { end, command_exit, command_still_running })
+    }
+}
+
+/// Events lost so far, by the name `trace_end.lost_events` gives them: the kernel's counters
+/// and the records user space could not decode.
+fn lost_events(lost: &LostCounters, assembler: &EventAssembler) -> BTreeMap<String, u64> {
+    let counts = lost.read();
+    let mut lost_events: BTreeMap<String, u64> = BTreeMap::new();
+    for slot in 0..lost_slot::COUNT {
+        if let Some(name) = lost_slot_name(slot) {
+            *lost_events.entry(name.to_string()).or_default() += counts[slot as usize];
+        }
+    }
+    lost_events.insert("undecodable".to_string(), assembler.undecodable);
+    lost_events.insert("log_unreadable".to_string(), assembler.unreadable_logs);
+    lost_events
+}
+
+/// How full the ring may get before a record wakes the drain (which otherwise polls every few
+/// milliseconds): an eighth, capped at 1 MiB.
+pub(crate) fn wakeup_bytes(ring_bytes: u32) -> u64 {
+    (ring_bytes as u64 / 8).min(1 << 20)
+}
+
+/// Turns a batch of records into events for the pipeline.
+fn push_batch(batch: &Batch, assembler: &mut EventAssembler, pipeline: &mut EventPipeline) {
+    for record in batch.records() {
+        if let Some(e) = assembler.assemble(record) {
+            pipeline.push(e);
+        }
+    }
+}
+
+/// Whether any traced process still lives; forgets the ones that are gone (a process that exited
+/// before it could be traced never produces the exit that would remove it).
+pub(crate) fn any_target_alive(kernel: &mut Kernel) -> bool {
+    let mut alive = false;
+    for pid in kernel.traced_pids() {
+        if targets::process_alive(pid) {
+            alive = true;
+        } else {
+            kernel.untrace_pid(pid);
+        }
+    }
+    alive
+}
+
+pub(crate) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
