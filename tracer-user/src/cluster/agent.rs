@@ -617,6 +617,16 @@ impl Sink for OutboxSink {
                 self.agent.opts.max_buffered,
                 outbox::MAX_BYTES >> 20
             );
+            if peak.dropped_at_max_events + peak.dropped_at_max_bytes > 0 {
+                tracing::warn!(
+                    target: LOG,
+                    "trace {}: the outbox dropped {} events at --buffer-events and {} at its {} MiB before the collector received them: a larger --buffer-events helps with the first, a collector that keeps up (or is closer) with both",
+                    slot.id,
+                    peak.dropped_at_max_events,
+                    peak.dropped_at_max_bytes,
+                    outbox::MAX_BYTES >> 20
+                );
+            }
         }
         self.agent.bump();
         Ok(())

@@ -58,11 +58,15 @@ pub struct Outbox {
     peak: Occupancy,
 }
 
-/// How full the outbox is (or was at its fullest).
+/// How full the outbox was at its fullest, and what its bounds dropped.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Occupancy {
     pub events: u64,
     pub bytes: usize,
+    /// Events dropped because `max_events` (`--buffer-events`) were kept.
+    pub dropped_at_max_events: u64,
+    /// Events dropped because [`MAX_BYTES`] were kept.
+    pub dropped_at_max_bytes: u64,
 }
 
 /// What a collector resuming at some sequence number gets next.
@@ -133,6 +137,11 @@ impl Outbox {
         while self.next_seq - self.base > 1
             && (self.next_seq - self.base > self.max_events as u64 || self.bytes > self.max_bytes)
         {
+            if self.next_seq - self.base > self.max_events as u64 {
+                self.peak.dropped_at_max_events += 1;
+            } else {
+                self.peak.dropped_at_max_bytes += 1;
+            }
             self.drop_oldest();
         }
         let now = self.next_seq - self.base;
@@ -242,7 +251,7 @@ mod tests {
         assert_eq!(o.pending(5).count, 0);
         o.ack(5);
         assert!(o.is_empty());
-        assert_eq!(o.peak(), Occupancy { events: 5, bytes: o.peak().bytes });
+        assert_eq!(o.peak(), Occupancy { events: 5, bytes: o.peak().bytes, ..Default::default() });
     }
 
     #[test]
@@ -255,7 +264,7 @@ mod tests {
         assert_eq!(p.gap, Some((1, 3)), "events 1, 2, 3 were dropped");
         assert_eq!((p.first_seq, ts(&p)), (4, vec![4, 5, 6]));
         assert_eq!(o.next_seq(), 7);
-        assert_eq!(o.peak().events, 3);
+        assert_eq!((o.peak().events, o.peak().dropped_at_max_events, o.peak().dropped_at_max_bytes), (3, 4, 0));
     }
 
     #[test]
@@ -302,6 +311,7 @@ mod tests {
         let kept = got.len() as u64;
         assert!(kept > 1);
         assert_eq!(gap, Some((0, 50 - kept)));
+        assert_eq!((o.peak().dropped_at_max_events, o.peak().dropped_at_max_bytes), (0, 50 - kept));
         assert_eq!(got, (50 - kept..50).collect::<Vec<_>>());
         // One event larger than the bound is still kept (and sent).
         let mut o = Outbox::with_bounds(1000, 1, 40);
