@@ -20,7 +20,7 @@ use tracer_common::{RecordHeader, RecordKind};
 use tracer_user::{
     cluster::{
         protocol::{Message, PROTOCOL_VERSION, TraceRequest, decode, encode_body},
-        wire::{Decoder, Encoder},
+        wire::{self, Decoder, Encoder, EventBatch},
     },
     event::{
         Channel, ClockInfo, EndReason, Event, EventData, EventKind, ProbePaths, SignalId, SpawnHow, Syscall,
@@ -195,6 +195,16 @@ fn events() -> Vec<Event> {
     ]
 }
 
+/// `events` as the agent sends them on a new connection.
+fn batch(events: &[Event]) -> EventBatch {
+    let mut encoder = Encoder::default();
+    let mut bytes = Vec::new();
+    for e in events {
+        encoder.encode(e, e.ts, &mut bytes);
+    }
+    wire::batch(0, encoder.strings(), 0, &bytes)
+}
+
 fn frames(events: &[Event]) -> Result<Vec<Vec<u8>>> {
     let messages = [
         Message::Hello { version: PROTOCOL_VERSION, nonce: [1; 32] },
@@ -207,7 +217,7 @@ fn frames(events: &[Event]) -> Result<Vec<Vec<u8>>> {
         Message::Start { trace_id: 1, request: TraceRequest { pids: vec![1], ..Default::default() } },
         Message::Started { trace_id: 1, trace_start: Box::new(start()) },
         Message::Failed { trace_id: 1, error: "no".into() },
-        Message::Events(Encoder::default().batch(0, events)),
+        Message::Events(batch(events)),
         Message::Gap { first_seq: 7, count: 2 },
         Message::Ack { next_seq: 7 },
         Message::Stop { trace_id: 1 },

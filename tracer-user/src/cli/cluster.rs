@@ -59,7 +59,8 @@ pub struct AgentArgs {
     /// Stop a trace (and detach its probes) after this long without a word from its collector.
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, default_value = "30")]
     pub orphan_timeout: Duration,
-    /// Events kept for a collector that is away; older ones are dropped and counted as lost.
+    /// Events kept for a collector that is away (kept encoded, at most 256 MiB of them whatever N;
+    /// a call is about 20 bytes); older ones are dropped and counted as lost.
     #[arg(long, value_name = "N", default_value_t = 2_000_000)]
     pub buffer_events: usize,
     #[command(flatten)]

@@ -38,11 +38,11 @@ use tokio_rustls::TlsAcceptor;
 use super::{
     auth::{self, Key, Secret},
     listener::{self, ListenError, Listener, Peer, PeerCreds},
-    outbox::Outbox,
+    outbox::{self, Outbox},
     protocol::{FrameError, Message, TraceRequest},
     session::{self, HANDSHAKE_TIMEOUT, Session, SessionWriter},
     tls::{self, Transport},
-    wire::Encoder,
+    wire,
 };
 use crate::{
     assemble::clock::BootClock,
@@ -53,8 +53,6 @@ use crate::{
     sink::Sink,
 };
 
-/// Events sent in one frame.
-const BATCH: usize = 4096;
 /// A collector that says nothing for this long (it probes the clock every second) is gone.
 const SILENCE: Duration = Duration::from_secs(10);
 /// Peers that have connected but not yet proved themselves, at most.
@@ -160,6 +158,9 @@ struct Agent {
     slot: RefCell<Option<TraceSlot>>,
     /// Bumped whenever there is something new to send.
     changed: watch::Sender<u64>,
+    /// Whether `changed` was bumped for events that no connection has looked at since: a bump per
+    /// event (a wake of every connection) cost more than encoding it.
+    wake_pending: Cell<bool>,
     clock: BootClock,
     /// Connections that have not proved themselves yet, oldest first.
     pending: RefCell<VecDeque<(u64, AbortHandle)>>,
@@ -240,6 +241,7 @@ pub async fn serve(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Re
         opts,
         slot: RefCell::new(None),
         changed: watch::channel(0).0,
+        wake_pending: Cell::new(false),
         clock: BootClock::calibrate(),
         pending: RefCell::new(VecDeque::new()),
         collectors: Cell::new(0),
@@ -369,7 +371,8 @@ struct Streaming {
     /// The next sequence number to send, once this connection streams the trace.
     cursor: Option<u64>,
     sent_end: bool,
-    encoder: Encoder,
+    /// Entries of the trace's string table this connection has sent.
+    strings_sent: usize,
 }
 
 enum Wake {
@@ -509,6 +512,8 @@ async fn send_pending<W: tokio::io::AsyncWrite + Unpin>(
     streaming: &mut Streaming,
 ) -> Result<(), FrameError> {
     let Some(mut from) = streaming.cursor else { return Ok(()) };
+    // Events pushed from now on wake this connection again.
+    agent.wake_pending.set(false);
     loop {
         let (frames, done) = {
             let slot = agent.slot.borrow();
@@ -517,15 +522,29 @@ async fn send_pending<W: tokio::io::AsyncWrite + Unpin>(
                 streaming.cursor = None;
                 return Ok(());
             };
-            let pending = slot.outbox.pending(from, BATCH);
+            let pending = slot.outbox.pending(from);
             let mut frames = Vec::new();
             if let Some((first_seq, count)) = pending.gap {
                 frames.push(Message::Gap { first_seq, count });
             }
-            let n = pending.events.len() as u64;
-            if n > 0 {
-                frames.push(Message::Events(streaming.encoder.batch(pending.first_seq, pending.events)));
+            // A resumed connection gets the whole string table first: in frames of at most a
+            // chunk's worth of text.
+            let mut sent = streaming.strings_sent;
+            while pending.strings.len() > sent {
+                let (mut end, mut text) = (sent, 0);
+                while end < pending.strings.len() && (end == sent || text < outbox::CHUNK_BYTES) {
+                    text += pending.strings[end].len();
+                    end += 1;
+                }
+                let events = if end == pending.strings.len() { pending.events } else { &[] };
+                frames.push(Message::Events(wire::batch(pending.first_seq, &pending.strings[..end], sent, events)));
+                sent = end;
             }
+            if !pending.events.is_empty() && sent == streaming.strings_sent {
+                frames.push(Message::Events(wire::batch(pending.first_seq, &[], 0, pending.events)));
+            }
+            streaming.strings_sent = sent;
+            let n = pending.count;
             from = pending.first_seq + n;
             let all_sent = from == slot.outbox.next_seq();
             let mut done = n == 0;
@@ -568,12 +587,12 @@ impl Sink for OutboxSink {
         if let Some(otlp) = &mut self.otlp {
             otlp.event(event)?;
         }
-        let mut event = event.clone();
-        event.ts = self.agent.skew(event.ts);
         if let Some(slot) = self.agent.slot.borrow_mut().as_mut() {
-            slot.outbox.push(event);
+            slot.outbox.push(event, self.agent.skew(event.ts));
         }
-        self.agent.bump();
+        if !self.agent.wake_pending.replace(true) {
+            self.agent.bump();
+        }
         Ok(())
     }
 
@@ -588,6 +607,26 @@ impl Sink for OutboxSink {
         end.ts = self.agent.skew(end.ts);
         if let Some(slot) = self.agent.slot.borrow_mut().as_mut() {
             slot.end = Some((end, slot.outbox.next_seq()));
+            let peak = slot.outbox.peak();
+            tracing::info!(
+                target: LOG,
+                "trace {}: the outbox held at most {} events ({:.1} MiB encoded) waiting for the collector (bounds: --buffer-events {}, {} MiB)",
+                slot.id,
+                peak.events,
+                peak.bytes as f64 / (1 << 20) as f64,
+                self.agent.opts.max_buffered,
+                outbox::MAX_BYTES >> 20
+            );
+            if peak.dropped_at_max_events + peak.dropped_at_max_bytes > 0 {
+                tracing::warn!(
+                    target: LOG,
+                    "trace {}: the outbox dropped {} events at --buffer-events and {} at its {} MiB before the collector received them: a larger --buffer-events helps with the first, a collector that keeps up (or is closer) with both",
+                    slot.id,
+                    peak.dropped_at_max_events,
+                    peak.dropped_at_max_bytes,
+                    outbox::MAX_BYTES >> 20
+                );
+            }
         }
         self.agent.bump();
         Ok(())

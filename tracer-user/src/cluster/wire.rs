@@ -1,6 +1,10 @@
 //! Events on the wire between an agent and a collector: postcard (compact varints, no field
-//! names), with the strings that repeat on every event (function, module) sent once per connection
-//! and referred to by number afterwards.
+//! names), with the strings that repeat on every event (function, module) numbered once per trace
+//! and sent once per connection, referred to by number afterwards.
+//!
+//! The agent encodes each event once, when it is recorded ([`Encoder::encode`]): its outbox keeps
+//! those bytes until the collector acknowledges them, and a batch on the wire is a run of them as
+//! they are (no decoding, cloning or re-encoding on the way out).
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -13,49 +17,68 @@ use crate::event::Event;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventBatch {
     pub first_seq: u64,
-    /// Strings introduced by this batch: (number, text).
+    /// Strings introduced by this batch: (number, text), numbered from 0 on each connection.
     pub strings: Vec<(u32, String)>,
-    /// The events, their names as numbers into the connection's string table (their host is the
-    /// connection's).
-    pub events: Vec<Event<u32>>,
+    /// The events, each a postcard `Event<u32>` (its names as numbers into the string table, its
+    /// host the connection's), one after the other. A byte string on the wire (serde_bytes), so
+    /// that it is copied as one block rather than byte by byte.
+    #[serde(with = "serde_bytes")]
+    pub events: Vec<u8>,
 }
 
-/// The sending side of a connection's string table.
+/// Strings recently numbered, by address: a hit costs a pointer comparison instead of hashing the
+/// text. The entries hold their strings, so an address cannot be reused by another string while
+/// it is here.
+const RECENT: usize = 4;
+
+/// The sending side of a trace's string table: numbers names in order of first use, and encodes
+/// events with their names as those numbers.
 #[derive(Default)]
 pub struct Encoder {
     numbers: HashMap<Arc<str>, u32>,
+    strings: Vec<Arc<str>>,
+    recent: Vec<(Arc<str>, u32)>,
+    next_recent: usize,
 }
 
 impl Encoder {
-    /// Forgets every string (a new connection starts a new table).
-    pub fn reset(&mut self) {
-        self.numbers.clear();
-    }
-
-    fn number(&mut self, s: &Arc<str>, new: &mut Vec<(u32, String)>) -> u32 {
-        if let Some(&n) = self.numbers.get(s) {
-            return n;
+    fn number(&mut self, s: Arc<str>) -> u32 {
+        if let Some((_, n)) = self.recent.iter().find(|(r, _)| Arc::ptr_eq(r, &s)) {
+            return *n;
         }
-        let n = self.numbers.len() as u32;
-        self.numbers.insert(s.clone(), n);
-        new.push((n, s.to_string()));
+        let n = match self.numbers.get(&s) {
+            Some(&n) => n,
+            None => {
+                let n = self.strings.len() as u32;
+                self.numbers.insert(s.clone(), n);
+                self.strings.push(s.clone());
+                n
+            }
+        };
+        if self.recent.len() < RECENT {
+            self.recent.push((s, n));
+        } else {
+            self.recent[self.next_recent] = (s, n);
+            self.next_recent = (self.next_recent + 1) % RECENT;
+        }
         n
     }
 
-    /// Encodes events as a batch starting at `first_seq`. Flow links are not sent: the collector
-    /// links flows across hosts itself.
-    pub fn batch<'a>(&mut self, first_seq: u64, events: impl IntoIterator<Item = &'a Event>) -> EventBatch {
-        let mut strings = Vec::new();
-        let events = events
-            .into_iter()
-            .map(|e| {
-                let mut e = e.clone();
-                e.data.clear_flow_links();
-                let Ok(wire) = e.map_names(|name| Ok::<_, std::convert::Infallible>(self.number(&name, &mut strings)));
-                wire
-            })
-            .collect();
-        EventBatch { first_seq, strings, events }
+    /// Appends `event` to `out`, stamped `ts` (the agent's clock, skewed in tests), without its
+    /// flow links (the collector links flows across hosts itself); returns its length.
+    pub fn encode(&mut self, event: &Event, ts: u64, out: &mut Vec<u8>) -> usize {
+        let mut e = event.clone();
+        e.ts = ts;
+        e.data.clear_flow_links();
+        let Ok(wire) = e.map_names(|name| Ok::<_, std::convert::Infallible>(self.number(name)));
+        let before = out.len();
+        postcard::to_io(&wire, &mut *out).expect("writing to a Vec cannot fail");
+        out.len() - before
+    }
+
+    /// Every string numbered so far, by number.
+    pub fn strings(&self) -> &[Arc<str>] {
+        &self.strings
     }
 }
 
@@ -71,6 +94,8 @@ pub enum WireError {
     UnknownString(u32),
     #[error("string number {got} defined out of order (expected {expected})")]
     StringOutOfOrder { got: u32, expected: u32 },
+    #[error("malformed event: {0}")]
+    Malformed(String),
 }
 
 impl Decoder {
@@ -82,7 +107,8 @@ impl Decoder {
         self.strings.get(n as usize).cloned().ok_or(WireError::UnknownString(n))
     }
 
-    /// Decodes a batch from `host`; a batch naming a string it never defined is rejected whole.
+    /// Decodes a batch from `host`; a batch naming a string it never defined, or whose bytes are
+    /// not whole events, is rejected whole.
     pub fn events(&mut self, host: &Arc<str>, batch: EventBatch) -> Result<Vec<Event>, WireError> {
         for (n, s) in batch.strings {
             if n as usize != self.strings.len() {
@@ -90,15 +116,27 @@ impl Decoder {
             }
             self.strings.push(Arc::from(s));
         }
-        batch
-            .events
-            .into_iter()
-            .map(|w| {
-                let mut e = w.map_names(|n| self.string(n))?;
-                e.host = host.clone();
-                Ok(e)
-            })
-            .collect()
+        let mut rest = &batch.events[..];
+        let mut events = Vec::new();
+        while !rest.is_empty() {
+            let (w, tail): (Event<u32>, _) =
+                postcard::take_from_bytes(rest).map_err(|e| WireError::Malformed(e.to_string()))?;
+            rest = tail;
+            let mut e = w.map_names(|n| self.string(n))?;
+            e.host = host.clone();
+            events.push(e);
+        }
+        Ok(events)
+    }
+}
+
+/// A batch for a connection that has been sent `strings[..sent]` already: the rest of the
+/// strings, and `events` (bytes from [`Encoder::encode`]) starting at `first_seq`.
+pub fn batch(first_seq: u64, strings: &[Arc<str>], sent: usize, events: &[u8]) -> EventBatch {
+    EventBatch {
+        first_seq,
+        strings: strings.iter().enumerate().skip(sent).map(|(n, s)| (n as u32, s.to_string())).collect(),
+        events: events.to_vec(),
     }
 }
 
@@ -195,13 +233,23 @@ mod tests {
         ]
     }
 
+    /// Encodes `events` (their own timestamps) with `encoder`.
+    fn encode(encoder: &mut Encoder, events: &[Event]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for e in events {
+            encoder.encode(e, e.ts, &mut bytes);
+        }
+        bytes
+    }
+
     #[test]
     fn round_trips_through_postcard_with_each_string_sent_once() {
         let sent = events("h");
         let mut encoder = Encoder::default();
-        let batch = encoder.batch(42, &sent);
+        let bytes = encode(&mut encoder, &sent);
+        let first = batch(42, encoder.strings(), 0, &bytes);
         assert_eq!(
-            batch.strings,
+            first.strings,
             [
                 (0, "fib".to_string()),
                 (1, "/bin/app".to_string()),
@@ -209,12 +257,14 @@ mod tests {
                 (3, "/bin/gof".to_string())
             ]
         );
-        let bytes = postcard::to_stdvec(&batch).unwrap();
-        let again = encoder.batch(49, &sent[..2]);
+        let wire = postcard::to_stdvec(&first).unwrap();
+        let sent_strings = encoder.strings().len();
+        let bytes = encode(&mut encoder, &sent[..2]);
+        let again = batch(49, encoder.strings(), sent_strings, &bytes);
         assert!(again.strings.is_empty(), "strings already sent are not sent again");
         let mut decoder = Decoder::default();
         let host: Arc<str> = "h".into();
-        let received = decoder.events(&host, postcard::from_bytes(&bytes).unwrap()).unwrap();
+        let received = decoder.events(&host, postcard::from_bytes(&wire).unwrap()).unwrap();
         assert_eq!(received, sent);
         assert_eq!(decoder.events(&host, again).unwrap(), sent[..2]);
     }
@@ -242,8 +292,9 @@ mod tests {
                 args: vec![Some(data::ArgValue::Signed(-3)), Some(data::ArgValue::Unsigned(u64::MAX)), None],
             })),
         ];
-        let batch = Encoder::default().batch(0, &sent);
-        let bytes = postcard::to_stdvec(&batch).unwrap();
+        let mut encoder = Encoder::default();
+        let bytes = encode(&mut encoder, &sent);
+        let bytes = postcard::to_stdvec(&batch(0, encoder.strings(), 0, &bytes)).unwrap();
         let received = Decoder::default().events(&"h".into(), postcard::from_bytes(&bytes).unwrap()).unwrap();
         assert_eq!(received, sent);
     }
@@ -251,12 +302,21 @@ mod tests {
     #[test]
     fn undefined_strings_are_rejected() {
         let mut encoder = Encoder::default();
-        let mut batch = encoder.batch(0, &events("h")[..1]);
-        batch.strings.clear();
-        assert_eq!(Decoder::default().events(&"h".into(), batch).unwrap_err(), WireError::UnknownString(0));
-        let mut batch = Encoder::default().batch(0, &events("h")[..1]);
-        batch.strings[0].0 = 5;
-        assert!(matches!(Decoder::default().events(&"h".into(), batch), Err(WireError::StringOutOfOrder { .. })));
+        let bytes = encode(&mut encoder, &events("h")[..1]);
+        let mut b = batch(0, encoder.strings(), 0, &bytes);
+        b.strings.clear();
+        assert_eq!(Decoder::default().events(&"h".into(), b).unwrap_err(), WireError::UnknownString(0));
+        let mut b = batch(0, encoder.strings(), 0, &bytes);
+        b.strings[0].0 = 5;
+        assert!(matches!(Decoder::default().events(&"h".into(), b), Err(WireError::StringOutOfOrder { .. })));
+    }
+
+    #[test]
+    fn bytes_that_are_not_whole_events_are_rejected() {
+        let mut encoder = Encoder::default();
+        let bytes = encode(&mut encoder, &events("h")[..2]);
+        let b = batch(0, encoder.strings(), 0, &bytes[..bytes.len() - 1]);
+        assert!(matches!(Decoder::default().events(&"h".into(), b), Err(WireError::Malformed(_))));
     }
 
     #[test]
@@ -268,8 +328,10 @@ mod tests {
         }
         let sent: Vec<Event> = (0..1000).map(|_| call.clone()).collect();
         let mut encoder = Encoder::default();
-        encoder.batch(0, &sent[..1]);
-        let bytes = postcard::to_stdvec(&encoder.batch(1, &sent)).unwrap();
+        encode(&mut encoder, &sent[..1]);
+        let sent_strings = encoder.strings().len();
+        let bytes = encode(&mut encoder, &sent);
+        let bytes = postcard::to_stdvec(&batch(1, encoder.strings(), sent_strings, &bytes)).unwrap();
         assert!(bytes.len() < 1000 * 24, "{} bytes for 1000 calls", bytes.len());
     }
 }
