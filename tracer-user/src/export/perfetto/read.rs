@@ -1,7 +1,9 @@
 //! Reads a Perfetto trace back into plain packets, resolving what a Perfetto reader resolves:
 //! interned names and strings (per sequence, reset by `SEQ_INCREMENTAL_STATE_CLEARED`), the
-//! sequence's default clock (`TracePacketDefaults`), and incremental clocks (`ClockSnapshot`),
-//! so that each track event has its absolute time on the trace clock and its names as strings.
+//! sequence's defaults (`TracePacketDefaults`: its default clock and its events' default track,
+//! replaced whole by new defaults and dropped when the state is cleared, as `trace_processor`
+//! does), and incremental clocks (`ClockSnapshot`), so that each track event has its absolute
+//! time on the trace clock, its track and its names as strings.
 //!
 //! It follows Perfetto's published semantics (`trace_packet.proto`, `interned_data.proto`,
 //! `clock_snapshot.proto`), not the writer's code, and fails on what a reader could not resolve
@@ -38,6 +40,8 @@ struct Sequence {
     annotation_names: HashMap<u64, String>,
     strings: HashMap<u64, String>,
     default_clock: Option<u32>,
+    /// `TrackEventDefaults.track_uuid`: the track of the events that name none.
+    default_track: Option<u64>,
     /// Per clock of a snapshot: trace clock time minus the clock's time, and whether it is
     /// incremental.
     clocks: HashMap<u32, (i128, bool)>,
@@ -67,6 +71,7 @@ pub fn resolve(bytes: &[u8]) -> Result<Vec<TracePacket>, ReadError> {
         }
         if let Some(defaults) = p.trace_packet_defaults.take() {
             seq.default_clock = defaults.timestamp_clock_id;
+            seq.default_track = defaults.track_event_defaults.and_then(|d| d.track_uuid);
         }
         if let Some(interned) = p.interned_data.take() {
             for e in interned.event_names {
@@ -116,6 +121,7 @@ pub fn resolve(bytes: &[u8]) -> Result<Vec<TracePacket>, ReadError> {
         }
         match &mut p.data {
             Some(trace_packet::Data::TrackEvent(e)) => {
+                e.track_uuid = e.track_uuid.or(seq.default_track);
                 if let Some(track_event::NameField::NameIid(iid)) = e.name_field {
                     e.name_field = Some(track_event::NameField::Name(lookup(&seq.names, "event name", iid, i)?));
                 }
