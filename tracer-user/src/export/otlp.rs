@@ -3,7 +3,8 @@
 //! The mapping (also in the README's "OpenTelemetry" section):
 //! - One resource per traced process (`host.name`, `process.pid`, `process.executable.name`,
 //!   `service.name`: `--service-name`, else the process's comm).
-//! - One trace per process: its trace id is drawn when the process is first seen. The process
+//! - One trace per process. Ids are made of the events, not drawn (see [`HostIds`]), so that a
+//!   collector names an agent's spans as the agent did. The process
 //!   itself is the root span (`process <comm>`, from its first event to its exit or the end of
 //!   tracing); spawns, exits and signals are its span events.
 //! - One span per call, a child of its caller's span (the process span for a call with no traced
@@ -13,7 +14,9 @@
 //! - `log` and `usdt` events are events of their process's span (log records: not yet).
 //! - Each IPC send and receive is a short span (PRODUCER, CONSUMER) under the call it happened in;
 //!   a receive's span links to the spans of the sends whose bytes it read (their `flow_id`s), so
-//!   links cross processes and, in a collected trace, hosts.
+//!   links cross processes and, in a collected trace, hosts. For a host whose agent exports its own
+//!   spans ([`OtlpConfig::exporting`]) only a `recv link` span is made, per receive of bytes sent
+//!   from other hosts: the link the agent could not make.
 //!
 //! Spans are batched per [`BATCH_SPANS`] and handed to an exporter thread through a queue of
 //! [`QUEUE_BATCHES`] batches; a batch that finds the queue full is dropped and counted. The
