@@ -716,6 +716,24 @@ mod otlp_ids {
         }
     }
 
+    /// A receive whose send's span is not known (it came later, or was forgotten) loses its link:
+    /// counted, and said at the end.
+    #[test]
+    fn a_link_to_a_send_not_seen_is_counted() {
+        let listener = Listener::start(vec![], None);
+        let mut sink = OtlpSink::new(config(&listener.url, IdKey::Run([3; 16]), &[])).unwrap();
+        sink.begin(&test_events::start(0)).unwrap();
+        let mut r = on("h", 100, 1, recv(Channel::Pipe { id: 1 }, 0));
+        let EventData::Recv(data::Recv { flow_ids, .. }) = &mut r.data else { unreachable!() };
+        flow_ids.extend([41, 42]);
+        sink.event(&r).unwrap();
+        sink.end(&TraceEnd::new(200, EndReason::Stopped, 0)).unwrap();
+        assert_eq!(sink.counters().links_unknown.load(std::sync::atomic::Ordering::Relaxed), 2);
+        let recvs: Vec<Span> = listener.spans().into_iter().map(|(_, s)| s).filter(|s| s.name == "recv pipe").collect();
+        assert_eq!(recvs.len(), 1);
+        assert!(recvs[0].links.is_empty());
+    }
+
     #[test]
     fn ids_are_a_pure_function_of_the_key_and_the_event() {
         let ids = HostIds::new(host_key(&[1; 16], "a"));

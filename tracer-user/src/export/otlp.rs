@@ -132,6 +132,10 @@ pub struct Counters {
     /// Batches the collector refused, or that failed every attempt.
     pub spans_dropped_export_failed: AtomicU64,
     pub retries: AtomicU64,
+    /// Links from receives to sends whose spans were not known when the receive came: the send
+    /// came after it (a collected trace whose clocks could not be reconciled) or was forgotten
+    /// (older than the last [`MAX_REMEMBERED_SENDS`]).
+    pub links_unknown: AtomicU64,
 }
 
 /// Where to send, and as whom.
@@ -407,6 +411,14 @@ impl Spans {
         p.events.push(span::Event { time_unix_nano: e.ts, name, attributes, dropped_attributes_count: 0 });
     }
 
+    /// The send spans of a receive's flows; those not known are counted.
+    fn linked_sends(&self, flow_ids: &[u64]) -> Vec<([u8; 16], u64, Arc<str>)> {
+        let known: Vec<_> = flow_ids.iter().filter_map(|id| self.sends.get(id)).cloned().collect();
+        let unknown = (flow_ids.len() - known.len()) as u64;
+        self.counters.links_unknown.fetch_add(unknown, Ordering::Relaxed);
+        known
+    }
+
     fn remember_send(&mut self, flow_id: u64, span: ([u8; 16], u64, Arc<str>)) {
         if self.sends.insert(flow_id, span).is_none() {
             self.send_order.push_back(flow_id);
@@ -434,10 +446,9 @@ impl Spans {
                 Some(s.flow_id),
             ),
             EventData::Recv(r) => {
-                let links = r
-                    .flow_ids
-                    .iter()
-                    .filter_map(|id| self.sends.get(id))
+                let links = self
+                    .linked_sends(&r.flow_ids)
+                    .into_iter()
                     .map(|(trace_id, span_id, _)| span::Link {
                         trace_id: trace_id.to_vec(),
                         span_id: span_id.to_be_bytes().to_vec(),
@@ -499,10 +510,9 @@ impl Spans {
                 self.remember_send(s.flow_id, (trace_id, span_id, e.host.clone()));
             }
             EventData::Recv(r) => {
-                let links: Vec<span::Link> = r
-                    .flow_ids
-                    .iter()
-                    .filter_map(|id| self.sends.get(id))
+                let links: Vec<span::Link> = self
+                    .linked_sends(&r.flow_ids)
+                    .into_iter()
                     .filter(|(_, _, host)| *host != e.host)
                     .map(|(trace_id, span_id, _)| span::Link {
                         trace_id: trace_id.to_vec(),
@@ -762,6 +772,12 @@ impl Spans {
         if failed > 0 {
             tracing::warn!(
                 "{failed} spans were lost in OTLP export (the collector refused them or was unreachable; see above)"
+            );
+        }
+        let unknown = c.links_unknown.load(Ordering::Relaxed);
+        if unknown > 0 {
+            tracing::warn!(
+                "{unknown} links from receives to their sends were not sent over OTLP (the send's span was not known when its receive came: it came later on the merged clock, or was older than the last {MAX_REMEMBERED_SENDS} sends)"
             );
         }
     }
