@@ -14,6 +14,7 @@ use std::{
 use serde_json::Value;
 
 pub mod netns;
+pub mod rotel;
 pub mod speedscope;
 
 /// No tracer run in these tests should take longer; past it, the run is killed and the test fails.

@@ -215,7 +215,7 @@ fn frames(events: &[Event]) -> Result<Vec<Vec<u8>>> {
         Message::ClockProbe { id: 1 },
         Message::ClockEcho { id: 1, agent_ns: 5 },
         Message::Start { trace_id: 1, request: TraceRequest { pids: vec![1], ..Default::default() } },
-        Message::Started { trace_id: 1, trace_start: Box::new(start()) },
+        Message::Started { trace_id: 1, trace_start: Box::new(start()), exports_otlp: true },
         Message::Failed { trace_id: 1, error: "no".into() },
         Message::Events(batch(events)),
         Message::Gap { first_seq: 7, count: 2 },

@@ -15,6 +15,13 @@ pub trait Sink {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+    /// An event of a merged multi-host trace, whose `ts` is on the collector's clock, with its
+    /// time on its own host's clock (`host_ts`): for sinks that must name it as the host's agent
+    /// did (OTLP ids). Others take the event.
+    fn event_on_host_clock(&mut self, event: &Event, host_ts: u64) -> io::Result<()> {
+        let _ = host_ts;
+        self.event(event)
+    }
 }
 
 /// Sends every item to a channel. A closed receiver is an error (the trace would be lost).
@@ -75,6 +82,9 @@ impl Sink for Vec<Box<dyn Sink + Send>> {
     }
     fn event(&mut self, event: &Event) -> io::Result<()> {
         self.iter_mut().try_for_each(|s| s.event(event))
+    }
+    fn event_on_host_clock(&mut self, event: &Event, host_ts: u64) -> io::Result<()> {
+        self.iter_mut().try_for_each(|s| s.event_on_host_clock(event, host_ts))
     }
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
         self.iter_mut().try_for_each(|s| s.end(end))

@@ -222,7 +222,17 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
     // Before anything else: with a name given twice, the targets below could go to either host.
     collector::check_names(&args.agents)?;
     let format = output_format(&args.output, args.trace.format)?;
-    let requests = requests(&args)?;
+    // The key of every host's OTLP ids: an agent that exports its own spans makes them with its
+    // host's, and this collector the same ids of the same events, to link receives to sends
+    // across hosts.
+    let run_key = tracer_user::export::otlp::random_key();
+    let requests: Vec<(String, TraceRequest)> = requests(&args)?
+        .into_iter()
+        .map(|(name, r)| {
+            let otlp_key = tracer_user::export::otlp::host_key(&run_key, &name);
+            (name, TraceRequest { otlp_key, ..r })
+        })
+        .collect();
     let secret = args.secret_file.as_deref().map(Secret::from_file).transpose()?;
     let tls = args.tls_ca.as_deref().map(tls::connector).transpose()?;
     let options = ClientOptions {
@@ -272,7 +282,27 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
                 collector::rate(events, seconds)
             );
         }
-        let mut sink = args.trace.otlp.add_to(format.sink_with_events(out, args.trace.pcap_events), false);
+        let exporting = trace.exporting_hosts();
+        let file = format.sink_with_events(out, args.trace.pcap_events);
+        let mut sink: Box<dyn tracer_user::sink::Sink + Send> = match args.trace.otlp.config(false) {
+            Some(config) => {
+                let ids = tracer_user::export::otlp::IdKey::Run(run_key);
+                let config = tracer_user::export::otlp::OtlpConfig { ids, exporting, ..config };
+                let otlp = tracer_user::export::otlp::OtlpSink::new(config).expect("a URL parse_otlp_url accepted");
+                Box::new(vec![file, Box::new(otlp)])
+            }
+            None => {
+                if !exporting.is_empty() {
+                    let mut names: Vec<&str> = exporting.keys().map(String::as_str).collect();
+                    names.sort();
+                    eprintln!(
+                        "tracer: warning: the agents of {} send their spans to OpenTelemetry themselves, but no receive there is linked to its sends on other hosts: only a collector sees both ends; give collect --otlp URL to send those links",
+                        names.join(", ")
+                    );
+                }
+                file
+            }
+        };
         let (start, end) = trace.stop_into(reason, &mut *sink).await?;
         drop(sink);
         let merged = Merged { start, end };

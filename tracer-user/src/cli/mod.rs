@@ -163,6 +163,8 @@ impl OtlpOptions {
             service_name: self.service_name.clone(),
             retry: Default::default(),
             wait_when_full: !live,
+            ids: otlp::IdKey::random(),
+            exporting: Default::default(),
         })
     }
 

@@ -438,7 +438,8 @@ fn handle(
         Message::Start { trace_id, request } => match start_trace(agent, conn, trace_id, request) {
             Ok(start) => {
                 *streaming = Streaming { cursor: Some(0), ..Default::default() };
-                Some(Message::Started { trace_id, trace_start: start })
+                let exports_otlp = agent.opts.otlp.is_some();
+                Some(Message::Started { trace_id, trace_start: start, exports_otlp })
             }
             Err(error) => Some(Message::Failed { trace_id, error }),
         },
@@ -462,7 +463,11 @@ fn handle(
                     s.outbox.ack(next_seq);
                     *streaming = Streaming { cursor: Some(next_seq), ..Default::default() };
                     // Again, in case the first one was lost with the connection.
-                    Some(Message::Started { trace_id, trace_start: s.start.clone() })
+                    Some(Message::Started {
+                        trace_id,
+                        trace_start: s.start.clone(),
+                        exports_otlp: agent.opts.otlp.is_some(),
+                    })
                 }
                 _ => Some(Message::Failed {
                     trace_id,
@@ -578,17 +583,27 @@ struct OutboxSink {
 impl Sink for OutboxSink {
     fn begin(&mut self, start: &TraceStart) -> std::io::Result<()> {
         if let Some(otlp) = &mut self.otlp {
-            otlp.begin(start)?;
+            let mut start = start.clone();
+            start.ts = self.agent.skew(start.ts);
+            otlp.begin(&start)?;
         }
         Ok(())
     }
 
     fn event(&mut self, event: &Event) -> std::io::Result<()> {
+        let ts = self.agent.skew(event.ts);
+        // The exporter sees what the collector gets (skewed, in tests): its ids are made of it.
         if let Some(otlp) = &mut self.otlp {
-            otlp.event(event)?;
+            if ts == event.ts {
+                otlp.event(event)?;
+            } else {
+                let mut skewed = event.clone();
+                skewed.ts = ts;
+                otlp.event(&skewed)?;
+            }
         }
         if let Some(slot) = self.agent.slot.borrow_mut().as_mut() {
-            slot.outbox.push(event, self.agent.skew(event.ts));
+            slot.outbox.push(event, ts);
         }
         if !self.agent.wake_pending.replace(true) {
             self.agent.bump();
@@ -600,7 +615,8 @@ impl Sink for OutboxSink {
         if let Some(mut otlp) = self.otlp.take() {
             // Sending what is queued may take a while (at most the exporter's drain deadline): not
             // on the agent's one thread.
-            let end = end.clone();
+            let mut end = end.clone();
+            end.ts = self.agent.skew(end.ts);
             drop(tokio::task::spawn_blocking(move || otlp.end(&end)));
         }
         let mut end = end.clone();
@@ -683,6 +699,11 @@ fn start_trace(
     if !request.command.is_empty() && !agent.opts.allow_commands {
         return Err("this agent does not launch commands: start it with --allow-commands".to_string());
     }
+    // The collector's key for this host's ids, so that it can link to them (all zero: none).
+    let ids = match request.otlp_key {
+        key if key == [0; 16] => crate::export::otlp::IdKey::random(),
+        key => crate::export::otlp::IdKey::Host(key),
+    };
     let options = options(agent, conn, request)?;
     record::check_root().map_err(|e| report(&e))?;
     let plan = record::plan(options).map_err(|e| report(&e))?;
@@ -709,7 +730,8 @@ fn start_trace(
     tracing::info!(target: LOG, "trace {trace_id} started: {} probes", start.probes);
     let agent = agent.clone();
     tokio::task::spawn_local(async move {
-        let otlp = agent.opts.otlp.clone().and_then(|config| match crate::export::otlp::OtlpSink::new(config) {
+        let config = agent.opts.otlp.clone().map(|c| crate::export::otlp::OtlpConfig { ids, ..c });
+        let otlp = config.and_then(|config| match crate::export::otlp::OtlpSink::new(config) {
             Ok(sink) => Some(sink),
             Err(e) => {
                 tracing::warn!(target: LOG, "warning: no OTLP export: {e}");

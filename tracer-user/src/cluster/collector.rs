@@ -198,6 +198,8 @@ pub(super) struct HostState {
     pub(super) samples: Vec<ClockSample>,
     pub(super) trace_id: Option<u64>,
     pub(super) start: Option<TraceStart>,
+    /// The agent sends this trace's spans to an OpenTelemetry collector itself.
+    pub(super) exports_otlp: bool,
     pub(super) end: Option<TraceEnd>,
     /// Events the agent says it produced (known once it ended).
     pub(super) total: Option<u64>,
@@ -488,6 +490,19 @@ impl ClusterTrace {
         self.id
     }
 
+    /// The hosts whose agents send this trace's spans to an OpenTelemetry collector themselves
+    /// (`tracer agent --otlp`), each with the name the agent gives its host (its spans'
+    /// `host.name`).
+    pub fn exporting_hosts(&self) -> std::collections::HashMap<String, String> {
+        self.hosts
+            .iter()
+            .filter_map(|&i| {
+                let h = self.shared.hosts[i].lock().unwrap();
+                h.exports_otlp.then(|| (h.host.clone(), h.start.as_ref().map_or_else(String::new, |s| s.host.clone())))
+            })
+            .collect()
+    }
+
     /// Every event received so far, on the collector's clock (as measured so far) and in one time
     /// order. Flows are linked only in [`ClusterTrace::stop`]'s result. Empty if the spill files
     /// cannot be read (said as a warning).
@@ -773,6 +788,9 @@ impl Sink for AddSubscriberDrops<'_> {
     }
     fn event(&mut self, event: &Event) -> std::io::Result<()> {
         self.sink.event(event)
+    }
+    fn event_on_host_clock(&mut self, event: &Event, host_ts: u64) -> std::io::Result<()> {
+        self.sink.event_on_host_clock(event, host_ts)
     }
     fn end(&mut self, end: &TraceEnd) -> std::io::Result<()> {
         let mut end = end.clone();

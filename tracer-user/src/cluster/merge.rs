@@ -249,6 +249,7 @@ pub fn merge_into(
     while let Some(Reverse((ts, h, i))) = heap.pop() {
         let s = &mut streams[h];
         let mut e = s.head.take().expect("a stream on the heap has its head");
+        let host_ts = e.ts;
         e.ts = ts;
         match &mut e.data {
             EventData::Send(data::Send { flow_id, .. }) => {
@@ -263,7 +264,7 @@ pub fn merge_into(
             }
             _ => {}
         }
-        sink.event(&e)?;
+        sink.event_on_host_clock(&e, host_ts)?;
         written += 1;
         last_ts = Some(ts);
         if let Some((next, n)) = s.stream.next() {
@@ -345,7 +346,7 @@ mod tests {
     use super::*;
     use crate::event::{Channel, Syscall};
 
-    fn collector() -> TraceStart {
+    pub(super) fn collector() -> TraceStart {
         let mut start = crate::event::test_events::start(0);
         start.host = "collector".into();
         start.targets.clear();
@@ -388,7 +389,7 @@ mod tests {
     }
 
     /// Round trips that put `offset` within ±`half_rtt`.
-    fn samples(offset: i64, half_rtt: u64) -> Vec<ClockSample> {
+    pub(super) fn samples(offset: i64, half_rtt: u64) -> Vec<ClockSample> {
         vec![ClockSample {
             t0: 1_000_000,
             t1: 1_000_000 + 2 * half_rtt,
@@ -529,5 +530,219 @@ mod tests {
         }
         assert_eq!(linked, 100);
         assert_eq!(m.end.ipc.linked_recvs, 100);
+    }
+}
+
+/// The ids an agent's OTLP exporter gives its host's spans are those the collector makes of the
+/// same events, so that the collector can send the links only it sees (receives of bytes sent
+/// from other hosts) and a host it exports whole links to the agents' spans.
+#[cfg(test)]
+mod otlp_ids {
+    use super::*;
+    use crate::{
+        event::{Channel, Syscall, test_events},
+        export::otlp::{HostIds, IdKey, OtlpConfig, OtlpSink, host_key, proto::trace::v1::Span, tests::Listener},
+    };
+
+    const SKEW: u64 = 3_000_000; // host b runs 3 ms ahead
+
+    fn on(host: &str, ts: u64, pid: u32, data: EventData) -> Event {
+        test_events::event_on(host, ts, pid, pid, data)
+    }
+
+    fn send(channel: Channel, seq: u64) -> EventData {
+        EventData::Send(data::Send {
+            channel,
+            fd: 3,
+            bytes: 10,
+            syscall: Syscall::Write,
+            flow_id: 0,
+            syscall_ns: 2,
+            seq: Some(seq),
+            digest: None,
+            payload: None,
+            payload_truncated: None,
+        })
+    }
+
+    fn recv(channel: Channel, seq: u64) -> EventData {
+        EventData::Recv(data::Recv {
+            channel,
+            fd: 4,
+            bytes: 10,
+            syscall: Syscall::Read,
+            flow_ids: vec![],
+            syscall_ns: 5,
+            seq: Some(seq),
+            digest: None,
+            payload: None,
+            payload_truncated: None,
+        })
+    }
+
+    fn exit() -> EventData {
+        EventData::Exit(data::Exit { exit_code: Some(0), signal: None, thread: false, comm: "app".into() })
+    }
+
+    /// Host a: pid 1 sends 10 bytes inside a call, exits, and a new pid 1 sends 10 more on another
+    /// connection. Host b (3 ms ahead): pid 7 receives both, and sends to its pid 8 over a pipe.
+    fn events(host_a: &str, host_b: &str) -> (Vec<Event>, Vec<Event>) {
+        let ab = Channel::Tcp { src: "10.0.0.1:1000".parse().unwrap(), dst: "10.0.0.2:80".parse().unwrap() };
+        let ab2 = Channel::Tcp { src: "10.0.0.1:1001".parse().unwrap(), dst: "10.0.0.2:80".parse().unwrap() };
+        let pipe = Channel::Pipe { id: 5 };
+        let mut call = test_events::call(1_000, 1, "f");
+        call.host = host_a.into();
+        let mut ret = test_events::ret(3_000, 1, "f", Some(2_000));
+        ret.host = host_a.into();
+        let a = vec![
+            call,
+            on(host_a, 2_000, 1, send(ab.clone(), 100)),
+            ret,
+            on(host_a, 4_000, 1, exit()),
+            on(host_a, 5_000, 1, send(ab2.clone(), 900)),
+        ];
+        let b = vec![
+            on(host_b, 2_050 + SKEW, 7, recv(ab, 100)),
+            on(host_b, 5_050 + SKEW, 7, recv(ab2, 900)),
+            on(host_b, 6_000 + SKEW, 7, send(pipe.clone(), 0)),
+            on(host_b, 6_100 + SKEW, 8, recv(pipe, 0)),
+        ];
+        (a, b)
+    }
+
+    fn config(url: &str, ids: IdKey, exporting: &[&str]) -> OtlpConfig {
+        OtlpConfig {
+            url: url.to_string(),
+            service_name: None,
+            retry: Default::default(),
+            wait_when_full: true,
+            ids,
+            exporting: exporting.iter().map(|h| (h.to_string(), "machine".to_string())).collect(),
+        }
+    }
+
+    /// What an agent on host `name` of run `run` sends of its events (it names its host
+    /// `machine`; its own flow matcher links what its host sent itself).
+    fn agent(run: &[u8; 16], name: &str, events: &[Event]) -> Vec<Span> {
+        let listener = Listener::start(vec![], None);
+        let mut sink = OtlpSink::new(config(&listener.url, IdKey::Host(host_key(run, name)), &[])).unwrap();
+        let mut start = test_events::start(0);
+        start.host = "machine".into();
+        sink.begin(&start).unwrap();
+        let mut flows = crate::pipeline::flows::FlowMatcher::default();
+        for e in events {
+            let mut e = e.clone();
+            flows.process(&mut e);
+            sink.event(&e).unwrap();
+        }
+        sink.end(&TraceEnd::new(10_000 + SKEW, EndReason::Stopped, 0)).unwrap();
+        listener.spans().into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// What `collect --otlp` sends, with the agents of `exporting` sending their own.
+    fn collector(run: &[u8; 16], a: Vec<Event>, b: Vec<Event>, exporting: &[&str]) -> Vec<Span> {
+        let listener = Listener::start(vec![], None);
+        let mut sink = OtlpSink::new(config(&listener.url, IdKey::Run(*run), exporting)).unwrap();
+        let host = |name: &str, offset: i64, events: Vec<Event>| HostTrace {
+            host: name.into(),
+            samples: super::tests::samples(offset, 100),
+            start: Some(test_events::start(0)),
+            end: Some(TraceEnd::new(10_000, EndReason::Stopped, 0)),
+            events: events.into(),
+            ..Default::default()
+        };
+        let hosts = vec![host("a", 0, a), host("b", SKEW as i64, b)];
+        merge_into(hosts, &super::tests::collector(), EndReason::Stopped, &mut sink).unwrap();
+        listener.spans().into_iter().map(|(_, s)| s).collect()
+    }
+
+    fn named<'a>(spans: &'a [Span], name: &str) -> Vec<&'a Span> {
+        spans.iter().filter(|s| s.name == name).collect()
+    }
+
+    /// (trace id, span id, parent span id, name).
+    type Ids = (Vec<u8>, Vec<u8>, Vec<u8>, String);
+
+    fn ids(spans: &[Span]) -> Vec<Ids> {
+        let mut ids: Vec<_> = spans
+            .iter()
+            .map(|s| (s.trace_id.clone(), s.span_id.clone(), s.parent_span_id.clone(), s.name.clone()))
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn agents_and_the_collector_make_the_same_ids_and_it_adds_only_the_cross_host_links() {
+        let run = [9u8; 16];
+        let (a, b) = events("machine", "machine");
+        let (agent_a, agent_b) = (agent(&run, "a", &a), agent(&run, "b", &b));
+        // a: two process spans (pid 1 exited and came back), f, two sends; b: three process spans
+        // (its target, pid 1, and pids 7 and 8), two unlinked receives, the pipe's send and its
+        // linked receive.
+        assert_eq!(agent_a.len(), 5, "{:?}", ids(&agent_a));
+        assert_eq!(agent_b.len(), 7, "{:?}", ids(&agent_b));
+        let sends = named(&agent_a, "send tcp");
+        assert_eq!(sends.len(), 2);
+        assert_ne!(sends[0].trace_id, sends[1].trace_id, "a reused pid is another trace");
+        let tcp_recvs = named(&agent_b, "recv tcp");
+        assert!(tcp_recvs.iter().all(|r| r.links.is_empty()), "an agent sees one end");
+        assert_eq!(named(&agent_b, "recv pipe")[0].links.len(), 1, "same-host links are the agent's");
+
+        let (a2, b2) = events("a", "b");
+        let links = collector(&run, a2.clone(), b2.clone(), &["a", "b"]);
+        assert_eq!(links.len(), 2, "one link span per cross-host receive, nothing else: {:?}", ids(&links));
+        for (link, (recv, send)) in links.iter().zip(tcp_recvs.iter().zip(&sends)) {
+            assert_eq!(link.name, "recv link");
+            assert_eq!(link.trace_id, recv.trace_id);
+            assert_eq!(link.parent_span_id, recv.span_id, "a child of the agent's receive span");
+            assert_eq!(
+                (link.start_time_unix_nano, link.end_time_unix_nano),
+                (recv.start_time_unix_nano, recv.end_time_unix_nano),
+                "on the host's clock, as the agent's span"
+            );
+            assert_eq!(link.links.len(), 1);
+            assert_eq!((&link.links[0].trace_id, &link.links[0].span_id), (&send.trace_id, &send.span_id));
+        }
+
+        // Host a's agent does not export: the collector sends a whole, with the ids a's agent
+        // would have made, and links b's receives to them.
+        let mixed = collector(&run, a2, b2, &["b"]);
+        let (of_a, of_b): (Vec<Span>, Vec<Span>) = mixed.into_iter().partition(|s| s.name != "recv link");
+        assert_eq!(ids(&of_a), ids(&agent_a));
+        assert_eq!(of_b.len(), 2);
+        for (link, send) in of_b.iter().zip(&sends) {
+            assert_eq!((&link.links[0].trace_id, &link.links[0].span_id), (&send.trace_id, &send.span_id));
+        }
+    }
+
+    /// A receive whose send's span is not known (it came later, or was forgotten) loses its link:
+    /// counted, and said at the end.
+    #[test]
+    fn a_link_to_a_send_not_seen_is_counted() {
+        let listener = Listener::start(vec![], None);
+        let mut sink = OtlpSink::new(config(&listener.url, IdKey::Run([3; 16]), &[])).unwrap();
+        sink.begin(&test_events::start(0)).unwrap();
+        let mut r = on("h", 100, 1, recv(Channel::Pipe { id: 1 }, 0));
+        let EventData::Recv(data::Recv { flow_ids, .. }) = &mut r.data else { unreachable!() };
+        flow_ids.extend([41, 42]);
+        sink.event(&r).unwrap();
+        sink.end(&TraceEnd::new(200, EndReason::Stopped, 0)).unwrap();
+        assert_eq!(sink.counters().links_unknown.load(std::sync::atomic::Ordering::Relaxed), 2);
+        let recvs: Vec<Span> = listener.spans().into_iter().map(|(_, s)| s).filter(|s| s.name == "recv pipe").collect();
+        assert_eq!(recvs.len(), 1);
+        assert!(recvs[0].links.is_empty());
+    }
+
+    #[test]
+    fn ids_are_a_pure_function_of_the_key_and_the_event() {
+        let ids = HostIds::new(host_key(&[1; 16], "a"));
+        assert_eq!(ids.send(1, 2, 3), HostIds::new(host_key(&[1; 16], "a")).send(1, 2, 3));
+        assert_ne!(ids.send(1, 2, 3), ids.recv(1, 2, 3), "the kind is hashed");
+        assert_ne!(ids.send(1, 2, 3), HostIds::new(host_key(&[1; 16], "b")).send(1, 2, 3), "so is the host");
+        assert_ne!(ids.trace(1, 0), ids.trace(1, 1));
+        // SipHash-1-3 is specified: these are the ids of every build, on every machine.
+        assert_eq!(host_key(&[0; 16], ""), host_key(&[0; 16], ""));
+        assert_eq!(format!("{:016x}", ids.send(1, 2, 3)), "a098fa70298f7af2");
     }
 }

@@ -15,8 +15,9 @@ use crate::event::{TraceEnd, TraceStart};
 /// Version of this protocol; both ends must speak the same. 4: calls carry `params`, `file`,
 /// `line` and returns `ret` (calls at source level); `log` and `usdt` events; `usdt` and
 /// `capture_bytes` in a trace request, payloads on sends and receives. 5: `string_size` in a
-/// trace request.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// trace request. 6: `otlp_key` in a trace request and `exports_otlp` in `Started` (cross-host
+/// OTLP links when agents export their own spans).
+pub const PROTOCOL_VERSION: u32 = 6;
 /// The largest frame either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated
@@ -47,6 +48,11 @@ pub struct TraceRequest {
     pub capture_bytes: u32,
     /// `--string-size` (checked by the agent like `record`'s own: 1 to 4096; no zero default).
     pub string_size: u16,
+    /// The key of this host's OTLP span and trace ids, for an agent that exports its own spans
+    /// (`tracer agent --otlp`): the collector, which makes the same ids from the same events,
+    /// then adds the links across hosts. Any 16 bytes are a key; all zero: the collector chose
+    /// none, and the agent draws its own (its spans then get no links from other hosts).
+    pub otlp_key: [u8; 16],
 }
 
 impl Default for TraceRequest {
@@ -63,6 +69,7 @@ impl Default for TraceRequest {
             max_probes: 0,
             capture_bytes: 0,
             string_size: crate::debuginfo::layout::DEFAULT_STRING_SIZE,
+            otlp_key: [0; 16],
         }
     }
 }
@@ -91,8 +98,9 @@ pub enum Message {
     Start { trace_id: u64, request: TraceRequest },
     /// Agent → collector: tracing; the trace's start. The trace belongs to this
     /// connection: only it, or a reconnection proving it is the same collector, can receive,
-    /// acknowledge or stop it.
-    Started { trace_id: u64, trace_start: Box<TraceStart> },
+    /// acknowledge or stop it. `exports_otlp`: the agent sends this trace's spans to an
+    /// OpenTelemetry collector itself (`tracer agent --otlp`).
+    Started { trace_id: u64, trace_start: Box<TraceStart>, exports_otlp: bool },
     /// Agent → collector: the trace could not start (one sentence).
     Failed { trace_id: u64, error: String },
     /// Agent → collector: events, numbered.

@@ -146,9 +146,10 @@ async fn session(
                                 shared.hosts[index].lock().unwrap().samples.push(sample);
                             }
                         }
-                        Message::Started { trace_id, trace_start } => {
+                        Message::Started { trace_id, trace_start, exports_otlp } => {
                             let mut h = shared.hosts[index].lock().unwrap();
                             if h.trace_id == Some(trace_id) {
+                                h.exports_otlp = exports_otlp;
                                 let mut trace_start = *trace_start;
                                 trace_start.machine = trace_start.machine.map(Machine::from_peer);
                                 h.start = Some(trace_start);

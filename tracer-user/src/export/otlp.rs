@@ -3,7 +3,8 @@
 //! The mapping (also in the README's "OpenTelemetry" section):
 //! - One resource per traced process (`host.name`, `process.pid`, `process.executable.name`,
 //!   `service.name`: `--service-name`, else the process's comm).
-//! - One trace per process: its trace id is drawn when the process is first seen. The process
+//! - One trace per process. Ids are made of the events, not drawn (see [`HostIds`]), so that a
+//!   collector names an agent's spans as the agent did. The process
 //!   itself is the root span (`process <comm>`, from its first event to its exit or the end of
 //!   tracing); spawns, exits and signals are its span events.
 //! - One span per call, a child of its caller's span (the process span for a call with no traced
@@ -13,7 +14,9 @@
 //! - `log` and `usdt` events are events of their process's span (log records: not yet).
 //! - Each IPC send and receive is a short span (PRODUCER, CONSUMER) under the call it happened in;
 //!   a receive's span links to the spans of the sends whose bytes it read (their `flow_id`s), so
-//!   links cross processes and, in a collected trace, hosts.
+//!   links cross processes and, in a collected trace, hosts. For a host whose agent exports its own
+//!   spans ([`OtlpConfig::exporting`]) only a `recv link` span is made, per receive of bytes sent
+//!   from other hosts: the link the agent could not make.
 //!
 //! Spans are batched per [`BATCH_SPANS`] and handed to an exporter thread through a queue of
 //! [`QUEUE_BATCHES`] batches; a batch that finds the queue full is dropped and counted. The
@@ -22,7 +25,7 @@
 
 use std::{
     collections::{HashMap, VecDeque},
-    hash::{BuildHasher, Hash, Hasher},
+    hash::Hasher as _,
     io,
     sync::{
         Arc, OnceLock,
@@ -34,6 +37,7 @@ use std::{
 };
 
 use prost::Message as _;
+use siphasher::sip128::Hasher128 as _;
 
 use crate::{
     analysis::slices::{CallEvent, CallTracker, Calls, Ending},
@@ -128,6 +132,10 @@ pub struct Counters {
     /// Batches the collector refused, or that failed every attempt.
     pub spans_dropped_export_failed: AtomicU64,
     pub retries: AtomicU64,
+    /// Links from receives to sends whose spans were not known when the receive came: the send
+    /// came after it (a collected trace whose clocks could not be reconciled) or was forgotten
+    /// (older than the last [`MAX_REMEMBERED_SENDS`]).
+    pub links_unknown: AtomicU64,
 }
 
 /// Where to send, and as whom.
@@ -142,6 +150,12 @@ pub struct OtlpConfig {
     /// Wait for room in a full queue instead of dropping the batch: for traces read from a file
     /// (`export`, `collect`'s merged trace), where waiting costs nothing; a live recording drops.
     pub wait_when_full: bool,
+    /// The key span and trace ids are made with (see [`IdKey`]).
+    pub ids: IdKey,
+    /// Hosts whose agents send their own spans (`tracer agent --otlp`), by the name the events
+    /// give them, with the `host.name` the agent gives its resources: for them only the spans
+    /// that only a collector can make are sent (each receive's links to its sends on other hosts).
+    pub exporting: HashMap<String, String>,
 }
 
 /// Why `--otlp URL` was refused.
@@ -171,13 +185,23 @@ pub struct OtlpSink {
 
 /// The spans being made and sent: everything but the open calls.
 struct Spans {
-    ids: IdSource,
+    ids: IdKey,
+    /// Each host's [`HostIds`], by the events' `host`.
+    host_ids: HashMap<Arc<str>, HostIds>,
+    /// Processes of each pid that have ended so far (see [`HostIds::trace`]).
+    incarnations: HashMap<(Arc<str>, u32), u32>,
+    /// The ts of the event being handled on its host's own clock (ids are made of it): its `ts`,
+    /// except in a collector's merge, where `ts` is corrected to the collector's clock.
+    host_ts: u64,
+    /// Hosts whose agents export their own spans (the collector's name → the `host.name` the
+    /// agent gives them): only the links across hosts are made for them.
+    exporting: HashMap<String, String>,
     service_name: Option<String>,
     processes: HashMap<(Arc<str>, u32), Process>,
     /// The span ids of the open calls of each track, by depth.
     open: HashMap<(Arc<str>, u32, Track), Vec<u64>>,
-    /// flow_id → (trace id, span id) of the send span.
-    sends: HashMap<u64, ([u8; 16], u64)>,
+    /// flow_id → (trace id, span id, host) of the send span.
+    sends: HashMap<u64, ([u8; 16], u64, Arc<str>)>,
     send_order: VecDeque<u64>,
     batch: Vec<(BatchKey, Span)>,
     queue: Option<mpsc::SyncSender<Vec<u8>>>,
@@ -225,7 +249,11 @@ impl OtlpSink {
                 .expect("spawn the OTLP exporter thread")
         };
         let spans = Spans {
-            ids: IdSource::new(),
+            ids: config.ids,
+            host_ids: HashMap::new(),
+            incarnations: HashMap::new(),
+            host_ts: 0,
+            exporting: config.exporting,
             service_name: config.service_name,
             processes: HashMap::new(),
             open: HashMap::new(),
@@ -249,11 +277,22 @@ impl OtlpSink {
 }
 
 impl Spans {
+    fn ids(&mut self, host: &Arc<str>) -> HostIds {
+        let key = &self.ids;
+        *self.host_ids.entry(host.clone()).or_insert_with(|| HostIds::new(key.for_host(host)))
+    }
+
+    /// Whether `host`'s agent exports its own spans.
+    fn mirrored(&self, host: &str) -> bool {
+        self.exporting.contains_key(host)
+    }
+
     fn process(&mut self, host: &Arc<str>, pid: u32, ts: u64) -> &mut Process {
-        let ids = &mut self.ids;
+        let ids = self.ids(host);
+        let incarnation = self.incarnations.get(&(host.clone(), pid)).copied().unwrap_or(0);
         self.processes.entry((host.clone(), pid)).or_insert_with(|| Process {
-            trace_id: ids.trace_id(),
-            span_id: ids.span_id(),
+            trace_id: ids.trace(pid, incarnation),
+            span_id: ids.process(pid, incarnation),
             comm: Arc::from(""),
             start: ts,
             events: Vec::new(),
@@ -308,7 +347,13 @@ impl Spans {
         let resource_spans = by_process
             .into_iter()
             .map(|(key, spans)| ResourceSpans {
-                resource: Some(resource(&key.host, key.pid, &key.comm, self.service_name.as_deref())),
+                // A link span goes under the resource its agent gives the receiver's spans.
+                resource: Some(resource(
+                    self.exporting.get(&*key.host).map_or(&key.host, |name| name),
+                    key.pid,
+                    &key.comm,
+                    self.service_name.as_deref(),
+                )),
                 scope_spans: vec![ScopeSpans {
                     scope: Some(InstrumentationScope {
                         name: "tracer".into(),
@@ -326,8 +371,12 @@ impl Spans {
 
     /// Ends a process's span (its exit, or the end of tracing).
     fn end_process(&mut self, host: &Arc<str>, pid: u32, end: u64) {
+        *self.incarnations.entry((host.clone(), pid)).or_default() += 1;
         let Some(p) = self.processes.remove(&(host.clone(), pid)) else { return };
         self.open.retain(|(h, p2, _), _| !(h == host && *p2 == pid));
+        if self.mirrored(host) {
+            return;
+        }
         let name = if p.comm.is_empty() { format!("process {pid}") } else { format!("process {}", p.comm) };
         let span = Span {
             trace_id: p.trace_id.to_vec(),
@@ -348,7 +397,11 @@ impl Spans {
 
     /// A span event on the span of process `pid`.
     fn process_event(&mut self, e: &Event, pid: u32, name: String, attributes: Vec<KeyValue>) {
+        let mirrored = self.mirrored(&e.host);
         let p = self.process(&e.host, pid, e.ts);
+        if mirrored {
+            return;
+        }
         if p.events.len() >= MAX_PROCESS_EVENTS {
             p.dropped_events += 1;
             return;
@@ -358,7 +411,15 @@ impl Spans {
         p.events.push(span::Event { time_unix_nano: e.ts, name, attributes, dropped_attributes_count: 0 });
     }
 
-    fn remember_send(&mut self, flow_id: u64, span: ([u8; 16], u64)) {
+    /// The send spans of a receive's flows; those not known are counted.
+    fn linked_sends(&self, flow_ids: &[u64]) -> Vec<([u8; 16], u64, Arc<str>)> {
+        let known: Vec<_> = flow_ids.iter().filter_map(|id| self.sends.get(id)).cloned().collect();
+        let unknown = (flow_ids.len() - known.len()) as u64;
+        self.counters.links_unknown.fetch_add(unknown, Ordering::Relaxed);
+        known
+    }
+
+    fn remember_send(&mut self, flow_id: u64, span: ([u8; 16], u64, Arc<str>)) {
         if self.sends.insert(flow_id, span).is_none() {
             self.send_order.push_back(flow_id);
             if self.send_order.len() > MAX_REMEMBERED_SENDS
@@ -370,6 +431,9 @@ impl Spans {
     }
 
     fn ipc_span(&mut self, e: &Event) {
+        if self.mirrored(&e.host) {
+            return self.link_span(e);
+        }
         let (kind, name, channel, bytes, start, end, links, flow) = match &e.data {
             EventData::Send(s) => (
                 span::SpanKind::Producer,
@@ -382,11 +446,10 @@ impl Spans {
                 Some(s.flow_id),
             ),
             EventData::Recv(r) => {
-                let links = r
-                    .flow_ids
-                    .iter()
-                    .filter_map(|id| self.sends.get(id))
-                    .map(|(trace_id, span_id)| span::Link {
+                let links = self
+                    .linked_sends(&r.flow_ids)
+                    .into_iter()
+                    .map(|(trace_id, span_id, _)| span::Link {
                         trace_id: trace_id.to_vec(),
                         span_id: span_id.to_be_bytes().to_vec(),
                         ..Default::default()
@@ -407,9 +470,13 @@ impl Spans {
         };
         let channel = serde_json::to_string(channel).unwrap_or_default();
         let (trace_id, parent) = self.current_span(&e.host, e.pid, e.tid, e.ts);
-        let span_id = self.ids.span_id();
+        let ids = self.ids(&e.host);
+        let span_id = match flow {
+            Some(_) => ids.send(e.pid, e.tid, self.host_ts),
+            None => ids.recv(e.pid, e.tid, self.host_ts),
+        };
         if let Some(flow) = flow {
-            self.remember_send(flow, (trace_id, span_id));
+            self.remember_send(flow, (trace_id, span_id, e.host.clone()));
         }
         let span = Span {
             trace_id: trace_id.to_vec(),
@@ -430,7 +497,51 @@ impl Spans {
         self.push(&e.host, e.pid, span);
     }
 
-    /// Makes a span of each call that ended (a call's span id is drawn when it begins, so that
+    /// For a host whose agent exports its own spans: remembers its sends' spans (by the ids its
+    /// agent gave them), and makes, for a receive of bytes sent from other hosts, the one span its
+    /// agent could not make: a child of the agent's receive span, on the host's clock as that
+    /// span is, linking to the sends on the other hosts (the agent links those on its own).
+    fn link_span(&mut self, e: &Event) {
+        let ids = self.ids(&e.host);
+        let trace_id = self.process(&e.host, e.pid, e.ts).trace_id;
+        match &e.data {
+            EventData::Send(s) => {
+                let span_id = ids.send(e.pid, e.tid, self.host_ts);
+                self.remember_send(s.flow_id, (trace_id, span_id, e.host.clone()));
+            }
+            EventData::Recv(r) => {
+                let links: Vec<span::Link> = self
+                    .linked_sends(&r.flow_ids)
+                    .into_iter()
+                    .filter(|(_, _, host)| *host != e.host)
+                    .map(|(trace_id, span_id, _)| span::Link {
+                        trace_id: trace_id.to_vec(),
+                        span_id: span_id.to_be_bytes().to_vec(),
+                        ..Default::default()
+                    })
+                    .collect();
+                if links.is_empty() {
+                    return;
+                }
+                let span = Span {
+                    trace_id: trace_id.to_vec(),
+                    span_id: ids.recv_link(e.pid, e.tid, self.host_ts).to_be_bytes().to_vec(),
+                    parent_span_id: ids.recv(e.pid, e.tid, self.host_ts).to_be_bytes().to_vec(),
+                    name: "recv link".into(),
+                    kind: span::SpanKind::Consumer as i32,
+                    start_time_unix_nano: self.host_ts.saturating_sub(r.syscall_ns),
+                    end_time_unix_nano: self.host_ts,
+                    attributes: vec![int("thread.id", e.tid as i64)],
+                    links,
+                    ..Default::default()
+                };
+                self.push(&e.host, e.pid, span);
+            }
+            _ => {}
+        }
+    }
+
+    /// Makes a span of each call that ended (a call's span id is made when it begins, so that
     /// its callees can name it as their parent).
     fn calls(&mut self, mut calls: Calls) {
         while let Some(c) = calls.next() {
@@ -442,7 +553,8 @@ impl Spans {
         let host = self.host.clone();
         match c {
             CallEvent::Begin { pid, track, depth, .. } => {
-                let id = self.ids.span_id();
+                // The call's own event is the one being handled.
+                let id = self.ids(&host).call(pid, track, depth, self.host_ts);
                 let stack = self.open.entry((host, pid, track)).or_default();
                 stack.truncate(depth);
                 stack.push(id);
@@ -454,7 +566,8 @@ impl Spans {
                 let own = if slice.call_seen { stack.get(depth).copied() } else { None };
                 let parent = depth.checked_sub(1).and_then(|d| stack.get(d).copied());
                 stack.truncate(depth);
-                let span_id = own.unwrap_or_else(|| self.ids.span_id());
+                let ts = self.host_ts;
+                let span_id = own.unwrap_or_else(|| self.ids(&host).orphan_return(slice.pid, slice.track, depth, ts));
                 let p = self.process(&host, slice.pid, slice.frame.start);
                 let parent = parent.unwrap_or(p.span_id);
                 let trace_id = p.trace_id;
@@ -511,10 +624,17 @@ impl Sink for OtlpSink {
     }
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
+        self.event_on_host_clock(e, e.ts)
+    }
+
+    fn event_on_host_clock(&mut self, e: &Event, host_ts: u64) -> io::Result<()> {
         // Calls of a multi-host trace nest per host: the tracker's keys are pids, so the host
         // each call event belongs to is the event's.
         self.spans.host = e.host.clone();
-        self.spans.calls(self.tracker.event(e));
+        self.spans.host_ts = host_ts;
+        if !self.spans.mirrored(&e.host) {
+            self.spans.calls(self.tracker.event(e));
+        }
         self.spans.event(e);
         Ok(())
     }
@@ -536,8 +656,13 @@ impl Sink for OtlpSink {
 impl Spans {
     fn begin(&mut self, start: &TraceStart) {
         self.host = Arc::from(start.host.as_str());
-        let host = self.host.clone();
-        for target in start.targets.iter().chain(start.hosts.iter().flat_map(|h| h.targets.iter())) {
+        let own = start.targets.iter().map(|t| (self.host.clone(), t));
+        let hosts = start.hosts.iter().flat_map(|h| {
+            let name: Arc<str> = Arc::from(h.name.as_str());
+            h.targets.iter().map(move |t| (name.clone(), t))
+        });
+        let targets: Vec<_> = own.chain(hosts).collect();
+        for (host, target) in targets {
             let (pid, comm) = match target {
                 TargetInfo::Process { pid, comm, .. } => (*pid, comm.clone()),
                 TargetInfo::Command { pid, argv, .. } => {
@@ -649,6 +774,12 @@ impl Spans {
                 "{failed} spans were lost in OTLP export (the collector refused them or was unreachable; see above)"
             );
         }
+        let unknown = c.links_unknown.load(Ordering::Relaxed);
+        if unknown > 0 {
+            tracing::warn!(
+                "{unknown} links from receives to their sends were not sent over OTLP (the send's span was not known when its receive came: it came later on the merged clock, or was older than the last {MAX_REMEMBERED_SENDS} sends)"
+            );
+        }
     }
 }
 
@@ -716,45 +847,134 @@ fn ints(key: &str, values: &[u64]) -> KeyValue {
     }
 }
 
-/// Random-looking ids, unique within an export, and unlikely to collide with another host's
-/// (a per-export random seed, from std's randomly keyed hasher).
-struct IdSource {
-    seed: u64,
-    next: u64,
+/// Where span and trace ids come from: a pure function of a key and the identity of the event
+/// a span is made of, so that two programs reading the same events (an agent that exports its
+/// host's spans, and the collector that receives the same events and adds the cross-host links)
+/// make the same ids. The hash is SipHash-1-3 with a 128-bit key (crate `siphasher`): specified
+/// and stable, unlike std's `DefaultHasher`, whose output may change between Rust releases (an
+/// agent and its collector may be different builds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdKey {
+    /// Each host's key is [`host_key`] of this one and the host's name (the events' `host`):
+    /// `record`, `export`, `collect`.
+    Run([u8; 16]),
+    /// This key for every event: an agent's, chosen by its collector (the collector's [`host_key`]
+    /// for the name it gives the host, which the agent does not know).
+    Host([u8; 16]),
 }
 
-impl IdSource {
-    fn new() -> IdSource {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        std::process::id().hash(&mut h);
-        std::time::SystemTime::now().hash(&mut h);
-        IdSource { seed: h.finish(), next: 0 }
+impl IdKey {
+    /// A fresh random run key.
+    pub fn random() -> IdKey {
+        IdKey::Run(random_key())
     }
 
-    /// Never zero (an all-zero id is invalid in OTLP).
-    fn span_id(&mut self) -> u64 {
-        loop {
-            self.next += 1;
-            let id = splitmix64(self.seed.wrapping_add(self.next));
-            if id != 0 {
-                return id;
-            }
+    fn for_host(&self, host: &str) -> [u8; 16] {
+        match self {
+            IdKey::Run(key) => host_key(key, host),
+            IdKey::Host(key) => *key,
         }
     }
+}
 
-    fn trace_id(&mut self) -> [u8; 16] {
-        let mut id = [0; 16];
-        id[..8].copy_from_slice(&self.span_id().to_be_bytes());
-        id[8..].copy_from_slice(&self.span_id().to_be_bytes());
+/// 16 bytes from the kernel's random source.
+pub fn random_key() -> [u8; 16] {
+    let mut key = [0; 16];
+    getrandom::fill(&mut key).expect("the kernel's random source");
+    key
+}
+
+/// The ids key of host `host` in a run keyed `run`.
+pub fn host_key(run: &[u8; 16], host: &str) -> [u8; 16] {
+    let mut h = siphasher::sip128::SipHasher13::new_with_key(run);
+    h.write(&[ID_HOST]);
+    h.write(host.as_bytes());
+    h.finish128().as_bytes()
+}
+
+// What an id is of: the first byte hashed, so that no two kinds of span can share an id.
+const ID_HOST: u8 = 0;
+const ID_TRACE: u8 = 1;
+const ID_PROCESS: u8 = 2;
+const ID_CALL: u8 = 3;
+const ID_ORPHAN_RETURN: u8 = 4;
+const ID_SEND: u8 = 5;
+const ID_RECV: u8 = 6;
+const ID_RECV_LINK: u8 = 7;
+
+/// The ids of one host's spans. Every field is hashed as 8 little-endian bytes after the kind:
+/// - trace of a process: (`ID_TRACE`, pid, incarnation): 128 bits; `incarnation` counts the
+///   earlier processes of that pid in the trace (their exits), so a reused pid is a new trace;
+/// - process span: (`ID_PROCESS`, pid, incarnation);
+/// - call span: (`ID_CALL`, pid, track, depth, the call's ts); a return whose call was not seen:
+///   (`ID_ORPHAN_RETURN`, pid, track, depth, the return's ts);
+/// - send and receive spans: (`ID_SEND` or `ID_RECV`, pid, tid, the event's ts);
+/// - the collector's link span of a receive: (`ID_RECV_LINK`, pid, tid, the receive's ts).
+///
+/// Span ids are the low 64 bits; none is zero (an all-zero id is invalid in OTLP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostIds {
+    key: [u8; 16],
+}
+
+impl HostIds {
+    pub fn new(key: [u8; 16]) -> HostIds {
+        HostIds { key }
+    }
+
+    fn hash(&self, kind: u8, fields: &[u64]) -> [u8; 16] {
+        let mut h = siphasher::sip128::SipHasher13::new_with_key(&self.key);
+        h.write(&[kind]);
+        for f in fields {
+            h.write(&f.to_le_bytes());
+        }
+        h.finish128().as_bytes()
+    }
+
+    fn span(&self, kind: u8, fields: &[u64]) -> u64 {
+        let b = self.hash(kind, fields);
+        u64::from_le_bytes(b[..8].try_into().expect("8 bytes")).max(1)
+    }
+
+    pub fn trace(&self, pid: u32, incarnation: u32) -> [u8; 16] {
+        let mut id = self.hash(ID_TRACE, &[pid.into(), incarnation.into()]);
+        if id == [0; 16] {
+            id[15] = 1;
+        }
         id
+    }
+
+    pub fn process(&self, pid: u32, incarnation: u32) -> u64 {
+        self.span(ID_PROCESS, &[pid.into(), incarnation.into()])
+    }
+
+    pub fn call(&self, pid: u32, track: Track, depth: usize, ts: u64) -> u64 {
+        self.span(ID_CALL, &[pid.into(), track_id(track), depth as u64, ts])
+    }
+
+    pub fn orphan_return(&self, pid: u32, track: Track, depth: usize, ts: u64) -> u64 {
+        self.span(ID_ORPHAN_RETURN, &[pid.into(), track_id(track), depth as u64, ts])
+    }
+
+    pub fn send(&self, pid: u32, tid: u32, ts: u64) -> u64 {
+        self.span(ID_SEND, &[pid.into(), tid.into(), ts])
+    }
+
+    pub fn recv(&self, pid: u32, tid: u32, ts: u64) -> u64 {
+        self.span(ID_RECV, &[pid.into(), tid.into(), ts])
+    }
+
+    pub fn recv_link(&self, pid: u32, tid: u32, ts: u64) -> u64 {
+        self.span(ID_RECV_LINK, &[pid.into(), tid.into(), ts])
     }
 }
 
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// A track as one number: threads below 2^32, goroutines above.
+fn track_id(track: Track) -> u64 {
+    match track {
+        Track::Thread(tid) => tid.into(),
+        Track::Goroutine(g) => (1 << 32) | g,
+    }
 }
 
 /// What one attempt to send a batch came to.
@@ -849,4 +1069,4 @@ pub fn classify(status: u16) -> Outcome {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

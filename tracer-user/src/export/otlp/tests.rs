@@ -15,13 +15,13 @@ use crate::event::{
 
 /// A collector stand-in: answers each request with the next status of `statuses` (then 200),
 /// after `hold` lets it (when given), and keeps every request it got.
-struct Listener {
-    url: String,
+pub(crate) struct Listener {
+    pub(crate) url: String,
     requests: Arc<Mutex<Vec<(u16, ExportTraceServiceRequest)>>>,
 }
 
 impl Listener {
-    fn start(statuses: Vec<u16>, hold: Option<mpsc::Receiver<()>>) -> Listener {
+    pub(crate) fn start(statuses: Vec<u16>, hold: Option<mpsc::Receiver<()>>) -> Listener {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -73,7 +73,7 @@ impl Listener {
     }
 
     /// The spans of the requests answered 200.
-    fn spans(&self) -> Vec<(Resource, Span)> {
+    pub(crate) fn spans(&self) -> Vec<(Resource, Span)> {
         let requests = self.requests.lock().unwrap();
         requests
             .iter()
@@ -103,6 +103,8 @@ fn sink(url: &str, service_name: Option<&str>) -> OtlpSink {
         service_name: service_name.map(String::from),
         retry: fast_retry(),
         wait_when_full: false,
+        ids: IdKey::random(),
+        exporting: HashMap::new(),
     })
     .unwrap()
 }
@@ -357,9 +359,15 @@ fn a_full_queue_drops_whole_batches_and_counts_their_spans() {
     // A timeout longer than the test takes to fill the queue: a held request that timed out would
     // be sent again (OTLP delivery is at least once), and counted twice by the listener.
     let retry = RetryPolicy { timeout: Duration::from_secs(300), ..fast_retry() };
-    let mut s =
-        OtlpSink::new(OtlpConfig { url: listener.url.clone(), service_name: None, retry, wait_when_full: false })
-            .unwrap();
+    let mut s = OtlpSink::new(OtlpConfig {
+        url: listener.url.clone(),
+        service_name: None,
+        retry,
+        wait_when_full: false,
+        ids: IdKey::random(),
+        exporting: HashMap::new(),
+    })
+    .unwrap();
     s.begin(&start(0)).unwrap();
     // The first batch holds the exporter (the listener answers it only when released); the queue
     // takes QUEUE_BATCHES more; the rest find it full.
@@ -410,9 +418,15 @@ fn a_trace_read_from_a_file_waits_for_room_instead_of_dropping() {
     let (release, hold) = mpsc::channel();
     let listener = Listener::start(vec![], Some(hold));
     let retry = RetryPolicy { timeout: Duration::from_secs(300), ..fast_retry() };
-    let mut s =
-        OtlpSink::new(OtlpConfig { url: listener.url.clone(), service_name: None, retry, wait_when_full: true })
-            .unwrap();
+    let mut s = OtlpSink::new(OtlpConfig {
+        url: listener.url.clone(),
+        service_name: None,
+        retry,
+        wait_when_full: true,
+        ids: IdKey::random(),
+        exporting: HashMap::new(),
+    })
+    .unwrap();
     s.begin(&start(0)).unwrap();
     let calls = (QUEUE_BATCHES as u64 + 3) * BATCH_SPANS as u64;
     // The listener is released from another thread while this one waits for room.
