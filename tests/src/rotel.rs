@@ -1,6 +1,7 @@
 //! A real OpenTelemetry collector for the OTLP tests: `rotel-agent` (from PyPI, installed by
 //! `cargo xtask setup`, named by `ROTEL_AGENT`) receives what `tracer` sends and prints every span
-//! (`--debug-log traces --debug-log-verbosity detailed`); [`parse`] reads that print-out.
+//! and log record (`--debug-log traces --debug-log logs --debug-log-verbosity detailed`);
+//! [`parse`] and [`parse_logs`] read that print-out.
 
 use std::{
     collections::BTreeMap,
@@ -35,7 +36,8 @@ impl Rotel {
         let (http, grpc) = (free_port(ip), free_port(ip));
         let out = dir.join("rotel.out");
         let child = Command::new(agent)
-            .args(["start", "--exporter", "blackhole", "--debug-log", "traces", "--debug-log-verbosity", "detailed"])
+            .args(["start", "--exporter", "blackhole", "--debug-log", "traces", "--debug-log", "logs"])
+            .args(["--debug-log-verbosity", "detailed"])
             .args(["--otlp-http-endpoint", &format!("{ip}:{http}")])
             .args(["--otlp-grpc-endpoint", &format!("{ip}:{grpc}")])
             .arg("--pid-file")
@@ -60,6 +62,18 @@ impl Rotel {
             let spans = parse(&std::fs::read_to_string(&self.out).unwrap());
             if spans.len() >= count || Instant::now() > deadline {
                 return spans;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The log records rotel printed, once it has printed `count`.
+    pub fn logs(&self, count: usize) -> Vec<LogRecord> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let logs = parse_logs(&std::fs::read_to_string(&self.out).unwrap());
+            if logs.len() >= count || Instant::now() > deadline {
+                return logs;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -106,7 +120,7 @@ pub fn parse(text: &str) -> Vec<Span> {
         if t == "Resource attributes:" {
             resource = BTreeMap::new();
             at = In::Resource;
-        } else if t.starts_with("ScopeSpans") || t.starts_with("ResourceSpans") {
+        } else if t.starts_with("ScopeSpans") || t.starts_with("ResourceSpans") || t.starts_with("LogRecord #") {
             at = In::Other;
         } else if t.starts_with("Span #") {
             spans.push(Span { resource: resource.clone(), ..Default::default() });
@@ -151,10 +165,57 @@ pub fn parse(text: &str) -> Vec<Span> {
     spans
 }
 
-/// The number in `tracer: N spans sent to ...`.
-pub fn spans_sent(stderr: &str) -> usize {
+/// A log record as rotel prints it: its `Key: value` lines (`Body`, `SeverityText`,
+/// `SeverityNumber`, `Trace ID`, `Span ID`, ...), its attributes, and its resource's.
+#[derive(Debug, Default, Clone)]
+pub struct LogRecord {
+    pub resource: BTreeMap<String, String>,
+    pub scope: String,
+    pub fields: BTreeMap<String, String>,
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// Reads rotel's detailed debug log for log records: `Resource attributes:`, `InstrumentationScope
+/// NAME`, then per record `LogRecord #N`, its `Key: value` lines and `Attributes:` `-> key: Value`.
+pub fn parse_logs(text: &str) -> Vec<LogRecord> {
+    let mut logs: Vec<LogRecord> = Vec::new();
+    let (mut resource, mut scope) = (BTreeMap::new(), String::new());
+    let (mut in_resource, mut in_record) = (false, false);
+    for line in text.lines() {
+        let t = line.trim();
+        if t == "Resource attributes:" {
+            (resource, in_resource, in_record) = (BTreeMap::new(), true, false);
+        } else if t.starts_with("Span #") || t.starts_with("ResourceSpans") || t.starts_with("ResourceLog") {
+            (in_resource, in_record) = (false, false);
+        } else if let Some(name) = t.strip_prefix("InstrumentationScope ") {
+            scope = name.split(' ').next().unwrap_or_default().to_string();
+            (in_resource, in_record) = (false, false);
+        } else if t.starts_with("LogRecord #") {
+            logs.push(LogRecord { resource: resource.clone(), scope: scope.clone(), ..Default::default() });
+            (in_resource, in_record) = (false, true);
+        } else if let Some(kv) = t.strip_prefix("-> ") {
+            let (k, v) = kv.split_once(": ").unwrap_or((kv, ""));
+            if in_resource {
+                resource.insert(k.to_string(), v.to_string());
+            } else if in_record {
+                logs.last_mut().unwrap().attributes.insert(k.to_string(), v.to_string());
+            }
+        } else if in_record && let Some((k, v)) = t.split_once(':') {
+            logs.last_mut().unwrap().fields.insert(k.trim().to_string(), v.trim().to_string());
+        }
+    }
+    logs
+}
+
+/// The number in `tracer: N WHAT sent to ...` (`spans`, `log records`).
+pub fn sent(stderr: &str, what: &str) -> usize {
     stderr
         .lines()
-        .find_map(|l| l.strip_prefix("tracer: ")?.split_once(" spans sent to ")?.0.parse().ok())
-        .unwrap_or_else(|| panic!("no 'spans sent' line: {stderr}"))
+        .find_map(|l| l.split_once(&format!(" {what} sent to "))?.0.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no '{what} sent' line: {stderr}"))
+}
+
+/// The number in `tracer: N spans sent to ...`.
+pub fn spans_sent(stderr: &str) -> usize {
+    sent(stderr, "spans")
 }

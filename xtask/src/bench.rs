@@ -111,6 +111,8 @@ pub enum Part {
     Capture,
     /// What calls at source level cost a call: parameters from registers, a string (root).
     Params,
+    /// `tracer export --otlp` to rotel-agent (blackhole exporter) against `export` to JSON lines.
+    Otlp,
 }
 
 pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
@@ -135,6 +137,9 @@ pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
     }
     if wanted(Part::Params) {
         crate::bench_params::run(tracer)?;
+    }
+    if wanted(Part::Otlp) {
+        crate::bench_otlp::run(tracer)?;
     }
     Ok(())
 }

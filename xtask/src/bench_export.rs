@@ -109,8 +109,8 @@ impl<W: Write> Generator<W> {
     }
 }
 
-/// Writes the synthetic trace (start line, [`EVENTS`] events, end line).
-fn generate(path: &Path) -> Result<()> {
+/// Writes the synthetic trace (start line, about `events` events, end line).
+pub(crate) fn generate(path: &Path, events: u64) -> Result<()> {
     let file = File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
     let mut g = Generator {
         out: BufWriter::with_capacity(1 << 20, file),
@@ -132,7 +132,7 @@ fn generate(path: &Path) -> Result<()> {
     let mut clocks = [t0; 4];
     let channel = Channel { kind: "pipe", id: 7 };
     let mut flow = 0;
-    while g.events < EVENTS - 2 {
+    while g.events < events.saturating_sub(2) {
         for (i, &(pid, tid)) in threads.iter().enumerate() {
             let root = g.rng.below(FUNCTIONS);
             g.call(pid, tid, &mut clocks[i], root, 0)?;
@@ -163,6 +163,11 @@ fn generate(path: &Path) -> Result<()> {
 /// would report this process's own peak (the kernel carries the parent's high-water mark over the
 /// `exec`), and the overhead benchmark may have made that large.
 fn run_measured(cmd: &Command) -> Result<(Duration, u64)> {
+    run_measured_output(cmd).map(|(wall, kib, _)| (wall, kib))
+}
+
+/// [`run_measured`], also returning the command's stderr.
+pub(crate) fn run_measured_output(cmd: &Command) -> Result<(Duration, u64, String)> {
     let start = Instant::now();
     let output = Command::new(std::env::current_exe()?)
         .arg("peak-rss")
@@ -176,7 +181,7 @@ fn run_measured(cmd: &Command) -> Result<(Duration, u64)> {
         bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&output.stderr));
     }
     let kib = String::from_utf8_lossy(&output.stdout).trim().parse().context("peak-rss printed no number")?;
-    Ok((wall, kib))
+    Ok((wall, kib, String::from_utf8_lossy(&output.stderr).into_owned()))
 }
 
 /// `xtask peak-rss COMMAND...`: runs the command, prints its peak resident memory in KiB, and
@@ -209,7 +214,7 @@ pub fn run(tracer: &Path) -> Result<()> {
     if !trace.exists() {
         println!("xtask: generating a synthetic trace of {EVENTS} events in {}", trace.display());
         let partial = trace.with_extension("partial");
-        generate(&partial)?;
+        generate(&partial, EVENTS)?;
         std::fs::rename(&partial, &trace)?;
     }
     let size = std::fs::metadata(&trace)?.len();

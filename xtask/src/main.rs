@@ -9,6 +9,7 @@ mod bench_cluster;
 mod bench_events;
 mod bench_export;
 mod bench_native;
+mod bench_otlp;
 mod bench_params;
 mod demo;
 mod toolchain;

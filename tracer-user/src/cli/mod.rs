@@ -136,8 +136,9 @@ pub struct TraceOptions {
 /// Sending the trace to an OpenTelemetry collector as well.
 #[derive(Debug, Args, Clone, Default)]
 pub struct OtlpOptions {
-    /// Send the trace's spans to this OpenTelemetry collector too (OTLP/HTTP protobuf), e.g.
-    /// http://127.0.0.1:4318 (`/v1/traces` is appended when the URL names no path).
+    /// Send the trace's spans and program log records to this OpenTelemetry collector too
+    /// (OTLP/HTTP protobuf), e.g. http://127.0.0.1:4318 (`/v1/traces` and `/v1/logs` are appended
+    /// when the URL names no path; a `.../v1/traces` URL sends log records to `.../v1/logs`).
     #[arg(long, value_name = "URL", value_parser = parse_otlp_url)]
     pub otlp: Option<String>,
     /// The `service.name` of the spans sent with --otlp (default: each process's command name).

@@ -11,17 +11,22 @@
 //!   caller), with `code.function`, `tracer.module`, `thread.id`, `tracer.args` and `tracer.retval`,
 //!   and with DWARF `code.file.path`, `code.line.number`, `code.param.NAME` and `code.return`
 //!   (JSON text).
-//! - `log` and `usdt` events are events of their process's span (log records: not yet).
+//! - What a program says about itself (`log` events: its `tracing`/`log` records and `print`s)
+//!   becomes an OTLP log record (see [`Spans::log`]), in the trace and span of the innermost call
+//!   open on its thread (its process span when none), under its process's resource and a scope
+//!   named for its logger; sent to `/v1/logs` through the same queue and exporter as spans.
+//!   `usdt` events are events of their process's span.
 //! - Each IPC send and receive is a short span (PRODUCER, CONSUMER) under the call it happened in;
 //!   a receive's span links to the spans of the sends whose bytes it read (their `flow_id`s), so
 //!   links cross processes and, in a collected trace, hosts. For a host whose agent exports its own
 //!   spans ([`OtlpConfig::exporting`]) only a `recv link` span is made, per receive of bytes sent
 //!   from other hosts: the link the agent could not make.
 //!
-//! Spans are batched per [`BATCH_SPANS`] and handed to an exporter thread through a queue of
-//! [`QUEUE_BATCHES`] batches; a batch that finds the queue full is dropped and counted. The
-//! exporter retries 429, 502, 503, 504 and connection errors with exponential back-off; a batch
-//! that still fails is dropped and counted. Drops are reported on stderr when the trace ends.
+//! Spans and log records are batched per [`BATCH_SPANS`] (a batch holds one or the other) and
+//! handed to one exporter thread through one queue of [`QUEUE_BATCHES`] requests; a batch that
+//! finds the queue full is dropped and counted. The exporter retries 429, 502, 503, 504 and
+//! connection errors with exponential back-off; a batch that still fails is dropped and counted.
+//! Drops are counted apart for spans and log records, and reported on stderr when the trace ends.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -84,13 +89,14 @@ pub mod proto {
 }
 
 use proto::{
-    collector::trace::v1::ExportTraceServiceRequest,
-    common::v1::{AnyValue, ArrayValue, InstrumentationScope, KeyValue, any_value},
+    collector::{logs::v1::ExportLogsServiceRequest, trace::v1::ExportTraceServiceRequest},
+    common::v1::{AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList, any_value},
+    logs::v1::{LogRecord, ResourceLogs, ScopeLogs, SeverityNumber},
     resource::v1::Resource,
     trace::v1::{ResourceSpans, ScopeSpans, Span, span},
 };
 
-/// Spans in one export request.
+/// Spans (or log records) in one export request.
 pub const BATCH_SPANS: usize = 512;
 /// Batches waiting for the exporter thread; more are dropped (and counted).
 pub const QUEUE_BATCHES: usize = 64;
@@ -123,7 +129,7 @@ impl Default for RetryPolicy {
     }
 }
 
-/// What the exporter sent and lost, counted in spans.
+/// What the exporter sent and lost, counted in spans and in log records.
 #[derive(Debug, Default)]
 pub struct Counters {
     pub spans_sent: AtomicU64,
@@ -131,6 +137,9 @@ pub struct Counters {
     pub spans_dropped_queue_full: AtomicU64,
     /// Batches the collector refused, or that failed every attempt.
     pub spans_dropped_export_failed: AtomicU64,
+    pub log_records_sent: AtomicU64,
+    pub log_records_dropped_queue_full: AtomicU64,
+    pub log_records_dropped_export_failed: AtomicU64,
     pub retries: AtomicU64,
     /// Links from receives to sends whose spans were not known when the receive came: the send
     /// came after it (a collected trace whose clocks could not be reconciled) or was forgotten
@@ -138,11 +147,50 @@ pub struct Counters {
     pub links_unknown: AtomicU64,
 }
 
+/// Which OTLP signal a request carries: it picks the endpoint and the counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Signal {
+    Traces,
+    Logs,
+}
+
+impl Counters {
+    fn sent(&self, signal: Signal) -> &AtomicU64 {
+        match signal {
+            Signal::Traces => &self.spans_sent,
+            Signal::Logs => &self.log_records_sent,
+        }
+    }
+
+    fn dropped_queue_full(&self, signal: Signal) -> &AtomicU64 {
+        match signal {
+            Signal::Traces => &self.spans_dropped_queue_full,
+            Signal::Logs => &self.log_records_dropped_queue_full,
+        }
+    }
+
+    fn dropped_export_failed(&self, signal: Signal) -> &AtomicU64 {
+        match signal {
+            Signal::Traces => &self.spans_dropped_export_failed,
+            Signal::Logs => &self.log_records_dropped_export_failed,
+        }
+    }
+}
+
+/// One encoded export request in the queue: its signal, its body, and how many spans or log
+/// records it holds (for the counters).
+struct Request {
+    signal: Signal,
+    body: Vec<u8>,
+    items: u64,
+}
+
 /// Where to send, and as whom.
 #[derive(Clone, Debug)]
 pub struct OtlpConfig {
-    /// The collector's base URL (`http://host:4318`); `/v1/traces` is appended unless the URL
-    /// already names a path.
+    /// The collector's base URL (`http://host:4318`), to which `/v1/traces` and `/v1/logs` are
+    /// appended, or its traces endpoint (`.../v1/traces`), whose sibling `.../v1/logs` takes the
+    /// log records.
     pub url: String,
     /// `service.name` of every resource; `None`: each process's comm.
     pub service_name: Option<String>,
@@ -165,16 +213,42 @@ pub enum UrlError {
     NotHttp(String),
     #[error("'{0}' names no host")]
     NoHost(String),
+    #[error(
+        "'{0}' names a path that does not end in /v1/traces, so tracer cannot tell where its log records go: give the collector's base URL (http://host:4318) or its traces endpoint (.../v1/traces)"
+    )]
+    NotSignalPath(String),
 }
 
 /// The traces endpoint of a collector URL: `http://h:4318` → `http://h:4318/v1/traces`.
 pub fn traces_endpoint(url: &str) -> Result<String, UrlError> {
+    endpoint(url, Signal::Traces)
+}
+
+/// The logs endpoint of a collector URL, derived as [`traces_endpoint`] is (OTLP/HTTP: a base
+/// URL gets `/v1/logs` appended): `http://h:4318` → `http://h:4318/v1/logs`, and a traces
+/// endpoint `http://h/otlp/v1/traces` → its sibling `http://h/otlp/v1/logs`.
+pub fn logs_endpoint(url: &str) -> Result<String, UrlError> {
+    endpoint(url, Signal::Logs)
+}
+
+fn endpoint(url: &str, signal: Signal) -> Result<String, UrlError> {
     let rest = url.strip_prefix("http://").ok_or_else(|| UrlError::NotHttp(url.to_string()))?;
     let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
     if authority.is_empty() || authority.contains(['@', ' ', '?', '#']) {
         return Err(UrlError::NoHost(url.to_string()));
     }
-    Ok(if path.is_empty() { format!("http://{authority}/v1/traces") } else { url.to_string() })
+    let suffix = match signal {
+        Signal::Traces => "v1/traces",
+        Signal::Logs => "v1/logs",
+    };
+    if path.is_empty() {
+        return Ok(format!("http://{authority}/{suffix}"));
+    }
+    let base = path.strip_suffix("v1/traces").filter(|b| b.is_empty() || b.ends_with('/'));
+    match base {
+        Some(base) => Ok(format!("http://{authority}/{base}{suffix}")),
+        None => Err(UrlError::NotSignalPath(url.to_string())),
+    }
 }
 
 /// A trace's spans, sent to an OTLP/HTTP collector as they end; a [`Sink`].
@@ -204,13 +278,16 @@ struct Spans {
     sends: HashMap<u64, ([u8; 16], u64, Arc<str>)>,
     send_order: VecDeque<u64>,
     batch: Vec<(BatchKey, Span)>,
-    queue: Option<mpsc::SyncSender<Vec<u8>>>,
+    /// Log records waiting for their batch, each with the name of its logger (its scope).
+    log_batch: Vec<(BatchKey, Option<String>, LogRecord)>,
+    queue: Option<mpsc::SyncSender<Request>>,
     exporter: Option<thread::JoinHandle<()>>,
     counters: Arc<Counters>,
     /// Set when the trace ends: batches still queued after it are dropped (and counted), so that
     /// an unreachable collector holds the end of a trace up for at most [`DRAIN_DEADLINE`].
     deadline: Arc<OnceLock<Instant>>,
     endpoint: String,
+    logs_endpoint: String,
     /// Batches wait for room in the queue: the trace is ending, or is read from a file.
     ending: bool,
     host: Arc<str>,
@@ -237,15 +314,17 @@ impl OtlpSink {
     /// Starts the exporter thread. `url` must have been checked by [`traces_endpoint`].
     pub fn new(config: OtlpConfig) -> Result<OtlpSink, UrlError> {
         let endpoint = traces_endpoint(&config.url)?;
+        let logs_endpoint = logs_endpoint(&config.url)?;
         let counters = Arc::new(Counters::default());
         let deadline = Arc::new(OnceLock::new());
-        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(QUEUE_BATCHES);
+        let (tx, rx) = mpsc::sync_channel::<Request>(QUEUE_BATCHES);
         let exporter = {
-            let (counters, deadline, endpoint) = (counters.clone(), deadline.clone(), endpoint.clone());
+            let (counters, deadline) = (counters.clone(), deadline.clone());
+            let endpoints = [endpoint.clone(), logs_endpoint.clone()];
             let retry = config.retry;
             thread::Builder::new()
                 .name("otlp-export".into())
-                .spawn(move || export_loop(&endpoint, retry, rx, &counters, &deadline))
+                .spawn(move || export_loop(&endpoints, retry, rx, &counters, &deadline))
                 .expect("spawn the OTLP exporter thread")
         };
         let spans = Spans {
@@ -260,11 +339,13 @@ impl OtlpSink {
             sends: HashMap::new(),
             send_order: VecDeque::new(),
             batch: Vec::new(),
+            log_batch: Vec::new(),
             queue: Some(tx),
             exporter: Some(exporter),
             counters,
             deadline,
             endpoint,
+            logs_endpoint,
             ending: config.wait_when_full,
             host: Arc::from(""),
         };
@@ -318,22 +399,29 @@ impl Spans {
     /// Encodes the batch as one request (a resource per process) and queues it; the end of the
     /// trace waits for room (the exporter drains the queue by its deadline), events never do.
     fn send_batch(&mut self) {
-        let wait = self.ending;
         if self.batch.is_empty() {
             return;
         }
         let spans = std::mem::take(&mut self.batch);
-        let n = spans.len() as u64;
-        let request = self.request(spans);
+        let items = spans.len() as u64;
+        let body = self.request(spans).encode_to_vec();
+        self.enqueue(Request { signal: Signal::Traces, body, items });
+    }
+
+    /// Queues a request, or counts its spans or log records as dropped.
+    fn enqueue(&mut self, request: Request) {
+        let (signal, items) = (request.signal, request.items);
         let Some(queue) = &self.queue else { return };
-        let queued = if wait {
-            queue.send(request.encode_to_vec()).is_ok()
-        } else {
-            queue.try_send(request.encode_to_vec()).is_ok()
-        };
+        let queued = if self.ending { queue.send(request).is_ok() } else { queue.try_send(request).is_ok() };
         if !queued {
-            self.counters.spans_dropped_queue_full.fetch_add(n, Ordering::Relaxed);
+            self.counters.dropped_queue_full(signal).fetch_add(items, Ordering::Relaxed);
         }
+    }
+
+    /// Sends both kinds of batch.
+    fn send_batches(&mut self) {
+        self.send_batch();
+        self.send_log_batch();
     }
 
     fn request(&self, spans: Vec<(BatchKey, Span)>) -> ExportTraceServiceRequest {
@@ -647,7 +735,7 @@ impl Sink for OtlpSink {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.spans.send_batch();
+        self.spans.send_batches();
         Ok(())
     }
 }
@@ -675,8 +763,6 @@ impl Spans {
         }
     }
 
-    /// User log events (`log`) are to become OTLP log records with the trace and span id of
-    /// [`Self::current_span`] (see [`log_record`]); until then they are process span events.
     fn event(&mut self, e: &Event) {
         match &e.data {
             EventData::Call(_) | EventData::Return(_) => {}
@@ -722,25 +808,9 @@ impl Spans {
                 // (SIGCHLD, in the child), whose span has ended.
                 self.process_event(e, s.target_pid, name, attrs);
             }
-            // Until log records are sent (see [`log_record`]), what a program said is an event
-            // of its process's span, with its fields as attributes.
-            EventData::Log(log) => {
-                let mut attrs = vec![string("log.severity", log.level.name().to_string())];
-                let optional =
-                    [("log.source", &log.source), ("code.function", &log.function), ("code.file.path", &log.file)];
-                for (key, value) in optional {
-                    if let Some(v) = value {
-                        attrs.push(string(key, v.clone()));
-                    }
-                }
-                if let Some(line) = log.line {
-                    attrs.push(int("code.line.number", line as i64));
-                }
-                if !log.data.is_null() {
-                    attrs.push(string("tracer.data", log.data.to_string()));
-                }
-                self.process_event(e, e.pid, log.message.clone(), attrs);
-            }
+            // A log record only (no span event as well): the record carries its span's ids, and
+            // a process span keeps at most MAX_PROCESS_EVENTS events.
+            EventData::Log(log) => self.log(e, log),
             EventData::Usdt(u) => {
                 let attrs = vec![string("tracer.module", u.module.to_string()), string("tracer.args", u.args_text())];
                 self.process_event(e, e.pid, format!("usdt {}:{}", u.provider, u.name), attrs);
@@ -754,7 +824,7 @@ impl Spans {
         for (host, pid) in open {
             self.end_process(&host, pid, end.ts);
         }
-        self.send_batch();
+        self.send_batches();
         self.queue = None;
         let _ = self.deadline.set(Instant::now() + DRAIN_DEADLINE);
         if let Some(exporter) = self.exporter.take() {
@@ -762,17 +832,25 @@ impl Spans {
         }
         let c = &self.counters;
         tracing::info!("{} spans sent to {} (OTLP)", c.spans_sent.load(Ordering::Relaxed), self.endpoint);
-        let full = c.spans_dropped_queue_full.load(Ordering::Relaxed);
-        let failed = c.spans_dropped_export_failed.load(Ordering::Relaxed);
-        if full > 0 {
-            tracing::warn!(
-                "{full} spans were lost before OTLP export (the export queue of {QUEUE_BATCHES} batches was full: the collector took them slower than they came)"
-            );
+        let logs = c.log_records_sent.load(Ordering::Relaxed);
+        let logs_lost = c.log_records_dropped_queue_full.load(Ordering::Relaxed)
+            + c.log_records_dropped_export_failed.load(Ordering::Relaxed);
+        if logs + logs_lost > 0 {
+            tracing::info!("{logs} log records sent to {} (OTLP)", self.logs_endpoint);
         }
-        if failed > 0 {
-            tracing::warn!(
-                "{failed} spans were lost in OTLP export (the collector refused them or was unreachable; see above)"
-            );
+        for (what, signal) in [("spans", Signal::Traces), ("log records", Signal::Logs)] {
+            let full = c.dropped_queue_full(signal).load(Ordering::Relaxed);
+            let failed = c.dropped_export_failed(signal).load(Ordering::Relaxed);
+            if full > 0 {
+                tracing::warn!(
+                    "{full} {what} were lost before OTLP export (the export queue of {QUEUE_BATCHES} batches was full: the collector took them slower than they came)"
+                );
+            }
+            if failed > 0 {
+                tracing::warn!(
+                    "{failed} {what} were lost in OTLP export (the collector refused them or was unreachable; see above)"
+                );
+            }
         }
         let unknown = c.links_unknown.load(Ordering::Relaxed);
         if unknown > 0 {
@@ -783,17 +861,155 @@ impl Spans {
     }
 }
 
-/// An OTLP log record for a user log event, in the span it was logged from: not yet sent (logs
-/// take their own endpoint, `/v1/logs`, and queue).
-pub fn log_record(ts: u64, body: &str, trace_id: [u8; 16], span_id: u64) -> proto::logs::v1::LogRecord {
-    proto::logs::v1::LogRecord {
-        time_unix_nano: ts,
-        observed_time_unix_nano: ts,
-        body: Some(AnyValue { value: Some(any_value::Value::StringValue(body.to_string())) }),
+/// What a program said about itself, as OTLP log records.
+impl Spans {
+    /// A log record for a `log` event, in the span its thread is in (see [`log_record`]).
+    fn log(&mut self, e: &Event, log: &data::Log) {
+        let (trace_id, span_id) = self.current_span(&e.host, e.pid, e.tid, e.ts);
+        let record = log_record(e, log, trace_id, span_id);
+        let comm = self.processes.get(&(e.host.clone(), e.pid)).map_or_else(|| Arc::from(""), |p| p.comm.clone());
+        self.log_batch.push((BatchKey { host: e.host.clone(), pid: e.pid, comm }, log.source.clone(), record));
+        if self.log_batch.len() >= BATCH_SPANS {
+            self.send_log_batch();
+        }
+    }
+
+    fn send_log_batch(&mut self) {
+        if self.log_batch.is_empty() {
+            return;
+        }
+        let records = std::mem::take(&mut self.log_batch);
+        let items = records.len() as u64;
+        let body = self.logs_request(records).encode_to_vec();
+        self.enqueue(Request { signal: Signal::Logs, body, items });
+    }
+
+    /// One request: a resource per process (the same as its spans'), and under it a scope per
+    /// logger (the Logs Bridge API's rule: a logger name is the instrumentation scope's name;
+    /// `tracer` for a record without one, such as a `print`).
+    fn logs_request(&self, records: Vec<(BatchKey, Option<String>, LogRecord)>) -> ExportLogsServiceRequest {
+        /// A process's records, by logger.
+        type Scopes = Vec<(Option<String>, Vec<LogRecord>)>;
+        let mut by_process: Vec<(BatchKey, Scopes)> = Vec::new();
+        for (key, logger, record) in records {
+            let i = match by_process.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    by_process.push((key, Vec::new()));
+                    by_process.len() - 1
+                }
+            };
+            let scopes = &mut by_process[i].1;
+            match scopes.iter_mut().find(|(l, _)| *l == logger) {
+                Some((_, v)) => v.push(record),
+                None => scopes.push((logger, vec![record])),
+            }
+        }
+        let resource_logs = by_process
+            .into_iter()
+            .map(|(key, scopes)| ResourceLogs {
+                resource: Some(resource(&key.host, key.pid, &key.comm, self.service_name.as_deref())),
+                scope_logs: scopes
+                    .into_iter()
+                    .map(|(logger, log_records)| ScopeLogs {
+                        scope: Some(InstrumentationScope {
+                            version: if logger.is_none() { env!("CARGO_PKG_VERSION").into() } else { String::new() },
+                            name: logger.unwrap_or_else(|| "tracer".into()),
+                            ..Default::default()
+                        }),
+                        log_records,
+                        schema_url: String::new(),
+                    })
+                    .collect(),
+                schema_url: String::new(),
+            })
+            .collect();
+        ExportLogsServiceRequest { resource_logs }
+    }
+}
+
+/// The OTLP log record of a program's `log` event, in span `span_id` of trace `trace_id`: its
+/// time (also its observed time: the probe fired as it was said), severity (the log data model's
+/// numbers: TRACE 1, DEBUG 5, INFO 9, WARN 13, ERROR 17, and their names as text), the message as
+/// body, and as attributes its structured fields (each field of an object its own attribute,
+/// other data as `tracer.data`), where it was said (`code.function`, `code.file.path`,
+/// `code.line.number`), `thread.id`, `tracer.log.type` (`log` or `trace`, a `print`), the
+/// `tracing` spans it was in (`tracer.log.spans`) and `tracer.truncated` when the payload was cut.
+pub fn log_record(e: &Event, log: &data::Log, trace_id: [u8; 16], span_id: u64) -> LogRecord {
+    let (number, text) = severity(log.level);
+    let mut attributes = Vec::new();
+    match &log.data {
+        serde_json::Value::Null => {}
+        serde_json::Value::Object(fields) => {
+            attributes.extend(fields.iter().map(|(k, v)| kv(k, json_value(v))));
+        }
+        other => attributes.push(kv("tracer.data", json_value(other))),
+    }
+    if let Some(f) = &log.function {
+        attributes.push(string("code.function", f.clone()));
+    }
+    if let Some(f) = &log.file {
+        attributes.push(string("code.file.path", f.clone()));
+    }
+    if let Some(line) = log.line {
+        attributes.push(int("code.line.number", line.into()));
+    }
+    attributes.push(int("thread.id", e.tid as i64));
+    let kind = match log.log_type {
+        data::LogType::Log => "log",
+        data::LogType::Trace => "trace",
+    };
+    attributes.push(string("tracer.log.type", kind.into()));
+    if !log.spans.is_empty() {
+        let spans = log.spans.iter().map(|s| AnyValue { value: Some(any_value::Value::StringValue(s.clone())) });
+        let spans = AnyValue { value: Some(any_value::Value::ArrayValue(ArrayValue { values: spans.collect() })) };
+        attributes.push(kv("tracer.log.spans", spans));
+    }
+    if log.truncated {
+        attributes.push(kv("tracer.truncated", AnyValue { value: Some(any_value::Value::BoolValue(true)) }));
+    }
+    LogRecord {
+        time_unix_nano: e.ts,
+        observed_time_unix_nano: e.ts,
+        severity_number: number as i32,
+        severity_text: text.into(),
+        body: Some(AnyValue { value: Some(any_value::Value::StringValue(log.message.clone())) }),
+        attributes,
         trace_id: trace_id.to_vec(),
         span_id: span_id.to_be_bytes().to_vec(),
         ..Default::default()
     }
+}
+
+/// A level's severity by the OTel log data model's mapping (the first number of each range).
+fn severity(level: data::Level) -> (SeverityNumber, &'static str) {
+    match level {
+        data::Level::Trace => (SeverityNumber::Trace, "TRACE"),
+        data::Level::Debug => (SeverityNumber::Debug, "DEBUG"),
+        data::Level::Info => (SeverityNumber::Info, "INFO"),
+        data::Level::Warn => (SeverityNumber::Warn, "WARN"),
+        data::Level::Error => (SeverityNumber::Error, "ERROR"),
+    }
+}
+
+/// A JSON value as an OTLP value: numbers that fit an i64 as integers, others as doubles,
+/// objects as key-value lists.
+fn json_value(v: &serde_json::Value) -> AnyValue {
+    use serde_json::Value as J;
+    let value = match v {
+        J::Null => None,
+        J::Bool(b) => Some(any_value::Value::BoolValue(*b)),
+        J::Number(n) => Some(match n.as_i64() {
+            Some(i) => any_value::Value::IntValue(i),
+            None => any_value::Value::DoubleValue(n.as_f64().unwrap_or(f64::NAN)),
+        }),
+        J::String(s) => Some(any_value::Value::StringValue(s.clone())),
+        J::Array(a) => Some(any_value::Value::ArrayValue(ArrayValue { values: a.iter().map(json_value).collect() })),
+        J::Object(o) => Some(any_value::Value::KvlistValue(KeyValueList {
+            values: o.iter().map(|(k, v)| kv(k, json_value(v))).collect(),
+        })),
+    };
+    AnyValue { value }
 }
 
 fn resource(host: &str, pid: u32, comm: &str, service_name: Option<&str>) -> Resource {
@@ -818,6 +1034,10 @@ fn channel_kind(c: &data::Channel) -> &'static str {
         data::Channel::Pipe { .. } => "pipe",
         data::Channel::Fifo { .. } => "fifo",
     }
+}
+
+fn kv(key: &str, value: AnyValue) -> KeyValue {
+    KeyValue { key: key.into(), value: Some(value), ..Default::default() }
 }
 
 fn string(key: &str, value: String) -> KeyValue {
@@ -987,19 +1207,22 @@ pub enum Outcome {
     Refused(String),
 }
 
-/// Sends batches from the queue until it closes.
+/// Sends requests from the queue until it closes; `endpoints`: traces', logs'.
 fn export_loop(
-    endpoint: &str,
+    endpoints: &[String; 2],
     retry: RetryPolicy,
-    rx: mpsc::Receiver<Vec<u8>>,
+    rx: mpsc::Receiver<Request>,
     counters: &Counters,
     deadline: &OnceLock<Instant>,
 ) {
     let agent: ureq::Agent =
         ureq::Agent::config_builder().timeout_global(Some(retry.timeout)).http_status_as_error(false).build().into();
     let mut warned = false;
-    for body in rx {
-        let spans = count_spans(&body);
+    for Request { signal, body, items } in rx {
+        let endpoint = match signal {
+            Signal::Traces => &endpoints[0],
+            Signal::Logs => &endpoints[1],
+        };
         let attempt = || match deadline.get() {
             Some(at) if Instant::now() >= *at => Outcome::Refused(format!(
                 "the trace ended {} s ago and the batch was not sent yet",
@@ -1009,10 +1232,10 @@ fn export_loop(
         };
         match send_with_retries(&retry, counters, attempt) {
             Ok(()) => {
-                counters.spans_sent.fetch_add(spans, Ordering::Relaxed);
+                counters.sent(signal).fetch_add(items, Ordering::Relaxed);
             }
             Err(why) => {
-                counters.spans_dropped_export_failed.fetch_add(spans, Ordering::Relaxed);
+                counters.dropped_export_failed(signal).fetch_add(items, Ordering::Relaxed);
                 if !warned {
                     tracing::warn!("OTLP export to {endpoint} failed: {why}");
                     warned = true;
@@ -1020,12 +1243,6 @@ fn export_loop(
             }
         }
     }
-}
-
-fn count_spans(body: &[u8]) -> u64 {
-    ExportTraceServiceRequest::decode(body)
-        .map(|r| r.resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len() as u64).sum())
-        .unwrap_or(0)
 }
 
 /// Tries `attempt` until it sends, is refused, or the policy's attempts run out, sleeping an

@@ -14,11 +14,14 @@ use crate::event::{
 };
 
 /// A collector stand-in: answers each request with the next status of `statuses` (then 200),
-/// after `hold` lets it (when given), and keeps every request it got.
+/// after `hold` lets it (when given), and keeps every request it got (status, path, body).
 pub(crate) struct Listener {
     pub(crate) url: String,
-    requests: Arc<Mutex<Vec<(u16, ExportTraceServiceRequest)>>>,
+    requests: Arc<Mutex<Vec<Received>>>,
 }
+
+/// A request the listener got: the status it answered, the path, the body.
+type Received = (u16, String, Vec<u8>);
 
 impl Listener {
     pub(crate) fn start(statuses: Vec<u16>, hold: Option<mpsc::Receiver<()>>) -> Listener {
@@ -36,15 +39,15 @@ impl Listener {
                 loop {
                     let mut length = None;
                     let mut line = String::new();
-                    let mut first = true;
+                    let mut path = String::new();
                     loop {
                         line.clear();
                         if reader.read_line(&mut line).unwrap_or(0) == 0 {
                             break;
                         }
-                        if first {
-                            assert!(line.starts_with("POST /v1/traces "), "{line}");
-                            first = false;
+                        if path.is_empty() {
+                            path = line.split(' ').nth(1).unwrap_or_default().to_string();
+                            assert!(path == "/v1/traces" || path == "/v1/logs", "{line}");
                         }
                         if line == "\r\n" {
                             break;
@@ -61,7 +64,7 @@ impl Listener {
                         let _ = h.recv();
                     }
                     let status = statuses.next().unwrap_or(200);
-                    seen.lock().unwrap().push((status, ExportTraceServiceRequest::decode(&body[..]).unwrap()));
+                    seen.lock().unwrap().push((status, path, body));
                     let reply = format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n");
                     if out.write_all(reply.as_bytes()).is_err() {
                         break;
@@ -77,12 +80,33 @@ impl Listener {
         let requests = self.requests.lock().unwrap();
         requests
             .iter()
-            .filter(|(status, _)| *status == 200)
-            .flat_map(|(_, r)| r.resource_spans.iter())
+            .filter(|(status, path, _)| *status == 200 && path == "/v1/traces")
+            .map(|(_, _, body)| ExportTraceServiceRequest::decode(&body[..]).unwrap())
+            .flat_map(|r| r.resource_spans)
             .flat_map(|rs| {
-                rs.scope_spans
-                    .iter()
-                    .flat_map(move |s| s.spans.iter().map(move |sp| (rs.resource.clone().unwrap(), sp.clone())))
+                let resource = rs.resource.unwrap();
+                rs.scope_spans.into_iter().flat_map(move |s| {
+                    let resource = resource.clone();
+                    s.spans.into_iter().map(move |sp| (resource.clone(), sp))
+                })
+            })
+            .collect()
+    }
+
+    /// The log records of the requests answered 200, with their resource and scope name.
+    fn logs(&self) -> Vec<(Resource, String, LogRecord)> {
+        let requests = self.requests.lock().unwrap();
+        requests
+            .iter()
+            .filter(|(status, path, _)| *status == 200 && path == "/v1/logs")
+            .map(|(_, _, body)| ExportLogsServiceRequest::decode(&body[..]).unwrap())
+            .flat_map(|r| r.resource_logs)
+            .flat_map(|rl| {
+                let resource = rl.resource.unwrap();
+                rl.scope_logs.into_iter().flat_map(move |s| {
+                    let (resource, scope) = (resource.clone(), s.scope.unwrap().name);
+                    s.log_records.into_iter().map(move |l| (resource.clone(), scope.clone(), l))
+                })
             })
             .collect()
     }
@@ -308,7 +332,7 @@ fn a_503_is_retried_and_the_batch_then_sent() {
     assert_eq!(c.retries.load(Ordering::Relaxed), 2);
     assert_eq!(c.spans_sent.load(Ordering::Relaxed), 2);
     assert_eq!(c.spans_dropped_export_failed.load(Ordering::Relaxed), 0);
-    let statuses: Vec<u16> = listener.requests.lock().unwrap().iter().map(|(s, _)| *s).collect();
+    let statuses: Vec<u16> = listener.requests.lock().unwrap().iter().map(|(s, _, _)| *s).collect();
     assert_eq!(statuses, [503, 503, 200]);
     assert_eq!(listener.spans().len(), 2);
 }
@@ -472,4 +496,154 @@ fn a_signal_raised_in_an_exited_child_goes_on_its_target_and_opens_no_second_pro
     let parent = spans.iter().find(|(r, _)| int_attr(&r.attributes, "process.pid") == 1).unwrap();
     let events: Vec<&str> = parent.1.events.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(events, ["signal SIGCHLD generated", "exit 0"]);
+}
+
+/// A program's `log` event of `level` from thread `tid` of pid 1.
+fn log_event(
+    ts: u64,
+    tid: u32,
+    level: data::Level,
+    source: Option<&str>,
+    message: &str,
+    fields: serde_json::Value,
+) -> Event {
+    ev(
+        ts,
+        1,
+        tid,
+        EventData::Log(data::Log {
+            log_type: if source.is_some() { data::LogType::Log } else { data::LogType::Trace },
+            level,
+            source: source.map(String::from),
+            message: message.into(),
+            function: Some("work".into()),
+            file: Some("app.rs".into()),
+            line: Some(12),
+            spans: if source.is_some() { vec!["outer".into()] } else { vec![] },
+            data: fields,
+            truncated: false,
+        }),
+    )
+}
+
+#[test]
+fn log_events_become_log_records_in_the_span_of_the_call_they_happened_in() {
+    let listener = Listener::start(vec![], None);
+    let mut s = sink(&listener.url, Some("svc"));
+    s.begin(&start(100)).unwrap();
+    for e in [
+        log_event(105, 1, data::Level::Info, None, "before any call", serde_json::Value::Null),
+        call(110, 1, "main"),
+        call(120, 1, "work"),
+        log_event(
+            125,
+            1,
+            data::Level::Warn,
+            Some("app::db"),
+            "slow",
+            serde_json::json!({"ms": 30, "peer": "a", "ok": true}),
+        ),
+        // Another thread, in no call: its process's span.
+        log_event(126, 2, data::Level::Error, Some("app::db"), "from thread 2", serde_json::json!([1, 2])),
+        ret(130, 1, "work", Some(10)),
+        log_event(135, 1, data::Level::Debug, Some("app"), "back in main", serde_json::Value::Null),
+        ret(140, 1, "main", Some(30)),
+        log_event(145, 1, data::Level::Trace, None, "after", serde_json::Value::Null),
+    ] {
+        s.event(&e).unwrap();
+    }
+    s.end(&end(200)).unwrap();
+    let c = s.counters();
+    assert_eq!(c.log_records_sent.load(Ordering::Relaxed), 5);
+    assert_eq!(c.spans_sent.load(Ordering::Relaxed), 3, "main, work, the process: no span event for a log");
+    let spans = listener.spans();
+    let span = |name: &str| spans.iter().find(|(_, s)| s.name == name).unwrap().1.clone();
+    let (main, work, process) = (span("main"), span("work"), span("process app"));
+    assert!(process.events.is_empty(), "{:?}", process.events);
+    let mut logs = listener.logs();
+    logs.sort_by_key(|(_, _, l)| l.time_unix_nano);
+    let got: Vec<(String, i32, String, Vec<u8>, String)> = logs
+        .iter()
+        .map(|(_, scope, l)| {
+            let body = match l.body.as_ref().and_then(|b| b.value.as_ref()) {
+                Some(any_value::Value::StringValue(s)) => s.clone(),
+                other => panic!("{other:?}"),
+            };
+            (body, l.severity_number, l.severity_text.clone(), l.span_id.clone(), scope.clone())
+        })
+        .collect();
+    let row = |body: &str, n: SeverityNumber, text: &str, span: &Span, scope: &str| {
+        (body.to_string(), n as i32, text.to_string(), span.span_id.clone(), scope.to_string())
+    };
+    assert_eq!(
+        got,
+        [
+            row("before any call", SeverityNumber::Info, "INFO", &process, "tracer"),
+            row("slow", SeverityNumber::Warn, "WARN", &work, "app::db"),
+            row("from thread 2", SeverityNumber::Error, "ERROR", &process, "app::db"),
+            row("back in main", SeverityNumber::Debug, "DEBUG", &main, "app"),
+            row("after", SeverityNumber::Trace, "TRACE", &process, "tracer"),
+        ]
+    );
+    for (resource, _, l) in &logs {
+        assert_eq!(l.trace_id, process.trace_id, "the process's trace");
+        assert_eq!(l.observed_time_unix_nano, l.time_unix_nano);
+        assert_eq!(str_attr(&resource.attributes, "service.name"), "svc");
+        assert_eq!(int_attr(&resource.attributes, "process.pid"), 1);
+        assert_eq!(str_attr(&l.attributes, "code.function"), "work");
+        assert_eq!(str_attr(&l.attributes, "code.file.path"), "app.rs");
+        assert_eq!(int_attr(&l.attributes, "code.line.number"), 12);
+    }
+    let slow = &logs.iter().find(|(_, _, l)| l.time_unix_nano == 125).unwrap().2;
+    assert_eq!(int_attr(&slow.attributes, "ms"), 30);
+    assert_eq!(str_attr(&slow.attributes, "peer"), "a");
+    assert_eq!(attr(&slow.attributes, "ok"), Some(&any_value::Value::BoolValue(true)));
+    assert_eq!(int_attr(&slow.attributes, "thread.id"), 1);
+    assert_eq!(str_attr(&slow.attributes, "tracer.log.type"), "log");
+    assert!(
+        matches!(attr(&slow.attributes, "tracer.log.spans"), Some(any_value::Value::ArrayValue(a)) if a.values.len() == 1)
+    );
+    let thread2 = &logs.iter().find(|(_, _, l)| l.time_unix_nano == 126).unwrap().2;
+    assert_eq!(int_attr(&thread2.attributes, "thread.id"), 2);
+    assert!(
+        matches!(attr(&thread2.attributes, "tracer.data"), Some(any_value::Value::ArrayValue(a)) if a.values.len() == 2)
+    );
+    let first = &logs.iter().find(|(_, _, l)| l.time_unix_nano == 105).unwrap().2;
+    assert_eq!(str_attr(&first.attributes, "tracer.log.type"), "trace");
+    assert!(attr(&first.attributes, "tracer.log.spans").is_none());
+}
+
+#[test]
+fn log_records_lost_are_counted_apart_from_spans() {
+    // Three attempts answered 503 for the spans' request, then three for the logs'.
+    let listener = Listener::start(vec![503; 6], None);
+    let mut s = sink(&listener.url, None);
+    s.begin(&start(100)).unwrap();
+    s.event(&call(100, 1, "main")).unwrap();
+    s.event(&log_event(105, 1, data::Level::Info, None, "a", serde_json::Value::Null)).unwrap();
+    s.event(&log_event(106, 1, data::Level::Info, None, "b", serde_json::Value::Null)).unwrap();
+    s.event(&log_event(107, 1, data::Level::Info, None, "c", serde_json::Value::Null)).unwrap();
+    s.end(&end(200)).unwrap();
+    let c = s.counters();
+    assert_eq!(c.spans_dropped_export_failed.load(Ordering::Relaxed), 2);
+    assert_eq!(c.log_records_dropped_export_failed.load(Ordering::Relaxed), 3);
+    assert_eq!(c.spans_sent.load(Ordering::Relaxed) + c.log_records_sent.load(Ordering::Relaxed), 0);
+    let paths: Vec<String> = listener.requests.lock().unwrap().iter().map(|(_, p, _)| p.clone()).collect();
+    assert_eq!(paths, ["/v1/traces", "/v1/traces", "/v1/traces", "/v1/logs", "/v1/logs", "/v1/logs"]);
+}
+
+#[test]
+fn the_logs_endpoint_is_derived_as_the_traces_endpoint_is() {
+    assert_eq!(logs_endpoint("http://127.0.0.1:4318").unwrap(), "http://127.0.0.1:4318/v1/logs");
+    assert_eq!(logs_endpoint("http://c:4318/").unwrap(), "http://c:4318/v1/logs");
+    assert_eq!(logs_endpoint("http://c:4318/otlp/v1/traces").unwrap(), "http://c:4318/otlp/v1/logs");
+    assert_eq!(logs_endpoint("http://c:4318/v1/traces").unwrap(), "http://c:4318/v1/logs");
+    for url in ["http://c:4318/ingest", "http://c:4318/xv1/traces"] {
+        assert_eq!(
+            traces_endpoint(url).unwrap_err().to_string(),
+            format!(
+                "'{url}' names a path that does not end in /v1/traces, so tracer cannot tell where its log records go: give the collector's base URL (http://host:4318) or its traces endpoint (.../v1/traces)"
+            )
+        );
+    }
 }
