@@ -376,7 +376,11 @@ pub fn run(tracer: &Path) -> Result<()> {
         one.ingest[0] / 1e6,
         record_rate / 1e6,
         one.lost,
-        if keeps_up { "the transit keeps up with record's rate" } else { "below record's rate (see the CPU per event)" },
+        if keeps_up {
+            "the transit keeps up with record's rate"
+        } else {
+            "below record's rate (see the CPU per event)"
+        },
         one.outbox_peak_events[0],
         one.outbox_peak_events[0] / bound * 100.0,
     );
