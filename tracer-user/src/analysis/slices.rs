@@ -135,14 +135,26 @@ struct ThreadCalls {
 
 type Key = (u32, Track);
 
+/// Where a track's open calls are in [`CallTracker::tracks`].
+type Slot = usize;
+
 /// The open calls of every track, turned into slices as they end.
 ///
 /// [`CallTracker::event`] and [`CallTracker::finish`] return what begins and ends, for the
 /// caller to iterate ([`Calls`]); nothing is called back.
+///
+/// Tracks live in a slab ([`CallTracker::tracks`], a forgotten track's slot reused), found by key
+/// once per event (the last one remembered: calls come in long runs on one thread); what the
+/// event then does names the slot, so it hashes nothing more.
 #[derive(Debug)]
 pub struct CallTracker {
-    /// Looked up at every call and return: FNV, several times faster than SipHash on this key.
-    threads: fnv::FnvHashMap<Key, ThreadCalls>,
+    tracks: Vec<ThreadCalls>,
+    /// FNV: several times faster than SipHash on this key.
+    slots: fnv::FnvHashMap<Key, Slot>,
+    /// Slots of forgotten tracks.
+    free: Vec<Slot>,
+    /// The track of the last event, and its slot.
+    last: Option<(Key, Slot)>,
     max_depth: usize,
     /// What the event being followed still has to do, planned when it comes and done as
     /// [`Calls`] is iterated (kept here so that following an event allocates nothing).
@@ -159,29 +171,80 @@ impl Default for CallTracker {
 #[derive(Debug)]
 enum Op {
     /// Report the call at `depth` of a track as begun.
-    Begin { key: Key, tid: u32, depth: usize },
+    Begin { key: Key, slot: Slot, tid: u32, depth: usize },
     /// End the top frame of a track, once or while more than `keep` frames are open; the top
     /// frame takes `ret` (its return value at source level) as it ends.
     Pop {
-        key: Key,
+        slot: Slot,
         at: At,
         keep: usize,
         once: bool,
         end: u64,
         ending: Ending,
         call_seen: bool,
-        ret: Option<data::SourceValue>,
+        /// Boxed, as the inserted frame: rare, and the ops are moved at every event.
+        ret: Option<Box<data::SourceValue>>,
     },
     /// Place a call whose call line is missing.
-    Insert { key: Key, pos: usize, frame: Frame },
+    Insert { slot: Slot, pos: usize, frame: Box<Frame> },
     /// Forget a track (its thread exited, or its process ended).
-    Remove { key: Key },
+    Remove { key: Key, slot: Slot },
 }
 
 impl CallTracker {
     /// A tracker keeping at most `max_depth` (at least 1) open calls per thread.
     pub fn new(max_depth: usize) -> Self {
-        CallTracker { threads: fnv::FnvHashMap::default(), max_depth: max_depth.max(1), ops: VecDeque::new() }
+        CallTracker {
+            tracks: Vec::new(),
+            slots: fnv::FnvHashMap::default(),
+            free: Vec::new(),
+            last: None,
+            max_depth: max_depth.max(1),
+            ops: VecDeque::new(),
+        }
+    }
+
+    /// The slot of a track, made if it has none.
+    fn slot(&mut self, key: Key) -> Slot {
+        if let Some((k, slot)) = self.last
+            && k == key
+        {
+            return slot;
+        }
+        let slot = match self.slots.get(&key) {
+            Some(&slot) => slot,
+            None => {
+                let slot = self.free.pop().unwrap_or_else(|| {
+                    self.tracks.push(ThreadCalls::default());
+                    self.tracks.len() - 1
+                });
+                self.slots.insert(key, slot);
+                slot
+            }
+        };
+        self.last = Some((key, slot));
+        slot
+    }
+
+    /// The slot of a track that has one.
+    fn existing(&self, key: Key) -> Option<Slot> {
+        match self.last {
+            Some((k, slot)) if k == key => Some(slot),
+            _ => self.slots.get(&key).copied(),
+        }
+    }
+
+    /// Forgets a track; its slot (and its frames' memory) goes to the next new track.
+    fn remove(&mut self, key: Key, slot: Slot) {
+        self.slots.remove(&key);
+        let t = &mut self.tracks[slot];
+        t.frames.clear();
+        t.hidden = 0;
+        t.last_tid = 0;
+        self.free.push(slot);
+        if self.last.is_some_and(|(k, _)| k == key) {
+            self.last = None;
+        }
     }
 
     /// Follows one event: the calls that begin or end because of it, in order, for the caller to
@@ -193,7 +256,8 @@ impl CallTracker {
         match &e.data {
             EventData::Call(data::Call { function, module, args, params, file, line, .. }) => {
                 let max_depth = self.max_depth;
-                let thread = self.threads.entry(key).or_default();
+                let slot = self.slot(key);
+                let thread = &mut self.tracks[slot];
                 thread.last_tid = e.tid;
                 if thread.frames.len() >= max_depth {
                     thread.hidden += 1;
@@ -210,7 +274,7 @@ impl CallTracker {
                         callee_ns: 0,
                     });
                     let depth = thread.frames.len() - 1;
-                    self.ops.push_back(Op::Begin { key, tid: e.tid, depth });
+                    self.ops.push_back(Op::Begin { key, slot, tid: e.tid, depth });
                 }
             }
             // A return without a duration (its call was not seen) has no slice.
@@ -221,8 +285,8 @@ impl CallTracker {
             }
             EventData::Exit(data::Exit { thread, .. }) => {
                 let own = (e.pid, Track::Thread(e.tid));
-                if self.threads.contains_key(&own) {
-                    self.plan_close(own, at, e.ts, Ending::ThreadExited);
+                if let Some(slot) = self.existing(own) {
+                    self.plan_close(own, slot, at, e.ts, Ending::ThreadExited);
                 }
                 if !*thread {
                     // The process is gone: so are its goroutines.
@@ -240,50 +304,52 @@ impl CallTracker {
 
     /// The calls open on a track, outermost first.
     pub fn open_calls(&self, pid: u32, track: Track) -> &[Frame] {
-        self.threads.get(&(pid, track)).map_or(&[], |t| t.frames.as_slice())
+        self.existing((pid, track)).map_or(&[], |slot| self.tracks[slot].frames.as_slice())
     }
 
     /// Ends every open call at `ts` (tracing stopped), track by track in (pid, track) order.
     pub fn finish(&mut self, ts: u64) -> Calls<'_> {
         self.ops.clear();
-        let mut keys: Vec<Key> = self.threads.keys().copied().collect();
+        let mut keys: Vec<(Key, Slot)> = self.slots.iter().map(|(k, s)| (*k, *s)).collect();
         keys.sort_unstable();
-        for key in keys {
-            let at = self.track_end(key);
-            self.plan_close(key, at, ts, Ending::TracingStopped);
+        for (key, slot) in keys {
+            let at = self.track_end(key, slot);
+            self.plan_close(key, slot, at, ts, Ending::TracingStopped);
         }
         Calls { tracker: self, ended: None }
     }
 
     /// Where a track's calls end without an event of their own: on its thread, or for a goroutine
     /// on the thread it last ran on.
-    fn track_end(&self, key: Key) -> At {
+    fn track_end(&self, key: Key, slot: Slot) -> At {
         let tid = match key.1 {
             Track::Thread(t) => t,
-            Track::Goroutine(_) => self.threads.get(&key).map_or(0, |t| t.last_tid),
+            Track::Goroutine(_) => self.tracks[slot].last_tid,
         };
         At { pid: key.0, tid, track: key.1 }
     }
 
     /// Ends every frame of a track as not returned, then forgets it.
-    fn plan_close(&mut self, key: Key, at: At, end: u64, ending: Ending) {
-        self.ops.push_back(Op::Pop { key, at, keep: 0, once: false, end, ending, call_seen: true, ret: None });
-        self.ops.push_back(Op::Remove { key });
+    fn plan_close(&mut self, key: Key, slot: Slot, at: At, end: u64, ending: Ending) {
+        self.ops.push_back(Op::Pop { slot, at, keep: 0, once: false, end, ending, call_seen: true, ret: None });
+        self.ops.push_back(Op::Remove { key, slot });
     }
 
     /// Ends every open call of a process (but `except`'s, planned already), track by track in order.
     fn plan_close_process(&mut self, pid: u32, except: Option<Key>, ts: u64, ending: Ending) {
-        let mut keys: Vec<Key> = self.threads.keys().filter(|k| k.0 == pid && Some(**k) != except).copied().collect();
+        let mut keys: Vec<(Key, Slot)> =
+            self.slots.iter().filter(|(k, _)| k.0 == pid && Some(**k) != except).map(|(k, s)| (*k, *s)).collect();
         keys.sort_unstable();
-        for key in keys {
-            let at = self.track_end(key);
-            self.plan_close(key, at, ts, ending);
+        for (key, slot) in keys {
+            let at = self.track_end(key, slot);
+            self.plan_close(key, slot, at, ts, ending);
         }
     }
 
     fn plan_return(&mut self, key: Key, at: At, ret: Return) {
         let max_depth = self.max_depth;
-        let thread = self.threads.entry(key).or_default();
+        let slot = self.slot(key);
+        let thread = &mut self.tracks[slot];
         thread.last_tid = at.tid;
         // Frames are in start order: those at `pos` and above started inside the returning call.
         let pos = thread.frames.partition_point(|f| f.start <= ret.start);
@@ -292,7 +358,7 @@ impl CallTracker {
             f.start == ret.start && f.function == *ret.function
         };
         let end = ret.end;
-        let pop = |keep, once, ending, call_seen, ret| Op::Pop { key, at, keep, once, end, ending, call_seen, ret };
+        let pop = |keep, once, ending, call_seen, ret| Op::Pop { slot, at, keep, once, end, ending, call_seen, ret };
         let target = if matched {
             pos - 1
         } else if pos == thread.frames.len() && thread.frames.len() >= max_depth {
@@ -305,7 +371,7 @@ impl CallTracker {
             if thread.frames.len() >= max_depth {
                 self.ops.push_back(pop(0, true, Ending::CallerReturned, true, None));
             }
-            let frame = Frame {
+            let frame = Box::new(Frame {
                 function: ret.function.clone(),
                 module: ret.module.clone(),
                 args: Args::default(),
@@ -315,13 +381,13 @@ impl CallTracker {
                 line: None,
                 start: ret.start,
                 callee_ns: 0,
-            };
-            self.ops.push_back(Op::Insert { key, pos, frame });
+            });
+            self.ops.push_back(Op::Insert { slot, pos, frame });
             pos
         };
         self.ops.push_back(pop(target + 1, false, Ending::CallerReturned, true, None));
         let returned = Ending::Returned { retval: ret.retval };
-        self.ops.push_back(pop(0, true, returned, matched, ret.value.cloned()));
+        self.ops.push_back(pop(0, true, returned, matched, ret.value.map(|v| Box::new(v.clone()))));
     }
 }
 
@@ -332,15 +398,17 @@ impl CallTracker {
 /// the rest of the event's work, unreported.
 pub struct Calls<'t> {
     tracker: &'t mut CallTracker,
-    /// The frame of the last slice reported, with its track: its time goes to its caller's
-    /// callee time when the next step is asked for.
-    ended: Option<(Key, Frame, u64)>,
+    /// The track whose top frame is the last slice reported, with its end: the frame stays in
+    /// place while the slice borrows it (a frame is large: not moving it is a tenth of
+    /// `report`'s time), and is dropped, its time going to its caller's callee time, when the
+    /// next step is asked for.
+    ended: Option<(Slot, u64)>,
 }
 
 /// What a step of [`Calls`] found, before it is borrowed into a [`CallEvent`].
 enum Step {
-    Begin { key: Key, tid: u32, depth: usize },
-    End { key: Key, at: At, end: u64, ending: Ending, call_seen: bool },
+    Begin { key: Key, slot: Slot, tid: u32, depth: usize },
+    End { slot: Slot, at: At, end: u64, ending: Ending, call_seen: bool },
 }
 
 impl Calls<'_> {
@@ -349,13 +417,13 @@ impl Calls<'_> {
     pub fn next(&mut self) -> Option<CallEvent<'_>> {
         self.credit_caller();
         Some(match self.step()? {
-            Step::Begin { key, tid, depth } => {
-                let frame = &self.tracker.threads[&key].frames[depth];
+            Step::Begin { key, slot, tid, depth } => {
+                let frame = &self.tracker.tracks[slot].frames[depth];
                 CallEvent::Begin { pid: key.0, tid, track: key.1, frame, depth }
             }
-            Step::End { key, at, end, ending, call_seen } => {
-                let (_, frame, _) = self.ended.as_ref().expect("a step that ends a call keeps its frame");
-                let callers = self.tracker.threads.get(&key).map_or(&[][..], |t| &t.frames[..]);
+            Step::End { slot, at, end, ending, call_seen } => {
+                let (frame, callers) =
+                    self.tracker.tracks[slot].frames.split_last().expect("a step that ends a call keeps its frame");
                 CallEvent::End(Slice {
                     pid: at.pid,
                     tid: at.tid,
@@ -370,12 +438,17 @@ impl Calls<'_> {
         })
     }
 
-    /// The last slice's time goes to its caller's callee time, once the slice has been seen.
+    /// The last slice's frame goes, and its time to its caller's callee time, once the slice has
+    /// been seen.
     fn credit_caller(&mut self) {
-        if let Some((key, frame, end)) = self.ended.take()
-            && let Some(caller) = self.tracker.threads.get_mut(&key).and_then(|t| t.frames.last_mut())
-        {
-            caller.callee_ns += end.saturating_sub(frame.start);
+        if let Some((slot, end)) = self.ended.take() {
+            let frames = &mut self.tracker.tracks[slot].frames;
+            let Some(ended) = frames.last() else { return };
+            let duration = end.saturating_sub(ended.start);
+            frames.truncate(frames.len() - 1);
+            if let Some(caller) = frames.last_mut() {
+                caller.callee_ns += duration;
+            }
         }
     }
 
@@ -383,30 +456,37 @@ impl Calls<'_> {
     fn step(&mut self) -> Option<Step> {
         loop {
             match self.tracker.ops.pop_front()? {
-                Op::Begin { key, tid, depth } => return Some(Step::Begin { key, tid, depth }),
-                Op::Insert { key, pos, frame } => {
-                    self.tracker.threads.entry(key).or_default().frames.insert(pos, frame);
+                Op::Begin { key, slot, tid, depth } => return Some(Step::Begin { key, slot, tid, depth }),
+                Op::Insert { slot, pos, frame } => {
+                    self.tracker.tracks[slot].frames.insert(pos, *frame);
                 }
-                Op::Remove { key } => {
-                    self.tracker.threads.remove(&key);
-                }
-                Op::Pop { key, at, keep, once, end, ending, call_seen, ret } => {
-                    let Some(thread) = self.tracker.threads.get_mut(&key) else { continue };
+                Op::Remove { key, slot } => self.tracker.remove(key, slot),
+                Op::Pop { slot, at, keep, once, end, ending, call_seen, ret } => {
+                    let thread = &mut self.tracker.tracks[slot];
                     if thread.frames.len() <= keep {
                         continue;
                     }
-                    let Some(mut frame) = thread.frames.pop() else { continue };
+                    let Some(frame) = thread.frames.last_mut() else { continue };
                     // Hidden calls were inside the top frame: they end with it.
                     thread.hidden = 0;
-                    if ret.is_some() {
-                        frame.ret = ret;
+                    if let Some(ret) = ret {
+                        frame.ret = Some(*ret);
                     }
                     if !once {
                         // More frames above `keep` may follow.
-                        self.tracker.ops.push_front(Op::Pop { key, at, keep, once, end, ending, call_seen, ret: None });
+                        self.tracker.ops.push_front(Op::Pop {
+                            slot,
+                            at,
+                            keep,
+                            once,
+                            end,
+                            ending,
+                            call_seen,
+                            ret: None,
+                        });
                     }
-                    self.ended = Some((key, frame, end));
-                    return Some(Step::End { key, at, end, ending, call_seen });
+                    self.ended = Some((slot, end));
+                    return Some(Step::End { slot, at, end, ending, call_seen });
                 }
             }
         }

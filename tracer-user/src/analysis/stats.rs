@@ -182,14 +182,63 @@ type LogKey = (Option<u32>, Level, Option<String>);
 /// What `usdt` events are counted by: (pid with `--by-process`, provider, name).
 type UsdtKey = (Option<u32>, Arc<str>, Arc<str>);
 
+/// What a function's calls are counted by: (pid with `--by-process`, its name).
+type FunctionKey = (Option<u32>, Arc<str>);
+
+/// Entries of [`Functions::recent`]: a power of two.
+const RECENT: usize = 64;
+
+/// The function table, updated at every call's end.
+///
+/// Found by name (FNV: several times faster than SipHash on a short name) only when the name's
+/// `Arc` is not one of the recent ones, remembered by address: readers hand out one `Arc` per
+/// distinct name, so that hashing and comparing a name is rare. A recent entry holds its `Arc`,
+/// so that its address cannot be reused by another name while it is remembered.
+#[derive(Debug)]
+struct Functions {
+    by_name: fnv::FnvHashMap<FunctionKey, usize>,
+    accumulators: Vec<(FunctionKey, Accumulator)>,
+    /// Direct-mapped by the name's address.
+    recent: Vec<Option<(FunctionKey, usize)>>,
+}
+
+impl Default for Functions {
+    fn default() -> Self {
+        Functions { by_name: fnv::FnvHashMap::default(), accumulators: Vec::new(), recent: vec![None; RECENT] }
+    }
+}
+
+impl Functions {
+    fn get(&mut self, pid: Option<u32>, function: &Arc<str>) -> &mut Accumulator {
+        let address = Arc::as_ptr(function) as *const u8 as usize;
+        let way = (address >> 4 ^ pid.unwrap_or(0) as usize) & (RECENT - 1);
+        let index = match &self.recent[way] {
+            Some(((p, f), index)) if *p == pid && Arc::ptr_eq(f, function) => *index,
+            _ => {
+                let key = (pid, function.clone());
+                let next = self.accumulators.len();
+                let index = *self.by_name.entry(key.clone()).or_insert(next);
+                if index == next {
+                    self.accumulators.push((key.clone(), Accumulator::default()));
+                }
+                self.recent[way] = Some((key, index));
+                index
+            }
+        };
+        &mut self.accumulators[index].1
+    }
+}
+
 /// Builds a [`Report`] from a trace's events; a [`Sink`], so it reads a trace in one pass.
 #[derive(Debug, Default)]
 pub struct ReportBuilder {
     by_process: bool,
     tracker: CallTracker,
     names: ProcessNames,
-    /// Updated at every call's end: FNV hashes a short name several times faster than SipHash.
-    functions: fnv::FnvHashMap<(Option<u32>, Arc<str>), Accumulator>,
+    functions: Functions,
+    /// The process of the last event, known to be in `processes` (most events are on the
+    /// process of the one before).
+    last_pid: Option<u32>,
     processes: BTreeMap<u32, ProcessStats>,
     logs: BTreeMap<LogKey, u64>,
     usdt: BTreeMap<UsdtKey, u64>,
@@ -211,9 +260,9 @@ impl ReportBuilder {
     }
 
     fn build(&mut self, end: &TraceEnd) -> Report {
-        let mut functions: Vec<FunctionStats> = self
-            .functions
-            .drain()
+        let mut functions: Vec<FunctionStats> = std::mem::take(&mut self.functions)
+            .accumulators
+            .into_iter()
             .map(|((pid, function), mut acc)| FunctionStats {
                 function: function.to_string(),
                 pid,
@@ -264,15 +313,10 @@ impl ReportBuilder {
 }
 
 /// Adds the calls that ended to the function table.
-fn count_calls(
-    mut calls: Calls,
-    functions: &mut fnv::FnvHashMap<(Option<u32>, Arc<str>), Accumulator>,
-    by_process: bool,
-) {
+fn count_calls(mut calls: Calls, functions: &mut Functions, by_process: bool) {
     while let Some(c) = calls.next() {
         let CallEvent::End(slice) = c else { continue };
-        let key = (by_process.then_some(slice.pid), slice.frame.function.clone());
-        let acc = functions.entry(key).or_default();
+        let acc = functions.get(by_process.then_some(slice.pid), &slice.frame.function);
         let duration = slice.duration();
         acc.min = if acc.calls == 0 { duration } else { acc.min.min(duration) };
         acc.max = acc.max.max(duration);
@@ -301,7 +345,10 @@ impl Sink for ReportBuilder {
     fn event(&mut self, e: &Event) -> io::Result<()> {
         self.names.event(e);
         count_calls(self.tracker.event(e), &mut self.functions, self.by_process);
-        self.process(e.pid, e.ts);
+        if self.last_pid != Some(e.pid) {
+            self.process(e.pid, e.ts);
+            self.last_pid = Some(e.pid);
+        }
         match &e.data {
             EventData::Spawn(data::Spawn { child_pid, how: SpawnHow::Fork, .. }) => {
                 self.process(e.pid, e.ts).children += 1;
