@@ -5,9 +5,12 @@
 //! (the collector's side). Only private test addresses are used, only inside these namespaces.
 
 use std::{
+    fs::File,
     net::Ipv4Addr,
-    process::Command,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
     sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
 };
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -82,5 +85,71 @@ impl Drop for Network {
             ip_quiet(&["link", "del", &h.link]);
         }
         ip_quiet(&["link", "del", &format!("trc{}br", self.id)]);
+    }
+}
+
+/// Where the tests' agents listen, on their host's address.
+pub const AGENT_PORT: u16 = 7070;
+
+/// A `tracer agent` in a host's namespace, its stderr in a file; stopped when dropped (SIGTERM,
+/// then SIGKILL after 10 s).
+pub struct NetAgent {
+    child: Child,
+    log: PathBuf,
+}
+
+impl NetAgent {
+    /// `tracer agent --listen ADDR:AGENT_PORT --allow-commands EXTRA..` in host `host`'s namespace
+    /// (the tests launch their workloads through the agents), its stderr in `dir/agent-NAME.log`.
+    pub fn start(net: &Network, host: usize, name: &str, dir: &Path, extra: &[&str]) -> NetAgent {
+        let mut command = net.command(host, &crate::tracer_bin());
+        command
+            .args(["agent", "--listen", &format!("{}:{AGENT_PORT}", net.hosts[host].addr), "--allow-commands"])
+            .args(extra);
+        NetAgent::spawn(command, dir.join(format!("agent-{name}.log")))
+    }
+
+    /// Runs `command`, which must exec the agent (so that the child's pid is the agent's, as `ip
+    /// netns exec` does), its stderr in `log`; returns once it listens.
+    pub fn spawn(mut command: Command, log: PathBuf) -> NetAgent {
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).unwrap())
+            .spawn()
+            .expect("start agent");
+        let agent = NetAgent { child, log };
+        agent.wait_for_log("listening on");
+        agent
+    }
+
+    /// The agent's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the agent has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (up to 40 s) for `text` in the agent's log; returns the log.
+    pub fn wait_for_log(&self, text: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let log = self.log();
+            if log.contains(text) {
+                return log;
+            }
+            assert!(Instant::now() < deadline, "agent never logged {text:?}: {log}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NetAgent {
+    fn drop(&mut self) {
+        // The child is the agent (see `spawn`).
+        crate::stop_child(&mut self.child);
     }
 }

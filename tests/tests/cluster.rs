@@ -3,83 +3,26 @@
 
 use std::{
     collections::BTreeMap,
-    fs::File,
     io::Write as _,
     net::TcpStream,
     path::{Path, PathBuf},
-    process::{Child, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 use tracer_tests::{
-    Trace, TracerRun, bpf_fds, fixture, gen_secret, netns::Network, process_state, temp_dir, tracer, tracer_bin,
-    u64_field, wait_with_timeout,
+    Trace, TracerRun, bpf_fds, fixture, gen_secret,
+    netns::{AGENT_PORT, NetAgent, Network},
+    process_state, temp_dir, tracer, tracer_bin, u64_field, wait_with_timeout,
 };
-
-const PORT: u16 = 7070;
-
-/// An agent running in a host's namespace, its stderr in a file.
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    /// Started with `--allow-commands`: these tests launch their workloads through the agents.
-    fn start(net: &Network, host: usize, name: &str, dir: &Path, extra: &[&str]) -> Agent {
-        let log = dir.join(format!("agent-{name}.log"));
-        let child = net
-            .command(host, &tracer_bin())
-            .args(["agent", "--listen", &format!("{}:{PORT}", net.hosts[host].addr)])
-            .arg("--allow-commands")
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .expect("start agent");
-        let agent = Agent { child, log };
-        agent.wait_for_log("listening on");
-        agent
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits (up to 20 s) for a line containing `text` in the agent's log.
-    fn wait_for_log(&self, text: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.log().contains(text) {
-            assert!(Instant::now() < deadline, "agent never logged {text:?}: {}", self.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our child (`ip netns exec` execs the agent, so it is the agent).
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn secret(dir: &Path, name: &str) -> PathBuf {
     gen_secret(dir, name)
 }
 
 fn agent_arg(net: &Network, host: usize, name: &str) -> String {
-    format!("{name}={}:{PORT}", net.hosts[host].addr)
+    format!("{name}={}:{AGENT_PORT}", net.hosts[host].addr)
 }
 
 fn transfers<'a>(t: &'a Trace, host: &str, kind: &'a str) -> Vec<&'a Value> {
@@ -119,9 +62,9 @@ fn three_hosts_one_timeline_with_cross_host_links_and_skew_removed() {
     let net = Network::new(3);
     let s = secret(dir.path(), "swordfish");
     let s = s.to_str().unwrap();
-    let _a = Agent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
-    let _b = Agent::start(&net, 1, "b", dir.path(), &["--secret-file", s, "--test-clock-skew-ns", "5000000"]);
-    let _c = Agent::start(&net, 2, "c", dir.path(), &["--secret-file", s, "--test-clock-skew-ns", "-3000000"]);
+    let _a = NetAgent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
+    let _b = NetAgent::start(&net, 1, "b", dir.path(), &["--secret-file", s, "--test-clock-skew-ns", "5000000"]);
+    let _c = NetAgent::start(&net, 2, "c", dir.path(), &["--secret-file", s, "--test-clock-skew-ns", "-3000000"]);
     let ipc = fixture("ipc");
     let ipc = ipc.to_str().unwrap();
     let server = net.hosts[1].addr;
@@ -228,7 +171,7 @@ fn authentication_is_required_and_checked() {
     let net = Network::new(1);
     let good = secret(dir.path(), "swordfish");
     let wrong = secret(dir.path(), "tuna");
-    let agent = Agent::start(&net, 0, "a", dir.path(), &["--secret-file", good.to_str().unwrap()]);
+    let agent = NetAgent::start(&net, 0, "a", dir.path(), &["--secret-file", good.to_str().unwrap()]);
     let ipc = fixture("ipc");
     let collect = |extra: &[&str]| {
         let mut args = vec!["collect".to_string(), "--agent".into(), agent_arg(&net, 0, "a")];
@@ -289,8 +232,8 @@ fn a_dropped_link_is_resumed_without_loss_or_duplicates() {
     let net = Network::new(2);
     let s = secret(dir.path(), "swordfish");
     let s = s.to_str().unwrap();
-    let _a = Agent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
-    let _b = Agent::start(&net, 1, "b", dir.path(), &["--secret-file", s]);
+    let _a = NetAgent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
+    let _b = NetAgent::start(&net, 1, "b", dir.path(), &["--secret-file", s]);
     let ipc = fixture("ipc");
     let server = net.hosts[1].addr;
     let out = dir.path().join("merged.jsonl");
@@ -343,7 +286,7 @@ fn garbage_and_oversized_frames_close_only_their_connection() {
     let dir = temp_dir();
     let net = Network::new(1);
     let s = secret(dir.path(), "swordfish");
-    let agent = Agent::start(&net, 0, "a", dir.path(), &["--secret-file", s.to_str().unwrap()]);
+    let agent = NetAgent::start(&net, 0, "a", dir.path(), &["--secret-file", s.to_str().unwrap()]);
     let calls = fixture("calls");
     let out = dir.path().join("t.jsonl");
     let args: Vec<String> = [
@@ -365,7 +308,7 @@ fn garbage_and_oversized_frames_close_only_their_connection() {
     .map(|s| s.to_string())
     .collect();
     let collector = TracerRun::spawn(&args, out.clone());
-    let addr = (net.hosts[0].addr, PORT);
+    let addr = (net.hosts[0].addr, AGENT_PORT);
     let mut oversized = TcpStream::connect(addr).unwrap();
     oversized.write_all(&u32::MAX.to_le_bytes()).unwrap();
     let mut garbage = TcpStream::connect(addr).unwrap();
@@ -398,7 +341,7 @@ fn an_orphaned_trace_is_stopped_and_its_target_keeps_running() {
     let net = Network::new(1);
     let s = secret(dir.path(), "swordfish");
     let agent =
-        Agent::start(&net, 0, "a", dir.path(), &["--secret-file", s.to_str().unwrap(), "--orphan-timeout", "2"]);
+        NetAgent::start(&net, 0, "a", dir.path(), &["--secret-file", s.to_str().unwrap(), "--orphan-timeout", "2"]);
     let calls = fixture("calls");
     let args: Vec<String> = [
         "collect",
@@ -440,7 +383,7 @@ fn tls_protects_links_that_leave_the_machine() {
     std::fs::write(&cert_path, cert.cert.pem()).unwrap();
     std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
     let s = secret(dir.path(), "swordfish");
-    let _agent = Agent::start(
+    let _agent = NetAgent::start(
         &net,
         0,
         "a",
@@ -498,7 +441,7 @@ fn a_stopped_collectors_probes_are_detached_and_its_target_keeps_running() {
     let net = Network::new(1);
     let s = secret(dir.path(), "swordfish");
     let agent =
-        Agent::start(&net, 0, "a", dir.path(), &["--secret-file", s.to_str().unwrap(), "--orphan-timeout", "2"]);
+        NetAgent::start(&net, 0, "a", dir.path(), &["--secret-file", s.to_str().unwrap(), "--orphan-timeout", "2"]);
     let calls = fixture("calls");
     let out = dir.path().join("t.jsonl");
     let args: Vec<String> = [
@@ -519,7 +462,7 @@ fn a_stopped_collectors_probes_are_detached_and_its_target_keeps_running() {
     .collect();
     let collector = TracerRun::spawn(&args, out);
     agent.wait_for_log("started");
-    let agent_pid = agent.child.id();
+    let agent_pid = agent.pid();
     assert!(bpf_fds(agent_pid) > 0, "probes attached");
     let cmdline = format!("{}\0loop\0", calls.display());
     let target = tracer_tests::find_process(|line| line == cmdline).expect("the target runs") as u32;
@@ -547,9 +490,9 @@ fn an_incomplete_trace_is_never_reported_as_complete() {
     let net = Network::new(2);
     let s = secret(dir.path(), "swordfish");
     let s = s.to_str().unwrap();
-    let _a = Agent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
+    let _a = NetAgent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
     // An outbox of 5 events: whatever is produced while the link is down beyond that is dropped.
-    let _b = Agent::start(&net, 1, "b", dir.path(), &["--secret-file", s, "--buffer-events", "5"]);
+    let _b = NetAgent::start(&net, 1, "b", dir.path(), &["--secret-file", s, "--buffer-events", "5"]);
     let calls = fixture("calls");
     let out = dir.path().join("t.jsonl");
     let args: Vec<String> = [

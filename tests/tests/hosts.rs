@@ -7,21 +7,19 @@
 
 use std::{
     collections::BTreeMap,
-    fs::File,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    process::{Command, Stdio},
+    time::Duration,
 };
 
 use serde_json::Value;
 use tracer_tests::{
     TracerRun, fixture, gen_secret,
-    netns::Network,
+    netns::{AGENT_PORT, NetAgent, Network},
     perfetto::{trace_packet, track_event},
     record, temp_dir, tracer, tracer_bin, u64_field,
 };
 
-const PORT: u16 = 7070;
 /// What both machines call themselves.
 const TWIN: &str = "twin";
 /// Host `i` of a visual export adds `i * 2^22` to its ids.
@@ -32,46 +30,15 @@ const CALLS: [(&str, u64); 6] =
     [("child_main", 1), ("leaf", 9), ("recurse", 4), ("run", 1), ("step", 3), ("worker", 1)];
 
 /// An agent in a host's network namespace and a UTS namespace of its own named [`TWIN`].
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn start(net: &Network, host: usize, secret: &Path, dir: &Path) -> Agent {
-        let log = dir.join(format!("agent-{host}.log"));
-        // `ip netns exec`, `unshare` (without --fork) and `sh`'s exec all exec: the child is the agent.
-        let child = net
-            .command(host, Path::new("unshare"))
-            .args(["--uts", "--", "sh", "-c", &format!("hostname {TWIN} && exec \"$0\" \"$@\"")])
-            .arg(tracer_bin())
-            .args(["agent", "--listen", &format!("{}:{PORT}", net.hosts[host].addr), "--secret-file"])
-            .arg(secret)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .expect("start agent");
-        let agent = Agent { child, log };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !std::fs::read_to_string(&agent.log).unwrap_or_default().contains("listening on") {
-            assert!(
-                Instant::now() < deadline,
-                "agent never listened: {}",
-                std::fs::read_to_string(&agent.log).unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        agent
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
+fn twin_agent(net: &Network, host: usize, secret: &Path, dir: &Path) -> NetAgent {
+    // `ip netns exec`, `unshare` (without --fork) and `sh`'s exec all exec: the child is the agent.
+    let mut command = net.command(host, Path::new("unshare"));
+    command
+        .args(["--uts", "--", "sh", "-c", &format!("hostname {TWIN} && exec \"$0\" \"$@\"")])
+        .arg(tracer_bin())
+        .args(["agent", "--listen", &format!("{}:{AGENT_PORT}", net.hosts[host].addr), "--secret-file"])
+        .arg(secret);
+    NetAgent::spawn(command, dir.join(format!("agent-{host}.log")))
 }
 
 fn pid_in_use(pid: u32) -> bool {
@@ -127,7 +94,7 @@ fn hosts_that_share_a_hostname_and_pids_stay_apart_in_every_format() {
     let dir = temp_dir();
     let net = Network::new(2);
     let secret = gen_secret(dir.path(), "hosts");
-    let _agents: Vec<Agent> = (0..2).map(|i| Agent::start(&net, i, &secret, dir.path())).collect();
+    let _agents: Vec<NetAgent> = (0..2).map(|i| twin_agent(&net, i, &secret, dir.path())).collect();
     // A copy of the fixture per host: a binary target is every process that runs that file.
     let programs: Vec<PathBuf> = ["web", "db"]
         .iter()
@@ -141,7 +108,7 @@ fn hosts_that_share_a_hostname_and_pids_stay_apart_in_every_format() {
     let out = dir.path().join("merged.jsonl");
     let mut args: Vec<String> = vec!["collect".into(), "-o".into(), out.display().to_string()];
     for (i, name) in ["web", "db"].iter().enumerate() {
-        args.extend(["--agent".into(), format!("{name}={}:{PORT}", net.hosts[i].addr)]);
+        args.extend(["--agent".into(), format!("{name}={}:{AGENT_PORT}", net.hosts[i].addr)]);
         args.extend(["-b".into(), format!("{name}:{}", programs[i].display())]);
     }
     args.extend(["--secret-file".into(), secret.display().to_string(), "-e".into(), "call,return,spawn,exit".into()]);

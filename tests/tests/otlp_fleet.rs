@@ -7,71 +7,16 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
-    fs::File,
     net::IpAddr,
-    path::{Path, PathBuf},
-    process::{Child, Stdio},
-    time::{Duration, Instant},
+    path::Path,
 };
 
 use tracer_tests::{
     TracerRun, fixture, gen_secret,
-    netns::Network,
+    netns::{AGENT_PORT, NetAgent, Network},
     rotel::{Rotel, Span, spans_sent},
-    temp_dir, tracer_bin,
+    temp_dir,
 };
-
-const PORT: u16 = 7070;
-
-/// An agent in a host's namespace, exporting to `otlp`, its stderr in a file.
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn start(net: &Network, host: usize, secret: &Path, otlp: &str, dir: &Path) -> Agent {
-        let log = dir.join(format!("agent-{host}.log"));
-        let child = net
-            .command(host, &tracer_bin())
-            .args(["agent", "--allow-commands", "--listen", &format!("{}:{PORT}", net.hosts[host].addr)])
-            .arg("--secret-file")
-            .arg(secret)
-            .args(["--otlp", otlp])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .expect("start agent");
-        let agent = Agent { child, log };
-        agent.wait_for_log("listening on");
-        agent
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn wait_for_log(&self, text: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(40);
-        loop {
-            let log = self.log();
-            if log.contains(text) {
-                return log;
-            }
-            assert!(Instant::now() < deadline, "agent never logged {text:?}: {log}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our child (`ip netns exec` execs the agent, so it is the agent).
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
 
 /// `tracer collect` of the fixture's client on host a and server on host b.
 fn collect(net: &Network, secret: &Path, out: &Path, otlp: Option<&str>) -> (tracer_tests::Run, tracer_tests::Trace) {
@@ -80,9 +25,9 @@ fn collect(net: &Network, secret: &Path, out: &Path, otlp: Option<&str>) -> (tra
     let mut args: Vec<String> = vec![
         "collect".into(),
         "--agent".into(),
-        format!("a={}:{PORT}", net.hosts[0].addr),
+        format!("a={}:{AGENT_PORT}", net.hosts[0].addr),
         "--agent".into(),
-        format!("b={}:{PORT}", net.hosts[1].addr),
+        format!("b={}:{AGENT_PORT}", net.hosts[1].addr),
         "--secret-file".into(),
         secret.display().to_string(),
         "-e".into(),
@@ -118,7 +63,12 @@ fn agents_export_their_spans_and_the_collector_only_the_cross_host_links() {
     };
     let rotel = Rotel::start_on(dir.path(), bridge);
     let secret = gen_secret(dir.path(), "fleet");
-    let agents: Vec<Agent> = (0..2).map(|i| Agent::start(&net, i, &secret, &rotel.url, dir.path())).collect();
+    let secret_path = secret.to_str().unwrap();
+    let agents: Vec<NetAgent> = (0..2)
+        .map(|i| {
+            NetAgent::start(&net, i, &i.to_string(), dir.path(), &["--secret-file", secret_path, "--otlp", &rotel.url])
+        })
+        .collect();
     let out = dir.path().join("merged.jsonl");
     let (run, trace) = collect(&net, &secret, &out, Some(&rotel.url));
     assert_eq!(run.code(), 0, "{run:?}");
