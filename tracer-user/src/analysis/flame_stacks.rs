@@ -184,11 +184,7 @@ pub fn folded_lines(roots: &[FlameNode]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::data;
-    use crate::{
-        event::EventData,
-        event::test_events::{call, ev, ret},
-    };
+    use crate::event::test_events::{call, call_in, ret, ret_in};
 
     fn flame(max_depth: usize, events: &[Event], end_ts: u64) -> Vec<FlameNode> {
         let mut c = StackCollector::new(CallTracker::new(max_depth));
@@ -275,47 +271,12 @@ mod tests {
 
     #[test]
     fn processes_without_a_returned_call_are_left_out_and_roots_sort_by_time() {
-        let other = |ts, data| ev(ts, 2, 2, data);
         let events = [
             call(100, 1, "short"),
             ret(150, 1, "short", Some(50)),
-            other(
-                100,
-                EventData::Call(data::Call {
-                    function: "long".into(),
-                    module: "m".into(),
-                    args: [0; 6].into(),
-                    goid: None,
-                    params: Default::default(),
-                    file: None,
-                    line: None,
-                }),
-            ),
-            other(
-                400,
-                EventData::Return(data::Return {
-                    function: "long".into(),
-                    module: "m".into(),
-                    retval: 0,
-                    duration_ns: Some(300),
-                    goid: None,
-                    ret: None,
-                }),
-            ),
-            ev(
-                100,
-                3,
-                3,
-                EventData::Call(data::Call {
-                    function: "never_returns".into(),
-                    module: "m".into(),
-                    args: [0; 6].into(),
-                    goid: None,
-                    params: Default::default(),
-                    file: None,
-                    line: None,
-                }),
-            ),
+            call_in(100, 2, 2, "long"),
+            ret_in(400, 2, 2, "long", Some(300)),
+            call_in(100, 3, 3, "never_returns"),
         ];
         let roots = flame(64, &events, 1000);
         let names: Vec<(&str, u64)> = roots.iter().map(|r| (r.name.as_str(), r.value)).collect();

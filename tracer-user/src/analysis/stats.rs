@@ -549,7 +549,7 @@ mod tests {
     use super::*;
     use crate::{
         event::Channel,
-        event::test_events::{call, ev, log, ret, usdt},
+        event::test_events::{call, call_in, ev, log, ret, ret_in, usdt},
         event::test_events::{end, start},
     };
 
@@ -683,35 +683,13 @@ mod tests {
 
     #[test]
     fn by_process_and_sorting() {
-        let other = |ts, data| ev(ts, 2, 2, data);
         let mut r = report(
             true,
             &[
                 call(100, 1, "f"),
                 ret(200, 1, "f", Some(100)),
-                other(
-                    100,
-                    EventData::Call(data::Call {
-                        function: "f".into(),
-                        module: "m".into(),
-                        args: [0; 6].into(),
-                        goid: None,
-                        params: Default::default(),
-                        file: None,
-                        line: None,
-                    }),
-                ),
-                other(
-                    400,
-                    EventData::Return(data::Return {
-                        function: "f".into(),
-                        module: "m".into(),
-                        retval: 0,
-                        duration_ns: Some(300),
-                        goid: None,
-                        ret: None,
-                    }),
-                ),
+                call_in(100, 2, 2, "f"),
+                ret_in(400, 2, 2, "f", Some(300)),
             ],
             1000,
         );

@@ -75,6 +75,42 @@ pub fn ret(ts: u64, tid: u32, f: &str, dur: Option<u64>) -> Event {
     )
 }
 
+/// A call of `f` in module `m` by thread `tid` of `pid`, every argument 0 (a second process
+/// beside [`call`]'s).
+pub fn call_in(ts: u64, pid: u32, tid: u32, f: &str) -> Event {
+    ev(
+        ts,
+        pid,
+        tid,
+        EventData::Call(data::Call {
+            function: f.into(),
+            module: "m".into(),
+            args: [0; 6].into(),
+            goid: None,
+            params: Default::default(),
+            file: None,
+            line: None,
+        }),
+    )
+}
+
+/// The return of `f` (see [`call_in`]), with 0.
+pub fn ret_in(ts: u64, pid: u32, tid: u32, f: &str, dur: Option<u64>) -> Event {
+    ev(
+        ts,
+        pid,
+        tid,
+        EventData::Return(data::Return {
+            function: f.into(),
+            module: "m".into(),
+            retval: 0,
+            duration_ns: dur,
+            goid: None,
+            ret: None,
+        }),
+    )
+}
+
 /// A Go call of goroutine `goid`, on thread `tid`.
 pub fn go_call(ts: u64, tid: u32, goid: u64, f: &str) -> Event {
     ev(
