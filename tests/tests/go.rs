@@ -110,14 +110,27 @@ fn go_call_that_blocks_and_resumes_on_another_thread_stays_paired() {
     let (run, t) = record(dir.path(), &["-f", "main.blocker", "--", fixture("gofixture").to_str().unwrap(), "block"]);
     assert_eq!(run.code(), 0, "{run:?}");
     assert_eq!(t.lost(), 0);
-    // The fixture itself saw each of its four blocker() calls resume on another thread.
+    // The fixture's own account, `blocker K TID0 TID1` for each call: the threads its entry and its
+    // return ran on (it holds the goroutine to its thread at both, so those are the threads the
+    // probes ran on), and it called blocker() until four calls had moved.
+    let threads: Vec<(u64, u64)> = run
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("blocker "))
+        .map(|l| {
+            let w: Vec<u64> = l.split_whitespace().map(|w| w.parse().unwrap()).collect();
+            (w[1], w[2])
+        })
+        .collect();
     assert!(run.stdout.contains("moved 4"), "{run:?}");
+    assert_eq!(threads.iter().filter(|(a, b)| a != b).count(), 4, "{run:?}");
     let calls = t.calls("main.blocker");
     let returns = t.returns("main.blocker");
-    assert_eq!((calls.len(), returns.len()), (4, 4));
-    for (k, (c, r)) in calls.iter().zip(&returns).enumerate() {
+    assert_eq!((calls.len(), returns.len()), (threads.len(), threads.len()), "{run:?}");
+    for (k, ((c, r), (entry_tid, return_tid))) in calls.iter().zip(&returns).zip(&threads).enumerate() {
         assert_eq!(c["goid"], r["goid"], "{c} / {r}");
-        assert_ne!(c["tid"], r["tid"], "the return is on another thread: {c} / {r}");
+        assert_eq!(u64_field(c, "tid"), *entry_tid, "the call is on the thread the fixture saw: {c}");
+        assert_eq!(u64_field(r, "tid"), *return_tid, "the return is on the thread the fixture saw: {r}");
         assert_eq!(u64_field(r, "duration_ns"), u64_field(r, "ts") - u64_field(c, "ts"));
         // It blocked until main sent, 20 ms after starting it.
         assert!(u64_field(r, "duration_ns") > 10_000_000, "{r}");
@@ -137,7 +150,7 @@ fn go_call_that_blocks_and_resumes_on_another_thread_stays_paired() {
     let chrome: Value = serde_json::from_str(&std::fs::read_to_string(&chrome).unwrap()).unwrap();
     let slices: Vec<&Value> =
         chrome["traceEvents"].as_array().unwrap().iter().filter(|e| e["name"] == "main.blocker").collect();
-    assert_eq!(slices.len(), 4);
+    assert_eq!(slices.len(), threads.len());
     for (s, r) in slices.iter().zip(&returns) {
         let goid = u64_field(r, "goid");
         assert_eq!(s["args"]["goid"], goid);
