@@ -3,8 +3,10 @@
 //!
 //! The stream is [`CALLS`] calls of `work()` in `tests/fixtures/c/bench.c` (built with `-pg`, so
 //! uftrace can trace it too): `tracer record -f work -e call,return` writes it as JSON lines and
-//! as native, `uftrace record -P work` in its own format. Each `report` runs [`RUNS`] times; the
-//! median is shown. uftrace is installed by `cargo xtask setup`; without it its rows say so.
+//! as native, `uftrace record -P work` in its own format. Then the three `report`s run in turn,
+//! [`RUNS`] rounds (so that a burst of load on this noisy machine falls on all of them alike), and
+//! each one's median is shown, with the ratio of tracer's native `report` to `uftrace report`.
+//! uftrace is installed by `cargo xtask setup`; without it its rows say so.
 
 use std::{
     path::Path,
@@ -17,7 +19,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::{bench::fixture, root};
 
 const CALLS: u64 = 1_000_000;
-const RUNS: usize = 3;
+const RUNS: usize = 5;
 
 fn run(what: &str, cmd: &mut Command) -> Result<Duration> {
     let start = Instant::now();
@@ -29,10 +31,9 @@ fn run(what: &str, cmd: &mut Command) -> Result<Duration> {
     Ok(start.elapsed())
 }
 
-fn median_of(what: &str, mut make: impl FnMut() -> Command) -> Result<Duration> {
-    let mut times = (0..RUNS).map(|_| run(what, &mut make())).collect::<Result<Vec<_>>>()?;
+fn median(mut times: Vec<Duration>) -> Duration {
     times.sort();
-    Ok(times[RUNS / 2])
+    times[times.len() / 2]
 }
 
 /// Total size of a file, or of the files in a directory.
@@ -56,6 +57,14 @@ fn row(what: &str, bytes: u64, events: u64, report: Duration) {
     );
 }
 
+/// One trace to report on: its row's name, its size, and how to run its `report`.
+struct Reader {
+    name: String,
+    bytes: u64,
+    report: Command,
+    times: Vec<Duration>,
+}
+
 pub fn run_bench(tracer: &Path) -> Result<()> {
     let bench = fixture("bench")?;
     let dir = root().join("target/bench/native");
@@ -63,12 +72,10 @@ pub fn run_bench(tracer: &Path) -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let events = 2 * CALLS;
     println!(
-        "xtask: {CALLS} calls of work() (tests/fixtures/c/bench.c, {events} events) recorded by each tool; `report` {RUNS} times each (median)"
+        "xtask: {CALLS} calls of work() (tests/fixtures/c/bench.c, {events} events) recorded by each tool; then each `report` in turn, {RUNS} rounds (median)"
     );
-    println!();
-    println!("| format | bytes/event | report | events/s |");
-    println!("|---|---|---|---|");
-    for name in ["bench.jsonl", "bench.trc"] {
+    let mut readers = Vec::new();
+    for (name, what) in [("bench.jsonl", "tracer, JSON lines"), ("bench.trc", "tracer, native")] {
         let out = dir.join(name);
         run(
             &format!("tracer record -o {name}"),
@@ -79,17 +86,9 @@ pub fn run_bench(tracer: &Path) -> Result<()> {
                 .arg(&bench)
                 .arg(CALLS.to_string()),
         )?;
-        let report = median_of("tracer report", || {
-            let mut c = Command::new(tracer);
-            c.arg("report").arg(&out);
-            c
-        })?;
-        row(
-            &format!("tracer, {}", if name.ends_with("trc") { "native" } else { "JSON lines" }),
-            size(&out)?,
-            events,
-            report,
-        );
+        let mut report = Command::new(tracer);
+        report.arg("report").arg(&out);
+        readers.push(Reader { name: what.into(), bytes: size(&out)?, report, times: Vec::new() });
     }
     let uftrace_dir = dir.join("uftrace.data");
     let recorded = Command::new("uftrace")
@@ -100,13 +99,8 @@ pub fn run_bench(tracer: &Path) -> Result<()> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .output();
-    match recorded {
+    let uftrace_missing = match recorded {
         Ok(out) if out.status.success() => {
-            let report = median_of("uftrace report", || {
-                let mut c = Command::new("uftrace");
-                c.args(["report", "-d"]).arg(&uftrace_dir);
-                c
-            })?;
             // The trace data proper: the per-thread `.dat` files (the rest is symbols and maps).
             let mut data = 0;
             for entry in std::fs::read_dir(&uftrace_dir)? {
@@ -115,10 +109,32 @@ pub fn run_bench(tracer: &Path) -> Result<()> {
                     data += size(&path)?;
                 }
             }
-            row("uftrace (its `.dat` files)", data, events, report);
+            let mut report = Command::new("uftrace");
+            report.args(["report", "-d"]).arg(&uftrace_dir);
+            readers.push(Reader { name: "uftrace (its `.dat` files)".into(), bytes: data, report, times: Vec::new() });
+            None
         }
-        Ok(out) => println!("| uftrace | could not record: {} | | |", String::from_utf8_lossy(&out.stderr).trim()),
-        Err(_) => println!("| uftrace | not installed (apt-get install uftrace, or `cargo xtask setup`) | | |"),
+        Ok(out) => Some(format!("could not record: {}", String::from_utf8_lossy(&out.stderr).trim())),
+        Err(_) => Some("not installed (apt-get install uftrace, or `cargo xtask setup`)".to_string()),
+    };
+    for _ in 0..RUNS {
+        for r in &mut readers {
+            r.times.push(run(&format!("report of {}", r.name), &mut r.report)?);
+        }
+    }
+    println!();
+    println!("| format | bytes/event | report | events/s |");
+    println!("|---|---|---|---|");
+    let medians: Vec<Duration> = readers.iter().map(|r| median(r.times.clone())).collect();
+    for (r, m) in readers.iter().zip(&medians) {
+        row(&r.name, r.bytes, events, *m);
+    }
+    match uftrace_missing {
+        Some(why) => println!("| uftrace | {why} | | |"),
+        None => println!(
+            "\nratio, tracer's native `report` to `uftrace report` (medians of the same rounds): {:.2}",
+            medians[1].as_secs_f64() / medians[2].as_secs_f64()
+        ),
     }
     Ok(())
 }
