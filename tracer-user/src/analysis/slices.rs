@@ -24,7 +24,7 @@ use crate::event::data;
 use std::{collections::VecDeque, sync::Arc};
 
 pub use crate::event::Track;
-use crate::event::{Args, Event, EventData, SpawnHow};
+use crate::event::{Args, Event, EventData, SpawnHow, set_name};
 
 /// Most open calls tracked per track; deeper calls are folded into the call at this depth. Go
 /// calls have no kernel depth limit (their returns come from probes on `ret` instructions), and
@@ -123,9 +123,96 @@ pub enum CallEvent<'a> {
     End(Slice<'a>),
 }
 
+/// A track's open calls, outermost first.
+///
+/// The frames of ended calls stay in the vector, past `open`, for the next calls to overwrite:
+/// a frame is large (two names, nine registers, source-level values), and building one, moving it
+/// in, and dropping it again at every call was a fifth of `report`'s time; overwriting its fields
+/// in place, a name that is already the same `Arc` (the same function called again at the same
+/// depth, the common case) is not even touched.
+#[derive(Debug, Default)]
+struct Frames {
+    slots: Vec<Frame>,
+    /// How many of `slots` are open calls.
+    open: usize,
+}
+
+impl Frames {
+    fn len(&self) -> usize {
+        self.open
+    }
+
+    fn as_slice(&self) -> &[Frame] {
+        &self.slots[..self.open]
+    }
+
+    /// Opens a call on top.
+    fn push(&mut self, call: &data::Call, start: u64) {
+        let data::Call { function, module, args, params, file, line, .. } = call;
+        match self.slots.get_mut(self.open) {
+            Some(f) => {
+                set_name(&mut f.function, function);
+                set_name(&mut f.module, module);
+                f.args = *args;
+                // Empty but for source-level calls: not even a call to clone nothing.
+                if !(f.params.is_empty() && params.is_empty()) {
+                    f.params.0.clone_from(&params.0);
+                }
+                f.ret = None;
+                f.file.clone_from(file);
+                f.line = *line;
+                f.start = start;
+                f.callee_ns = 0;
+            }
+            None => self.slots.push(Frame {
+                function: function.clone(),
+                module: module.clone(),
+                args: *args,
+                params: params.clone(),
+                ret: None,
+                file: file.clone(),
+                line: *line,
+                start,
+                callee_ns: 0,
+            }),
+        }
+        self.open += 1;
+    }
+
+    /// Places a call below the open calls from `pos` on.
+    fn insert(&mut self, pos: usize, frame: Frame) {
+        // One ended frame fewer, so that the vector never holds more than the most calls ever
+        // open at once.
+        if self.slots.len() > self.open {
+            self.slots.pop();
+        }
+        self.slots.insert(pos, frame);
+        self.open += 1;
+    }
+
+    /// Ends the top call (its frame stays, to be overwritten).
+    fn pop(&mut self) {
+        self.open -= 1;
+    }
+
+    fn last(&self) -> Option<&Frame> {
+        self.as_slice().last()
+    }
+
+    fn last_mut(&mut self) -> Option<&mut Frame> {
+        self.slots[..self.open].last_mut()
+    }
+
+    /// Drops every frame, keeping the memory (for the next track in this slot).
+    fn clear(&mut self) {
+        self.slots.clear();
+        self.open = 0;
+    }
+}
+
 #[derive(Debug, Default)]
 struct ThreadCalls {
-    frames: Vec<Frame>,
+    frames: Frames,
     /// Calls open inside the top frame past the depth cap.
     hidden: u64,
     /// The thread of the last call or return on this track (a goroutine's, for slices that end
@@ -254,7 +341,7 @@ impl CallTracker {
         let at = At { pid: e.pid, tid: e.tid, track: e.track() };
         let key = (e.pid, at.track);
         match &e.data {
-            EventData::Call(data::Call { function, module, args, params, file, line, .. }) => {
+            EventData::Call(call) => {
                 let max_depth = self.max_depth;
                 let slot = self.slot(key);
                 let thread = &mut self.tracks[slot];
@@ -262,17 +349,7 @@ impl CallTracker {
                 if thread.frames.len() >= max_depth {
                     thread.hidden += 1;
                 } else {
-                    thread.frames.push(Frame {
-                        function: function.clone(),
-                        module: module.clone(),
-                        args: *args,
-                        params: params.clone(),
-                        ret: None,
-                        file: file.clone(),
-                        line: *line,
-                        start: e.ts,
-                        callee_ns: 0,
-                    });
+                    thread.frames.push(call, e.ts);
                     let depth = thread.frames.len() - 1;
                     self.ops.push_back(Op::Begin { key, slot, tid: e.tid, depth });
                 }
@@ -352,11 +429,14 @@ impl CallTracker {
         let thread = &mut self.tracks[slot];
         thread.last_tid = at.tid;
         // Frames are in start order: those at `pos` and above started inside the returning call.
-        let pos = thread.frames.partition_point(|f| f.start <= ret.start);
+        let frames = thread.frames.as_slice();
+        let pos = frames.partition_point(|f| f.start <= ret.start);
         let matched = pos > 0 && {
-            let f = &thread.frames[pos - 1];
-            f.start == ret.start && f.function == *ret.function
+            let f = &frames[pos - 1];
+            // Readers hand out one `Arc` per name: comparing addresses first spares the bytes.
+            f.start == ret.start && (Arc::ptr_eq(&f.function, ret.function) || f.function == *ret.function)
         };
+        let top = matched && pos == thread.frames.len();
         let end = ret.end;
         let pop = |keep, once, ending, call_seen, ret| Op::Pop { slot, at, keep, once, end, ending, call_seen, ret };
         let target = if matched {
@@ -385,7 +465,11 @@ impl CallTracker {
             self.ops.push_back(Op::Insert { slot, pos, frame });
             pos
         };
-        self.ops.push_back(pop(target + 1, false, Ending::CallerReturned, true, None));
+        // Calls that started inside it and are still open never returned: they end first (none
+        // when it is the top frame, the common case).
+        if !top {
+            self.ops.push_back(pop(target + 1, false, Ending::CallerReturned, true, None));
+        }
         let returned = Ending::Returned { retval: ret.retval };
         self.ops.push_back(pop(0, true, returned, matched, ret.value.map(|v| Box::new(v.clone()))));
     }
@@ -418,12 +502,15 @@ impl Calls<'_> {
         self.credit_caller();
         Some(match self.step()? {
             Step::Begin { key, slot, tid, depth } => {
-                let frame = &self.tracker.tracks[slot].frames[depth];
+                let frame = &self.tracker.tracks[slot].frames.as_slice()[depth];
                 CallEvent::Begin { pid: key.0, tid, track: key.1, frame, depth }
             }
             Step::End { slot, at, end, ending, call_seen } => {
-                let (frame, callers) =
-                    self.tracker.tracks[slot].frames.split_last().expect("a step that ends a call keeps its frame");
+                let (frame, callers) = self.tracker.tracks[slot]
+                    .frames
+                    .as_slice()
+                    .split_last()
+                    .expect("a step that ends a call keeps its frame");
                 CallEvent::End(Slice {
                     pid: at.pid,
                     tid: at.tid,
@@ -445,7 +532,7 @@ impl Calls<'_> {
             let frames = &mut self.tracker.tracks[slot].frames;
             let Some(ended) = frames.last() else { return };
             let duration = end.saturating_sub(ended.start);
-            frames.truncate(frames.len() - 1);
+            frames.pop();
             if let Some(caller) = frames.last_mut() {
                 caller.callee_ns += duration;
             }

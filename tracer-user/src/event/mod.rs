@@ -25,6 +25,16 @@ pub use trace::{
 
 pub use crate::record::resolve::placement::ProbePaths;
 
+/// Sets `slot` to `value` unless it already holds that very string: a reader hands out one `Arc`
+/// per distinct name, so a name slot that is reused event after event (a decoder's, a call
+/// tracker's) is set without touching a reference count.
+#[inline]
+pub fn set_name(slot: &mut Arc<str>, value: &Arc<str>) {
+    if !Arc::ptr_eq(slot, value) {
+        *slot = value.clone();
+    }
+}
+
 /// Version of the JSON lines format written in `trace_start.format_version`.
 pub const FORMAT_VERSION: u32 = 1;
 

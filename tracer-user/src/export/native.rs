@@ -43,6 +43,7 @@ use crate::{
     event::{
         Args, Event, EventData, Interner, MAX_ARGS, TraceEnd, TraceItem, TraceStart, data,
         json::{self, Line},
+        set_name,
     },
     export::jsonl::{ItemReader, ReadError},
     sink::Sink,
@@ -102,9 +103,37 @@ struct Context {
     host: Option<u32>,
     thread: Option<(u32, u32)>,
     names: Option<(u32, u32)>,
-    /// By tid: looked up at every call, so hashed with FNV (tids are not chosen by an attacker
-    /// of this map: a trace holds few threads, and a hostile one only slows its own reading).
-    args: fnv::FnvHashMap<u32, [u64; MAX_ARGS]>,
+    args: ThreadArgs,
+}
+
+/// Each thread's registers at its last call, which its next call is encoded against.
+///
+/// Asked at every call: the last thread's are found without hashing (calls come in long runs on
+/// one thread), others through an FNV map of tids (not chosen by an attacker of this map: a trace
+/// holds few threads, and a hostile one only slows its own reading).
+#[derive(Default)]
+struct ThreadArgs {
+    slots: fnv::FnvHashMap<u32, usize>,
+    values: Vec<[u64; MAX_ARGS]>,
+    last: Option<(u32, usize)>,
+}
+
+impl ThreadArgs {
+    fn of(&mut self, tid: u32) -> &mut [u64; MAX_ARGS] {
+        let slot = match self.last {
+            Some((t, slot)) if t == tid => slot,
+            _ => {
+                let next = self.values.len();
+                let slot = *self.slots.entry(tid).or_insert(next);
+                if slot == next {
+                    self.values.push([0; MAX_ARGS]);
+                }
+                self.last = Some((tid, slot));
+                slot
+            }
+        };
+        &mut self.values[slot]
+    }
 }
 
 /// Writes a trace in the native format.
@@ -261,7 +290,7 @@ impl<W: Write> NativeWriter<W> {
         }
         match &e.data {
             EventData::Call(c) if compact => {
-                let prev = self.context.args.entry(e.tid).or_default();
+                let prev = self.context.args.of(e.tid);
                 let args = c.args.as_slice();
                 let mut mask = 0u64;
                 for (i, (&v, p)) in args.iter().zip(prev.iter()).enumerate() {
@@ -367,7 +396,20 @@ impl<'a> Cursor<'a> {
         Ok(b)
     }
 
+    /// A LEB128 number; one that fits in a byte (a flag, a name's number, a small delta) without
+    /// the loop.
+    #[inline]
     fn varint(&mut self) -> Result<u64, String> {
+        match self.bytes.get(self.pos) {
+            Some(&b) if b < 0x80 => {
+                self.pos += 1;
+                Ok(b as u64)
+            }
+            _ => self.long_varint(),
+        }
+    }
+
+    fn long_varint(&mut self) -> Result<u64, String> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;
@@ -648,13 +690,6 @@ fn string(strings: &[Arc<str>], n: u32) -> Result<Arc<str>, String> {
     strings.get(n as usize).cloned().ok_or_else(|| format!("string number {n} was never defined"))
 }
 
-/// Sets `slot` to `value` unless it already holds the same string (no reference count touched).
-fn set_name(slot: &mut Arc<str>, value: &Arc<str>) {
-    if !Arc::ptr_eq(slot, value) {
-        *slot = value.clone();
-    }
-}
-
 /// Decodes one event of a batch, at `batch.pos` in `payload`; the last one must end the payload.
 ///
 /// Calls and returns are decoded in place into the batch's reusable [`Batch::call`] and
@@ -693,7 +728,7 @@ fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) 
             if len > MAX_ARGS || mask >> len != 0 {
                 return Err(format!("argument spec {spec:#x} is out of range"));
             }
-            let prev = cx.args.entry(tid).or_default();
+            let prev = cx.args.of(tid);
             for (i, p) in prev.iter_mut().take(len).enumerate() {
                 if mask & (1 << i) != 0 {
                     *p = p.wrapping_add(unzigzag(c.varint()?) as u64);
