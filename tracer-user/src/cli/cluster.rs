@@ -257,8 +257,9 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         let cluster = Cluster::connect(args.agents.clone(), options).await?;
         let trace = cluster.start(requests).await?;
         eprintln!(
-            "tracer: tracing on {} hosts; writing {} to {}",
+            "tracer: tracing on {} host{}; writing {} to {}",
             args.agents.len(),
+            if args.agents.len() == 1 { "" } else { "s" },
             format.describe(),
             describe_output(&args.output)
         );

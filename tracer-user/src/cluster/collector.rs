@@ -748,8 +748,9 @@ impl ClusterTrace {
         let seconds = since.elapsed().as_secs_f64();
         tracing::info!(
             target: LOG,
-            "merged {events} events from {} hosts in {seconds:.3} s{}",
+            "merged {events} events from {} host{} in {seconds:.3} s{}",
             self.hosts.len(),
+            if self.hosts.len() == 1 { "" } else { "s" },
             rate(events, seconds)
         );
     }
