@@ -40,7 +40,7 @@ fn messages(jsonl: &Path) -> Result<String> {
     let ipc = &end["ipc"];
     let lost: u64 = end["lost_events"].as_object().into_iter().flatten().filter_map(|(_, n)| n.as_u64()).sum();
     Ok(format!(
-        "Messages: {} sends, {} receives ({} linked to their sends), {} signals linked; events lost: {lost}",
+        "Messages: {} sends, {} receives ({} linked to their sends); signals linked to their sender: {}; events lost: {lost}",
         ipc["sends"], ipc["recvs"], ipc["linked_recvs"], ipc["linked_signals"]
     ))
 }
