@@ -492,7 +492,13 @@ fn an_incomplete_trace_is_never_reported_as_complete() {
     let s = s.to_str().unwrap();
     let _a = NetAgent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
     // An outbox of 5 events: whatever is produced while the link is down beyond that is dropped.
-    let agent_b = NetAgent::start(&net, 1, "b", dir.path(), &["--secret-file", s, "--buffer-events", "5"]);
+    let agent_b = NetAgent::start(
+        &net,
+        1,
+        "b",
+        dir.path(),
+        &["--secret-file", s, "--buffer-events", "5", "--buffer-bytes", "1M"],
+    );
     let calls = fixture("calls");
     let out = dir.path().join("t.jsonl");
     let args: Vec<String> = [
@@ -547,15 +553,19 @@ fn an_incomplete_trace_is_never_reported_as_complete() {
         "{run:?}"
     );
     assert!(run.stderr.contains("the trace is incomplete on 2 of 2 hosts"), "{run:?}");
-    // b's own account, at its trace's end: which of its outbox's bounds dropped the events (the
-    // event count, not the bytes), and the remedy for each.
+    // b's own account, at its trace's end: its outbox's bounds as its command line set them, which
+    // of them dropped the events (the event count, not the bytes), and the remedy for each.
     let log = agent_b.wait_for_log("the outbox dropped ");
+    assert!(log.contains("(bounds: --buffer-events 5, --buffer-bytes 1.0 MiB)"), "{log}");
     let line = log.lines().find(|l| l.contains("the outbox dropped ")).unwrap();
     let words: Vec<&str> = line.split_once("the outbox dropped ").unwrap().1.split_whitespace().collect();
     let (at_events, at_bytes): (u64, u64) = (words[0].parse().unwrap(), words[5].parse().unwrap());
     assert!(at_events > 0, "{line}");
     assert_eq!(at_bytes, 0, "{line}");
-    assert!(line.contains("a larger --buffer-events helps with the first"), "{line}");
+    assert!(
+        line.contains("a larger --buffer-events helps with the first, a larger --buffer-bytes with the second"),
+        "{line}"
+    );
     for target in [format!("{}\0loop\0", calls.display())] {
         while let Some(pid) = tracer_tests::find_process(|line| line == target) {
             // SAFETY: kill(2).

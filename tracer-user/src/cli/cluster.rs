@@ -6,15 +6,15 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 
 use super::{
-    TraceOptions, describe_output, open_output, output_format, parse_seconds, print_summary, still_running_code,
-    stop_signal,
+    TraceOptions, describe_output, open_output, output_format, parse_bytes, parse_seconds, print_summary,
+    still_running_code, stop_signal,
 };
 use tracer_user::{
     cluster::{
         agent::{self, AgentOptions, Listen},
         auth::Secret,
         collector::{self, AgentSpec, ClientOptions, Cluster},
-        listener,
+        listener, outbox,
         protocol::TraceRequest,
         tls,
     },
@@ -59,10 +59,13 @@ pub struct AgentArgs {
     /// Stop a trace (and detach its probes) after this long without a word from its collector.
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, default_value = "30")]
     pub orphan_timeout: Duration,
-    /// Events kept for a collector that is away (kept encoded, at most 256 MiB of them whatever N;
-    /// a call is about 20 bytes); older ones are dropped and counted as lost.
+    /// Events kept for a collector that is away (kept encoded, a call in about 20 bytes, at most
+    /// --buffer-bytes of them); older ones are dropped and counted as lost.
     #[arg(long, value_name = "N", default_value_t = 2_000_000)]
     pub buffer_events: usize,
+    /// Encoded bytes of those events kept at most, from 1M to 4G.
+    #[arg(long, value_name = "BYTES", value_parser = parse_buffer_bytes, default_value = "256M")]
+    pub buffer_bytes: usize,
     #[command(flatten)]
     pub otlp: super::OtlpOptions,
     /// FOR TESTS: pretend this host's clock is ahead by this many nanoseconds.
@@ -105,6 +108,16 @@ pub struct CollectArgs {
     pub reconnect_for: Duration,
 }
 
+/// `--buffer-bytes`: a size of at least [`outbox::LEAST_MAX_BYTES`] (and, as every size, at
+/// most 4 GiB).
+fn parse_buffer_bytes(s: &str) -> Result<usize, String> {
+    let n = parse_bytes(s)? as usize;
+    if n < outbox::LEAST_MAX_BYTES {
+        return Err(format!("'{s}' is less than {} MiB", outbox::LEAST_MAX_BYTES >> 20));
+    }
+    Ok(n)
+}
+
 pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     if let Some(path) = &args.gen_secret {
         Secret::generate(path)?;
@@ -131,6 +144,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         test_clock_skew_ns: args.test_clock_skew_ns,
         orphan_timeout: args.orphan_timeout,
         max_buffered: args.buffer_events,
+        max_buffered_bytes: args.buffer_bytes,
         otlp: args.otlp.config(true),
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -348,6 +362,17 @@ mod tests {
         all.extend(args);
         let Command::Collect(c) = Cli::try_parse_from(all).unwrap().command else { panic!("collect") };
         c
+    }
+
+    #[test]
+    fn the_outbox_byte_bound_is_a_size_from_one_mib_to_four_gib() {
+        assert_eq!(parse_buffer_bytes("256M"), Ok(256 << 20));
+        assert_eq!(parse_buffer_bytes("1M"), Ok(1 << 20));
+        assert_eq!(parse_buffer_bytes("1023K"), Err("'1023K' is less than 1 MiB".to_string()));
+        assert!(parse_buffer_bytes("5G").unwrap_err().contains("more than 4 GiB"));
+        assert!(parse_buffer_bytes("lots").unwrap_err().contains("is not a size"));
+        let Command::Agent(a) = Cli::try_parse_from(["tracer", "agent"]).unwrap().command else { panic!("agent") };
+        assert_eq!(a.buffer_bytes, outbox::DEFAULT_MAX_BYTES);
     }
 
     #[test]

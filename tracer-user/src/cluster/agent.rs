@@ -90,6 +90,8 @@ pub struct AgentOptions {
     pub orphan_timeout: Duration,
     /// Events kept for a collector that is not connected; older ones are dropped and counted.
     pub max_buffered: usize,
+    /// Encoded bytes of those events kept at most ([`outbox::DEFAULT_MAX_BYTES`] unless said).
+    pub max_buffered_bytes: usize,
     /// Send every trace's spans straight to this OpenTelemetry collector as well (`--otlp`). Only
     /// the operator's command line sets it: no collector peer can name where this host's spans go.
     pub otlp: Option<crate::export::otlp::OtlpConfig>,
@@ -626,21 +628,20 @@ impl Sink for OutboxSink {
             let peak = slot.outbox.peak();
             tracing::info!(
                 target: LOG,
-                "trace {}: the outbox held at most {} events ({:.1} MiB encoded) waiting for the collector (bounds: --buffer-events {}, {} MiB)",
+                "trace {}: the outbox held at most {} events ({:.1} MiB encoded) waiting for the collector (bounds: --buffer-events {}, --buffer-bytes {:.1} MiB)",
                 slot.id,
                 peak.events,
                 peak.bytes as f64 / (1 << 20) as f64,
                 self.agent.opts.max_buffered,
-                outbox::MAX_BYTES >> 20
+                self.agent.opts.max_buffered_bytes as f64 / (1 << 20) as f64
             );
             if peak.dropped_at_max_events + peak.dropped_at_max_bytes > 0 {
                 tracing::warn!(
                     target: LOG,
-                    "trace {}: the outbox dropped {} events at --buffer-events and {} at its {} MiB before the collector received them: a larger --buffer-events helps with the first, a collector that keeps up (or is closer) with both",
+                    "trace {}: the outbox dropped {} events at --buffer-events and {} at --buffer-bytes before the collector received them: a larger --buffer-events helps with the first, a larger --buffer-bytes with the second, a collector that keeps up (or is closer) with both",
                     slot.id,
                     peak.dropped_at_max_events,
-                    peak.dropped_at_max_bytes,
-                    outbox::MAX_BYTES >> 20
+                    peak.dropped_at_max_bytes
                 );
             }
         }
@@ -719,7 +720,7 @@ fn start_trace(
     let (stop, stopped) = oneshot::channel();
     *agent.slot.borrow_mut() = Some(TraceSlot {
         id: trace_id,
-        outbox: Outbox::new(agent.opts.max_buffered),
+        outbox: Outbox::new(agent.opts.max_buffered, agent.opts.max_buffered_bytes),
         start: Box::new(start.clone()),
         end: None,
         stop: Some(stop),

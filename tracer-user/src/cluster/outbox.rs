@@ -9,8 +9,8 @@
 //! Events are kept encoded, as the wire sends them ([`Encoder::encode`]: a call is about 20 bytes
 //! where an `Event` in memory is about 300), in chunks of up to [`CHUNK_BYTES`], each with the
 //! offset of every event in it, so that sending from any sequence number is a slice of a chunk.
-//! Two bounds: `max_events` (`--buffer-events`) and `max_bytes` (the encoded bytes kept, see
-//! [`MAX_BYTES`]); the memory held is those bytes, 4 more per event for its offset, and at most
+//! Two bounds: `max_events` (`--buffer-events`) and `max_bytes` (`--buffer-bytes`, the encoded
+//! bytes kept, [`DEFAULT_MAX_BYTES`] unless said); the memory held is those bytes, 4 more per event for its offset, and at most
 //! one chunk whose oldest events were dropped but whose block is not freed yet.
 
 use std::{collections::VecDeque, sync::Arc};
@@ -21,8 +21,10 @@ use crate::event::Event;
 /// Encoded bytes a chunk holds at most (past it, the next event starts a new chunk): a chunk is
 /// the most one frame carries.
 pub const CHUNK_BYTES: usize = 256 << 10;
-/// Encoded bytes the outbox keeps at most (besides `--buffer-events`): 10 million calls.
-pub const MAX_BYTES: usize = 256 << 20;
+/// Encoded bytes the outbox keeps at most by default (`--buffer-bytes`): 10 million calls.
+pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
+/// The least `--buffer-bytes` an agent takes: four chunks.
+pub const LEAST_MAX_BYTES: usize = 4 * CHUNK_BYTES;
 
 struct Chunk {
     /// Sequence number of the chunk's event 0.
@@ -65,7 +67,7 @@ pub struct Occupancy {
     pub bytes: usize,
     /// Events dropped because `max_events` (`--buffer-events`) were kept.
     pub dropped_at_max_events: u64,
-    /// Events dropped because [`MAX_BYTES`] were kept.
+    /// Events dropped because `max_bytes` (`--buffer-bytes`) were kept.
     pub dropped_at_max_bytes: u64,
 }
 
@@ -85,8 +87,8 @@ pub struct Pending<'a> {
 }
 
 impl Outbox {
-    pub fn new(max_events: usize) -> Outbox {
-        Outbox::with_bounds(max_events, MAX_BYTES, CHUNK_BYTES)
+    pub fn new(max_events: usize, max_bytes: usize) -> Outbox {
+        Outbox::with_bounds(max_events, max_bytes, CHUNK_BYTES)
     }
 
     fn with_bounds(max_events: usize, max_bytes: usize, chunk_bytes: usize) -> Outbox {
@@ -238,7 +240,7 @@ mod tests {
 
     #[test]
     fn resumes_where_the_collector_left_off() {
-        let mut o = Outbox::new(10);
+        let mut o = Outbox::new(10, DEFAULT_MAX_BYTES);
         for t in 0..5 {
             o.push(&ev(0), t);
         }
@@ -256,7 +258,7 @@ mod tests {
 
     #[test]
     fn overflow_is_dropped_oldest_first_and_reported() {
-        let mut o = Outbox::new(3);
+        let mut o = Outbox::new(3, DEFAULT_MAX_BYTES);
         for t in 0..7 {
             o.push(&ev(0), t);
         }
@@ -271,7 +273,7 @@ mod tests {
     fn resuming_in_the_middle_of_an_encoded_chunk_gets_exactly_the_rest() {
         // Chunks of about 4 events: a resume point inside one, another on a chunk's boundary.
         let size = {
-            let mut one = Outbox::new(1);
+            let mut one = Outbox::new(1, DEFAULT_MAX_BYTES);
             one.push(&ev(0), 1_000_000);
             one.peak().bytes
         };

@@ -208,7 +208,7 @@ async fn session(
                                 h.lost_in_transit += count;
                                 h.next_seq += count;
                                 let detail = format!(
-                                    "the agent dropped events #{first_seq} to #{} in transit: its outbox (--buffer-events) overflowed before the collector received them (the collector fell behind, or was away); a larger --buffer-events on the agent helps, --buffer-size does not",
+                                    "the agent dropped events #{first_seq} to #{} in transit: its outbox (--buffer-events, --buffer-bytes) overflowed before the collector received them (the collector fell behind, or was away); a larger --buffer-events or --buffer-bytes on the agent helps (its log says which bound dropped), --buffer-size does not",
                                     first_seq + count - 1
                                 );
                                 h.lose(LossCause::Gap, detail);

@@ -214,7 +214,7 @@ pub fn why_lost(kind: &str) -> &'static str {
             "program events lost in the probe: the kernel could not read the payload at the address the program passed, or it is not a tracer-events payload this tracer reads; check the program's tracer-events version and what it passes to the probe"
         }
         "in_transit" => {
-            "lost in transit: the agent's outbox (--buffer-events) overflowed before the collector received them (it fell behind, or was away); give the agent a larger --buffer-events, trace fewer functions, or put the collector closer to the agent"
+            "lost in transit: the agent's outbox (--buffer-events, --buffer-bytes) overflowed before the collector received them (it fell behind, or was away); give the agent a larger --buffer-events or --buffer-bytes (its log says which bound dropped), trace fewer functions, or put the collector closer to the agent"
         }
         "live_subscribers" => {
             "not given to a live subscriber (ClusterTrace::subscribe, on_event) that fell behind its bounded channel; the merged trace has them all"
