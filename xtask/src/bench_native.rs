@@ -31,7 +31,7 @@ fn run(what: &str, cmd: &mut Command) -> Result<Duration> {
     Ok(start.elapsed())
 }
 
-fn median(mut times: Vec<Duration>) -> Duration {
+fn median(times: &mut [Duration]) -> Duration {
     times.sort();
     times[times.len() / 2]
 }
@@ -125,7 +125,7 @@ pub fn run_bench(tracer: &Path) -> Result<()> {
     println!();
     println!("| format | bytes/event | report | events/s |");
     println!("|---|---|---|---|");
-    let medians: Vec<Duration> = readers.iter().map(|r| median(r.times.clone())).collect();
+    let medians: Vec<Duration> = readers.iter_mut().map(|r| median(&mut r.times)).collect();
     for (r, m) in readers.iter().zip(&medians) {
         row(&r.name, r.bytes, events, *m);
     }

@@ -10,8 +10,9 @@
 //! where an `Event` in memory is about 300), in chunks of up to [`CHUNK_BYTES`], each with the
 //! offset of every event in it, so that sending from any sequence number is a slice of a chunk.
 //! Two bounds: `max_events` (`--buffer-events`) and `max_bytes` (`--buffer-bytes`, the encoded
-//! bytes kept, [`DEFAULT_MAX_BYTES`] unless said); the memory held is those bytes, 4 more per event for its offset, and at most
-//! one chunk whose oldest events were dropped but whose block is not freed yet.
+//! bytes kept, [`DEFAULT_MAX_BYTES`] unless said); the memory held is those bytes, 4 more per
+//! event for its offset, and at most one chunk whose oldest events were dropped but whose block is
+//! not freed yet.
 
 use std::{collections::VecDeque, sync::Arc};
 
