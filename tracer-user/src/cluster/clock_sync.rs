@@ -151,18 +151,21 @@ pub struct Refined {
 }
 
 /// Chooses one offset per host: within its round-trip interval `estimate ± uncertainty`, such that
-/// no linked receive precedes its send (`received - off[to] >= sent - off[from]`), as close to the
-/// estimates as that allows. Hosts whose offset is known exactly (the collector's own) have
+/// every linked receive comes at least a nanosecond after its send (`received - off[to] > sent -
+/// off[from]`), as close to the estimates as that allows. Strictly after: an offset clamped to a
+/// link's bound would otherwise put the receive on the very nanosecond of its send, and the merge
+/// orders a tie by host, so a receive on the lower host would come first (and an OTLP export of
+/// the merged trace could not link it to a send it had not seen yet). Hosts whose offset is known exactly (the collector's own) have
 /// uncertainty 0.
 pub fn refine(estimates: &[(i64, u64)], links: &[Link]) -> Refined {
     let n = estimates.len();
     let mut lo: Vec<i64> = estimates.iter().map(|&(e, u)| e - u as i64).collect();
     let mut hi: Vec<i64> = estimates.iter().map(|&(e, u)| e + u as i64).collect();
-    // off[to] - off[from] <= received - sent: the tightest bound per ordered pair.
+    // off[to] - off[from] <= received - sent - 1: the tightest bound per ordered pair.
     let mut bound = vec![vec![i64::MAX; n]; n];
     for l in links {
         if l.from != l.to && l.from < n && l.to < n {
-            bound[l.from][l.to] = bound[l.from][l.to].min(l.received - l.sent);
+            bound[l.from][l.to] = bound[l.from][l.to].min(l.received.saturating_sub(l.sent).saturating_sub(1));
         }
     }
     let propagate = |lo: &mut Vec<i64>, hi: &mut Vec<i64>| {
@@ -284,10 +287,21 @@ mod tests {
         assert_eq!(r.offsets[0], 0);
         assert!((r.offsets[1] - truth).abs() <= 10_000, "{r:?}");
         assert!(r.uncertainties[1] <= 10_000, "tighter than the round trips (100 µs): {r:?}");
-        // No linked receive precedes its send after correction.
+        // Every linked receive comes after its send once corrected.
         for l in links {
-            assert!(l.received - r.offsets[l.to] >= l.sent - r.offsets[l.from], "{l:?}");
+            assert!(l.received - r.offsets[l.to] > l.sent - r.offsets[l.from], "{l:?}");
         }
+    }
+
+    #[test]
+    fn a_receive_the_estimates_put_on_its_send_comes_after_it() {
+        // Host 1's estimate puts its answer's receive on host 0 on the very nanosecond it was sent:
+        // the offset moves by the least that orders them.
+        let link = Link { from: 1, to: 0, sent: 500_000, received: 500_000 };
+        let r = refine(&[(0, 0), (0, 1_000)], &[link]);
+        assert!(r.consistent, "{r:?}");
+        assert_eq!(r.offsets, [0, 1]);
+        assert_eq!(link.received - r.offsets[0], link.sent - r.offsets[1] + 1);
     }
 
     #[test]

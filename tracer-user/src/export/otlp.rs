@@ -855,7 +855,7 @@ impl Spans {
         let unknown = c.links_unknown.load(Ordering::Relaxed);
         if unknown > 0 {
             tracing::warn!(
-                "{unknown} links from receives to their sends were not sent over OTLP (the send's span was not known when its receive came: it came later on the merged clock, or was older than the last {MAX_REMEMBERED_SENDS} sends)"
+                "links from receives to their sends not sent over OTLP: {unknown} (the send's span was not known when its receive came: it was older than the last {MAX_REMEMBERED_SENDS} sends, or, where the hosts' clocks could not be reconciled, it came later on the merged clock)"
             );
         }
     }
