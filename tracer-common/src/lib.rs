@@ -37,7 +37,10 @@ pub mod programs {
     pub const TOP_RETURN: &str = "top_return";
     pub const SCHED_FORK: &str = "sched_fork";
     pub const SCHED_EXEC: &str = "sched_exec";
+    /// `sched_process_exit(task, group_dead)`: the kernels whose tracepoint has `group_dead`.
     pub const SCHED_EXIT: &str = "sched_exit";
+    /// `sched_process_exit(task)`: older kernels (6.1, 6.12), which derive `group_dead`.
+    pub const SCHED_EXIT_1ARG: &str = "sched_exit_1arg";
     pub const IPC_SYS_ENTER: &str = "ipc_sys_enter";
     pub const IPC_SYS_EXIT: &str = "ipc_sys_exit";
     pub const SIGNAL_GENERATE: &str = "signal_generate";
@@ -627,6 +630,11 @@ pub struct KernelOffsets {
     pub task_pid: u32,
     pub task_tgid: u32,
     pub task_exit_code: u32,
+    /// `task_struct.signal` and `signal_struct.live` (the process's live threads): where
+    /// `sched_process_exit` has no `group_dead` argument, a thread that sees `live` at 0 is the
+    /// process's last one (see `SCHED_EXIT_1ARG`).
+    pub task_signal: u32,
+    pub signal_live: u32,
     pub bprm_file: u32,
     pub bprm_filename: u32,
     pub file_inode: u32,
@@ -719,6 +727,8 @@ pub mod top {
     /// Calls a thread may have open before the kernel stops giving them return probes (its
     /// `MAX_URETPROBE_DEPTH`).
     pub const MAX_DEPTH: usize = 64;
+    // The eBPF return program masks its index with `MAX_DEPTH - 1`.
+    const _: () = assert!(MAX_DEPTH.is_power_of_two());
     /// Sub-buckets per power of two of the latency histogram: a bucket is at most 1/16 = 6.25%
     /// wide, so its midpoint is within 3.2% of any value in it.
     pub const SUB_BITS: u32 = 4;

@@ -120,21 +120,30 @@ fn execs_target_binary(bprm: *const u8, cfg: &tracer_common::Config) -> Result<b
     Ok(TARGET_INODES.get_ptr(&key).is_some())
 }
 
-/// `sched_process_exit(struct task_struct *p, bool group_dead)`, run by the exiting thread.
+/// `sched_process_exit(struct task_struct *p, bool group_dead)`, run by the exiting thread: the
+/// tracepoint as kernels since 6.16 have it.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn sched_exit(ctx: RawTracePointContext) -> i32 {
-    try_sched_exit(&ctx).unwrap_or(0)
+    try_sched_exit(&ctx, true).unwrap_or(0)
 }
 
-fn try_sched_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
+/// `sched_process_exit(struct task_struct *p)`: the tracepoint of older kernels (6.1, 6.12), whose
+/// `group_dead` is derived (see [`last_thread`]). A separate program because a raw tracepoint
+/// program that reads an argument the tracepoint lacks is refused at attach.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn sched_exit_1arg(ctx: RawTracePointContext) -> i32 {
+    try_sched_exit(&ctx, false).unwrap_or(0)
+}
+
+fn try_sched_exit(ctx: &RawTracePointContext, has_group_dead: bool) -> Result<i32, i64> {
     let (tgid, tid) = current_ids();
     if !is_traced(tgid) {
         return Ok(0);
     }
-    let group_dead = (ctx.arg::<u64>(1) & 0xff) != 0;
+    let task: *const u8 = ctx.arg(0);
+    let group_dead = if has_group_dead { (ctx.arg::<u64>(1) & 0xff) != 0 } else { last_thread(task, tgid) };
     crate::top::forget_thread(tid);
     if enabled(RecordKind::Exit) {
-        let task: *const u8 = ctx.arg(0);
         let exit_code: i32 = read_kernel(task, config().offsets.task_exit_code).unwrap_or(0);
         match EVENTS.reserve::<ExitRecord>(0) {
             Some(mut entry) => {
@@ -153,4 +162,16 @@ fn try_sched_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
         untrace(tgid);
     }
     Ok(0)
+}
+
+/// Whether the exiting thread is its process's last, without the tracepoint's `group_dead`:
+/// `do_exit` decrements `signal->live` before the tracepoint, so the last thread sees 0. Threads
+/// that exit at the same moment can all see 0; the one whose removal of the process from
+/// `TRACED_PIDS` succeeds is the one that says so, so that a process ends exactly once.
+#[inline(always)]
+fn last_thread(task: *const u8, tgid: u32) -> bool {
+    let o = &config().offsets;
+    let Ok(signal) = read_kernel::<*const u8>(task, o.task_signal) else { return false };
+    let live: i32 = read_kernel(signal, o.signal_live).unwrap_or(1);
+    live == 0 && TRACED_PIDS.remove(tgid).is_ok()
 }

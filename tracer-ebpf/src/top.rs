@@ -139,8 +139,10 @@ fn try_top_return(ctx: &RetProbeContext) -> Result<u32, i64> {
         if depth == 0 {
             break;
         }
-        let Some(frame) = stack.frames.get(depth - 1) else { break };
-        let frame = *frame;
+        // `top_entry` never pushes past MAX_DEPTH (a power of two), so the mask changes nothing;
+        // it bounds the very register the access uses, which verifiers before 6.8 need (they
+        // lose a bound checked on a copy, and cannot use `depth != 0` as a lower bound).
+        let frame = stack.frames[(depth - 1) & (MAX_DEPTH - 1)];
         let returns_at = frame.sp.wrapping_add(8);
         if returns_at > sp {
             // A return of a call this stack does not hold (deeper than MAX_DEPTH).

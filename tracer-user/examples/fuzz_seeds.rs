@@ -102,6 +102,7 @@ fn start() -> TraceStart {
         probe_paths: ProbePaths::default(),
         hosts: vec![],
         machine: None,
+        kernel: None,
     }
 }
 

@@ -19,9 +19,9 @@ use tracer_common::{
 use crate::{
     assemble::FunctionTable,
     event::EventKind,
-    record::attach::kernel_btf::KernelBtf,
     record::attach::launch::{ChildExit, spawn_stopped, try_reap},
     record::attach::loader::{Kernel, LostCounters, raise_fd_limit},
+    record::attach::{features::KernelFeatures, kernel_btf::KernelBtf},
     record::{Plan, RecordError, RecordOptions, any_target_alive, plan},
 };
 
@@ -77,6 +77,7 @@ impl Top {
             Some(path) => Some(spawn_stopped(path, &options.command, None).map_err(RecordError::from)?),
             None => None,
         };
+        let btf = KernelBtf::load().map_err(RecordError::from)?;
         let config = Config {
             enabled_kinds: 0,
             follow_children: options.follow_children as u32,
@@ -85,11 +86,12 @@ impl Top {
             wakeup_bytes: u64::MAX,
             capture_bytes: 0,
             debug: 0,
-            offsets: KernelBtf::load().map_err(RecordError::from)?.offsets().map_err(RecordError::from)?,
+            offsets: btf.offsets().map_err(RecordError::from)?,
         };
-        raise_fd_limit(1024);
+        raise_fd_limit(1024 + probes.len() as u64);
+        let features = KernelFeatures::probe(&btf);
         let mut kernel =
-            Kernel::load_sized(&config, RING_BYTES, 0, functions.len() as u32).map_err(RecordError::from)?;
+            Kernel::load_sized(&config, &features, RING_BYTES, 0, functions.len() as u32).map_err(RecordError::from)?;
         kernel.attach_sched().map_err(RecordError::from)?;
         let failures = kernel
             .attach_function_programs(&probes, programs::TOP_ENTRY, programs::TOP_RETURN)

@@ -13,6 +13,7 @@ mod bench_otlp;
 mod bench_params;
 mod demo;
 mod toolchain;
+mod vm;
 
 use std::{
     path::{Path, PathBuf},
@@ -67,6 +68,9 @@ enum Task {
     /// Write the seed corpus of every fuzz target into `fuzz/corpus/<target>/` in the current
     /// encodings (frames, trace lines, ring-buffer records, program-event payloads).
     FuzzSeeds,
+    /// Run a command as root in a qemu VM booting another Debian kernel (6.1, 6.12) over this
+    /// machine's own root filesystem, or directly on the host (`--kernel host`); exits with its code.
+    Vm(vm::Args),
     /// Run a command (its standard output discarded) and print its peak resident memory in KiB
     /// (used by `bench`: a fresh process, so no memory of the caller's is counted).
     #[command(hide = true)]
@@ -112,6 +116,7 @@ fn run(cli: Cli) -> Result<()> {
             run_checked(cargo(&["run", "-q", "-p", "tracer-user", "--example", "fuzz_seeds", "--"]).arg(corpus))
         }
         Task::PeakRss { command } => bench_export::peak_rss(&command),
+        Task::Vm(args) => vm::run(args),
     }
 }
 

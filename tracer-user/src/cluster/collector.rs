@@ -574,6 +574,7 @@ impl ClusterTrace {
             probe_paths: Default::default(),
             hosts: Vec::new(),
             machine: Some(self.shared.machine.clone()),
+            kernel: None,
         }
     }
 

@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 
 pub use data::{ArgValue, Args, Channel, Level, LogType, MAX_ARGS, SignalId, SpawnHow, Syscall};
 pub use trace::{
-    ClockInfo, EndReason, HostEnd, HostInfo, HostLoss, IpcStats, LossCause, TargetInfo, TraceEnd, TraceStart, why_lost,
+    ClockInfo, EndReason, HostEnd, HostInfo, HostLoss, IpcStats, KernelInfo, LossCause, TargetInfo, TraceEnd,
+    TraceStart, why_lost,
 };
 
 pub use crate::record::resolve::placement::ProbePaths;

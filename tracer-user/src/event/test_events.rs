@@ -19,6 +19,7 @@ pub fn start(ts: u64) -> TraceStart {
         probe_paths: ProbePaths::default(),
         hosts: vec![],
         machine: None,
+        kernel: None,
     }
 }
 

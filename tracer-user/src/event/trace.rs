@@ -34,6 +34,24 @@ pub struct TraceStart {
     /// the name the user gave it.
     #[serde(default)]
     pub machine: Option<Machine>,
+    /// The kernel that recorded the trace and the mechanisms its features chose; absent from a
+    /// merged trace (each host has its own) and from traces of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelInfo>,
+}
+
+/// The kernel a trace was recorded on, and how the tracer used it there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelInfo {
+    /// `uname -r`.
+    pub release: String,
+    /// How function and USDT probes were attached: `uprobe_multi` (Linux 6.6+) or `perf_event`.
+    pub attach: String,
+    /// Where a process's end comes from: `group_dead` (the tracepoint's argument, 6.16+) or
+    /// `live_threads` (derived from the process's live-thread count).
+    pub process_exit: String,
+    /// Whether uprobes on 5-byte nops take the kernel's optimized path (6.18+).
+    pub optimized_probes: bool,
 }
 
 /// One host of a merged trace.

@@ -22,9 +22,9 @@ use crate::{
     event::{EndReason, EventKind, FORMAT_VERSION, TargetInfo, TraceEnd, TraceStart},
     pipeline::EventPipeline,
     pipeline::order::REORDER_WINDOW_NS,
-    record::attach::kernel_btf::KernelBtf,
     record::attach::launch::{ChildExit, spawn_stopped, try_reap},
     record::attach::loader::{Kernel, LostCounters, raise_fd_limit},
+    record::attach::{features::KernelFeatures, kernel_btf::KernelBtf},
     record::drain::{Batch, RingDrain},
     record::kernel_log::KernelLog,
     record::resolve::targets::{self},
@@ -49,6 +49,8 @@ impl Plan {
             None => None,
         };
 
+        let btf = KernelBtf::load()?;
+        let features = KernelFeatures::probe(&btf);
         let mut enabled_kinds = 0;
         if events.contains(&EventKind::Spawn) {
             enabled_kinds |= kind_bit(RecordKind::Fork) | kind_bit(RecordKind::Exec);
@@ -77,10 +79,11 @@ impl Plan {
             wakeup_bytes: wakeup_bytes(options.buffer_size),
             capture_bytes: options.capture_bytes,
             debug: options.debug_kernel as u32,
-            offsets: KernelBtf::load()?.offsets()?,
+            offsets: btf.offsets()?,
         };
-        raise_fd_limit(1024);
-        let mut kernel = Kernel::load(&config, options.buffer_size, usdt.probes.len())?;
+        // A perf-event link per probe site where the kernel has no uprobe-multi links.
+        raise_fd_limit(1024 + probes.len() as u64 + usdt.probes.len() as u64);
+        let mut kernel = Kernel::load(&config, &features, options.buffer_size, usdt.probes.len())?;
         // Started before any program is loaded, and kept for the whole run: its map's fd is in
         // the programs' code.
         let kernel_log = if options.debug_kernel { Some(kernel.start_kernel_log()?) } else { None };
@@ -172,6 +175,7 @@ impl Plan {
             probe_paths,
             hosts: vec![],
             machine: Some(Machine::read()),
+            kernel: Some(features.info()),
         };
         let return_probes = options.events.contains(&EventKind::Return);
         let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes)

@@ -118,6 +118,30 @@ impl KernelBtf {
         None
     }
 
+    /// How many `TP_PROTO` arguments the tracepoint `name` passes a raw tracepoint program (its
+    /// `btf_trace_<name>` typedef, a pointer to a prototype whose first parameter is the
+    /// context); `None` when the kernel has no such tracepoint.
+    pub fn tracepoint_args(&self, name: &str) -> Option<usize> {
+        let types = self.btf.resolve_types_by_name(&format!("btf_trace_{name}")).ok()?;
+        types.into_iter().find_map(|t| {
+            let Type::Typedef(t) = t else { return None };
+            let Type::Ptr(p) = self.btf.resolve_chained_type(&t).ok()? else { return None };
+            match self.btf.resolve_chained_type(&p).ok()? {
+                Type::FuncProto(proto) => Some(proto.parameters.len().saturating_sub(1)),
+                _ => None,
+            }
+        })
+    }
+
+    /// Whether the enum `name` has a value named `value` (a kernel ABI constant's existence).
+    pub fn enum_has_value(&self, name: &str, value: &str) -> bool {
+        let Ok(types) = self.btf.resolve_types_by_name(name) else { return false };
+        types.into_iter().any(|t| match t {
+            Type::Enum(e) => e.members.iter().any(|m| self.btf.resolve_name(m).is_ok_and(|n| n == value)),
+            _ => false,
+        })
+    }
+
     /// Size in bytes of `strukt`.
     pub fn size_of(&self, strukt: &str) -> Result<u32, KernelBtfError> {
         Ok(self.find_struct(strukt)?.size() as u32)
@@ -130,6 +154,8 @@ impl KernelBtf {
             task_pid: self.offset("task_struct", "pid")?,
             task_tgid: self.offset("task_struct", "tgid")?,
             task_exit_code: self.offset("task_struct", "exit_code")?,
+            task_signal: self.offset("task_struct", "signal")?,
+            signal_live: self.offset("signal_struct", "live")?,
             bprm_file: self.offset("linux_binprm", "file")?,
             bprm_filename: self.offset("linux_binprm", "filename")?,
             file_inode: self.offset("file", "f_inode")?,

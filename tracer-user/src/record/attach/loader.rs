@@ -2,7 +2,9 @@
 //!
 //! Everything attached lives in [`Kernel`]: dropping it detaches every probe and tracepoint (the
 //! kernel closes the links with their file descriptors), so a target is never left probed. The
-//! function probes are uprobe-multi links ([`crate::record::attach::uprobe_multi`]); the rest goes through aya.
+//! function and USDT probes are uprobe-multi links ([`crate::record::attach::uprobe_multi`]) or,
+//! on kernels without them, perf-event uprobes ([`crate::record::attach::uprobe_perf`]); the
+//! raw tracepoints go through aya. Which, and which program variants, the [`KernelFeatures`] say.
 
 use std::{
     collections::BTreeMap,
@@ -18,7 +20,11 @@ use aya::{
 use tracer_common::{Config, InodeKey, lost_slot, names, programs};
 
 use crate::{
-    record::attach::uprobe_multi::{self, Site},
+    record::attach::{
+        features::{AttachMechanism, KernelFeatures},
+        uprobe_multi::{self, Site},
+        uprobe_perf,
+    },
     usdt::select::{UsdtProbe, UsdtProgram},
 };
 
@@ -63,12 +69,15 @@ pub type LostCounts = [u64; lost_slot::COUNT as usize];
 
 /// The loaded programs and their maps.
 pub struct Kernel {
-    /// Uprobe-multi links of the function probes: dropping them detaches the probes.
+    /// What this kernel offers: how probes attach, which exit program runs.
+    features: KernelFeatures,
+    /// Links of the function probes (one per file and program, or one per site): dropping them
+    /// detaches the probes.
     entry_links: Vec<OwnedFd>,
     return_links: Vec<OwnedFd>,
     /// The entry and return programs, loaded on first use (see [`crate::record::attach::uprobe_multi`]).
     function_programs: Option<(OwnedFd, OwnedFd)>,
-    /// Uprobe-multi links of the USDT probes (closing them also lowers their semaphores).
+    /// Links of the USDT probes (closing them also lowers their semaphores).
     usdt_links: Vec<OwnedFd>,
     /// The program-event and USDT programs, loaded on first use.
     usdt_programs: Option<(OwnedFd, OwnedFd)>,
@@ -95,14 +104,20 @@ pub fn raise_fd_limit(needed: u64) {
 
 impl Kernel {
     /// Loads every program with `config`, the ring buffer sized `ring_bytes`, with room for the
-    /// argument specs of `usdt_probes` USDT probes.
-    pub fn load(config: &Config, ring_bytes: u32, usdt_probes: usize) -> Result<Kernel, LoadError> {
-        Self::load_sized(config, ring_bytes, usdt_probes, 1)
+    /// argument specs of `usdt_probes` USDT probes, as `features` allow.
+    pub fn load(
+        config: &Config,
+        features: &KernelFeatures,
+        ring_bytes: u32,
+        usdt_probes: usize,
+    ) -> Result<Kernel, LoadError> {
+        Self::load_sized(config, features, ring_bytes, usdt_probes, 1)
     }
 
     /// As [`Kernel::load`], with room for `top_functions` functions' statistics (`tracer top`).
     pub fn load_sized(
         config: &Config,
+        features: &KernelFeatures,
         ring_bytes: u32,
         usdt_probes: usize,
         top_functions: u32,
@@ -118,6 +133,7 @@ impl Kernel {
             .load(EBPF_OBJECT)
             .map_err(load_error)?;
         Ok(Kernel {
+            features: features.clone(),
             entry_links: Vec::new(),
             return_links: Vec::new(),
             function_programs: None,
@@ -132,7 +148,7 @@ impl Kernel {
         self.attach_raw_tracepoints(&[
             (programs::SCHED_FORK, programs::SCHED_FORK_TP),
             (programs::SCHED_EXEC, programs::SCHED_EXEC_TP),
-            (programs::SCHED_EXIT, programs::SCHED_EXIT_TP),
+            (self.features.sched_exit_program(), programs::SCHED_EXIT_TP),
         ])
     }
 
@@ -187,8 +203,8 @@ impl Kernel {
             return Ok(Vec::new());
         }
         if self.function_programs.is_none() {
-            let mut fds =
-                uprobe_multi::load_programs(&self.ebpf, EBPF_OBJECT, &[entry, ret]).map_err(LoadError::Load)?;
+            let mut fds = uprobe_multi::load_programs(&self.ebpf, EBPF_OBJECT, &[entry, ret], self.features.attach)
+                .map_err(LoadError::Load)?;
             let ret = fds.pop().expect("two programs");
             let entry = fds.pop().expect("two programs");
             self.function_programs = Some((entry, ret));
@@ -208,7 +224,7 @@ impl Kernel {
                     .collect();
                 let links = if ret { &mut self.return_links } else { &mut self.entry_links };
                 let kind = if ret { "return" } else { "entry" };
-                attach_batch(prog, path, &batch, ret, kind, links, &mut failures);
+                attach_batch(self.features.attach, prog, path, &batch, ret, kind, links, &mut failures);
             }
         }
         Ok(failures)
@@ -230,9 +246,13 @@ impl Kernel {
             }
         }
         if self.usdt_programs.is_none() {
-            let mut fds =
-                uprobe_multi::load_programs(&self.ebpf, EBPF_OBJECT, &[programs::USDT_EVENT, programs::USDT_PROBE])
-                    .map_err(LoadError::Load)?;
+            let mut fds = uprobe_multi::load_programs(
+                &self.ebpf,
+                EBPF_OBJECT,
+                &[programs::USDT_EVENT, programs::USDT_PROBE],
+                self.features.attach,
+            )
+            .map_err(LoadError::Load)?;
             let probe = fds.pop().expect("two programs");
             let event = fds.pop().expect("two programs");
             self.usdt_programs = Some((event, probe));
@@ -252,9 +272,14 @@ impl Kernel {
                 UsdtProgram::Event => event_prog,
                 UsdtProgram::Probe => probe_prog,
             };
-            attach_batch(prog, path, &sites, false, "USDT", &mut self.usdt_links, &mut failures);
+            attach_batch(self.features.attach, prog, path, &sites, false, "USDT", &mut self.usdt_links, &mut failures);
         }
         Ok(failures)
+    }
+
+    /// What this kernel offers, as probed at start-up.
+    pub fn features(&self) -> &KernelFeatures {
+        &self.features
     }
 
     /// Adds a process to the traced set.
@@ -356,10 +381,12 @@ impl Drop for Kernel {
     }
 }
 
-/// Attaches a batch of probes in one link; when the kernel refuses the batch (one offset it cannot
-/// probe spoils it all), halves it until the refused probes are found, so that the good ones are
-/// still attached, in few links.
+/// Attaches a batch of probes. As uprobe-multi, in one link; when the kernel refuses the batch
+/// (one offset it cannot probe spoils it all), halves it until the refused probes are found, so
+/// that the good ones are still attached, in few links. As perf events, one link per site.
+#[allow(clippy::too_many_arguments)]
 fn attach_batch(
+    mechanism: AttachMechanism,
     prog: &OwnedFd,
     path: &Path,
     batch: &[Site],
@@ -368,19 +395,29 @@ fn attach_batch(
     links: &mut Vec<OwnedFd>,
     failures: &mut Vec<AttachFailure>,
 ) {
+    let failed = |site: &Site, e: std::io::Error| AttachFailure {
+        cookie: site.cookie,
+        reason: format!("{kind} probe at offset {:#x}: {e}", site.file_offset),
+    };
+    if mechanism == AttachMechanism::PerfEvent {
+        for site in batch {
+            match uprobe_perf::attach(prog, path, site, ret) {
+                Ok(link) => links.push(link),
+                Err(e) => failures.push(failed(site, e)),
+            }
+        }
+        return;
+    }
     if batch.is_empty() {
         return;
     }
     match uprobe_multi::attach(prog, path, batch, ret) {
         Ok(link) => links.push(link),
-        Err(e) if batch.len() == 1 => failures.push(AttachFailure {
-            cookie: batch[0].cookie,
-            reason: format!("{kind} probe at offset {:#x}: {e}", batch[0].file_offset),
-        }),
+        Err(e) if batch.len() == 1 => failures.push(failed(&batch[0], e)),
         Err(_) => {
             let (left, right) = batch.split_at(batch.len() / 2);
-            attach_batch(prog, path, left, ret, kind, links, failures);
-            attach_batch(prog, path, right, ret, kind, links, failures);
+            attach_batch(mechanism, prog, path, left, ret, kind, links, failures);
+            attach_batch(mechanism, prog, path, right, ret, kind, links, failures);
         }
     }
 }

@@ -6,7 +6,8 @@
 //! all behind a single grace period.
 //!
 //! aya 0.14 cannot load a program for uprobe-multi (the kernel wants `expected_attach_type` set at
-//! load), so the function and USDT programs are loaded here: aya-obj parses and relocates the same
+//! load), so the function and USDT programs are loaded here, for either mechanism (kernels
+//! without uprobe-multi attach the same programs through [`super::uprobe_perf`]): aya-obj parses and relocates the same
 //! object against the maps aya already created, and the `bpf(2)` calls use aya-obj's generated
 //! kernel bindings. The object's BTF goes with them (function and line info), as aya would pass
 //! it: the kernel needs it for `bpf_loop` callbacks, and verifier logs then name source lines.
@@ -23,6 +24,8 @@ use std::{
 };
 
 use aya::{Ebpf, maps::Map};
+
+use super::features::AttachMechanism;
 use aya_obj::{
     btf::BtfFeatures,
     generated::{
@@ -31,7 +34,7 @@ use aya_obj::{
     },
 };
 
-fn sys_bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
+pub(super) fn sys_bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
     // SAFETY: `attr` is a fully initialised `bpf_attr` whose pointers outlive the call.
     let ret =
         unsafe { libc::syscall(libc::SYS_bpf, cmd as libc::c_long, attr as *mut bpf_attr, size_of::<bpf_attr>()) };
@@ -65,13 +68,20 @@ fn load_btf(bytes: &[u8]) -> io::Result<OwnedFd> {
     sys_bpf(bpf_cmd::BPF_BTF_LOAD, &mut attr)
 }
 
-/// Loads the named programs of `object` for uprobe-multi attachment, relocated against the maps of
-/// `ebpf` (which loaded the same object). Returns one file descriptor per name.
-pub fn load_programs(ebpf: &Ebpf, object: &[u8], names: &[&str]) -> Result<Vec<OwnedFd>, String> {
+/// Loads the named programs of `object` for attachment by `mechanism`, relocated against the maps
+/// of `ebpf` (which loaded the same object). Returns one file descriptor per name.
+pub fn load_programs(
+    ebpf: &Ebpf,
+    object: &[u8],
+    names: &[&str],
+    mechanism: AttachMechanism,
+) -> Result<Vec<OwnedFd>, String> {
     let mut obj = aya_obj::Object::parse(object).map_err(|e| e.to_string())?;
-    // Every BTF feature is there on the kernels this tracer supports (6.6+).
-    let features = BtfFeatures::new(true, true, true, true, true, true, true, true);
-    let btf = match obj.fixup_and_sanitize_btf(&features).map_err(|e| e.to_string())? {
+    // The BTF features aya found in this kernel, so the object's BTF is sanitized as aya's own
+    // loads are.
+    let none = BtfFeatures::default();
+    let features = aya::features().btf().unwrap_or(&none);
+    let btf = match obj.fixup_and_sanitize_btf(features).map_err(|e| e.to_string())? {
         Some(btf) => Some(load_btf(&btf.to_bytes()).map_err(|e| format!("cannot load the programs' BTF: {e}"))?),
         None => None,
     };
@@ -101,7 +111,11 @@ pub fn load_programs(ebpf: &Ebpf, object: &[u8], names: &[&str]) -> Result<Vec<O
                 // SAFETY: writing plain integers into the BPF_PROG_LOAD member of the union.
                 let u = unsafe { &mut attr.__bindgen_anon_3 };
                 u.prog_type = BPF_PROG_TYPE_KPROBE as u32;
-                u.expected_attach_type = BPF_TRACE_UPROBE_MULTI as u32;
+                // A perf-event uprobe's program has none: the kernel then resolves
+                // `bpf_get_attach_cookie` to the perf link's cookie.
+                if mechanism == AttachMechanism::UprobeMulti {
+                    u.expected_attach_type = BPF_TRACE_UPROBE_MULTI as u32;
+                }
                 u.insns = insns.as_ptr() as u64;
                 u.insn_cnt = insns.len() as u32;
                 u.license = license.as_ptr() as u64;

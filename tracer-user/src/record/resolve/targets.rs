@@ -12,6 +12,8 @@ use tracer_common::InodeKey;
 pub enum TargetError {
     #[error("no process with pid {0} exists")]
     NoSuchProcess(u32),
+    #[error("pid {pid} is a kernel thread ({comm}): it runs no user code to trace")]
+    KernelThread { pid: u32, comm: String },
     #[error("pid {0} is the tracer itself")]
     SelfTrace(u32),
     #[error("cannot inspect process {pid}")]
@@ -88,13 +90,18 @@ pub fn inspect_process(pid: u32) -> Result<Process, TargetError> {
     if pid == std::process::id() {
         return Err(TargetError::SelfTrace(pid));
     }
-    let inspect = |source| TargetError::Inspect { pid, source };
+    // The process can exit between any two of these reads (a slow or loaded host makes that
+    // likely): a read that fails after it is gone means it does not exist, not that it could not
+    // be inspected.
+    let inspect = |source| {
+        if !process_alive(pid) { TargetError::NoSuchProcess(pid) } else { TargetError::Inspect { pid, source } }
+    };
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).map_err(inspect)?.trim_end().to_string();
     let link = PathBuf::from(format!("/proc/{pid}/exe"));
     let exe = match std::fs::read_link(&link) {
         Ok(target) if target.exists() => target,
         Ok(_) => link,
-        // Kernel threads have no executable.
+        Err(_) if is_kernel_thread(pid) => return Err(TargetError::KernelThread { pid, comm }),
         Err(source) => return Err(inspect(source)),
     };
     Ok(Process { pid, comm, exe })
@@ -107,6 +114,15 @@ pub fn process_alive(pid: u32) -> bool {
     // "pid (comm) state ...": comm may contain anything, so look after the last ')'.
     let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
     !matches!(state, Some('Z' | 'X') | None)
+}
+
+/// Whether `pid` is a kernel thread (`PF_KTHREAD` in the flags of `/proc/PID/stat`).
+fn is_kernel_thread(pid: u32) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // After "pid (comm) ": state, ppid, pgrp, session, tty_nr, tpgid, flags.
+    let flags = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(6)?.parse::<u64>().ok());
+    flags.is_some_and(|f| f & PF_KTHREAD != 0)
 }
 
 /// Every process whose executable is `file`.
@@ -233,6 +249,27 @@ mod tests {
         assert!(matches!(inspect_process(5_000_000), Err(TargetError::NoSuchProcess(5_000_000))));
         assert!(matches!(inspect_process(0), Err(TargetError::NoSuchProcess(0))));
         assert!(matches!(inspect_process(std::process::id()), Err(TargetError::SelfTrace(_))));
+        // kthreadd is pid 2 in the initial pid namespace, where the tracer runs.
+        let err = inspect_process(2).unwrap_err();
+        assert_eq!(err.to_string(), "pid 2 is a kernel thread (kthreadd): it runs no user code to trace");
+    }
+
+    #[test]
+    fn a_process_that_exits_while_inspected_does_not_exist() {
+        let mut child = sleeping_child();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Reaped: every /proc read now fails as it would midway through an inspection.
+        assert!(matches!(inspect_process(child.id()), Err(TargetError::NoSuchProcess(_))));
+        // A zombie still has /proc/PID/status and comm, but no exe: the case of the race.
+        let mut zombie = sleeping_child();
+        zombie.kill().unwrap();
+        while process_alive(zombie.id()) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let result = inspect_process(zombie.id());
+        zombie.wait().unwrap();
+        assert!(matches!(result, Err(TargetError::NoSuchProcess(_))), "{result:?}");
     }
 
     #[test]

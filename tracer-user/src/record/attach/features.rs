@@ -1,0 +1,154 @@
+//! What the running kernel offers, probed once at start-up into a [`KernelFeatures`] value that
+//! the loader reads: one program variant per mechanism, chosen here, never by version number.
+//!
+//! Measured on Debian's 6.1 and 6.12 kernels and on 6.18 (`cargo xtask vm`):
+//! - uprobe-multi links (`BPF_TRACE_UPROBE_MULTI`) exist from 6.6; before, each probe site is a
+//!   perf-event uprobe with a BPF link carrying the cookie (5.15+). Same programs, same records.
+//! - `sched_process_exit` gained its `group_dead` argument after 6.12: where the BTF shows one
+//!   argument, `sched_exit_1arg` derives it (see `tracer-ebpf/src/sched.rs`).
+//! - the optimized path for uprobes on 5-byte nops is 6.18's ([`KernelProbes`]).
+
+use std::{
+    ffi::CString,
+    io,
+    os::fd::{AsRawFd as _, OwnedFd},
+};
+
+use aya_obj::generated::{
+    bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_attr, bpf_cmd, bpf_prog_type::BPF_PROG_TYPE_KPROBE,
+};
+use serde::{Deserialize, Serialize};
+
+use super::kernel_btf::KernelBtf;
+use crate::record::resolve::placement::KernelProbes;
+
+/// How function and USDT probes are attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttachMechanism {
+    /// One uprobe-multi link per file and program (Linux 6.6+): attaches and detaches thousands
+    /// of probes in one call each.
+    UprobeMulti,
+    /// One perf-event uprobe and BPF link per probe site, the cookie on the link (Linux 5.15+).
+    /// Detaching costs an RCU grace period per probe (about 0.1 s each, in parallel batches).
+    PerfEvent,
+}
+
+impl AttachMechanism {
+    pub fn name(self) -> &'static str {
+        match self {
+            AttachMechanism::UprobeMulti => "uprobe_multi",
+            AttachMechanism::PerfEvent => "perf_event",
+        }
+    }
+}
+
+/// The running kernel's abilities that change which programs are loaded and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelFeatures {
+    /// `uname -r`.
+    pub release: String,
+    pub attach: AttachMechanism,
+    /// `sched_process_exit` passes `group_dead` (its BTF has the argument).
+    pub exit_has_group_dead: bool,
+    pub probes: KernelProbes,
+}
+
+impl KernelFeatures {
+    /// Probes the running kernel (a few `bpf(2)` calls and a BTF look-up; no version numbers).
+    pub fn probe(btf: &KernelBtf) -> KernelFeatures {
+        let release = nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "unknown".into());
+        let attach = if has_uprobe_multi() { AttachMechanism::UprobeMulti } else { AttachMechanism::PerfEvent };
+        KernelFeatures {
+            release,
+            attach,
+            exit_has_group_dead: btf.tracepoint_args("sched_process_exit").is_some_and(|n| n >= 2),
+            probes: KernelProbes::current(),
+        }
+    }
+
+    /// What a trace says of this kernel (`trace_start.kernel`).
+    pub fn info(&self) -> crate::event::KernelInfo {
+        crate::event::KernelInfo {
+            release: self.release.clone(),
+            attach: self.attach.name().to_string(),
+            process_exit: if self.exit_has_group_dead { "group_dead" } else { "live_threads" }.to_string(),
+            optimized_probes: self.probes.optimizes_nop5,
+        }
+    }
+
+    /// The program to attach to `sched_process_exit`.
+    pub fn sched_exit_program(&self) -> &'static str {
+        if self.exit_has_group_dead {
+            tracer_common::programs::SCHED_EXIT
+        } else {
+            tracer_common::programs::SCHED_EXIT_1ARG
+        }
+    }
+}
+
+/// Whether the kernel has uprobe-multi links, as libbpf probes it: a program loaded for them,
+/// linked to an offset of `/` (a directory), fails with EBADF where the link type exists and
+/// with EINVAL (or the load itself fails) where it does not.
+fn has_uprobe_multi() -> bool {
+    // `r0 = 0; exit`.
+    let insns: [u64; 2] = [0x0000_0000_0000_00b7, 0x0000_0000_0000_0095];
+    let license = c"GPL";
+    // SAFETY: an all-zero `bpf_attr` is the documented "unset" value of every field.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: writing plain integers and pointers (that outlive the call) into BPF_PROG_LOAD.
+    unsafe {
+        let u = &mut attr.__bindgen_anon_3;
+        u.prog_type = BPF_PROG_TYPE_KPROBE as u32;
+        u.expected_attach_type = BPF_TRACE_UPROBE_MULTI as u32;
+        u.insns = insns.as_ptr() as u64;
+        u.insn_cnt = insns.len() as u32;
+        u.license = license.as_ptr() as u64;
+    }
+    let Ok(prog) = super::uprobe_multi::sys_bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr) else { return false };
+    let path = CString::new("/").expect("no NUL");
+    let offset: u64 = 0;
+    let link = link_uprobe_multi(&prog, &path, &offset);
+    matches!(link, Err(e) if e.raw_os_error() == Some(libc::EBADF))
+}
+
+fn link_uprobe_multi(prog: &OwnedFd, path: &CString, offset: &u64) -> io::Result<OwnedFd> {
+    // SAFETY: as above.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: writing plain integers and pointers (that outlive the call) into BPF_LINK_CREATE.
+    unsafe {
+        let link = &mut attr.link_create;
+        link.__bindgen_anon_1.prog_fd = prog.as_raw_fd() as u32;
+        link.attach_type = BPF_TRACE_UPROBE_MULTI as u32;
+        let multi = &mut link.__bindgen_anon_3.uprobe_multi;
+        multi.path = path.as_ptr() as u64;
+        multi.offsets = offset as *const u64 as u64;
+        multi.cnt = 1;
+    }
+    super::uprobe_multi::sys_bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The running kernel's answer must agree with what its BTF says the attach type is: the
+    /// probe cannot be asked to fail here, so it is checked against an independent source.
+    #[test]
+    fn uprobe_multi_probe_agrees_with_the_kernels_btf() {
+        let btf = KernelBtf::load().expect("kernel BTF");
+        let in_btf = btf.enum_has_value("bpf_attach_type", "BPF_TRACE_UPROBE_MULTI");
+        assert_eq!(has_uprobe_multi(), in_btf);
+    }
+
+    #[test]
+    fn sched_process_exit_arguments_are_read_from_btf() {
+        let btf = KernelBtf::load().expect("kernel BTF");
+        let n = btf.tracepoint_args("sched_process_exit").expect("sched_process_exit is in every kernel's BTF");
+        assert!(n == 1 || n == 2, "{n}");
+        assert_eq!(btf.tracepoint_args("sched_process_fork"), Some(2));
+        assert_eq!(btf.tracepoint_args("no_such_tracepoint_xyz"), None);
+    }
+}
