@@ -378,6 +378,25 @@ pub fn find_process(matches: impl Fn(&str) -> bool) -> Option<i32> {
 }
 
 /// The integer arguments of a call event.
+/// The running kernel's release as (major, minor), from `uname -r`.
+pub fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse().ok());
+    (parts.next().expect("major"), parts.next().expect("minor"))
+}
+
+/// Whether this kernel turns uprobes on 5-byte nops into calls (the optimized path, Linux 6.18),
+/// from its version: an oracle independent of the tracer's own detection, which tests compare
+/// with `trace_start.kernel.optimized_probes`.
+pub fn kernel_optimizes_nop5() -> bool {
+    kernel_version() >= (6, 18)
+}
+
+/// The path a 5-byte nop's probe takes on this kernel: `optimized`, or `emulated` (like any nop).
+pub fn nop5_path() -> &'static str {
+    if kernel_optimizes_nop5() { "optimized" } else { "emulated" }
+}
+
 pub fn args(e: &Value) -> Vec<u64> {
     e["args"].as_array().expect("args").iter().map(|a| a.as_u64().unwrap()).collect()
 }

@@ -26,6 +26,8 @@ pub mod names {
     pub const TOP_BY_PROCESS: &str = "TOP_BY_PROCESS";
     pub const TOP_STACKS: &str = "TOP_STACKS";
     pub const LAYOUTS: &str = "LAYOUTS";
+    /// Each traced process's thread count (for `programs::SCHED_EXIT_1ARG`).
+    pub const THREAD_COUNTS: &str = "THREAD_COUNTS";
 }
 
 /// Names of the programs in the eBPF object.
@@ -630,11 +632,11 @@ pub struct KernelOffsets {
     pub task_pid: u32,
     pub task_tgid: u32,
     pub task_exit_code: u32,
-    /// `task_struct.signal` and `signal_struct.live` (the process's live threads): where
-    /// `sched_process_exit` has no `group_dead` argument, a thread that sees `live` at 0 is the
-    /// process's last one (see `SCHED_EXIT_1ARG`).
+    /// `task_struct.signal`, `signal_struct.flags` and `.group_exit_code`: a process ended by
+    /// `exit_group` or a fatal signal has its status there, whichever thread exits last.
     pub task_signal: u32,
-    pub signal_live: u32,
+    pub signal_flags: u32,
+    pub signal_group_exit_code: u32,
     pub bprm_file: u32,
     pub bprm_filename: u32,
     pub file_inode: u32,

@@ -7,6 +7,8 @@
 #![no_main]
 // For `atomic_xadd` (see `ipc::fetch_add`); the eBPF build already needs an unstable `-Z build-std`.
 #![feature(core_intrinsics)]
+// For `maps::opaque` (an empty `asm!`, libbpf's `barrier_var`).
+#![feature(asm_experimental_arch)]
 #![allow(internal_features)]
 
 mod ipc;

@@ -22,6 +22,16 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
 #[map]
 pub static TRACED_PIDS: HashMap<u32, u32> = HashMap::with_max_entries(32768, 0);
 
+/// Each traced process's threads, where `sched_process_exit` has no `group_dead` (6.1, 6.12): set
+/// to 1 for a process that starts being traced at fork or exec (one thread then), by user space
+/// for one traced by pid (its threads then), raised as it creates threads and lowered as they
+/// exit; the exit that takes it to 0 is the process's last. The exit tracepoint runs in the
+/// order threads get there, which is the order the trace shows, so the last one is also last in
+/// the trace (deriving it from `signal->live` instead would not be: a thread that
+/// `pthread_join` already woke from can still be on its way out when the joiner exits).
+#[map]
+pub static THREAD_COUNTS: HashMap<u32, u64> = HashMap::with_max_entries(32768, 0);
+
 /// How many times a process left `TRACED_PIDS`: slot 0 counted here (the exit of a traced
 /// process's last thread), slot 1 by user space (each slot has one kind of writer, so neither
 /// goes backwards). Their sum is the epoch that `TRACED_CACHE` entries are valid for.
@@ -113,10 +123,23 @@ fn removals(slot: u32) -> u64 {
     }
 }
 
+/// Adds `delta` (two's complement to subtract) to `tgid`'s thread count; returns the count before,
+/// or `None` when the process has none.
+#[inline(always)]
+pub fn add_threads(tgid: u32, delta: u64) -> Option<u64> {
+    let count = THREAD_COUNTS.get_ptr_mut(tgid)?;
+    // SAFETY: a map value, valid for this program run; threads of one process exit and start on
+    // several CPUs at once, hence the atomic add.
+    Some(unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::SeqCst }>(count, delta)
+    })
+}
+
 /// Removes `tgid` from the traced set (its last thread exited).
 #[inline(always)]
 pub fn untrace(tgid: u32) {
     let _ = TRACED_PIDS.remove(tgid);
+    let _ = THREAD_COUNTS.remove(tgid);
     if let Some(p) = TRACED_REMOVALS.get_ptr_mut(0) {
         // SAFETY: a map value; exits on other CPUs add to it at the same time, hence atomically.
         unsafe { core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(p, 1) };
@@ -134,6 +157,17 @@ pub fn count_lost_by(slot: u32, n: u64) {
         // SAFETY: a per-CPU slot; programs do not migrate while they run.
         unsafe { *counter += n };
     }
+}
+
+/// `v`, hidden from the optimizer (libbpf's `barrier_var`), so that a bound checked after this
+/// stays in the code, on the register that is then used. The verifiers of 6.1 and 6.12 do not
+/// follow a bound the compiler proved on a copy, or through a `min`: a length passed to a helper
+/// must be checked right there.
+#[inline(always)]
+pub fn opaque(mut v: u64) -> u64 {
+    // SAFETY: a move of a register to itself; it only makes `v` unknown to the compiler.
+    unsafe { core::arch::asm!("{0} = {0}", inout(reg) v, options(nomem, nostack)) };
+    v
 }
 
 /// The current task's (tgid, tid).

@@ -10,8 +10,8 @@ use aya_ebpf::{
 use tracer_common::{ExecRecord, ExitRecord, ForkRecord, InodeKey, RecordKind, lost_slot};
 
 use crate::maps::{
-    EVENTS, TARGET_INODES, TRACED_PIDS, config, count_lost, current_ids, enabled, header, is_traced, read_kernel,
-    submit_flags, untrace,
+    EVENTS, TARGET_INODES, THREAD_COUNTS, TRACED_PIDS, add_threads, config, count_lost, current_ids, enabled, header,
+    is_traced, read_kernel, submit_flags, untrace,
 };
 
 /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`, run by the parent.
@@ -32,10 +32,13 @@ fn try_sched_fork(ctx: &RawTracePointContext) -> Result<i32, i64> {
     let (child_pid, child_tid) = (child_pid as u32, child_tid as u32);
     let is_thread = child_pid == tgid;
     let mut followed = 0;
-    if !is_thread && cfg.follow_children != 0 {
+    if is_thread {
+        add_threads(tgid, 1);
+    } else if cfg.follow_children != 0 {
         // Added before the child first runs, so nothing it does escapes the trace.
         if TRACED_PIDS.insert(child_pid, 1, 0).is_ok() {
             followed = 1;
+            let _ = THREAD_COUNTS.insert(child_pid, 1, 0);
         } else {
             count_lost(lost_slot::UNTRACKED_CHILD);
         }
@@ -79,6 +82,8 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
             count_lost(lost_slot::UNTRACKED_CHILD);
             return Ok(0);
         }
+        // Exec leaves one thread.
+        let _ = THREAD_COUNTS.insert(tgid, 1, 0);
     }
     if !enabled(RecordKind::Exec) {
         return Ok(0);
@@ -128,11 +133,28 @@ pub fn sched_exit(ctx: RawTracePointContext) -> i32 {
 }
 
 /// `sched_process_exit(struct task_struct *p)`: the tracepoint of older kernels (6.1, 6.12), whose
-/// `group_dead` is derived (see [`last_thread`]). A separate program because a raw tracepoint
+/// `group_dead` is derived from the process's thread count (see `THREAD_COUNTS`). A separate program because a raw tracepoint
 /// program that reads an argument the tracepoint lacks is refused at attach.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn sched_exit_1arg(ctx: RawTracePointContext) -> i32 {
     try_sched_exit(&ctx, false).unwrap_or(0)
+}
+
+/// The status a process's parent will see (`wait_task_zombie`): the group's exit code when it
+/// ended by `exit_group` or a fatal signal (`SIGNAL_GROUP_EXIT`), else its last thread's own.
+/// Read here because the last thread to exit need not be the one that called `exit_group`.
+#[inline(always)]
+fn process_status(task: *const u8) -> Result<i32, i64> {
+    /// `SIGNAL_GROUP_EXIT` in `include/linux/sched/signal.h`, unchanged since 2.6.
+    const SIGNAL_GROUP_EXIT: u32 = 0x4;
+    let o = &config().offsets;
+    let signal: *const u8 = read_kernel(task, o.task_signal)?;
+    let flags: u32 = read_kernel(signal, o.signal_flags)?;
+    if flags & SIGNAL_GROUP_EXIT != 0 {
+        read_kernel(signal, o.signal_group_exit_code)
+    } else {
+        read_kernel(task, o.task_exit_code)
+    }
 }
 
 fn try_sched_exit(ctx: &RawTracePointContext, has_group_dead: bool) -> Result<i32, i64> {
@@ -141,10 +163,14 @@ fn try_sched_exit(ctx: &RawTracePointContext, has_group_dead: bool) -> Result<i3
         return Ok(0);
     }
     let task: *const u8 = ctx.arg(0);
-    let group_dead = if has_group_dead { (ctx.arg::<u64>(1) & 0xff) != 0 } else { last_thread(task, tgid) };
+    // Without the argument, the exit that takes the process's thread count to 0 is its last.
+    let group_dead =
+        if has_group_dead { (ctx.arg::<u64>(1) & 0xff) != 0 } else { add_threads(tgid, u64::MAX) == Some(1) };
     crate::top::forget_thread(tid);
     if enabled(RecordKind::Exit) {
-        let exit_code: i32 = read_kernel(task, config().offsets.task_exit_code).unwrap_or(0);
+        let exit_code =
+            if group_dead { process_status(task) } else { read_kernel(task, config().offsets.task_exit_code) };
+        let exit_code: i32 = exit_code.unwrap_or(0);
         match EVENTS.reserve::<ExitRecord>(0) {
             Some(mut entry) => {
                 entry.write(ExitRecord {
@@ -162,16 +188,4 @@ fn try_sched_exit(ctx: &RawTracePointContext, has_group_dead: bool) -> Result<i3
         untrace(tgid);
     }
     Ok(0)
-}
-
-/// Whether the exiting thread is its process's last, without the tracepoint's `group_dead`:
-/// `do_exit` decrements `signal->live` before the tracepoint, so the last thread sees 0. Threads
-/// that exit at the same moment can all see 0; the one whose removal of the process from
-/// `TRACED_PIDS` succeeds is the one that says so, so that a process ends exactly once.
-#[inline(always)]
-fn last_thread(task: *const u8, tgid: u32) -> bool {
-    let o = &config().offsets;
-    let Ok(signal) = read_kernel::<*const u8>(task, o.task_signal) else { return false };
-    let live: i32 = read_kernel(signal, o.signal_live).unwrap_or(1);
-    live == 0 && TRACED_PIDS.remove(tgid).is_ok()
 }

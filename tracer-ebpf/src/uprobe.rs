@@ -29,7 +29,7 @@ use tracer_common::{
     strings::{self, HEADER, MAX_STRING_SIZE, MAX_STRINGS, SCRATCH_SIZE},
 };
 
-use crate::maps::{EVENTS, LAYOUTS, SCRATCH, count_lost, current_ids, header, is_traced, submit_flags};
+use crate::maps::{EVENTS, LAYOUTS, SCRATCH, count_lost, current_ids, header, is_traced, opaque, submit_flags};
 
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
@@ -138,9 +138,13 @@ fn read_string(buf: &mut [u8; SCRATCH_SIZE], off: usize, kind: u8, ptr: u64, len
     } else if kind == strings::KIND_C_STRING {
         // Room for one byte more than `size` and the NUL: a string that fills it is longer than
         // `size` (one of exactly `size` bytes ends with its NUL inside).
-        // SAFETY: `size + 2` bytes at `dst` are in the buffer (checked above); the helper checks
-        // the user address.
-        let got = unsafe { generated::bpf_probe_read_user_str(dst, size as u32 + 2, ptr as *const c_void) };
+        let room = opaque(size as u64 + 2);
+        if room > MAX_STRING_SIZE as u64 + 2 {
+            return off;
+        }
+        // SAFETY: `room` bytes at `dst` are in the buffer (checked above); the helper checks the
+        // user address.
+        let got = unsafe { generated::bpf_probe_read_user_str(dst, room as u32, ptr as *const c_void) };
         if got < 1 {
             (strings::FAULT, 0)
         } else if got as usize - 1 > size {
@@ -151,7 +155,11 @@ fn read_string(buf: &mut [u8; SCRATCH_SIZE], off: usize, kind: u8, ptr: u64, len
     } else {
         let (status, n) =
             if len > size as u64 { (strings::TRUNCATED, size) } else { (strings::COMPLETE, len as usize) };
-        // SAFETY: as above, `n <= size`.
+        let n = opaque(n as u64) as usize;
+        if n > MAX_STRING_SIZE as usize {
+            return off;
+        }
+        // SAFETY: as above, `n <= MAX_STRING_SIZE`.
         let got = unsafe { generated::bpf_probe_read_user(dst, n as u32, ptr as *const c_void) };
         if got < 0 { (strings::FAULT, 0) } else { (status, n) }
     };

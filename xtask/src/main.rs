@@ -41,11 +41,17 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Setup, build, format check, clippy, unit tests, and the root integration tests.
+    /// Setup, build, format check, clippy, unit tests, and the root integration tests: the whole
+    /// suite on this machine's kernel and the core set (`CORE_TESTS`) under Debian's 6.1 and 6.12
+    /// kernels in VMs.
     Test {
         /// Only run integration tests whose name contains this.
         #[arg(long)]
         filter: Option<String>,
+        /// Run the whole integration suite under this kernel only (repeatable): `host`, or `6.1`
+        /// or `6.12` in a VM (`cargo xtask vm`).
+        #[arg(long, value_enum)]
+        kernel: Vec<vm::Kernel>,
     },
     /// Measure the tracer's overhead and throughput, and the exporters' speed and memory; prints
     /// tables for the README.
@@ -98,7 +104,7 @@ fn run(cli: Cli) -> Result<()> {
             let tracer = build()?;
             run_as_root(&tracer, &args)
         }
-        Task::Test { filter } => test(filter.as_deref()),
+        Task::Test { filter, kernel } => test(filter.as_deref(), &kernel),
         Task::Bench { only } => {
             toolchain::setup()?;
             let tracer = build()?;
@@ -207,7 +213,14 @@ fn fuzz(seconds: u64, only: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-fn test(filter: Option<&str>) -> Result<()> {
+/// The integration-test files that run under every kernel the README promises on each
+/// `cargo xtask test`: the recording foundation, IPC, USDT, DWARF parameters, Go, `top`, the
+/// cluster and its security, crashes and signals, probe placement. The others (exporters, readers,
+/// benches of formats) do not depend on the kernel; `--kernel 6.1` runs them there too.
+const CORE_TESTS: &[&str] =
+    &["record", "ipc", "usdt", "debuginfo_live", "go", "top", "cluster", "security", "crash_and_signals", "placement"];
+
+fn test(filter: Option<&str>, kernels: &[vm::Kernel]) -> Result<()> {
     if !is_root() {
         bail!("the integration tests load eBPF programs: run `cargo xtask test` as root");
     }
@@ -237,18 +250,80 @@ fn test(filter: Option<&str>) -> Result<()> {
         "--exclude",
         "tracer-tests",
     ]))?;
-    println!("xtask: integration tests (root, real kernel)");
-    let mut args = vec!["test", "--release", "-p", "tracer-tests", "--", "--test-threads=1"];
-    if let Some(f) = filter {
-        args.push(f);
-    }
     let rotel = toolchain::rotel_agent().context("rotel-agent is not installed: run `cargo xtask setup`")?;
-    run_checked(
-        cargo(&args)
-            .env("TRACER_BIN", &tracer)
-            .env("TRACER_SPEEDSCOPE", toolchain::speedscope_dir())
-            .env("ROTEL_AGENT", rotel),
-    )?;
+    // What the tests read, here and in the VMs (`vm` passes TRACER_* and ROTEL_AGENT through).
+    // SAFETY: xtask has no other threads.
+    unsafe {
+        std::env::set_var("TRACER_BIN", &tracer);
+        std::env::set_var("TRACER_SPEEDSCOPE", toolchain::speedscope_dir());
+        std::env::set_var("ROTEL_AGENT", &rotel);
+    }
+    let runs: Vec<(vm::Kernel, bool)> = if kernels.is_empty() {
+        vec![(vm::Kernel::Host, true), (vm::Kernel::V6_1, false), (vm::Kernel::V6_12, false)]
+    } else {
+        kernels.iter().map(|&k| (k, true)).collect()
+    };
+    let mut failed = Vec::new();
+    for (kernel, whole) in runs {
+        if kernel == vm::Kernel::Host {
+            println!("xtask: integration tests (root, this machine's kernel)");
+            let mut args = vec!["test", "--release", "-p", "tracer-tests", "--", "--test-threads=1"];
+            args.extend(filter);
+            if let Err(e) = run_checked(&mut cargo(&args)) {
+                eprintln!("xtask: {e:#}");
+                failed.push(kernel.name());
+            }
+            continue;
+        }
+        let binaries = test_binaries()?;
+        let selected: Vec<&(String, PathBuf)> =
+            binaries.iter().filter(|(name, _)| whole || CORE_TESTS.contains(&name.as_str())).collect();
+        println!(
+            "xtask: integration tests under Linux {} in a VM: {}",
+            kernel.name(),
+            selected.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+        );
+        // One boot for all of them; each binary's own summary line is printed as it ends.
+        let mut script = String::from("status=0\n");
+        for (_, path) in &selected {
+            script.push_str(&format!("{} --test-threads=1 {} || status=1\n", path.display(), filter.unwrap_or("")));
+        }
+        script.push_str("exit $status\n");
+        let script_path = root().join(format!("target/vm/tests-{}.sh", kernel.name()));
+        std::fs::create_dir_all(script_path.parent().expect("has a parent"))?;
+        std::fs::write(&script_path, script)?;
+        let code = vm::run_command(&vm::Args::new(kernel, vec!["sh".into(), script_path.display().to_string()]))?;
+        if code != 0 {
+            failed.push(kernel.name());
+        }
+    }
+    if !failed.is_empty() {
+        bail!("integration tests failed under: {}", failed.join(", "));
+    }
     println!("xtask: all tests passed");
     Ok(())
+}
+
+/// The integration-test executables by file name (`record`, `ipc`, ...), built now.
+fn test_binaries() -> Result<Vec<(String, PathBuf)>> {
+    let out = cargo(&["test", "--release", "-p", "tracer-tests", "--no-run", "--message-format=json"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cannot build the integration tests")?;
+    if !out.status.success() {
+        bail!("the integration tests did not build");
+    }
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let (Some(exe), Some(kinds)) = (msg["executable"].as_str(), msg["target"]["kind"].as_array()) else {
+            continue;
+        };
+        if kinds.iter().any(|k| k == "test") {
+            let name = msg["target"]["name"].as_str().unwrap_or_default().to_string();
+            found.push((name, PathBuf::from(exe)));
+        }
+    }
+    found.sort();
+    Ok(found)
 }

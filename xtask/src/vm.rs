@@ -30,7 +30,7 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::run_checked;
 
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kernel {
     /// Debian 12's own kernel.
     #[value(name = "6.1")]
@@ -42,20 +42,37 @@ pub enum Kernel {
     Host,
 }
 
+impl Kernel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::V6_1 => "6.1",
+            Kernel::V6_12 => "6.12",
+            Kernel::Host => "host",
+        }
+    }
+}
+
 #[derive(clap::Args)]
 pub struct Args {
     #[arg(long, value_enum)]
-    kernel: Kernel,
+    pub kernel: Kernel,
     /// Guest memory (qemu's `-m` syntax).
     #[arg(long, default_value = "4G")]
-    mem: String,
+    pub mem: String,
     #[arg(long, default_value_t = 2)]
-    cpus: u32,
+    pub cpus: u32,
     /// Stop the VM and fail after this many seconds.
     #[arg(long, default_value_t = 3600)]
-    timeout: u64,
+    pub timeout: u64,
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
-    command: Vec<String>,
+    pub command: Vec<String>,
+}
+
+impl Args {
+    /// `command` under `kernel`, with the default memory, CPUs and time-out.
+    pub fn new(kernel: Kernel, command: Vec<String>) -> Args {
+        Args { kernel, mem: "4G".into(), cpus: 2, timeout: 3600, command }
+    }
 }
 
 /// Host packages: qemu, `virtiofsd` (in `qemu-system-common` on Debian 12), and what the
@@ -109,12 +126,17 @@ const ENV: &[&str] =
 const ENV_PREFIXES: &[&str] = &["TRACER_", "CARGO_", "RUST_", "RUSTUP_"];
 
 pub fn run(args: Args) -> Result<()> {
+    std::process::exit(run_command(&args)?);
+}
+
+/// Runs the command under its kernel; returns its exit code.
+pub fn run_command(args: &Args) -> Result<i32> {
     let Some((kernel_pkg, pattern)) = package(args.kernel) else {
         let status = Command::new(&args.command[0])
             .args(&args.command[1..])
             .status()
             .with_context(|| format!("cannot run {}", args.command[0]))?;
-        std::process::exit(status.code().unwrap_or(1));
+        return Ok(status.code().unwrap_or(1));
     };
     if !crate::is_root() {
         bail!("`cargo xtask vm` installs packages and runs virtiofsd over `/`: run it as root");
@@ -124,8 +146,7 @@ pub fn run(args: Args) -> Result<()> {
     let initramfs = initramfs(&kernel)?;
     let vmlinuz = find(&kernel.join("boot"), &|p| file_name(p).starts_with("vmlinuz-"))?
         .with_context(|| format!("no vmlinuz in {}", kernel.display()))?;
-    let code = boot(&args, &vmlinuz, &initramfs)?;
-    std::process::exit(code);
+    boot(args, &vmlinuz, &initramfs)
 }
 
 /// The kernel's package name, and a pattern to find its newest build should Debian have dropped it.

@@ -282,11 +282,24 @@ impl Kernel {
         &self.features
     }
 
-    /// Adds a process to the traced set.
+    /// Adds a process to the traced set, with its thread count (see `THREAD_COUNTS` in
+    /// tracer-ebpf/src/maps.rs). The threads are counted after the process is traced, so that
+    /// one started meanwhile is in the count whether or not the kernel saw it start; one started
+    /// or ended between the count and its write can make the count one off (the process's end
+    /// then comes a thread early or late). A launched command has one thread, held before exec.
     pub fn trace_pid(&mut self, pid: u32) -> Result<(), LoadError> {
         self.traced_pids_map()?
             .insert(pid, 1, 0)
-            .map_err(|e| LoadError::Map { map: names::TRACED_PIDS, reason: e.to_string() })
+            .map_err(|e| LoadError::Map { map: names::TRACED_PIDS, reason: e.to_string() })?;
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count() as u64).unwrap_or(1).max(1);
+        self.thread_counts_map()?
+            .insert(pid, threads, 0)
+            .map_err(|e| LoadError::Map { map: names::THREAD_COUNTS, reason: e.to_string() })
+    }
+
+    fn thread_counts_map(&mut self) -> Result<BpfHashMap<&mut MapData, u32, u64>, LoadError> {
+        let map = self.ebpf.map_mut(names::THREAD_COUNTS).ok_or_else(|| load_error("THREAD_COUNTS map is missing"))?;
+        BpfHashMap::try_from(map).map_err(load_error)
     }
 
     /// Removes a process from the traced set (one that exited before the kernel saw it exit), and
@@ -294,6 +307,9 @@ impl Kernel {
     /// "traced" answer stale (see `is_traced` in tracer-ebpf/src/maps.rs).
     pub fn untrace_pid(&mut self, pid: u32) {
         if let Ok(mut map) = self.traced_pids_map() {
+            let _ = map.remove(&pid);
+        }
+        if let Ok(mut map) = self.thread_counts_map() {
             let _ = map.remove(&pid);
         }
         if let Some(map) = self.ebpf.map_mut(names::TRACED_REMOVALS)
