@@ -424,3 +424,41 @@ fn executables_without_function_symbols_are_traced_for_process_events() {
     assert_eq!(kinds, ["spawn", "exit"]);
     assert_eq!(t.events[1]["exit_code"], 0);
 }
+
+/// How kernels before 6.6 attach probes (one perf-event uprobe per site, the cookie on its BPF
+/// link), forced where uprobe-multi links exist: the same calls, returns, arguments and exit as
+/// with uprobe-multi links. Under a kernel without them (6.1), the default is perf events and
+/// asking for uprobe-multi links is refused in one sentence.
+#[test]
+fn perf_event_uprobes_trace_the_same_as_uprobe_multi_links() {
+    let dir = temp_dir();
+    let run_with = |attach: &str| {
+        let (run, t) = record(
+            dir.path(),
+            &["--attach", attach, "-f", "rust_fixture::*", "--", env!("CARGO_BIN_EXE_rust_fixture")],
+        );
+        assert_eq!(run.code(), 4, "{run:?}");
+        assert_eq!(t.lost(), 0);
+        assert_eq!(t.start["kernel"]["attach"], attach, "{}", t.start);
+        let scale: Vec<Vec<u64>> = t.calls("rust_fixture::scale").iter().map(|c| args(c)[..2].to_vec()).collect();
+        let rets: Vec<u64> = t.returns("rust_fixture::scale").iter().map(|r| u64_field(r, "retval")).collect();
+        let exit = t.of_kind("exit").find(|e| e["thread"] == false).unwrap()["exit_code"].clone();
+        (t.calls("rust_fixture::fib").len(), t.returns("rust_fixture::fib").len(), scale, rets, exit)
+    };
+    let perf = run_with("perf_event");
+    assert_eq!(perf, (465, 465, vec![vec![10, 3], vec![20, 3], vec![30, 3]], vec![30, 60, 90], Value::from(4)));
+    if tracer_tests::kernel_version() >= (6, 6) {
+        assert_eq!(run_with("uprobe_multi"), perf);
+    } else {
+        let run = tracer_tests::tracer(&[
+            "record",
+            "--attach",
+            "uprobe_multi",
+            "-o",
+            dir.path().join("x.jsonl").to_str().unwrap(),
+            "--",
+            "/bin/true",
+        ]);
+        run.assert_error("this kernel has no uprobe-multi links (Linux 6.6 and later have them)");
+    }
+}

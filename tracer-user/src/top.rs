@@ -90,6 +90,7 @@ impl Top {
         };
         raise_fd_limit(1024 + probes.len() as u64);
         let features = KernelFeatures::probe(&btf);
+        features.check(true).map_err(RecordError::from)?;
         let mut kernel =
             Kernel::load_sized(&config, &features, RING_BYTES, 0, functions.len() as u32).map_err(RecordError::from)?;
         kernel.attach_sched().map_err(RecordError::from)?;

@@ -78,6 +78,10 @@ pub struct RecordArgs {
     /// on stderr, as `tracer: kernel: ...` lines.
     #[arg(long)]
     pub debug_kernel: bool,
+    /// Attach probes this way instead of the best way the kernel has (to compare the two on one
+    /// kernel: tests and benches).
+    #[arg(long, value_enum, hide = true)]
+    pub attach: Option<record::attach::features::AttachMechanism>,
     /// The command to launch and trace, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -408,6 +412,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         capture_bytes: args.trace.capture_bytes,
         host: args.host_name.unwrap_or_else(host::default_name),
         debug_kernel: args.debug_kernel,
+        attach: args.attach,
         ..RecordOptions::default()
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -679,6 +679,8 @@ fn options(agent: &Agent, conn: &Conn, request: TraceRequest) -> Result<RecordOp
         run_as,
         // The agent has no stderr a requester reads.
         debug_kernel: false,
+        // The best the kernel has.
+        attach: None,
     })
 }
 

@@ -66,6 +66,8 @@ pub struct RecordOptions {
     /// `--debug-kernel`: the eBPF programs log their rare failures through aya-log, and the
     /// recording forwards those records to the `log` crate (target `tracer_ebpf::...`).
     pub debug_kernel: bool,
+    /// `--attach`: how probes are attached, instead of the best the kernel has.
+    pub attach: Option<crate::record::attach::features::AttachMechanism>,
 }
 
 impl Default for RecordOptions {
@@ -86,6 +88,7 @@ impl Default for RecordOptions {
             host: host::default_name(),
             run_as: None,
             debug_kernel: false,
+            attach: None,
         }
     }
 }
@@ -130,6 +133,8 @@ pub enum RecordError {
     Load(#[from] LoadError),
     #[error(transparent)]
     KernelBtf(#[from] KernelBtfError),
+    #[error(transparent)]
+    Kernel(#[from] crate::record::attach::features::KernelError),
     #[error("no function could be probed: {0}")]
     NoProbeAttached(String),
     #[error(transparent)]

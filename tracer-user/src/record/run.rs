@@ -50,7 +50,11 @@ impl Plan {
         };
 
         let btf = KernelBtf::load()?;
-        let features = KernelFeatures::probe(&btf);
+        let mut features = KernelFeatures::probe(&btf);
+        if let Some(mechanism) = options.attach {
+            features = features.with_attach(mechanism)?;
+        }
+        features.check(!probes.is_empty() || !usdt.probes.is_empty())?;
         let mut enabled_kinds = 0;
         if events.contains(&EventKind::Spawn) {
             enabled_kinds |= kind_bit(RecordKind::Fork) | kind_bit(RecordKind::Exec);

@@ -23,8 +23,9 @@ use super::kernel_btf::KernelBtf;
 use crate::record::resolve::placement::KernelProbes;
 
 /// How function and USDT probes are attached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum AttachMechanism {
     /// One uprobe-multi link per file and program (Linux 6.6+): attaches and detaches thousands
     /// of probes in one call each.
@@ -43,6 +44,26 @@ impl AttachMechanism {
     }
 }
 
+/// What the running kernel cannot do at all for a recording; each is one sentence.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KernelError {
+    #[error(
+        "the kernel is locked down in confidentiality mode ({LOCKDOWN}): it refuses BPF programs that read kernel memory, which following processes and IPC needs (bpftrace cannot run there either); boot with lockdown=integrity or none to trace"
+    )]
+    LockedDown,
+    #[error(
+        "this kernel has no uprobes ({UPROBE_PMU} is missing: CONFIG_UPROBE_EVENTS is off), so functions and USDT probes cannot be traced; process and IPC events (-e spawn,exit,ipc) still can"
+    )]
+    NoUprobes,
+    #[error(
+        "this kernel has no uprobe-multi links (Linux 6.6 and later have them): --attach uprobe_multi cannot work here"
+    )]
+    NoUprobeMulti,
+}
+
+const LOCKDOWN: &str = "/sys/kernel/security/lockdown";
+pub(super) const UPROBE_PMU: &str = "/sys/bus/event_source/devices/uprobe";
+
 /// The running kernel's abilities that change which programs are loaded and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelFeatures {
@@ -52,6 +73,10 @@ pub struct KernelFeatures {
     /// `sched_process_exit` passes `group_dead` (its BTF has the argument).
     pub exit_has_group_dead: bool,
     pub probes: KernelProbes,
+    /// The kernel has uprobes (the `uprobe` PMU).
+    pub uprobes: bool,
+    /// `/sys/kernel/security/lockdown` says `[confidentiality]`.
+    pub confidentiality_lockdown: bool,
 }
 
 impl KernelFeatures {
@@ -66,7 +91,30 @@ impl KernelFeatures {
             attach,
             exit_has_group_dead: btf.tracepoint_args("sched_process_exit").is_some_and(|n| n >= 2),
             probes: KernelProbes::current(),
+            uprobes: std::path::Path::new(UPROBE_PMU).exists(),
+            confidentiality_lockdown: std::fs::read_to_string(LOCKDOWN)
+                .is_ok_and(|mode| lockdown_is_confidentiality(&mode)),
         }
+    }
+
+    /// These features with probes attached by `mechanism` (`--attach`, for tests and benches that
+    /// compare the two on one kernel), if the kernel has it.
+    pub fn with_attach(self, mechanism: AttachMechanism) -> Result<KernelFeatures, KernelError> {
+        if mechanism == AttachMechanism::UprobeMulti && self.attach != AttachMechanism::UprobeMulti {
+            return Err(KernelError::NoUprobeMulti);
+        }
+        Ok(KernelFeatures { attach: mechanism, ..self })
+    }
+
+    /// Whether a recording that needs uprobes (`wants_uprobes`) or not can run on this kernel.
+    pub fn check(&self, wants_uprobes: bool) -> Result<(), KernelError> {
+        if self.confidentiality_lockdown {
+            return Err(KernelError::LockedDown);
+        }
+        if wants_uprobes && !self.uprobes {
+            return Err(KernelError::NoUprobes);
+        }
+        Ok(())
     }
 
     /// What a trace says of this kernel (`trace_start.kernel`).
@@ -87,6 +135,12 @@ impl KernelFeatures {
             tracer_common::programs::SCHED_EXIT_1ARG
         }
     }
+}
+
+/// The selected mode of `/sys/kernel/security/lockdown` is in brackets: `none [integrity]
+/// confidentiality`.
+fn lockdown_is_confidentiality(modes: &str) -> bool {
+    modes.contains("[confidentiality]")
 }
 
 /// Whether the kernel has uprobe-multi links, as libbpf probes it: a program loaded for them,
@@ -141,6 +195,24 @@ mod tests {
         let btf = KernelBtf::load().expect("kernel BTF");
         let in_btf = btf.enum_has_value("bpf_attach_type", "BPF_TRACE_UPROBE_MULTI");
         assert_eq!(has_uprobe_multi(), in_btf);
+    }
+
+    #[test]
+    fn what_the_kernel_cannot_do_is_one_sentence_each() {
+        assert!(lockdown_is_confidentiality("none integrity [confidentiality]\n"));
+        assert!(!lockdown_is_confidentiality("none [integrity] confidentiality\n"));
+        let btf = KernelBtf::load().expect("kernel BTF");
+        let here = KernelFeatures::probe(&btf);
+        // This machine: uprobes, and lockdown at most integrity.
+        assert_eq!(here.check(true), Ok(()));
+        let locked = KernelFeatures { confidentiality_lockdown: true, ..here.clone() };
+        assert_eq!(locked.check(false), Err(KernelError::LockedDown));
+        let without = KernelFeatures { uprobes: false, ..here };
+        assert_eq!(without.check(false), Ok(()));
+        assert_eq!(
+            without.check(true).unwrap_err().to_string(),
+            "this kernel has no uprobes (/sys/bus/event_source/devices/uprobe is missing: CONFIG_UPROBE_EVENTS is off), so functions and USDT probes cannot be traced; process and IPC events (-e spawn,exit,ipc) still can"
+        );
     }
 
     #[test]

@@ -21,7 +21,10 @@ use std::{
 
 use aya_obj::generated::{PERF_FLAG_FD_CLOEXEC, bpf_attach_type::BPF_PERF_EVENT, bpf_attr, bpf_cmd, perf_event_attr};
 
-use super::uprobe_multi::{Site, sys_bpf};
+use super::{
+    features::UPROBE_PMU,
+    uprobe_multi::{Site, sys_bpf},
+};
 
 /// The `uprobe` PMU as sysfs describes it: its type number and where the return-probe flag and
 /// the semaphore (reference counter) offset go in `config`.
@@ -32,15 +35,15 @@ struct UprobePmu {
     ref_ctr_shift: u32,
 }
 
-const PMU_DIR: &str = "/sys/bus/event_source/devices/uprobe";
-
 fn pmu() -> io::Result<UprobePmu> {
     static PMU: OnceLock<Result<UprobePmu, String>> = OnceLock::new();
-    PMU.get_or_init(|| read_pmu().map_err(|e| format!("cannot read {PMU_DIR}: {e}"))).clone().map_err(io::Error::other)
+    PMU.get_or_init(|| read_pmu().map_err(|e| format!("cannot read {UPROBE_PMU}: {e}")))
+        .clone()
+        .map_err(io::Error::other)
 }
 
 fn read_pmu() -> io::Result<UprobePmu> {
-    let read = |name: &str| std::fs::read_to_string(Path::new(PMU_DIR).join(name));
+    let read = |name: &str| std::fs::read_to_string(Path::new(UPROBE_PMU).join(name));
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
     let type_ = read("type")?.trim().parse().map_err(|_| invalid("type is not a number"))?;
     // "config:0" and "config:32-63": the first bit of the field.
