@@ -20,6 +20,7 @@ use tracer_user::{
     },
     event::EndReason,
     event::host,
+    output_file::OutputFile,
     record,
 };
 
@@ -258,7 +259,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         spill_in: Some(spill_parent(&args.output)),
         ..Default::default()
     };
-    let out = open_output(&args.output)?;
+    let (out, output_file) = open_output(&args.output)?;
     // One worker per host up to the machine's cores: each host's session decodes its frames and
     // writes its spill file, and one thread for all of them falls behind two busy hosts.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -320,6 +321,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         };
         let (start, end) = trace.stop_into(reason, &mut *sink).await?;
         drop(sink);
+        output_file.map(OutputFile::commit).transpose()?;
         let merged = Merged { start, end };
         for host in &merged.start.hosts {
             eprintln!(
