@@ -14,7 +14,7 @@ use tracer_user::{
         agent::{self, AgentOptions, Listen},
         auth::Secret,
         collector::{self, AgentSpec, ClientOptions, Cluster},
-        listener, outbox,
+        command_output, listener, outbox,
         protocol::TraceRequest,
         tls,
     },
@@ -51,6 +51,10 @@ pub struct AgentArgs {
     /// on this host, as root (a socket-group member: as itself).
     #[arg(long)]
     pub allow_commands: bool,
+    /// Where a launched command's stdout and stderr go: DIR/UID/trace-ID.out, a file of the
+    /// command's user (DIR and DIR/UID only root may write).
+    #[arg(long, value_name = "DIR", default_value = command_output::DEFAULT_DIR)]
+    pub command_output_dir: PathBuf,
     /// TLS certificate chain (PEM) to present to collectors (with --listen).
     #[arg(long, value_name = "PATH", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -147,6 +151,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         max_buffered: args.buffer_events,
         max_buffered_bytes: args.buffer_bytes,
         otlp: args.otlp.config(true),
+        command_output_dir: args.command_output_dir,
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let local = tokio::task::LocalSet::new();

@@ -2,6 +2,7 @@
 //! uprobe-multi links in [`uprobe_multi`] and kernel structure offsets from BTF in [`kernel_btf`]),
 //! and launching a traced command stopped at its first instruction ([`launch`]).
 
+pub mod detached;
 pub mod kernel_btf;
 pub mod launch;
 pub mod loader;
