@@ -437,6 +437,10 @@ impl LocalAgent {
         if !extra.contains(&"--listen") {
             command.arg("--socket").arg(&socket);
         }
+        // Commands' output beside the log, not in the machine's /var/log/tracer-agent.
+        if !extra.contains(&"--command-output-dir") {
+            command.arg("--command-output-dir").arg(dir.join("command-output"));
+        }
         command.args(extra).stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
         prepare(&mut command);
         let child = command.spawn().expect("start agent");

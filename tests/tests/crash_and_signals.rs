@@ -1,6 +1,7 @@
 //! What a user sees when things go wrong around `tracer record`: the tracer killed with SIGKILL
-//! (the file holds every event up to about a second before), a torn last line (read, with a
-//! warning), signals (passed on to the command), and a reader that stops reading.
+//! (the partial file beside the output holds every event up to about a second before, and the
+//! output is as it was), a torn last line (read, with a warning), signals (passed on to the
+//! command), and a reader that stops reading.
 
 use std::{
     io::Read as _,
@@ -31,6 +32,22 @@ fn ticks(lines: &[Value]) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The one partial file a killed recording to `dir/name` left beside it (`name.XXXXXX.partial`).
+fn partial_file(dir: &Path, name: &str) -> std::path::PathBuf {
+    let partial: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let file = p.file_name().unwrap().to_str().unwrap();
+            file.starts_with(&format!("{name}.")) && file.ends_with(".partial") && file.len() == name.len() + 15
+        })
+        .collect();
+    assert_eq!(partial.len(), 1, "{partial:?}");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&partial[0]).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "private also while written");
+    partial[0].clone()
+}
+
 fn check_crash_file(path: &Path, killed_at: u64) -> usize {
     let lines = whole_lines(path);
     assert_eq!(lines[0]["kind"], "trace_start", "the first line is there");
@@ -54,7 +71,9 @@ fn a_killed_recording_keeps_the_events_up_to_a_second_before() {
     std::thread::sleep(Duration::from_millis(2500));
     let killed_at = now_ns();
     run.kill();
-    let file = dir.path().join("trace.jsonl");
+    // The output appears only once complete: the events are in the partial file beside it.
+    assert!(!dir.path().join("trace.jsonl").exists());
+    let file = partial_file(dir.path(), "trace.jsonl");
     let ticks = check_crash_file(&file, killed_at);
     assert!(ticks > 500, "{ticks} ticks");
     // report, calls and export read it, and say how much they read.

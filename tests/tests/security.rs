@@ -1,6 +1,8 @@
 //! Attacks on a real agent on this machine: an unprivileged user, a relay that injects or
-//! replays frames, a flood of idle connections and a huge partial frame; and what an allowed
-//! user gets (commands run as itself, exit codes passed through, nothing left a zombie).
+//! replays frames, a flood of idle connections and a huge partial frame, a secret file that is a
+//! FIFO; what an allowed user gets (commands run as itself, detached from the agent, exit codes
+//! passed through, nothing left a zombie); and on `record`'s output: a link or a file another
+//! user planted where the trace goes.
 
 use std::{
     io::{Read as _, Write as _},
@@ -318,4 +320,187 @@ fn a_flood_of_idle_connections_and_a_huge_partial_frame_do_not_keep_a_collector_
     assert!(t.calls("tick").len() > 100, "{} ticks", t.calls("tick").len());
     eprintln!("collected in {:?} beside 1000 idle connections", started.elapsed());
     drop(idle);
+}
+
+/// A pseudo-terminal: the master (kept by the test) and the path of its other end.
+fn pseudo_terminal() -> (std::os::fd::OwnedFd, std::ffi::CString) {
+    use std::os::fd::FromRawFd as _;
+    // SAFETY: the C library's pseudo-terminal calls, each result checked.
+    unsafe {
+        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        assert!(master >= 0 && libc::grantpt(master) == 0 && libc::unlockpt(master) == 0);
+        let name = std::ffi::CStr::from_ptr(libc::ptsname(master)).to_owned();
+        (std::os::fd::OwnedFd::from_raw_fd(master), name)
+    }
+}
+
+/// The issue's attack: an agent started from root's terminal, and a socket-group member's command
+/// that would push a line into that shell (TIOCSTI), rewrite the agent's log through an inherited
+/// descriptor, or read root's environment. Detached, it has nothing of the agent's.
+#[test]
+fn a_members_command_starts_detached_from_the_agent() {
+    let dir = open_dir();
+    let out_dir = temp_dir();
+    std::fs::set_permissions(out_dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // Dropped after the agent: closing it first would hang up the agent's session.
+    let (_master, terminal) = pseudo_terminal();
+    let agent = tracer_tests::LocalAgent::start_with(
+        dir.path(),
+        "h",
+        &["--socket-group", "adm", "--allow-commands"],
+        |command| {
+            use std::os::unix::process::CommandExt as _;
+            command.env("TRACER_SECRET_MARKER", "1");
+            // SAFETY: async-signal-safe calls only, on memory prepared before the fork.
+            unsafe {
+                command.pre_exec(move || {
+                    // A session of its own whose controlling terminal is the pseudo-terminal, on
+                    // stdin: as when started from a root shell.
+                    libc::setsid();
+                    let tty = libc::open(terminal.as_ptr(), libc::O_RDWR);
+                    if tty < 0 || libc::dup2(tty, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        },
+    );
+    let agent_stat = std::fs::read_to_string(format!("/proc/{}/stat", agent.pid())).unwrap();
+    let agent_tty = agent_stat.rsplit_once(") ").unwrap().1.split(' ').nth(4).unwrap().to_string();
+    assert_ne!(agent_tty, "0", "the agent has a controlling terminal");
+    let log = dir.path().join("agent-h.log");
+    let output = out_dir.path().join("x.jsonl").display().to_string();
+    let spec = agent.spec("h");
+    let script = format!(
+        "ls /proc/self/fd; readlink /proc/self/fd/0; \
+         echo sid=$(($(cut -d\" \" -f6 /proc/self/stat) == $$)) tty=$(cut -d\" \" -f7 /proc/self/stat); \
+         (: </dev/tty) 2>/dev/null || echo no terminal to reach; \
+         grep NoNewPrivs /proc/self/status; id -u; pwd; env | sort; \
+         echo written to stderr >&2; \
+         (echo pwned >>{log}) 2>/dev/null || echo the agent log is not writable; \
+         (echo pwned >>/proc/{agent}/fd/2) 2>/dev/null || echo nor through the agent",
+        log = log.display(),
+        agent = agent.pid()
+    );
+    let command = format!("h:sh -c '{script}'");
+    let run = tracer_as_nobody(&collect_args(&spec, &output, &["-c", &command]), Some("4"));
+    assert_eq!(run.code(), 0, "{run:?}");
+    let line = agent.wait_for_log("the command's output goes to ");
+    let file = line.split("the command's output goes to ").nth(1).unwrap().trim();
+    assert!(file.starts_with(&dir.path().join("command-output/65534/trace-").display().to_string()), "{file}");
+    let meta = std::fs::metadata(file).unwrap();
+    use std::os::unix::fs::MetadataExt as _;
+    assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o777), (65534, 65534, 0o600), "the member's own file");
+    let text = std::fs::read_to_string(file).unwrap();
+    // Descriptors 0-2 only (3 is ls's own directory), stdin /dev/null, a session of its own
+    // without a terminal, no new privileges, as nobody, in /, with nobody's environment.
+    let expected = "0\n1\n2\n3\n/dev/null\nsid=1 tty=0\nno terminal to reach\nNoNewPrivs:\t1\n65534\n/\n\
+                    HOME=/nonexistent\nLOGNAME=nobody\nPATH=/usr/local/bin:/usr/bin:/bin\nPWD=/\n\
+                    SHELL=/usr/sbin/nologin\nUSER=nobody\nwritten to stderr\n\
+                    the agent log is not writable\nnor through the agent\n";
+    assert_eq!(text, expected);
+    assert!(!text.contains("TRACER_SECRET_MARKER"));
+    assert!(!agent.log().contains("pwned"), "{}", agent.log());
+}
+
+/// A FIFO as the secret file would block the open until someone writes it: refused at once.
+#[test]
+fn a_secret_file_that_is_a_fifo_is_refused_at_once() {
+    let dir = temp_dir();
+    let fifo = dir.path().join("secret");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo on a valid path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let started = Instant::now();
+    tracer(&["agent", "--listen", "127.0.0.1:0", "--secret-file", fifo.to_str().unwrap()])
+        .assert_error(&format!("the secret file {} is a FIFO, not a regular file", fifo.display()));
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    // A file of nobody's, mode 0600: nobody could change the secret of root's agent.
+    let theirs = dir.path().join("theirs");
+    std::fs::write(&theirs, "0123456789abcdefghijklmnopqrstuv\n").unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    tracer(&["agent", "--listen", "127.0.0.1:0", "--secret-file", theirs.to_str().unwrap()]).assert_error(&format!(
+        "the secret file {} belongs to uid 65534, neither root nor you (uid 0)",
+        theirs.display()
+    ));
+}
+
+/// `CMD` as nobody.
+fn as_nobody(cmd: &[&str]) {
+    let status = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(cmd)
+        .status()
+        .unwrap();
+    assert!(status.success(), "{cmd:?}");
+}
+
+fn record_to(path: &Path) -> Run {
+    tracer(&["record", "-e", "spawn,exit", "-o", path.to_str().unwrap(), "--", "/bin/true"])
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    names
+}
+
+/// Root records into a directory everyone can write (mode 0777, no sticky bit), where nobody
+/// planted a link to a root-only file and pre-created a file to receive the trace.
+#[test]
+fn record_writes_no_trace_through_a_planted_link_or_into_another_users_file() {
+    let private = temp_dir();
+    let victim = private.path().join("victim");
+    std::fs::write(&victim, "root's own\n").unwrap();
+    let shared = temp_dir();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+
+    let link = shared.path().join("t.jsonl");
+    as_nobody(&["ln", "-s", victim.to_str().unwrap(), link.to_str().unwrap()]);
+    record_to(&link).assert_error(&format!(
+        "refusing to write the trace to {}: it is a symbolic link, which whoever can write its directory may have planted",
+        link.display()
+    ));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root's own\n", "the link's target is unchanged");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    // export and a non-streaming format: the same refusal.
+    let chrome = shared.path().join("t.json");
+    as_nobody(&["ln", "-s", victim.to_str().unwrap(), chrome.to_str().unwrap()]);
+    record_to(&chrome)
+        .assert_error(&format!("refusing to write the trace to {}: it is a symbolic link", chrome.display()));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root's own\n");
+
+    let planted = shared.path().join("p.jsonl");
+    as_nobody(&["touch", planted.to_str().unwrap()]);
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o666)).unwrap();
+    record_to(&planted).assert_error(&format!(
+        "refusing to write the trace to {}: it belongs to uid 65534, not to you (uid 0), who could then read it",
+        planted.display()
+    ));
+    assert_eq!(std::fs::read_to_string(&planted).unwrap(), "", "nothing written into it");
+
+    // A new trace is root's alone; replacing root's own file needs no --force, and leaves nothing
+    // else behind.
+    let mine = shared.path().join("mine.jsonl");
+    let run = record_to(&mine);
+    assert_eq!(run.code(), 0, "{run:?}");
+    use std::os::unix::fs::MetadataExt as _;
+    let first = std::fs::metadata(&mine).unwrap();
+    assert_eq!((first.uid(), first.mode() & 0o777), (0, 0o600));
+    let run = record_to(&mine);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let second = std::fs::metadata(&mine).unwrap();
+    assert_ne!(second.ino(), first.ino(), "a new file took the name");
+    assert_eq!(second.mode() & 0o777, 0o600);
+    tracer_tests::Trace::load(&mine);
+    let exported = shared.path().join("e.json");
+    let run = tracer(&["export", mine.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(std::fs::metadata(&exported).unwrap().mode() & 0o777, 0o600);
+    let run = tracer(&["export", mine.to_str().unwrap(), "-o", chrome.to_str().unwrap()]);
+    run.assert_error(&format!("refusing to write the trace to {}: it is a symbolic link", chrome.display()));
+    assert_eq!(names(shared.path()), ["e.json", "mine.jsonl", "p.jsonl", "t.json", "t.jsonl"]);
 }

@@ -10,7 +10,8 @@
 //!   ([`assemble::channels`]).
 //! - [`pipeline`]: events in time order ([`pipeline::order`]), receives linked to sends
 //!   ([`pipeline::flows`]), filtered to the kinds asked for.
-//! - [`event`]: the one event model and its JSON lines encoding; [`sink::Sink`] is where a trace goes.
+//! - [`event`]: the one event model and its JSON lines encoding; [`sink::Sink`] is where a trace goes,
+//!   and [`output_file`] how its file is made (private, never through another user's link or file).
 //! - [`export`]: file formats and OTLP; [`analysis`]: call slices, flame stacks, reports, call
 //!   listings; [`cluster`]: agents, the collector and the protocol between them; [`top`]: live
 //!   statistics aggregated in the kernel.
@@ -25,6 +26,7 @@ pub mod debuginfo;
 pub mod errors;
 pub mod event;
 pub mod export;
+pub mod output_file;
 pub mod pipeline;
 pub mod record;
 pub mod sink;

@@ -19,7 +19,7 @@ use tracer_common::{
 use crate::{
     assemble::FunctionTable,
     event::EventKind,
-    record::attach::launch::{ChildExit, spawn_stopped, try_reap},
+    record::attach::launch::{ChildExit, Start, spawn_stopped, try_reap},
     record::attach::loader::{Kernel, LostCounters, raise_fd_limit},
     record::attach::{features::KernelFeatures, kernel_btf::KernelBtf},
     record::{Plan, RecordError, RecordOptions, any_target_alive, plan},
@@ -74,7 +74,7 @@ impl Top {
     pub fn start(plan: Plan, by_process: bool) -> Result<Top, TopError> {
         let Plan { options, processes, binaries, command, probes, functions, .. } = plan;
         let child = match &command {
-            Some(path) => Some(spawn_stopped(path, &options.command, None).map_err(RecordError::from)?),
+            Some(path) => Some(spawn_stopped(path, &options.command, &Start::Inherit).map_err(RecordError::from)?),
             None => None,
         };
         let btf = KernelBtf::load().map_err(RecordError::from)?;

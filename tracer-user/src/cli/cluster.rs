@@ -14,12 +14,13 @@ use tracer_user::{
         agent::{self, AgentOptions, Listen},
         auth::Secret,
         collector::{self, AgentSpec, ClientOptions, Cluster},
-        listener, outbox,
+        command_output, listener, outbox,
         protocol::TraceRequest,
         tls,
     },
     event::EndReason,
     event::host,
+    output_file::OutputFile,
     record,
 };
 
@@ -50,6 +51,10 @@ pub struct AgentArgs {
     /// on this host, as root (a socket-group member: as itself).
     #[arg(long)]
     pub allow_commands: bool,
+    /// Where a launched command's stdout and stderr go: DIR/UID/trace-ID.out, a file of the
+    /// command's user (DIR and DIR/UID only root may write).
+    #[arg(long, value_name = "DIR", default_value = command_output::DEFAULT_DIR)]
+    pub command_output_dir: PathBuf,
     /// TLS certificate chain (PEM) to present to collectors (with --listen).
     #[arg(long, value_name = "PATH", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -146,6 +151,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         max_buffered: args.buffer_events,
         max_buffered_bytes: args.buffer_bytes,
         otlp: args.otlp.config(true),
+        command_output_dir: args.command_output_dir,
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let local = tokio::task::LocalSet::new();
@@ -258,7 +264,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         spill_in: Some(spill_parent(&args.output)),
         ..Default::default()
     };
-    let out = open_output(&args.output)?;
+    let (out, output_file) = open_output(&args.output)?;
     // One worker per host up to the machine's cores: each host's session decodes its frames and
     // writes its spill file, and one thread for all of them falls behind two busy hosts.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -320,6 +326,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         };
         let (start, end) = trace.stop_into(reason, &mut *sink).await?;
         drop(sink);
+        output_file.map(OutputFile::commit).transpose()?;
         let merged = Merged { start, end };
         for host in &merged.start.hosts {
             eprintln!(

@@ -28,6 +28,7 @@ use tracer_user::{
     event::host,
     event::{EndReason, EventKind, TraceEnd, why_lost},
     export::{Format, input, jsonl, otlp},
+    output_file::OutputFile,
     record::{self, RecordOptions},
     sink::Sink,
 };
@@ -381,13 +382,14 @@ pub(crate) fn output_format(path: &Path, format: Option<Format>) -> anyhow::Resu
     }
 }
 
-/// Opens the output (before anything is attached, so that an unwritable path costs nothing).
-pub(crate) fn open_output(path: &Path) -> anyhow::Result<Box<dyn Write + Send>> {
+/// Opens the output (before anything is attached, so that an unwritable path costs nothing): the
+/// writer, and the file to [`OutputFile::commit`] once the trace is complete (none: standard output).
+pub(crate) fn open_output(path: &Path) -> anyhow::Result<(Box<dyn Write + Send>, Option<OutputFile>)> {
     if path == Path::new("-") {
-        return Ok(Box::new(std::io::stdout()));
+        return Ok((Box::new(std::io::stdout()), None));
     }
-    let file = File::create(path).with_context(|| format!("cannot write the trace to {}", path.display()))?;
-    Ok(Box::new(file))
+    let file = OutputFile::create(path, "the trace")?;
+    Ok((Box::new(file.writer()?), Some(file)))
 }
 
 pub(crate) fn describe_output(path: &Path) -> String {
@@ -419,7 +421,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
     runtime.block_on(async move {
         let signals = StopSignals::install()?;
         let plan = record::plan(options)?;
-        let out = open_output(&args.output)?;
+        let (out, output_file) = open_output(&args.output)?;
         print_warnings(&plan.warnings);
         if let Some(line) = &plan.probe_summary {
             eprintln!("tracer: {line}");
@@ -428,9 +430,9 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         // Formats that are only readable once complete get their events in a JSON lines spool
         // as well, flushed as they come: what a crash leaves is there.
         let spool = spool_path(&args.output, format);
-        if let Some(path) = &spool {
-            let file = File::create(path).with_context(|| format!("cannot write the spool {}", path.display()))?;
-            sink = Box::new(vec![sink, Box::new(jsonl::JsonlWriter::new(file)) as Box<dyn Sink + Send>]);
+        let spool_file = spool.as_deref().map(|path| OutputFile::create_in_place(path, "the spool")).transpose()?;
+        if let Some(file) = &spool_file {
+            sink = Box::new(vec![sink, Box::new(jsonl::JsonlWriter::new(file.writer()?)) as Box<dyn Sink + Send>]);
         }
         let recording = plan.start()?;
         print_warnings(&recording.warnings);
@@ -459,7 +461,10 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
             }
             other => other?,
         };
+        drop(sink);
+        output_file.map(OutputFile::commit).transpose()?;
         if let Some(path) = &spool {
+            drop(spool_file);
             let _ = std::fs::remove_file(path);
         }
         print_summary(&outcome.end, &args.output);
@@ -532,11 +537,16 @@ fn export(args: ExportArgs) -> anyhow::Result<i32> {
     let format = args.output.as_deref().map(|output| output_format(output, args.format)).transpose()?;
     let trace = open_trace(&args.input)?;
     let mut sinks: Vec<Box<dyn Sink + Send>> = Vec::new();
+    let mut output_file = None;
     if let (Some(output), Some(format)) = (&args.output, format) {
-        sinks.push(format.sink_with_events(open_output(output)?, args.pcap_events));
+        let (out, file) = open_output(output)?;
+        sinks.push(format.sink_with_events(out, args.pcap_events));
+        output_file = file;
     }
     sinks.extend(args.otlp.sink(false));
     let replayed = replay(&args.input, trace, &mut sinks)?;
+    drop(sinks);
+    output_file.map(OutputFile::commit).transpose()?;
     if let Some(output) = &args.output {
         eprintln!("tracer: {} events written to {}", replayed.events, describe_output(output));
     }

@@ -37,6 +37,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::{
     auth::{self, Key, Secret},
+    command_output,
     listener::{self, ListenError, Listener, Peer, PeerCreds},
     outbox::{self, Outbox},
     protocol::{FrameError, Message, TraceRequest},
@@ -48,7 +49,8 @@ use crate::{
     assemble::clock::BootClock,
     errors::report,
     event::{EndReason, Event, EventKind, TraceEnd, TraceStart},
-    record::attach::launch::{RunAs, try_reap},
+    record::attach::detached::Detached,
+    record::attach::launch::{RunAs, Start, try_reap},
     record::{self, RecordOptions},
     sink::Sink,
 };
@@ -95,6 +97,9 @@ pub struct AgentOptions {
     /// Send every trace's spans straight to this OpenTelemetry collector as well (`--otlp`). Only
     /// the operator's command line sets it: no collector peer can name where this host's spans go.
     pub otlp: Option<crate::export::otlp::OtlpConfig>,
+    /// Where launched commands' stdout and stderr go, one directory per user
+    /// ([`command_output`]).
+    pub command_output_dir: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -650,18 +655,22 @@ impl Sink for OutboxSink {
     }
 }
 
-fn options(agent: &Agent, conn: &Conn, request: TraceRequest) -> Result<RecordOptions, String> {
+/// Who a command launched for `conn` runs as: a socket-group member as itself, never as root;
+/// root (through the socket or a network peer with the secret) as root.
+fn command_user(conn: &Conn) -> RunAs {
+    match &conn.creds {
+        Some(c) => RunAs { uid: c.uid, gid: c.gid, groups: c.groups.clone() },
+        None => RunAs { uid: 0, gid: 0, groups: Vec::new() },
+    }
+}
+
+/// `start`: how the request's command (if any) starts.
+fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordOptions, String> {
     let mut events = BTreeSet::new();
     for name in &request.events {
         events.extend(EventKind::parse_list_item(name)?);
     }
     let defaults = RecordOptions::default();
-    // A socket-group member's command runs as that member, never as root.
-    let run_as = conn.creds.as_ref().filter(|c| !c.is_root()).map(|c| RunAs {
-        uid: c.uid,
-        gid: c.gid,
-        groups: c.groups.clone(),
-    });
     Ok(RecordOptions {
         pids: request.pids,
         binaries: request.binaries.into_iter().map(PathBuf::from).collect(),
@@ -676,7 +685,7 @@ fn options(agent: &Agent, conn: &Conn, request: TraceRequest) -> Result<RecordOp
         string_size: request.string_size,
         capture_bytes: request.capture_bytes,
         host: agent.opts.host.clone(),
-        run_as,
+        start,
         // The agent has no stderr a requester reads.
         debug_kernel: false,
         // The best the kernel has.
@@ -707,13 +716,39 @@ fn start_trace(
         key if key == [0; 16] => crate::export::otlp::IdKey::random(),
         key => crate::export::otlp::IdKey::Host(key),
     };
-    let options = options(agent, conn, request)?;
-    record::check_root().map_err(|e| report(&e))?;
-    let plan = record::plan(options).map_err(|e| report(&e))?;
-    for w in &plan.warnings {
-        tracing::warn!(target: LOG, "warning: {w}");
+    // A command starts detached from the agent, its output in a file of its user's.
+    let start = if request.command.is_empty() {
+        Start::Inherit
+    } else {
+        let user = command_user(conn);
+        let output = command_output::create(&agent.opts.command_output_dir, user.uid, user.gid, trace_id)
+            .map_err(|e| report(&e))?;
+        Start::Detached(Detached::new(user, output))
+    };
+    let output = match &start {
+        Start::Detached(d) => Some(d.output.clone()),
+        Start::Inherit => None,
+    };
+    let started = options(agent, request, start).and_then(|options| {
+        record::check_root().map_err(|e| report(&e))?;
+        let plan = record::plan(options).map_err(|e| report(&e))?;
+        for w in &plan.warnings {
+            tracing::warn!(target: LOG, "warning: {w}");
+        }
+        plan.start().map_err(|e| report(&e))
+    });
+    let recording = match (started, &output) {
+        (Ok(recording), _) => recording,
+        (Err(e), Some(path)) => {
+            // Nothing was launched: no file to leave behind.
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
+        (Err(e), None) => return Err(e),
+    };
+    if let Some(path) = &output {
+        tracing::info!(target: LOG, "trace {trace_id}: the command's output goes to {}", path.display());
     }
-    let recording = plan.start().map_err(|e| report(&e))?;
     for w in &recording.warnings {
         tracing::warn!(target: LOG, "warning: {w}");
     }

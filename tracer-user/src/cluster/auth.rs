@@ -1,7 +1,9 @@
 //! Secrets, and the keys a connection derives from one.
 //!
-//! A secret lives in a file only its owner can read ([`Secret::from_file`] refuses anything
-//! else) and is at least [`MIN_SECRET_BYTES`] long; [`Secret::generate`] writes a good one. It
+//! A secret lives in a regular file that root (or the user reading it) owns and only its owner can
+//! read, at least [`MIN_SECRET_BYTES`] and at most [`MAX_SECRET_FILE_BYTES`] long, with no
+//! obvious pattern ([`Secret::from_file`] refuses anything else, one sentence each);
+//! [`Secret::generate`] writes a good one. It
 //! never crosses the wire: each connection derives, with HKDF-SHA256 over the secret and a hash
 //! of the handshake (both sides' fresh nonces), one key per direction for the frame MACs and one
 //! key that later proves, on a reconnection, that it is the same collector coming back
@@ -9,7 +11,11 @@
 //! keys come from the nonces alone: they still number and check every frame, but only the socket's
 //! permissions keep others out.
 
-use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _, os::unix::fs::PermissionsExt as _, path::Path};
+use std::{
+    io::{Read as _, Write as _},
+    os::unix::fs::{FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _},
+    path::Path,
+};
 
 use hmac::{Hmac, Mac as _};
 use sha2::Sha256;
@@ -18,6 +24,14 @@ use super::protocol::Nonce;
 
 /// A secret shorter than this is refused: 32 bytes of a generated secret are 128 bits of hex.
 pub const MIN_SECRET_BYTES: usize = 32;
+
+/// A secret file longer than this is refused unread: a secret is one line, and reading whatever
+/// the file holds would let a 1 GiB file take the memory of two.
+pub const MAX_SECRET_FILE_BYTES: usize = 4096;
+/// A secret with fewer distinct byte values than this is refused (32 zero bytes, `abababab...`).
+/// Not more: `--gen-secret` writes hex, 16 symbols, and a quarter of its 64-digit secrets miss
+/// one of them; fewer than 8 distinct digits in 32 random hex digits is a one-in-millions draw.
+pub const MIN_DISTINCT_BYTES: usize = 8;
 
 /// A 256-bit key.
 pub type Key = [u8; 32];
@@ -36,14 +50,34 @@ impl std::fmt::Debug for Secret {
 pub enum SecretError {
     #[error("cannot read the secret file {path}")]
     Read { path: String, source: std::io::Error },
+    #[error("the secret file {path} is a symbolic link: give the path of the file itself")]
+    Symlink { path: String },
+    #[error("the secret file {path} is {kind}, not a regular file")]
+    NotRegular { path: String, kind: &'static str },
+    #[error(
+        "the secret file {path} belongs to uid {owner}, neither root nor you (uid {me}): its owner could change the secret, so make it yours with chown"
+    )]
+    Owner { path: String, owner: u32, me: u32 },
     #[error(
         "the secret file {path} can be read by other users (mode {mode:03o}): make it private with chmod 600 {path}"
     )]
     Readable { path: String, mode: u32 },
     #[error(
+        "the secret file {path} holds more than {MAX_SECRET_FILE_BYTES} bytes: a secret is one line, such as tracer agent --gen-secret FILE writes"
+    )]
+    TooLong { path: String },
+    #[error(
         "the secret file {path} holds {len} bytes, fewer than {MIN_SECRET_BYTES}: make a good one with tracer agent --gen-secret FILE"
     )]
     TooShort { path: String, len: usize },
+    #[error(
+        "the secret file {path} holds only {distinct} distinct byte values, fewer than {MIN_DISTINCT_BYTES}: make a good one with tracer agent --gen-secret FILE"
+    )]
+    FewValues { path: String, distinct: usize },
+    #[error(
+        "the secret file {path} repeats the same {period} bytes over and over: make a good one with tracer agent --gen-secret FILE"
+    )]
+    Repeats { path: String, period: usize },
     #[error("cannot write the secret file {path}")]
     Write { path: String, source: std::io::Error },
 }
@@ -55,21 +89,45 @@ impl Secret {
         Secret(bytes.into())
     }
 
-    /// Reads a secret file: refused if group or others may read it, or if it is too short.
+    /// Reads a secret file: refused unless it is a regular file owned by root or by this process's
+    /// user, private to its owner, of a sane length and without an obvious pattern.
     pub fn from_file(path: &Path) -> Result<Secret, SecretError> {
         let name = || path.display().to_string();
         let read = |source| SecretError::Read { path: name(), source };
-        let file = std::fs::File::open(path).map_err(read)?;
-        let mode = file.metadata().map_err(read)?.permissions().mode() & 0o777;
+        // O_NOFOLLOW: the checks below are of the file itself, not of a link someone else may
+        // repoint. O_NONBLOCK: opening a FIFO would otherwise wait for a writer, forever.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => SecretError::Symlink { path: name() },
+                _ => read(e),
+            })?;
+        let meta = file.metadata().map_err(read)?;
+        if let Some(kind) = not_regular(meta.file_type()) {
+            return Err(SecretError::NotRegular { path: name(), kind });
+        }
+        let me = nix::unistd::geteuid().as_raw();
+        if meta.uid() != 0 && meta.uid() != me {
+            return Err(SecretError::Owner { path: name(), owner: meta.uid(), me });
+        }
+        let mode = meta.mode() & 0o777;
         if mode & 0o077 != 0 {
             return Err(SecretError::Readable { path: name(), mode });
         }
-        let text = std::io::read_to_string(file).map_err(read)?;
-        let secret = text.trim_end();
-        if secret.len() < MIN_SECRET_BYTES {
-            return Err(SecretError::TooShort { path: name(), len: secret.len() });
+        let mut bytes = Vec::new();
+        file.take(MAX_SECRET_FILE_BYTES as u64 + 1).read_to_end(&mut bytes).map_err(read)?;
+        if bytes.len() > MAX_SECRET_FILE_BYTES {
+            return Err(SecretError::TooLong { path: name() });
         }
-        Ok(Secret(secret.as_bytes().to_vec()))
+        let secret = bytes.trim_ascii_end();
+        check_strength(secret).map_err(|weak| match weak {
+            Weak::Short(len) => SecretError::TooShort { path: name(), len },
+            Weak::FewValues(distinct) => SecretError::FewValues { path: name(), distinct },
+            Weak::Repeats(period) => SecretError::Repeats { path: name(), period },
+        })?;
+        Ok(Secret(secret.to_vec()))
     }
 
     /// Writes a new secret to `path`: 32 random bytes as 64 hex digits, mode 0600. Never
@@ -84,6 +142,56 @@ impl Secret {
         // The mode given to open is filtered by the umask, which can only take bits away.
         file.write_all(format!("{hex}\n").as_bytes()).map_err(write)?;
         file.sync_all().map_err(write)
+    }
+}
+
+/// What is wrong with a weak secret.
+#[derive(Debug, PartialEq, Eq)]
+enum Weak {
+    /// Its length, below [`MIN_SECRET_BYTES`].
+    Short(usize),
+    /// Its number of distinct byte values, below [`MIN_DISTINCT_BYTES`].
+    FewValues(usize),
+    /// The length of the pattern it repeats (at most half its own).
+    Repeats(usize),
+}
+
+/// Refuses what a person might type instead of a secret: too short, too few distinct values, or
+/// one pattern repeated (`0123456789abcdef` twice has 16 values, and only 16 bytes of secret).
+fn check_strength(secret: &[u8]) -> Result<(), Weak> {
+    if secret.len() < MIN_SECRET_BYTES {
+        return Err(Weak::Short(secret.len()));
+    }
+    let mut seen = [false; 256];
+    for &b in secret {
+        seen[b as usize] = true;
+    }
+    let distinct = seen.iter().filter(|&&s| s).count();
+    if distinct < MIN_DISTINCT_BYTES {
+        return Err(Weak::FewValues(distinct));
+    }
+    // The shortest period: the secret is its first `period` bytes over and over (the last copy
+    // may be cut short).
+    if let Some(period) = (1..=secret.len() / 2).find(|&p| secret[p..].iter().zip(secret).all(|(a, b)| a == b)) {
+        return Err(Weak::Repeats(period));
+    }
+    Ok(())
+}
+
+/// What a file that is not a regular one is, said as a sentence names it.
+fn not_regular(t: std::fs::FileType) -> Option<&'static str> {
+    if t.is_file() {
+        None
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else if t.is_char_device() || t.is_block_device() {
+        Some("a device")
+    } else {
+        Some("of an unknown kind")
     }
 }
 
@@ -144,6 +252,8 @@ pub fn nonce() -> Nonce {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
     use super::*;
 
     fn temp(name: &str) -> std::path::PathBuf {
@@ -196,7 +306,7 @@ mod tests {
     fn readable_or_short_secret_files_are_refused() {
         let dir = temp("bad");
         let f = dir.join("s");
-        std::fs::write(&f, format!("{}\n", "x".repeat(40))).unwrap();
+        std::fs::write(&f, GOOD).unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(
             Secret::from_file(&f).unwrap_err().to_string(),
@@ -216,5 +326,117 @@ mod tests {
             )
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `name` in `dir`, holding `bytes`, mode 0600.
+    fn private(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let f = dir.join(name);
+        std::fs::write(&f, bytes).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        f
+    }
+
+    fn refusal(path: &Path) -> String {
+        Secret::from_file(path).unwrap_err().to_string()
+    }
+
+    /// 32 bytes, 31 distinct values, no period: a good enough secret.
+    const GOOD: &[u8] = b"0123456789abcdefghijklmnopqrstuu\n";
+
+    /// Whoever owns the file can change the secret, so holds the keys to every agent that reads
+    /// it (root's commands included). Unit tests run as root, as the agent does.
+    #[test]
+    fn a_secret_file_of_another_user_is_refused() {
+        let dir = temp("owner");
+        let f = private(&dir, "s", GOOD);
+        Secret::from_file(&f).unwrap();
+        std::os::unix::fs::chown(&f, Some(65534), Some(65534)).unwrap();
+        assert_eq!(
+            refusal(&f),
+            format!(
+                "the secret file {} belongs to uid 65534, neither root nor you (uid 0): its owner could change the secret, so make it yours with chown",
+                f.display()
+            )
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A FIFO would block the open (and then the read) until someone writes: refused at once.
+    #[test]
+    fn a_fifo_a_directory_or_a_symlink_is_refused_without_waiting() {
+        let dir = temp("kinds");
+        let fifo = dir.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let started = std::time::Instant::now();
+        assert_eq!(refusal(&fifo), format!("the secret file {} is a FIFO, not a regular file", fifo.display()));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        let sub = dir.join("d");
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(refusal(&sub), format!("the secret file {} is a directory, not a regular file", sub.display()));
+        let good = private(&dir, "good", GOOD);
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&good, &link).unwrap();
+        assert_eq!(
+            refusal(&link),
+            format!("the secret file {} is a symbolic link: give the path of the file itself", link.display())
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_secret_file_over_4_kib_is_refused_unread() {
+        let dir = temp("long");
+        let mut bytes: Vec<u8> = (0..=255u8).cycle().take(MAX_SECRET_FILE_BYTES).collect();
+        // Exactly 4096 bytes pass (the 256-byte cycle is broken by its last byte).
+        *bytes.last_mut().unwrap() = b'!';
+        let f = private(&dir, "s", &bytes);
+        assert_eq!(Secret::from_file(&f).unwrap().0.len(), MAX_SECRET_FILE_BYTES);
+        bytes.push(b'x');
+        let f = private(&dir, "s", &bytes);
+        let tail = format!(
+            "the secret file {} holds more than 4096 bytes: a secret is one line, such as tracer agent --gen-secret FILE writes",
+            f.display()
+        );
+        assert_eq!(refusal(&f), tail);
+        // A sparse 1 GiB file: refused after reading 4097 bytes of it.
+        let huge = std::fs::File::create(&f).unwrap();
+        huge.set_len(1 << 30).unwrap();
+        assert_eq!(refusal(&f), tail);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn secrets_without_enough_distinct_bytes_or_with_a_repeated_pattern_are_refused() {
+        let dir = temp("weak");
+        let cases: [(&[u8], &str); 4] = [
+            (&[0; 32], "holds only 1 distinct byte values, fewer than 8"),
+            (b"abcdefgabcdefgabcdefgabcdefgabcdefg\n", "holds only 7 distinct byte values, fewer than 8"),
+            (b"0123456789abcdef0123456789abcdef\n", "repeats the same 16 bytes over and over"),
+            (b"0123456789abcdef0123456789abcdef01234567\n", "repeats the same 16 bytes over and over"),
+        ];
+        for (bytes, why) in cases {
+            let f = private(&dir, "s", bytes);
+            assert_eq!(
+                refusal(&f),
+                format!("the secret file {} {why}: make a good one with tracer agent --gen-secret FILE", f.display())
+            );
+        }
+        // Binary secrets are fine; only trailing whitespace is trimmed.
+        let f = private(&dir, "s", &(0..40u8).rev().collect::<Vec<_>>());
+        assert_eq!(Secret::from_file(&f).unwrap().0, (0..40u8).rev().collect::<Vec<_>>());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Random hex passes, even 32 digits of it (half of what `--gen-secret` writes): the
+    /// distinct-value bound is set for hex.
+    #[test]
+    fn generated_secrets_always_pass_the_strength_checks() {
+        for _ in 0..2000 {
+            let mut bytes = [0u8; 16];
+            getrandom::fill(&mut bytes).unwrap();
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(check_strength(hex.as_bytes()), Ok(()), "{hex}");
+        }
     }
 }

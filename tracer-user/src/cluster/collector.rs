@@ -188,6 +188,8 @@ pub enum ClusterError {
     #[error("writing the trace failed")]
     Output(#[from] std::io::Error),
     #[error(transparent)]
+    OutputFile(#[from] crate::output_file::OutputFileError),
+    #[error(transparent)]
     Name(#[from] NameError),
 }
 

@@ -26,6 +26,7 @@ use super::{
 use crate::{
     event::{EndReason, Event, EventData, HostEnd, HostInfo, HostLoss, TraceEnd, TraceStart},
     export::Format,
+    output_file::OutputFile,
     pipeline::flows::FlowMatcher,
     sink::Sink,
 };
@@ -335,9 +336,11 @@ impl MergedTrace {
 
     /// Writes the merged trace in any format `record` writes.
     pub fn export(&self, path: &Path, format: Format) -> Result<(), ClusterError> {
-        let mut sink = format.sink(std::fs::File::create(path)?);
+        let file = OutputFile::create(path, "the trace")?;
+        let mut sink = format.sink(file.writer()?);
         self.write(&mut *sink)?;
-        Ok(())
+        drop(sink);
+        Ok(file.commit()?)
     }
 }
 

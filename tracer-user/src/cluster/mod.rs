@@ -5,6 +5,7 @@ pub mod agent;
 pub mod auth;
 pub mod clock_sync;
 pub mod collector;
+pub mod command_output;
 pub mod listener;
 pub mod merge;
 pub mod outbox;

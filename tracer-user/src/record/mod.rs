@@ -25,7 +25,7 @@ use crate::{
     event::EventKind,
     event::host::{self, NameError},
     record::attach::kernel_btf::KernelBtfError,
-    record::attach::launch::{LaunchError, RunAs},
+    record::attach::launch::{LaunchError, Start},
     record::attach::loader::LoadError,
     record::resolve::modules::ModuleError,
     record::resolve::symbols::SymbolError,
@@ -61,8 +61,9 @@ pub struct RecordOptions {
     /// The host name written in every event (checked with [`host::check_name`]; default: this
     /// machine's host name).
     pub host: String,
-    /// Run the command as this user (the agent launching for a socket-group member).
-    pub run_as: Option<RunAs>,
+    /// How the command starts: as the tracer's own child (`record`), or detached from it, as
+    /// the user who asked (the agent).
+    pub start: Start,
     /// `--debug-kernel`: the eBPF programs log their rare failures through aya-log, and the
     /// recording forwards those records to the `log` crate (target `tracer_ebpf::...`).
     pub debug_kernel: bool,
@@ -86,7 +87,7 @@ impl Default for RecordOptions {
             string_size: crate::debuginfo::layout::DEFAULT_STRING_SIZE,
             capture_bytes: 0,
             host: host::default_name(),
-            run_as: None,
+            start: Start::Inherit,
             debug_kernel: false,
             attach: None,
         }

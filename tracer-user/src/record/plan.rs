@@ -14,7 +14,9 @@ use crate::{
     assemble::{FunctionTable, ProbedFunction},
     event::host,
     event::{EventKind, ProbePaths},
+    record::attach::detached,
     record::attach::kernel_btf::KernelBtf,
+    record::attach::launch::Start,
     record::attach::loader::ProbeSpec,
     record::resolve::modules::ModuleCandidates,
     record::resolve::placement::ProbePath,
@@ -90,7 +92,10 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         binaries.push((path, id));
     }
     let command = match options.command.first() {
-        Some(program) => Some(targets::resolve_command(program)?),
+        Some(program) => Some(match &options.start {
+            Start::Inherit => targets::resolve_command(program)?,
+            Start::Detached(d) => targets::resolve_command_in(program, detached::CLEAN_PATH, &d.cwd)?,
+        }),
         None => None,
     };
 

@@ -45,7 +45,7 @@ impl Plan {
         let mut warnings = Vec::new();
         let events = &options.events;
         let child = match &command {
-            Some(path) => Some(spawn_stopped(path, &options.command, options.run_as.as_ref())?),
+            Some(path) => Some(spawn_stopped(path, &options.command, &options.start)?),
             None => None,
         };
 

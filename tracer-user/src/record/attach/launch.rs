@@ -2,15 +2,25 @@
 //!
 //! The child is forked, then waits on a pipe before it execs. The tracer adds its pid to the
 //! traced set and attaches every probe, then [`StoppedChild::release`]s it. A second pipe (closed
-//! on exec) carries the `errno` back if exec fails, so "cannot start" is reported as such.
+//! on exec) carries the step that failed and its `errno` back if the child cannot exec, so
+//! "cannot start" is reported as such.
 //!
 //! The child starts as if a shell had started it: every signal at its default disposition and
 //! none blocked (the tracer itself ignores SIGPIPE, as every Rust program does, and ignored
-//! signals survive exec), optionally as another user ([`RunAs`]).
+//! signals survive exec). `tracer record -- CMD` gives it the user's terminal, descriptors,
+//! working directory and environment ([`Start::Inherit`]); the agent starts it detached, as
+//! another user if so ([`Start::Detached`], see [`super::detached`]).
+//!
+//! Everything the child needs is allocated before `fork`: after it, only async-signal-safe calls
+//! (raw system calls on memory prepared before), since another thread may have held the
+//! allocator's lock at the fork.
 
 use std::{
     ffi::{CString, OsString},
-    os::{fd::AsRawFd as _, fd::OwnedFd, unix::ffi::OsStrExt as _},
+    os::{
+        fd::{AsRawFd as _, OwnedFd},
+        unix::{ffi::OsStrExt as _, fs::OpenOptionsExt as _},
+    },
     path::{Path, PathBuf},
 };
 
@@ -19,18 +29,39 @@ use nix::{
     unistd::{ForkResult, Pid, fork, pipe2},
 };
 
+use super::detached::{Detached, Limit, env_entry};
+
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     #[error("cannot start {path}")]
     Start { path: PathBuf, source: std::io::Error },
     #[error("command argument contains a NUL byte")]
     NulInArgument,
+    #[error("cannot open the command's output file {path}")]
+    Output { path: PathBuf, source: std::io::Error },
+    #[error("uid {uid} cannot enter the working directory {dir}")]
+    WorkingDirectory { dir: PathBuf, uid: u32, source: std::io::Error },
+    #[error("cannot start {path}: {step} failed")]
+    Prepare { path: PathBuf, step: &'static str, source: std::io::Error },
+}
+
+/// How the command starts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Start {
+    /// With the tracer's terminal, descriptors, working directory, environment and user
+    /// (`tracer record -- CMD`: the user's own command, as its shell would start it).
+    #[default]
+    Inherit,
+    /// Detached from the tracer (the agent's launches).
+    Detached(Detached),
 }
 
 /// A forked child that has not exec'd yet.
 pub struct StoppedChild {
     pid: u32,
     path: PathBuf,
+    /// The working directory and user of a detached child, for the message if it cannot enter it.
+    cwd: Option<(PathBuf, u32)>,
     go: Option<OwnedFd>,
     exec_status: Option<OwnedFd>,
 }
@@ -69,9 +100,138 @@ pub struct RunAs {
     pub groups: Vec<u32>,
 }
 
-/// Forks a child that will exec `path` with `argv` (argv[0] included) once released, as
-/// `run_as` if given.
-pub fn spawn_stopped(path: &Path, argv: &[OsString], run_as: Option<&RunAs>) -> Result<StoppedChild, LaunchError> {
+/// The step of the child's preparation that failed, as it reports it on the status pipe.
+#[derive(Clone, Copy)]
+#[repr(i32)]
+enum Step {
+    Exec = 0,
+    Session = 1,
+    Stdio = 2,
+    Limits = 3,
+    Credentials = 4,
+    WorkingDirectory = 5,
+    NoNewPrivs = 6,
+}
+
+impl Step {
+    fn from_raw(raw: i32) -> Step {
+        [Step::Session, Step::Stdio, Step::Limits, Step::Credentials, Step::WorkingDirectory, Step::NoNewPrivs]
+            .into_iter()
+            .find(|s| *s as i32 == raw)
+            .unwrap_or(Step::Exec)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Step::Exec => "exec",
+            Step::Session => "setsid",
+            Step::Stdio => "setting up its stdin, stdout and stderr",
+            Step::Limits => "setting its resource limits",
+            Step::Credentials => "switching to its user",
+            Step::WorkingDirectory => "entering its working directory",
+            Step::NoNewPrivs => "PR_SET_NO_NEW_PRIVS",
+        }
+    }
+}
+
+/// What a detached child needs, prepared before fork.
+struct DetachedPrepared {
+    stdin: OwnedFd,
+    output: OwnedFd,
+    cwd: CString,
+    /// Keeps the strings `envp` points to.
+    _env: Vec<CString>,
+    envp: Vec<*const libc::c_char>,
+    limits: Vec<Limit>,
+    no_new_privs: bool,
+}
+
+fn prepare_detached(d: &Detached) -> Result<DetachedPrepared, LaunchError> {
+    let output_error = |source| LaunchError::Output { path: d.output.clone(), source };
+    let stdin = std::fs::File::open("/dev/null").map_err(output_error)?.into();
+    // O_NOFOLLOW: the agent made the file in a directory only root can write; should a link be
+    // there all the same, it is not followed. O_APPEND: a reader may truncate it under us.
+    let output = std::fs::OpenOptions::new()
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&d.output)
+        .map_err(output_error)?
+        .into();
+    let cwd = CString::new(d.cwd.as_os_str().as_bytes()).map_err(|_| LaunchError::NulInArgument)?;
+    let env: Vec<CString> =
+        d.env.iter().map(|(n, v)| env_entry(n, v).ok_or(LaunchError::NulInArgument)).collect::<Result<_, _>>()?;
+    let mut envp: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    Ok(DetachedPrepared {
+        stdin,
+        output,
+        cwd,
+        _env: env,
+        envp,
+        limits: super::detached::default_limits(),
+        no_new_privs: d.no_new_privs,
+    })
+}
+
+/// Closes every descriptor from 3 up but the two in `keep` (both at least 3).
+///
+/// # Safety
+/// Async-signal-safe: raw system calls only.
+unsafe fn close_all_but(keep: [i32; 2], max_fd: i32) {
+    let mut low = 3;
+    for k in [keep[0].min(keep[1]), keep[0].max(keep[1])] {
+        if k > low {
+            // SAFETY: as this function's.
+            unsafe { close_range(low, k - 1, max_fd) };
+        }
+        low = low.max(k + 1);
+    }
+    // SAFETY: as this function's.
+    unsafe { close_range(low, u32::MAX as i32, max_fd) };
+}
+
+/// `close_range(first, last, 0)`, or a loop of `close` up to `max_fd` on a kernel without it
+/// (before 5.9).
+///
+/// # Safety
+/// Async-signal-safe: raw system calls only.
+unsafe fn close_range(first: i32, last: i32, max_fd: i32) {
+    // SAFETY: the system call takes integers.
+    if unsafe { libc::syscall(libc::SYS_close_range, first as u32, last as u32, 0u32) } == 0 {
+        return;
+    }
+    let end = if last as u32 == u32::MAX { max_fd } else { last.saturating_add(1).min(max_fd) };
+    for fd in first..end {
+        // SAFETY: closing a descriptor number; one not open is EBADF.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// Reports the step that failed, with `errno`, on the status pipe, and exits.
+///
+/// # Safety
+/// Async-signal-safe: raw system calls only.
+unsafe fn fail(status: i32, step: Step) -> ! {
+    // SAFETY: errno is this thread's; write and _exit take plain values.
+    unsafe {
+        let report = [step as i32, *libc::__errno_location()];
+        libc::write(status, report.as_ptr().cast(), size_of_val(&report));
+        libc::_exit(127)
+    }
+}
+
+/// `fd`, or a copy of it at 3 or above if it is one of 0-2 (-1 if that fails).
+///
+/// # Safety
+/// Async-signal-safe: raw system calls only.
+unsafe fn above_stdio(fd: i32) -> i32 {
+    // SAFETY: fcntl on a descriptor number.
+    if fd < 3 { unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) } } else { fd }
+}
+
+/// Forks a child that will exec `path` with `argv` (argv[0] included) once released, started as
+/// `start` says.
+pub fn spawn_stopped(path: &Path, argv: &[OsString], start: &Start) -> Result<StoppedChild, LaunchError> {
     let start_error = |source: std::io::Error| LaunchError::Start { path: path.to_owned(), source };
     // Everything the child needs is allocated before fork: after it, only async-signal-safe calls.
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| LaunchError::NulInArgument)?;
@@ -81,30 +241,38 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString], run_as: Option<&RunAs>) -> 
         .collect::<Result<_, _>>()?;
     let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
     c_argv.push(std::ptr::null());
+    let detached = match start {
+        Start::Inherit => None,
+        Start::Detached(d) => Some((d, prepare_detached(d)?)),
+    };
 
     let (go_read, go_write) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| start_error(e.into()))?;
     let (status_read, status_write) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| start_error(e.into()))?;
     let max_fd = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map(|(soft, _)| soft.min(1 << 20) as i32)
         .unwrap_or(1024);
-    let groups: Vec<libc::gid_t> = run_as.map(|r| r.groups.clone()).unwrap_or_default();
+    let groups: Vec<libc::gid_t> = detached.as_ref().map(|(d, _)| d.user.groups.clone()).unwrap_or_default();
+    let cwd = detached.as_ref().map(|(d, _)| (d.cwd.clone(), d.user.uid));
 
-    // SAFETY: the child only calls async-signal-safe functions (fcntl, close, sigaction,
-    // sigprocmask, read, setgroups, setgid, setuid, execv, write, _exit) on memory prepared above.
+    // SAFETY: the child only calls async-signal-safe functions (raw system calls, sigemptyset,
+    // _exit) on memory prepared above.
     match unsafe { fork() }.map_err(|e| start_error(e.into()))? {
         ForkResult::Child => {
             let mut byte = 0u8;
+            let mut go = go_read.as_raw_fd();
+            let mut status = status_write.as_raw_fd();
             // SAFETY: plain syscalls on valid fds and buffers.
             unsafe {
+                let (mut stdin, mut output) = match &detached {
+                    Some((_, p)) => (p.stdin.as_raw_fd(), p.output.as_raw_fd()),
+                    None => (-1, -1),
+                };
                 // Close now what exec would close anyway: while this child waits, it must not hold
                 // other threads' close-on-exec descriptors open (another launch's go pipe, say).
+                let keep = [go, status, stdin, output];
                 for fd in 3..max_fd {
                     let flags = libc::fcntl(fd, libc::F_GETFD);
-                    if flags >= 0
-                        && flags & libc::FD_CLOEXEC != 0
-                        && fd != go_read.as_raw_fd()
-                        && fd != status_write.as_raw_fd()
-                    {
+                    if flags >= 0 && flags & libc::FD_CLOEXEC != 0 && !keep.contains(&fd) {
                         libc::close(fd);
                     }
                 }
@@ -120,32 +288,70 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString], run_as: Option<&RunAs>) -> 
                 let mut empty: libc::sigset_t = std::mem::zeroed();
                 libc::sigemptyset(&mut empty);
                 libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-                if libc::read(go_read.as_raw_fd(), (&raw mut byte).cast(), 1) != 1 {
+                if let Some((_, p)) = &detached {
+                    // Its own session: no controlling terminal, so no TIOCSTI into the agent's,
+                    // and no signal from it.
+                    if libc::setsid() < 0 {
+                        fail(status, Step::Session);
+                    }
+                    // Out of the way of 0-2 before those are replaced (an agent started with a
+                    // standard descriptor closed got one of these numbers).
+                    status = above_stdio(status);
+                    if status < 0 {
+                        libc::_exit(127);
+                    }
+                    (go, stdin, output) = (above_stdio(go), above_stdio(stdin), above_stdio(output));
+                    if go < 0 || stdin < 0 || output < 0 {
+                        fail(status, Step::Stdio);
+                    }
+                    if libc::dup2(stdin, 0) < 0 || libc::dup2(output, 1) < 0 || libc::dup2(output, 2) < 0 {
+                        fail(status, Step::Stdio);
+                    }
+                    // Nothing of the agent's but the two pipes to it, which exec closes.
+                    close_all_but([go, status], max_fd);
+                    for limit in &p.limits {
+                        let value = libc::rlimit { rlim_cur: limit.soft, rlim_max: limit.hard };
+                        if libc::setrlimit(limit.resource, &value) != 0 {
+                            fail(status, Step::Limits);
+                        }
+                    }
+                }
+                if libc::read(go, (&raw mut byte).cast(), 1) != 1 {
                     // The tracer went away before releasing us: never run untraced.
                     libc::_exit(127);
                 }
-                let dropped = match run_as {
-                    None => true,
-                    Some(r) => {
-                        libc::setgroups(groups.len(), groups.as_ptr()) == 0
-                            && libc::setgid(r.gid) == 0
-                            && libc::setuid(r.uid) == 0
+                match &detached {
+                    None => {
+                        libc::execv(c_path.as_ptr(), c_argv.as_ptr());
                     }
-                };
-                if dropped {
-                    libc::execv(c_path.as_ptr(), c_argv.as_ptr());
+                    Some((d, p)) => {
+                        if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                            || libc::setgid(d.user.gid) != 0
+                            || libc::setuid(d.user.uid) != 0
+                        {
+                            fail(status, Step::Credentials);
+                        }
+                        // After setuid: the directory must let the user in, not root.
+                        if libc::chdir(p.cwd.as_ptr()) != 0 {
+                            fail(status, Step::WorkingDirectory);
+                        }
+                        if p.no_new_privs && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                            fail(status, Step::NoNewPrivs);
+                        }
+                        libc::execve(c_path.as_ptr(), c_argv.as_ptr(), p.envp.as_ptr());
+                    }
                 }
-                let errno = *libc::__errno_location();
-                libc::write(status_write.as_raw_fd(), (&raw const errno).cast(), size_of::<i32>());
-                libc::_exit(127);
+                fail(status, Step::Exec)
             }
         }
         ForkResult::Parent { child } => {
             drop(go_read);
             drop(status_write);
+            drop(detached);
             Ok(StoppedChild {
                 pid: child.as_raw() as u32,
                 path: path.to_owned(),
+                cwd,
                 go: Some(go_write),
                 exec_status: Some(status_read),
             })
@@ -165,9 +371,9 @@ impl StoppedChild {
         let start_error = |source| LaunchError::Start { path: self.path.clone(), source };
         nix::unistd::write(&go, &[1]).map_err(|e| start_error(e.into()))?;
         drop(go);
-        let mut errno = [0u8; 4];
+        let mut report = [0u8; 8];
         let n = loop {
-            match nix::unistd::read(&status, &mut errno) {
+            match nix::unistd::read(&status, &mut report) {
                 Err(nix::errno::Errno::EINTR) => continue,
                 other => break other.map_err(|e| start_error(e.into()))?,
             }
@@ -176,7 +382,15 @@ impl StoppedChild {
             return Ok(self.pid);
         }
         let _ = waitpid(Pid::from_raw(self.pid as i32), None);
-        Err(start_error(std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno))))
+        let step = Step::from_raw(i32::from_ne_bytes(report[..4].try_into().expect("4 bytes")));
+        let source = std::io::Error::from_raw_os_error(i32::from_ne_bytes(report[4..].try_into().expect("4 bytes")));
+        Err(match (step, &self.cwd) {
+            (Step::Exec, _) => start_error(source),
+            (Step::WorkingDirectory, Some((dir, uid))) => {
+                LaunchError::WorkingDirectory { dir: dir.clone(), uid: *uid, source }
+            }
+            (step, _) => LaunchError::Prepare { path: self.path.clone(), step: step.name(), source },
+        })
     }
 }
 
@@ -217,7 +431,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let marker = dir.join("ran");
         let script = format!("touch {}; exit 7", marker.display());
-        let child = spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()], None).unwrap();
+        let child =
+            spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()], &Start::Inherit).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(!marker.exists(), "the child ran before it was released");
         let pid = child.release().unwrap();
@@ -228,7 +443,7 @@ mod tests {
 
     #[test]
     fn dropping_an_unreleased_child_never_runs_it() {
-        let child = spawn_stopped(Path::new("/bin/true"), &["true".into()], None).unwrap();
+        let child = spawn_stopped(Path::new("/bin/true"), &["true".into()], &Start::Inherit).unwrap();
         let pid = child.pid();
         drop(child);
         assert!(!crate::record::resolve::targets::process_alive(pid));
@@ -236,7 +451,7 @@ mod tests {
 
     #[test]
     fn exec_failure_is_reported() {
-        let child = spawn_stopped(Path::new("/etc/passwd"), &["passwd".into()], None).unwrap();
+        let child = spawn_stopped(Path::new("/etc/passwd"), &["passwd".into()], &Start::Inherit).unwrap();
         let err = anyhow::Error::from(child.release().unwrap_err());
         assert_eq!(format!("{err:#}"), "cannot start /etc/passwd: Permission denied (os error 13)");
     }
@@ -244,7 +459,8 @@ mod tests {
     #[test]
     fn signals_are_reported_as_such() {
         let child =
-            spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), "kill -9 $$".into()], None).unwrap();
+            spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), "kill -9 $$".into()], &Start::Inherit)
+                .unwrap();
         let pid = child.release().unwrap();
         assert_eq!(wait(pid), ChildExit::Signal(9));
         assert_eq!(ChildExit::Signal(9).shell_code(), 137);
@@ -261,7 +477,8 @@ mod tests {
         blocked.add(nix::sys::signal::Signal::SIGUSR2);
         blocked.thread_block().unwrap();
         let script = format!("grep -E '^Sig(Blk|Ign)' /proc/self/status > {}", out.display());
-        let child = spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()], None).unwrap();
+        let child =
+            spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()], &Start::Inherit).unwrap();
         blocked.thread_unblock().unwrap();
         assert_eq!(wait(child.release().unwrap()), ChildExit::Code(0));
         let status = std::fs::read_to_string(&out).unwrap();
@@ -269,12 +486,65 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A detached command of nobody's, its output file made as the agent makes it.
+    fn detached_as_nobody(dir: &Path) -> Detached {
+        let output = dir.join("out");
+        std::fs::write(&output, "").unwrap();
+        std::os::unix::fs::chown(&output, Some(65534), Some(65534)).unwrap();
+        Detached::new(RunAs { uid: 65534, gid: 65534, groups: vec![4] }, output)
+    }
+
     #[test]
     fn the_command_can_run_as_another_user() {
+        let dir = tempfile::tempdir().unwrap();
         let script = "test \"$(id -u):$(id -g):$(id -G)\" = '65534:65534:65534 4'";
-        let nobody = RunAs { uid: 65534, gid: 65534, groups: vec![4] };
-        let child =
-            spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()], Some(&nobody)).unwrap();
+        let start = Start::Detached(detached_as_nobody(dir.path()));
+        let child = spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()], &start).unwrap();
         assert_eq!(wait(child.release().unwrap()), ChildExit::Code(0));
+    }
+
+    /// What a detached command has of the tracer's: nothing. It reports on its own output file.
+    #[test]
+    fn a_detached_command_starts_clean() {
+        let dir = tempfile::tempdir().unwrap();
+        let detached = detached_as_nobody(dir.path());
+        let output = detached.output.clone();
+        // Something of the tracer's that a command must not see: a descriptor without
+        // close-on-exec, and a raised limit.
+        let leaked = std::fs::File::open("/etc/hostname").unwrap();
+        let leaked = nix::fcntl::fcntl(&leaked, nix::fcntl::FcntlArg::F_DUPFD(20)).unwrap();
+        let script = "ls /proc/self/fd; readlink /proc/self/fd/0; \
+                      echo sid=$(($(cut -d' ' -f6 /proc/self/stat) == $$)) tty=$(cut -d' ' -f7 /proc/self/stat); \
+                      grep NoNewPrivs /proc/self/status; ulimit -n; ulimit -c; pwd; env | sort";
+        let child =
+            spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()], &Start::Detached(detached))
+                .unwrap();
+        assert_eq!(wait(child.release().unwrap()), ChildExit::Code(0));
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(leaked) };
+        let text = std::fs::read_to_string(&output).unwrap();
+        // `ls` itself opens /proc/self/fd as 3.
+        let expected = "0\n1\n2\n3\n/dev/null\nsid=1 tty=0\nNoNewPrivs:\t1\n1024\n0\n/\n\
+                        HOME=/nonexistent\nLOGNAME=nobody\nPATH=/usr/local/bin:/usr/bin:/bin\nPWD=/\nSHELL=/usr/sbin/nologin\nUSER=nobody\n";
+        assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn a_working_directory_the_user_cannot_enter_fails_the_launch() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut detached = detached_as_nobody(dir.path());
+        let private = dir.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        detached.cwd = private.clone();
+        let child = spawn_stopped(Path::new("/bin/true"), &["true".into()], &Start::Detached(detached)).unwrap();
+        let err = anyhow::Error::from(child.release().unwrap_err());
+        assert_eq!(
+            format!("{err:#}"),
+            format!(
+                "uid 65534 cannot enter the working directory {}: Permission denied (os error 13)",
+                private.display()
+            )
+        );
     }
 }

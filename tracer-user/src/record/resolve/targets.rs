@@ -166,6 +166,18 @@ pub fn resolve_command(program: &OsStr) -> Result<PathBuf, TargetError> {
     check_executable(&found)
 }
 
+/// As [`resolve_command`] for a command started elsewhere: a relative path from `cwd`, a name
+/// looked up in `search_path` (a detached command's, not the tracer's own `PATH`).
+pub fn resolve_command_in(program: &OsStr, search_path: &str, cwd: &Path) -> Result<PathBuf, TargetError> {
+    let as_path = Path::new(program);
+    if as_path.components().count() > 1 || program.to_string_lossy().contains('/') {
+        return check_executable(&cwd.join(as_path));
+    }
+    let found = which::which_in(program, Some(search_path), cwd)
+        .map_err(|_| TargetError::CommandNotFound(program.to_string_lossy().into_owned()))?;
+    check_executable(&found)
+}
+
 /// Shared libraries mapped executable by a process, from `/proc/PID/maps`.
 pub fn mapped_files(pid: u32) -> Vec<PathBuf> {
     let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
