@@ -77,7 +77,7 @@ impl Top {
             Some(path) => Some(spawn_stopped(path, &options.command, &Start::Inherit).map_err(RecordError::from)?),
             None => None,
         };
-        let btf = KernelBtf::load().map_err(RecordError::from)?;
+        let btf = KernelBtf::running().map_err(RecordError::from)?;
         let config = Config {
             enabled_kinds: 0,
             follow_children: options.follow_children as u32,
@@ -89,7 +89,7 @@ impl Top {
             offsets: btf.offsets().map_err(RecordError::from)?,
         };
         raise_fd_limit(1024 + probes.len() as u64);
-        let features = KernelFeatures::probe(&btf);
+        let features = KernelFeatures::probe(btf);
         features.check(true).map_err(RecordError::from)?;
         let mut kernel =
             Kernel::load_sized(&config, &features, RING_BYTES, 0, functions.len() as u32).map_err(RecordError::from)?;

@@ -19,7 +19,7 @@ use crate::{
     record::attach::launch::Start,
     record::attach::loader::ProbeSpec,
     record::resolve::modules::ModuleCandidates,
-    record::resolve::placement::ProbePath,
+    record::resolve::placement::{KernelProbes, ProbePath},
     record::resolve::symbols::{FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code},
     record::resolve::targets::{self, FileId, Process},
     usdt::{
@@ -140,7 +140,7 @@ fn select_usdt(
     let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
     let candidates = ModuleCandidates::new(executables, &pids);
     let mut files = ProbeFiles::load(candidates.files())?;
-    let regs = RegisterOffsets::from_btf(&KernelBtf::load()?)?;
+    let regs = RegisterOffsets::from_btf(KernelBtf::running()?)?;
     let mut selection = usdt::select::select(&mut files, &candidates, &patterns, &regs, program_events)?;
     warnings.append(&mut selection.warnings);
     Ok(selection)
@@ -338,7 +338,7 @@ fn select_functions(
             no_return.join(", ")
         ));
     }
-    let probe_summary = probe_paths.summary(go_probed);
+    let probe_summary = probe_paths.summary(go_probed, KernelProbes::current());
     Ok(Selection { probes, functions, probe_paths, probe_summary })
 }
 

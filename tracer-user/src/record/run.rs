@@ -49,8 +49,8 @@ impl Plan {
             None => None,
         };
 
-        let btf = KernelBtf::load()?;
-        let mut features = KernelFeatures::probe(&btf);
+        let btf = KernelBtf::running()?;
+        let mut features = KernelFeatures::probe(btf);
         if let Some(mechanism) = options.attach {
             features = features.with_attach(mechanism)?;
         }

@@ -26,9 +26,29 @@ pub struct KernelBtf {
     btf: Btf,
 }
 
+/// How many times this process parsed the kernel's BTF (it is several megabytes: once is enough).
+static PARSED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 impl KernelBtf {
+    /// Parses the running kernel's BTF. Use [`KernelBtf::running`], which does it once.
     pub fn load() -> Result<KernelBtf, KernelBtfError> {
+        PARSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Btf::from_file(VMLINUX_BTF).map(|btf| KernelBtf { btf }).map_err(|e| KernelBtfError::Unavailable(e.to_string()))
+    }
+
+    /// The running kernel's BTF, parsed on first use and kept for the process's life (planning,
+    /// offsets and feature probing all read it).
+    pub fn running() -> Result<&'static KernelBtf, KernelBtfError> {
+        static RUNNING: std::sync::OnceLock<Result<KernelBtf, String>> = std::sync::OnceLock::new();
+        match RUNNING.get_or_init(|| KernelBtf::load().map_err(|e| e.to_string())) {
+            Ok(btf) => Ok(btf),
+            Err(message) => Err(KernelBtfError::Unavailable(message.clone())),
+        }
+    }
+
+    /// How many times this process has parsed the kernel's BTF.
+    pub fn times_parsed() -> usize {
+        PARSED.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn find_struct(&self, name: &str) -> Result<btf_rs::Struct, KernelBtfError> {
@@ -227,6 +247,16 @@ mod tests {
         // A `pipe_buffer` holds at least a page pointer, offset, length and ops pointer.
         assert!(o.pipe_buffer_size >= 24, "{o:?}");
         assert!(o.socket_inode > 0, "{o:?}");
+    }
+
+    #[test]
+    fn the_running_kernels_btf_is_parsed_once() {
+        let before = KernelBtf::times_parsed();
+        let a = KernelBtf::running().expect("kernel BTF") as *const KernelBtf;
+        let b = KernelBtf::running().expect("kernel BTF") as *const KernelBtf;
+        assert_eq!(a, b);
+        // Other tests of this binary may have parsed it first; either way, at most once here.
+        assert!(KernelBtf::times_parsed() - before <= 1);
     }
 
     #[test]

@@ -247,9 +247,9 @@ impl ProbePaths {
     }
 
     /// One line for stderr: how many functions take each path and, when some trap, which and
-    /// what gives them the fast path. `go` says that some are Go functions, whose `ret` probes
-    /// trap whatever the build.
-    pub fn summary(&self, go: bool) -> Option<String> {
+    /// what gives them the fast path on this `kernel`. `go` says that some are Go functions,
+    /// whose `ret` probes trap whatever the build.
+    pub fn summary(&self, go: bool, kernel: KernelProbes) -> Option<String> {
         if self.is_empty() {
             return None;
         }
@@ -263,10 +263,11 @@ impl ProbePaths {
             }
             line.push_str(&format!(
                 "; slow (a trap and a single-step, ~15 µs a hit): {}. For the fast path give functions a 5-byte nop \
-                 entry: C/C++ with gcc -pg -mfentry -mnop-mcount (compile only) or clang -fpatchable-function-entry=5, \
+                 entry{}: C/C++ with gcc -pg -mfentry -mnop-mcount (compile only) or clang -fpatchable-function-entry=5, \
                  Rust nightly #[patchable_function_entry(entry_nops = 5)]; on stable Rust -C force-frame-pointers=yes \
                  (C/C++ -fno-omit-frame-pointer) gives an emulated push rbp entry{}",
                 names.join(", "),
+                if kernel.optimizes_nop5 { "" } else { " (one trap, emulated, on this kernel; no trap from Linux 6.18)" },
                 if go { " (Go functions' ret probes always trap)" } else { "" }
             ));
         }
@@ -365,16 +366,25 @@ mod tests {
     #[test]
     fn summary_names_the_slow_ones() {
         let mut paths = ProbePaths::default();
-        assert_eq!(paths.summary(false), None);
+        assert_eq!(paths.summary(false, ON), None);
         paths.add("work", ProbePath::Optimized);
-        assert_eq!(paths.summary(false).unwrap(), "probes: 1 optimized, 0 emulated, 0 trap");
+        assert_eq!(paths.summary(false, ON).unwrap(), "probes: 1 optimized, 0 emulated, 0 trap");
         for n in ["a", "b", "c", "d", "e", "f"] {
             paths.add(n, ProbePath::Trap);
         }
-        let line = paths.summary(false).unwrap();
+        let line = paths.summary(false, ON).unwrap();
         assert!(line.starts_with("probes: 1 optimized, 0 emulated, 6 trap; slow"), "{line}");
-        assert!(line.contains(": a, b, c, d, e, .... For the fast path"), "{line}");
+        assert!(
+            line.contains(": a, b, c, d, e, .... For the fast path give functions a 5-byte nop entry: C/C++"),
+            "{line}"
+        );
         assert!(line.contains("-mnop-mcount") && line.contains("force-frame-pointers"), "{line}");
+        // Before 6.18 the nop is emulated, not optimized: the advice says what it buys there.
+        let line = paths.summary(false, OFF).unwrap();
+        assert!(
+            line.contains("5-byte nop entry (one trap, emulated, on this kernel; no trap from Linux 6.18): C/C++"),
+            "{line}"
+        );
     }
 
     #[test]
