@@ -17,8 +17,9 @@ use crate::event::{TraceEnd, TraceStart};
 /// `capture_bytes` in a trace request, payloads on sends and receives. 5: `string_size` in a
 /// trace request. 6: `otlp_key` in a trace request and `exports_otlp` in `Started` (cross-host
 /// OTLP links when agents export their own spans); an event batch carries its events' encoded
-/// bytes, names numbered once per trace.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// bytes, names numbered once per trace. 7: `trace_start` carries `kernel` (the agent's kernel and
+/// the mechanisms it chose).
+pub const PROTOCOL_VERSION: u32 = 7;
 /// The largest frame either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated

@@ -34,9 +34,10 @@ pub struct TraceStart {
     /// the name the user gave it.
     #[serde(default)]
     pub machine: Option<Machine>,
-    /// The kernel that recorded the trace and the mechanisms its features chose; absent from a
-    /// merged trace (each host has its own) and from traces of older versions.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The kernel that recorded the trace and the mechanisms its features chose; `null` in a
+    /// merged trace (each host has its own) and in traces of older versions. Always written:
+    /// the protocol and the native format encode it with postcard, which has no field names.
+    #[serde(default)]
     pub kernel: Option<KernelInfo>,
 }
 
