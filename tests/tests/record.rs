@@ -454,10 +454,12 @@ fn perf_event_uprobes_trace_the_same_as_uprobe_multi_links() {
             "record",
             "--attach",
             "uprobe_multi",
+            "-f",
+            "rust_fixture::fib",
             "-o",
             dir.path().join("x.jsonl").to_str().unwrap(),
             "--",
-            "/bin/true",
+            env!("CARGO_BIN_EXE_rust_fixture"),
         ]);
         run.assert_error("this kernel has no uprobe-multi links (Linux 6.6 and later have them)");
     }

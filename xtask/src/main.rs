@@ -264,37 +264,57 @@ fn test(filter: Option<&str>, kernels: &[vm::Kernel]) -> Result<()> {
         kernels.iter().map(|&k| (k, true)).collect()
     };
     let mut failed = Vec::new();
-    for (kernel, whole) in runs {
-        if kernel == vm::Kernel::Host {
-            println!("xtask: integration tests (root, this machine's kernel)");
-            let mut args = vec!["test", "--release", "-p", "tracer-tests", "--", "--test-threads=1"];
-            args.extend(filter);
-            if let Err(e) = run_checked(&mut cargo(&args)) {
-                eprintln!("xtask: {e:#}");
+    if runs.iter().any(|(k, _)| *k == vm::Kernel::Host) {
+        println!("xtask: integration tests (root, this machine's kernel)");
+        let mut args = vec!["test", "--release", "-p", "tracer-tests", "--", "--test-threads=1"];
+        args.extend(filter);
+        if let Err(e) = run_checked(&mut cargo(&args)) {
+            eprintln!("xtask: {e:#}");
+            failed.push(vm::Kernel::Host.name());
+        }
+    }
+    // The VMs run side by side, each on one host thread (see vm.rs), their output in a log each,
+    // printed whole as each ends.
+    let vms: Vec<(vm::Kernel, bool)> = runs.into_iter().filter(|(k, _)| *k != vm::Kernel::Host).collect();
+    if !vms.is_empty() {
+        let binaries = test_binaries()?;
+        let mut children = Vec::new();
+        for (kernel, whole) in vms {
+            let selected: Vec<&(String, PathBuf)> =
+                binaries.iter().filter(|(name, _)| whole || CORE_TESTS.contains(&name.as_str())).collect();
+            println!(
+                "xtask: integration tests under Linux {} in a VM: {}",
+                kernel.name(),
+                selected.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+            );
+            // One boot for all of them; each binary prints its own summary line.
+            let mut script = String::from("status=0\n");
+            for (_, path) in &selected {
+                script.push_str(&format!("{} --test-threads=1 {} || status=1\n", path.display(), filter.unwrap_or("")));
+            }
+            script.push_str("exit $status\n");
+            let dir = root().join("target/vm");
+            std::fs::create_dir_all(&dir)?;
+            let script_path = dir.join(format!("tests-{}.sh", kernel.name()));
+            std::fs::write(&script_path, script)?;
+            let log_path = dir.join(format!("tests-{}.log", kernel.name()));
+            let log = std::fs::File::create(&log_path)?;
+            let child = Command::new(std::env::current_exe()?)
+                .args(["vm", "--kernel", kernel.name(), "--", "sh"])
+                .arg(&script_path)
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("cannot start cargo xtask vm")?;
+            children.push((kernel, child, log_path));
+        }
+        for (kernel, mut child, log_path) in children {
+            let status = child.wait()?;
+            println!("xtask: ---- Linux {} (VM), from {} ----", kernel.name(), log_path.display());
+            print!("{}", std::fs::read_to_string(&log_path).unwrap_or_default());
+            if !status.success() {
                 failed.push(kernel.name());
             }
-            continue;
-        }
-        let binaries = test_binaries()?;
-        let selected: Vec<&(String, PathBuf)> =
-            binaries.iter().filter(|(name, _)| whole || CORE_TESTS.contains(&name.as_str())).collect();
-        println!(
-            "xtask: integration tests under Linux {} in a VM: {}",
-            kernel.name(),
-            selected.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
-        );
-        // One boot for all of them; each binary's own summary line is printed as it ends.
-        let mut script = String::from("status=0\n");
-        for (_, path) in &selected {
-            script.push_str(&format!("{} --test-threads=1 {} || status=1\n", path.display(), filter.unwrap_or("")));
-        }
-        script.push_str("exit $status\n");
-        let script_path = root().join(format!("target/vm/tests-{}.sh", kernel.name()));
-        std::fs::create_dir_all(script_path.parent().expect("has a parent"))?;
-        std::fs::write(&script_path, script)?;
-        let code = vm::run_command(&vm::Args::new(kernel, vec!["sh".into(), script_path.display().to_string()]))?;
-        if code != 0 {
-            failed.push(kernel.name());
         }
     }
     if !failed.is_empty() {
