@@ -41,6 +41,7 @@ use super::{
     listener::{self, ListenError, Listener, Peer, PeerCreds},
     outbox::{self, Outbox},
     protocol::{FrameError, Message, TraceRequest},
+    request_limits,
     session::{self, HANDSHAKE_TIMEOUT, Session, SessionWriter},
     tls::{self, Transport},
     wire,
@@ -172,6 +173,8 @@ struct Agent {
     /// Connections that have not proved themselves yet, oldest first.
     pending: RefCell<VecDeque<(u64, AbortHandle)>>,
     collectors: Cell<usize>,
+    /// A trace is being planned (its slot is filled once it starts).
+    starting: Cell<bool>,
     next_conn: Cell<u64>,
     drops: Drops,
     /// Commands that outlived their trace, to be reaped when they exit.
@@ -252,6 +255,7 @@ pub async fn serve(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Re
         clock: BootClock::calibrate(),
         pending: RefCell::new(VecDeque::new()),
         collectors: Cell::new(0),
+        starting: Cell::new(false),
         next_conn: Cell::new(1),
         drops: Drops::default(),
         launched: RefCell::new(Vec::new()),
@@ -408,6 +412,21 @@ async fn serve_session(agent: &Rc<Agent>, id: u64, session: Session, creds: Opti
         match wake {
             Wake::Frame(None) => break "connection closed".to_string(),
             Wake::Frame(Some(Err(e))) => break report(&e),
+            // Planning may take seconds: awaited here, it keeps this connection waiting for its
+            // answer, and nothing else.
+            Wake::Frame(Some(Ok(Message::Start { trace_id, request }))) => {
+                let reply = match start_trace(agent, &conn, trace_id, request).await {
+                    Ok(start) => {
+                        streaming = Streaming { cursor: Some(0), ..Default::default() };
+                        let exports_otlp = agent.opts.otlp.is_some();
+                        Message::Started { trace_id, trace_start: start, exports_otlp }
+                    }
+                    Err(error) => Message::Failed { trace_id, error },
+                };
+                if let Err(e) = writer.send(&reply).await {
+                    break report(&e);
+                }
+            }
             Wake::Frame(Some(Ok(m))) => match handle(agent, &conn, m, &mut streaming) {
                 Ok(Some(reply)) => {
                     if let Err(e) = writer.send(&reply).await {
@@ -432,7 +451,7 @@ async fn serve_session(agent: &Rc<Agent>, id: u64, session: Session, creds: Opti
     reason
 }
 
-/// Answers one message from the collector.
+/// Answers one message from the collector (but `Start`: [`start_trace`]).
 fn handle(
     agent: &Rc<Agent>,
     conn: &Conn,
@@ -442,14 +461,6 @@ fn handle(
     let owns = |s: &TraceSlot, trace_id: u64| s.id == trace_id && s.owner == Some(conn.id);
     Ok(match message {
         Message::ClockProbe { id } => Some(Message::ClockEcho { id, agent_ns: agent.now_ns() }),
-        Message::Start { trace_id, request } => match start_trace(agent, conn, trace_id, request) {
-            Ok(start) => {
-                *streaming = Streaming { cursor: Some(0), ..Default::default() };
-                let exports_otlp = agent.opts.otlp.is_some();
-                Some(Message::Started { trace_id, trace_start: start, exports_otlp })
-            }
-            Err(error) => Some(Message::Failed { trace_id, error }),
-        },
         Message::Stop { trace_id } => {
             if agent.slot.borrow().as_ref().is_some_and(|s| owns(s, trace_id)) {
                 stop_trace(agent, EndReason::Stopped);
@@ -540,11 +551,13 @@ async fn send_pending<W: tokio::io::AsyncWrite + Unpin>(
                 frames.push(Message::Gap { first_seq, count });
             }
             // A resumed connection gets the whole string table first: in frames of at most a
-            // chunk's worth of text.
+            // chunk's worth of text, and of no more strings than a collector takes in one.
             let mut sent = streaming.strings_sent;
             while pending.strings.len() > sent {
                 let (mut end, mut text) = (sent, 0);
-                while end < pending.strings.len() && (end == sent || text < outbox::CHUNK_BYTES) {
+                while end < pending.strings.len()
+                    && (end == sent || (text < outbox::CHUNK_BYTES && end - sent < wire::MAX_STRINGS_PER_BATCH))
+                {
                     text += pending.strings[end].len();
                     end += 1;
                 }
@@ -693,13 +706,51 @@ fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordO
     })
 }
 
+/// Marks the agent as starting a trace until dropped (the start finished, failed, or its
+/// connection went away mid-plan): one start at a time, since the slot is filled only at the end.
+struct Starting<'a>(&'a Agent);
+
+impl<'a> Starting<'a> {
+    fn mark(agent: &'a Agent) -> Starting<'a> {
+        agent.starting.set(true);
+        Starting(agent)
+    }
+}
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        self.0.starting.set(false);
+    }
+}
+
+/// Resolves targets, symbols and patterns on a thread of its own: that can take seconds (large
+/// executables, many patterns), during which the agent's one thread keeps answering other
+/// collectors, clock probes and SIGTERM. A plain thread, not tokio's blocking pool: an agent told
+/// to stop exits without waiting for a plan nobody will use (planning attaches and launches
+/// nothing).
+async fn plan_apart(options: RecordOptions) -> Result<record::Plan, String> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("tracer-plan".to_string())
+        .spawn(move || {
+            let plan = record::check_root().and_then(|()| record::plan(options));
+            let _ = tx.send(plan.map_err(|e| report(&e)));
+        })
+        .map_err(|e| format!("cannot start planning: {e}"))?;
+    rx.await.unwrap_or_else(|_| Err("planning stopped before it finished".to_string()))
+}
+
 /// Starts recording for `conn`, which then owns the trace; returns the trace's first line (JSON).
-fn start_trace(
+async fn start_trace(
     agent: &Rc<Agent>,
     conn: &Conn,
     trace_id: u64,
     request: TraceRequest,
 ) -> Result<Box<TraceStart>, String> {
+    request_limits::check(&request).map_err(|e| e.to_string())?;
+    if agent.starting.get() {
+        return Err("a trace is being started on this agent".to_string());
+    }
     if let Some(s) = agent.slot.borrow().as_ref() {
         if s.end.is_none() {
             return Err("a trace is already running on this agent".to_string());
@@ -729,14 +780,16 @@ fn start_trace(
         Start::Detached(d) => Some(d.output.clone()),
         Start::Inherit => None,
     };
-    let started = options(agent, request, start).and_then(|options| {
-        record::check_root().map_err(|e| report(&e))?;
-        let plan = record::plan(options).map_err(|e| report(&e))?;
-        for w in &plan.warnings {
-            tracing::warn!(target: LOG, "warning: {w}");
-        }
-        plan.start().map_err(|e| report(&e))
-    });
+    let _starting = Starting::mark(agent);
+    let started = match options(agent, request, start) {
+        Ok(options) => plan_apart(options).await.and_then(|plan| {
+            for w in &plan.warnings {
+                tracing::warn!(target: LOG, "warning: {w}");
+            }
+            plan.start().map_err(|e| report(&e))
+        }),
+        Err(e) => Err(e),
+    };
     let recording = match (started, &output) {
         (Ok(recording), _) => recording,
         (Err(e), Some(path)) => {

@@ -200,6 +200,9 @@ pub(super) struct HostState {
     pub(super) samples: Vec<ClockSample>,
     pub(super) trace_id: Option<u64>,
     pub(super) start: Option<TraceStart>,
+    /// The trace's window on the agent's clock, from its first `Started` (event timestamps are
+    /// checked against it).
+    pub(super) window: Option<super::event_bounds::Window>,
     /// The agent sends this trace's spans to an OpenTelemetry collector itself.
     pub(super) exports_otlp: bool,
     pub(super) end: Option<TraceEnd>,

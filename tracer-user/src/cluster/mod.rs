@@ -3,14 +3,17 @@
 
 pub mod agent;
 pub mod auth;
+pub mod bounded;
 pub mod clock_sync;
 pub mod collector;
 pub mod command_output;
+pub mod event_bounds;
 pub mod listener;
 pub mod merge;
 pub mod outbox;
 pub mod protocol;
 pub mod reconnect;
+pub mod request_limits;
 pub mod session;
 pub mod spill;
 pub mod tls;
