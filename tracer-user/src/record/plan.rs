@@ -2,7 +2,7 @@
 //! functions (symbols, DWARF, source globs), USDT sites, and the probes they need.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -198,9 +198,13 @@ fn select_functions(
     // (module, function index) in selection order, each once: the set answers "already chosen?"
     // in constant time, so a thousand patterns matching the same functions cost n, not n².
     let mut selected: Vec<(PathBuf, usize)> = Vec::new();
-    let mut chosen: HashSet<(PathBuf, usize)> = HashSet::new();
+    let mut chosen: HashMap<PathBuf, HashSet<usize>> = HashMap::new();
     let mut select = |module: &PathBuf, index: usize| {
-        if chosen.insert((module.clone(), index)) {
+        let fresh = match chosen.get_mut(module) {
+            Some(indexes) => indexes.insert(index),
+            None => chosen.insert(module.clone(), HashSet::from([index])).is_none(),
+        };
+        if fresh {
             selected.push((module.clone(), index));
         }
     };
