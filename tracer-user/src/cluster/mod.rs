@@ -1,6 +1,7 @@
 //! Several hosts, one timeline: an agent on each host records, a collector starts the same trace on
 //! all of them, streams their events, corrects their clocks and links messages across hosts.
 
+pub mod admission;
 pub mod agent;
 pub mod auth;
 pub mod bounded;
