@@ -504,3 +504,115 @@ fn record_writes_no_trace_through_a_planted_link_or_into_another_users_file() {
     run.assert_error(&format!("refusing to write the trace to {}: it is a symbolic link", chrome.display()));
     assert_eq!(names(shared.path()), ["e.json", "mine.jsonl", "p.jsonl", "t.json", "t.jsonl"]);
 }
+
+/// `sleep 30` as nobody (in group adm), holding `n` connections to `socket` that each sent a
+/// valid hello and read the agent's first answer (a challenge, or a refusal): half-open
+/// handshakes the kernel names as uid 65534. Opened between fork and exec, so that they are
+/// nobody's; `spawn` returns once they all are.
+fn half_open_handshakes_as_nobody(socket: &Path, n: usize) -> std::process::Child {
+    use std::os::unix::{ffi::OsStrExt as _, process::CommandExt as _};
+    let hello = tracer_user::cluster::protocol::encode(&Message::Hello {
+        version: tracer_user::cluster::protocol::PROTOCOL_VERSION,
+        nonce: [7; 32],
+    })
+    .unwrap();
+    let path = socket.as_os_str().as_bytes().to_vec();
+    let mut command = Command::new("sleep");
+    command.arg("30");
+    // SAFETY: between fork and exec only system calls, on memory allocated before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            let groups = [4 as libc::gid_t];
+            if libc::setgroups(1, groups.as_ptr()) != 0
+                || libc::setresgid(65534, 65534, 65534) != 0
+                || libc::setresuid(65534, 65534, 65534) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut addr: libc::sockaddr_un = std::mem::zeroed();
+            addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+            for (i, b) in path.iter().enumerate() {
+                addr.sun_path[i] = *b as libc::c_char;
+            }
+            let mut answer = [0u8; 512];
+            for _ in 0..n {
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+                if fd < 0 || libc::connect(fd, (&raw const addr).cast(), len) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Not `write`: a refused peer may be closed already, and SIGPIPE would end the flood.
+                libc::send(fd, hello.as_ptr().cast(), hello.len(), libc::MSG_NOSIGNAL);
+                libc::read(fd, answer.as_mut_ptr().cast(), answer.len());
+            }
+            Ok(())
+        });
+    }
+    command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("the flood")
+}
+
+#[test]
+fn a_flood_of_half_open_handshakes_from_one_uid_keeps_no_other_collector_out_and_is_told_why() {
+    let dir = open_dir();
+    let out_dir = temp_dir();
+    std::fs::set_permissions(out_dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let agent = LocalAgent::start(dir.path(), "h", &["--socket-group", "adm"]);
+    // Root's own handshake, started (hello sent, challenge read) before the flood.
+    let mut root = std::os::unix::net::UnixStream::connect(&agent.socket).unwrap();
+    let hello = tracer_user::cluster::protocol::encode(&Message::Hello {
+        version: tracer_user::cluster::protocol::PROTOCOL_VERSION,
+        nonce: [1; 32],
+    })
+    .unwrap();
+    root.write_all(&hello).unwrap();
+    let mut len = [0u8; 4];
+    root.read_exact(&mut len).unwrap();
+    let mut challenge = vec![0u8; u32::from_le_bytes(len) as usize];
+    root.read_exact(&mut challenge).unwrap();
+    assert!(matches!(tracer_user::cluster::protocol::decode(&challenge), Ok(Message::Challenge { .. })));
+
+    // A hundred half-open handshakes from nobody: 8 wait (its share), the rest are refused.
+    let mut flood = half_open_handshakes_as_nobody(&agent.socket, 100);
+    agent.wait_for_log("8 connections from uid 65534 are authenticating already");
+    let held = std::fs::read_dir(format!("/proc/{}/fd", flood.id())).unwrap().count();
+    assert!(held >= 3 + 8, "the flood holds its connections: {held} descriptors");
+    // Root's started handshake was not closed for any of them.
+    root.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let mut byte = [0u8; 1];
+    let still_open = matches!(root.read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    assert!(still_open, "root's handshake was closed: {}", agent.log());
+
+    // Another collector of nobody's is told why, in the agent's words.
+    let output = out_dir.path().join("x.jsonl").display().to_string();
+    let spec = agent.spec("h");
+    let victim = Background::start(&fixture("calls"), &["loop"]);
+    let pid = format!("h:{}", victim.pid());
+    let target = ["-p", pid.as_str(), "-d", "0.3"];
+    let nobody = tracer_as_nobody(&collect_args(&spec, &output, &target), Some("4"));
+    nobody.assert_error(
+        "agent h refused the connection: 8 connections from uid 65534 are authenticating already: try again when one is done",
+    );
+    // Root's collector gets in and traces (within the flood's 5 s).
+    let run = tracer(&collect_args(&spec, &output, &target));
+    assert_eq!(run.code(), 0, "{run:?}");
+    let _ = flood.kill();
+    let _ = flood.wait();
+}
+
+#[test]
+fn a_collector_over_the_bound_of_collectors_reads_why_it_is_refused() {
+    let dir = temp_dir();
+    let agent = LocalAgent::start(dir.path(), "h", &[]);
+    let spec: tracer_user::cluster::collector::AgentSpec = agent.spec("h").parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let options = tracer_user::cluster::collector::ClientOptions::default();
+    let _held: Vec<_> = (0..tracer_user::cluster::agent::MAX_COLLECTORS)
+        .map(|_| runtime.block_on(tracer_user::cluster::collector::connect_session(&spec, &options)).unwrap())
+        .collect();
+    agent.wait_for_log("collector uid 0");
+    let output = dir.path().join("x.jsonl").display().to_string();
+    let victim = Background::start(&fixture("calls"), &["loop"]);
+    let pid = format!("h:{}", victim.pid());
+    tracer(&collect_args(&agent.spec("h"), &output, &["-p", &pid, "-d", "0.3"]))
+        .assert_error("agent h refused the connection: 8 collectors are connected already");
+}

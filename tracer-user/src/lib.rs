@@ -26,6 +26,7 @@ pub mod debuginfo;
 pub mod errors;
 pub mod event;
 pub mod export;
+pub mod mapped_file;
 pub mod output_file;
 pub mod pipeline;
 pub mod record;

@@ -3,9 +3,11 @@
 //! Who may talk to it: by default only root and, with a socket group, that group's members, on
 //! a Unix socket whose peers the kernel names; over TCP only collectors that prove they hold the
 //! secret ([`super::session`]), every frame after that MAC'd. Before a peer has proved itself it
-//! gets a few seconds, a few KiB per frame and one of [`MAX_UNAUTHENTICATED`] places (the oldest
-//! waiting peer is dropped for a new one), so that idle or hostile connections never keep a
-//! collector out or grow the agent's memory; whatever a bound drops is counted and logged.
+//! gets a few seconds, a few KiB per frame and one of [`MAX_UNAUTHENTICATED`] places, at most
+//! [`admission::MAX_PER_SOURCE`] per uid or address ([`admission`]: an idle peer makes room for
+//! a newcomer, one that has started its handshake never does), so that idle or hostile
+//! connections never keep a collector out or grow the agent's memory; whoever is refused or
+//! closed is told why, and whatever a bound drops is counted and logged.
 //!
 //! One trace at a time, owned by the connection that started it: only that connection, or a
 //! reconnection that proves it is the same collector (a resume proof made with the first
@@ -20,7 +22,7 @@
 
 use std::{
     cell::{Cell, RefCell},
-    collections::{BTreeSet, HashMap, VecDeque},
+    collections::{BTreeSet, HashMap},
     ffi::OsString,
     future::Future,
     net::SocketAddr,
@@ -29,18 +31,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{
-    sync::{mpsc, oneshot, watch},
-    task::AbortHandle,
-};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_rustls::TlsAcceptor;
 
 use super::{
+    admission::{self, Admission},
     auth::{self, Key, Secret},
     command_output,
     listener::{self, ListenError, Listener, Peer, PeerCreds},
     outbox::{self, Outbox},
     protocol::{FrameError, Message, TraceRequest},
+    request_limits,
     session::{self, HANDSHAKE_TIMEOUT, Session, SessionWriter},
     tls::{self, Transport},
     wire,
@@ -57,14 +58,17 @@ use crate::{
 
 /// A collector that says nothing for this long (it probes the clock every second) is gone.
 const SILENCE: Duration = Duration::from_secs(10);
-/// Peers that have connected but not yet proved themselves, at most.
-pub const MAX_UNAUTHENTICATED: usize = 64;
+pub use super::admission::MAX_UNAUTHENTICATED;
 /// Authenticated collectors connected at once, at most.
 pub const MAX_COLLECTORS: usize = 8;
 /// Longest pause after `accept` failed (out of descriptors, say) before trying again.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// Log lines per kind of dropped connection per second, at most (the counts are exact).
 const LOGS_PER_SECOND: u32 = 10;
+/// Refusals being told at once, at most: each holds its connection a tenth of a second (up to a
+/// second if the peer does not read); beyond, a refused peer is closed without a word (and
+/// counted).
+const MAX_REFUSING: usize = 64;
 
 /// Where the agent waits for collectors.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,9 +173,13 @@ struct Agent {
     /// event (a wake of every connection) cost more than encoding it.
     wake_pending: Cell<bool>,
     clock: BootClock,
-    /// Connections that have not proved themselves yet, oldest first.
-    pending: RefCell<VecDeque<(u64, AbortHandle)>>,
+    /// Connections that have not proved themselves yet.
+    admission: RefCell<Admission>,
+    /// Refusals being told.
+    refusing: Rc<Cell<usize>>,
     collectors: Cell<usize>,
+    /// A trace is being planned (its slot is filled once it starts).
+    starting: Cell<bool>,
     next_conn: Cell<u64>,
     drops: Drops,
     /// Commands that outlived their trace, to be reaped when they exit.
@@ -194,18 +202,19 @@ impl Agent {
         self.changed.send_modify(|n| *n += 1);
     }
 
-    /// Closes the unauthenticated connection that has waited longest.
-    fn evict_oldest(&self) {
-        let oldest = self.pending.borrow_mut().pop_front();
-        if let Some((_, task)) = oldest {
-            task.abort();
-            self.drops.note(
-                "unauthenticated connections closed early",
-                format_args!(
-                    "closed the oldest connection that had not authenticated: at most {MAX_UNAUTHENTICATED} may wait"
-                ),
-            );
+    /// Tells a peer why it is refused and closes it, on a task of its own, unless
+    /// [`MAX_REFUSING`] refusals are being told already (then it is closed at once).
+    fn refuse(&self, mut stream: Box<dyn Transport>, reason: String) {
+        if self.refusing.get() >= MAX_REFUSING {
+            self.drops.note("peers closed without a word", format_args!("{MAX_REFUSING} refusals are being told"));
+            return;
         }
+        self.refusing.set(self.refusing.get() + 1);
+        let refusing = self.refusing.clone();
+        tokio::task::spawn_local(async move {
+            session::refuse(&mut stream, &reason).await;
+            refusing.set(refusing.get() - 1);
+        });
     }
 }
 
@@ -250,8 +259,10 @@ pub async fn serve(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Re
         changed: watch::channel(0).0,
         wake_pending: Cell::new(false),
         clock: BootClock::calibrate(),
-        pending: RefCell::new(VecDeque::new()),
+        admission: RefCell::new(Admission::default()),
+        refusing: Rc::new(Cell::new(0)),
         collectors: Cell::new(0),
+        starting: Cell::new(false),
         next_conn: Cell::new(1),
         drops: Drops::default(),
         launched: RefCell::new(Vec::new()),
@@ -271,9 +282,12 @@ pub async fn serve(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Re
                     let out_of_fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
                     backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
                     agent.drops.note("accept failures", format_args!("accept failed ({e}): waiting {backoff:?}"));
-                    if out_of_fds {
-                        // Frees a descriptor for the next peer, who may be the collector.
-                        agent.evict_oldest();
+                    // Frees a descriptor for the next peer, who may be the collector.
+                    if out_of_fds && agent.admission.borrow_mut().evict_any_idle() {
+                        agent.drops.note(
+                            "unauthenticated connections closed early",
+                            "closed the oldest connection that had not authenticated, to free a descriptor",
+                        );
                     }
                     tokio::select! {
                         _ = &mut shutdown => break,
@@ -291,20 +305,23 @@ pub async fn serve(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Re
     Ok(())
 }
 
-/// Starts serving a new connection, within the bound on unauthenticated ones.
-fn admit(agent: &Rc<Agent>, mut stream: Box<dyn Transport>, peer: Peer, verdict: Result<(), String>) {
+/// Starts serving a new connection, within the bounds on unauthenticated ones.
+fn admit(agent: &Rc<Agent>, stream: Box<dyn Transport>, peer: Peer, verdict: Result<(), String>) {
     if let Err(reason) = verdict {
         agent.drops.note("peers refused", format_args!("refused {}: {reason}", peer.name));
-        tokio::task::spawn_local(async move { session::refuse(&mut stream, &reason).await });
+        agent.refuse(stream, reason);
         return;
-    }
-    if agent.pending.borrow().len() >= MAX_UNAUTHENTICATED {
-        agent.evict_oldest();
     }
     let id = agent.next_conn.get();
     agent.next_conn.set(id + 1);
-    let task = tokio::task::spawn_local(connection(agent.clone(), id, stream, peer));
-    agent.pending.borrow_mut().push_back((id, task.abort_handle()));
+    let (evict, evicted) = oneshot::channel();
+    let admitted = agent.admission.borrow_mut().admit(id, peer.source, evict);
+    if let Err(reason) = admitted {
+        agent.drops.note("connections refused at admission", format_args!("refused {}: {reason}", peer.name));
+        agent.refuse(stream, reason);
+        return;
+    }
+    tokio::task::spawn_local(connection(agent.clone(), id, stream, peer, evicted));
 }
 
 fn stop_trace(agent: &Agent, reason: EndReason) {
@@ -339,21 +356,67 @@ async fn watchdog(agent: Rc<Agent>) {
     }
 }
 
-/// One connection: the handshake within its deadline, then the session.
-async fn connection(agent: Rc<Agent>, id: u64, stream: Box<dyn Transport>, peer: Peer) {
-    let handshake = async {
-        let stream = tls::accept(agent.opts.tls.as_ref(), stream).await.map_err(|e| report(&e))?;
-        session::server(stream, agent.opts.secret.as_ref(), &agent.opts.host).await.map_err(|e| report(&e))
+/// How a handshake ended without a session.
+enum NoSession {
+    /// Closed to make room for a newer connection before it said hello (and told so, unless
+    /// it was still in its TLS handshake).
+    Evicted,
+    Failed(String),
+}
+
+/// The handshake: TLS and the hello, during which a newer connection may take this one's place
+/// ([`admission`]), then the rest, during which none may.
+async fn handshake(
+    agent: &Agent,
+    id: u64,
+    stream: Box<dyn Transport>,
+    evicted: &mut oneshot::Receiver<String>,
+) -> Result<Session, NoSession> {
+    let failed = |e: &(dyn std::error::Error + 'static)| NoSession::Failed(report(e));
+    let mut stream = tokio::select! {
+        stream = tls::accept(agent.opts.tls.as_ref(), stream) => stream.map_err(|e| failed(&e))?,
+        // Inside TLS nothing can be said in the clear.
+        _ = &mut *evicted => return Err(NoSession::Evicted),
     };
-    let result = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await;
-    agent.pending.borrow_mut().retain(|(i, _)| *i != id);
+    let hello = tokio::select! {
+        hello = session::read_hello(&mut stream) => hello.map_err(|e| failed(&e))?,
+        reason = &mut *evicted => {
+            session::refuse(&mut stream, &reason.unwrap_or_else(|_| admission::EVICTED.to_string())).await;
+            return Err(NoSession::Evicted);
+        }
+    };
+    agent.admission.borrow_mut().started(id);
+    session::server_after_hello(stream, hello, agent.opts.secret.as_ref(), &agent.opts.host)
+        .await
+        .map_err(|e| failed(&e))
+}
+
+/// One connection: the handshake within its deadline, then the session.
+async fn connection(
+    agent: Rc<Agent>,
+    id: u64,
+    stream: Box<dyn Transport>,
+    peer: Peer,
+    mut evicted: oneshot::Receiver<String>,
+) {
+    let result = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&agent, id, stream, &mut evicted)).await;
+    agent.admission.borrow_mut().done(id);
     let mut session = match result {
         Err(_) => {
             let detail = format_args!("closed {}: no handshake within {HANDSHAKE_TIMEOUT:?}", peer.name);
             agent.drops.note("handshakes timed out", detail);
             return;
         }
-        Ok(Err(reason)) => {
+        Ok(Err(NoSession::Evicted)) => {
+            let detail = format_args!(
+                "closed the oldest connection that had not authenticated ({}): a newer one took its place (at most {} per uid or address, {MAX_UNAUTHENTICATED} in all, wait to authenticate)",
+                peer.name,
+                admission::MAX_PER_SOURCE
+            );
+            agent.drops.note("unauthenticated connections closed early", detail);
+            return;
+        }
+        Ok(Err(NoSession::Failed(reason))) => {
             agent.drops.note("handshakes failed", format_args!("refused {}: {reason}", peer.name));
             return;
         }
@@ -361,8 +424,10 @@ async fn connection(agent: Rc<Agent>, id: u64, stream: Box<dyn Transport>, peer:
     };
     if agent.collectors.get() >= MAX_COLLECTORS {
         let reason = format!("{MAX_COLLECTORS} collectors are connected already");
-        let _ = session.writer.send(&Message::Refused { reason: reason.clone() }).await;
         agent.drops.note("collectors refused", format_args!("refused {}: {reason}", peer.name));
+        // Told, MAC'd (the collector has proved itself), before the connection closes.
+        session.writer.refuse(&reason).await;
+        session.reader.drain().await;
         return;
     }
     tracing::info!(target: LOG, "collector {} connected", peer.name);
@@ -408,6 +473,21 @@ async fn serve_session(agent: &Rc<Agent>, id: u64, session: Session, creds: Opti
         match wake {
             Wake::Frame(None) => break "connection closed".to_string(),
             Wake::Frame(Some(Err(e))) => break report(&e),
+            // Planning may take seconds: awaited here, it keeps this connection waiting for its
+            // answer, and nothing else.
+            Wake::Frame(Some(Ok(Message::Start { trace_id, request }))) => {
+                let reply = match start_trace(agent, &conn, trace_id, request).await {
+                    Ok(start) => {
+                        streaming = Streaming { cursor: Some(0), ..Default::default() };
+                        let exports_otlp = agent.opts.otlp.is_some();
+                        Message::Started { trace_id, trace_start: start, exports_otlp }
+                    }
+                    Err(error) => Message::Failed { trace_id, error },
+                };
+                if let Err(e) = writer.send(&reply).await {
+                    break report(&e);
+                }
+            }
             Wake::Frame(Some(Ok(m))) => match handle(agent, &conn, m, &mut streaming) {
                 Ok(Some(reply)) => {
                     if let Err(e) = writer.send(&reply).await {
@@ -432,7 +512,7 @@ async fn serve_session(agent: &Rc<Agent>, id: u64, session: Session, creds: Opti
     reason
 }
 
-/// Answers one message from the collector.
+/// Answers one message from the collector (but `Start`: [`start_trace`]).
 fn handle(
     agent: &Rc<Agent>,
     conn: &Conn,
@@ -442,14 +522,6 @@ fn handle(
     let owns = |s: &TraceSlot, trace_id: u64| s.id == trace_id && s.owner == Some(conn.id);
     Ok(match message {
         Message::ClockProbe { id } => Some(Message::ClockEcho { id, agent_ns: agent.now_ns() }),
-        Message::Start { trace_id, request } => match start_trace(agent, conn, trace_id, request) {
-            Ok(start) => {
-                *streaming = Streaming { cursor: Some(0), ..Default::default() };
-                let exports_otlp = agent.opts.otlp.is_some();
-                Some(Message::Started { trace_id, trace_start: start, exports_otlp })
-            }
-            Err(error) => Some(Message::Failed { trace_id, error }),
-        },
         Message::Stop { trace_id } => {
             if agent.slot.borrow().as_ref().is_some_and(|s| owns(s, trace_id)) {
                 stop_trace(agent, EndReason::Stopped);
@@ -540,11 +612,13 @@ async fn send_pending<W: tokio::io::AsyncWrite + Unpin>(
                 frames.push(Message::Gap { first_seq, count });
             }
             // A resumed connection gets the whole string table first: in frames of at most a
-            // chunk's worth of text.
+            // chunk's worth of text, and of no more strings than a collector takes in one.
             let mut sent = streaming.strings_sent;
             while pending.strings.len() > sent {
                 let (mut end, mut text) = (sent, 0);
-                while end < pending.strings.len() && (end == sent || text < outbox::CHUNK_BYTES) {
+                while end < pending.strings.len()
+                    && (end == sent || (text < outbox::CHUNK_BYTES && end - sent < wire::MAX_STRINGS_PER_BATCH))
+                {
                     text += pending.strings[end].len();
                     end += 1;
                 }
@@ -693,13 +767,51 @@ fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordO
     })
 }
 
+/// Marks the agent as starting a trace until dropped (the start finished, failed, or its
+/// connection went away mid-plan): one start at a time, since the slot is filled only at the end.
+struct Starting<'a>(&'a Agent);
+
+impl<'a> Starting<'a> {
+    fn mark(agent: &'a Agent) -> Starting<'a> {
+        agent.starting.set(true);
+        Starting(agent)
+    }
+}
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        self.0.starting.set(false);
+    }
+}
+
+/// Resolves targets, symbols and patterns on a thread of its own: that can take seconds (large
+/// executables, many patterns), during which the agent's one thread keeps answering other
+/// collectors, clock probes and SIGTERM. A plain thread, not tokio's blocking pool: an agent told
+/// to stop exits without waiting for a plan nobody will use (planning attaches and launches
+/// nothing).
+async fn plan_apart(options: RecordOptions) -> Result<record::Plan, String> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("tracer-plan".to_string())
+        .spawn(move || {
+            let plan = record::check_root().and_then(|()| record::plan(options));
+            let _ = tx.send(plan.map_err(|e| report(&e)));
+        })
+        .map_err(|e| format!("cannot start planning: {e}"))?;
+    rx.await.unwrap_or_else(|_| Err("planning stopped before it finished".to_string()))
+}
+
 /// Starts recording for `conn`, which then owns the trace; returns the trace's first line (JSON).
-fn start_trace(
+async fn start_trace(
     agent: &Rc<Agent>,
     conn: &Conn,
     trace_id: u64,
     request: TraceRequest,
 ) -> Result<Box<TraceStart>, String> {
+    request_limits::check(&request).map_err(|e| e.to_string())?;
+    if agent.starting.get() {
+        return Err("a trace is being started on this agent".to_string());
+    }
     if let Some(s) = agent.slot.borrow().as_ref() {
         if s.end.is_none() {
             return Err("a trace is already running on this agent".to_string());
@@ -729,14 +841,16 @@ fn start_trace(
         Start::Detached(d) => Some(d.output.clone()),
         Start::Inherit => None,
     };
-    let started = options(agent, request, start).and_then(|options| {
-        record::check_root().map_err(|e| report(&e))?;
-        let plan = record::plan(options).map_err(|e| report(&e))?;
-        for w in &plan.warnings {
-            tracing::warn!(target: LOG, "warning: {w}");
-        }
-        plan.start().map_err(|e| report(&e))
-    });
+    let _starting = Starting::mark(agent);
+    let started = match options(agent, request, start) {
+        Ok(options) => plan_apart(options).await.and_then(|plan| {
+            for w in &plan.warnings {
+                tracing::warn!(target: LOG, "warning: {w}");
+            }
+            plan.start().map_err(|e| report(&e))
+        }),
+        Err(e) => Err(e),
+    };
     let recording = match (started, &output) {
         (Ok(recording), _) => recording,
         (Err(e), Some(path)) => {

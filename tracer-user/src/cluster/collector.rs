@@ -200,6 +200,9 @@ pub(super) struct HostState {
     pub(super) samples: Vec<ClockSample>,
     pub(super) trace_id: Option<u64>,
     pub(super) start: Option<TraceStart>,
+    /// The trace's window on the agent's clock, from its first `Started` (event timestamps are
+    /// checked against it).
+    pub(super) window: Option<super::event_bounds::Window>,
     /// The agent sends this trace's spans to an OpenTelemetry collector itself.
     pub(super) exports_otlp: bool,
     pub(super) end: Option<TraceEnd>,
@@ -343,7 +346,7 @@ const FIRST_PROBES: u32 = 16;
 
 /// Measures an agent's clock a few times on a fresh connection; an agent silent for `silence`
 /// is an error.
-async fn probe_clock(conn: &mut Session, clock: &BootClock, silence: Duration) -> Result<Vec<ClockSample>, String> {
+async fn probe_clock(conn: &mut Session, clock: &BootClock, silence: Duration) -> Result<Vec<ClockSample>, Probe> {
     let mut samples = Vec::new();
     for id in 0..FIRST_PROBES {
         let t0 = clock.now_unix_ns();
@@ -352,13 +355,28 @@ async fn probe_clock(conn: &mut Session, clock: &BootClock, silence: Duration) -
             .await
             .map_err(|_| format!("no answer to a clock probe within {silence:?}"))?
             .map_err(|e| report(&e))?;
-        if let Message::ClockEcho { id: echoed, agent_ns } = echo
-            && echoed == id
-        {
-            samples.push(ClockSample { t0, t1: clock.now_unix_ns(), agent_ns });
+        match echo {
+            Message::ClockEcho { id: echoed, agent_ns } if echoed == id => {
+                samples.push(ClockSample { t0, t1: clock.now_unix_ns(), agent_ns });
+            }
+            // The agent took our proof but has no place for us (too many collectors).
+            Message::Refused { reason } => return Err(Probe::Refused(reason)),
+            _ => {}
         }
     }
     Ok(samples)
+}
+
+/// Why a first clock measurement failed.
+enum Probe {
+    Refused(String),
+    Failed(String),
+}
+
+impl From<String> for Probe {
+    fn from(reason: String) -> Probe {
+        Probe::Failed(reason)
+    }
 }
 
 impl Cluster {
@@ -372,9 +390,10 @@ impl Cluster {
         let mut connections = Vec::new();
         for spec in &agents {
             let mut conn = connect_session(spec, &options).await?;
-            let samples = probe_clock(&mut conn, &clock, options.silence)
-                .await
-                .map_err(|reason| ClusterError::Protocol { agent: spec.name.clone(), reason })?;
+            let samples = probe_clock(&mut conn, &clock, options.silence).await.map_err(|e| match e {
+                Probe::Refused(reason) => ClusterError::Refused { agent: spec.name.clone(), reason },
+                Probe::Failed(reason) => ClusterError::Protocol { agent: spec.name.clone(), reason },
+            })?;
             connections.push((conn, samples));
         }
         let shared = Arc::new(Shared {

@@ -13,7 +13,7 @@ use std::{
 
 use tokio::net::{TcpListener, UnixListener};
 
-use super::tls::Transport;
+use super::{admission::Source, tls::Transport};
 
 /// The default socket of `tracer agent`.
 pub const DEFAULT_SOCKET: &str = "/run/tracer/agent.sock";
@@ -44,6 +44,8 @@ pub struct Peer {
     pub name: String,
     /// For Unix socket peers.
     pub creds: Option<PeerCreds>,
+    /// Whose share of the places to authenticate it takes ([`super::admission`]).
+    pub source: Source,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -167,7 +169,8 @@ impl Listener {
             Listener::Tcp(l) => {
                 let (tcp, addr) = l.accept().await?;
                 let _ = tcp.set_nodelay(true);
-                Ok((Box::new(tcp), Peer { name: addr.to_string(), creds: None }, Ok(())))
+                let peer = Peer { name: addr.to_string(), creds: None, source: Source::Ip(addr.ip()) };
+                Ok((Box::new(tcp), peer, Ok(())))
             }
             Listener::Unix { listener, group, .. } => {
                 let (stream, _) = listener.accept().await?;
@@ -182,7 +185,8 @@ impl Listener {
                         None => format!("uid {} is not root", creds.uid),
                     })
                 };
-                Ok((Box::new(stream), Peer { name, creds: Some(creds) }, verdict))
+                let source = Source::Uid(creds.uid);
+                Ok((Box::new(stream), Peer { name, creds: Some(creds), source }, verdict))
             }
         }
     }

@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
-use super::wire::EventBatch;
+use super::{request_limits, wire::EventBatch};
 use crate::event::{TraceEnd, TraceStart};
 
 /// Version of this protocol; both ends must speak the same. 4: calls carry `params`, `file`,
@@ -31,17 +31,25 @@ pub type Proof = [u8; 32];
 
 /// What to trace on one agent: the options of `tracer record`, for that host. Empty lists and
 /// zeros mean `record`'s defaults (every event kind, the default buffer and probe limit); the
-/// default request follows children, as `record` does.
+/// default request follows children, as `record` does. Its lists are bounded
+/// ([`super::request_limits`]): decoding keeps one element past each bound, and the agent refuses
+/// such a request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceRequest {
+    #[serde(deserialize_with = "request_limits::pids")]
     pub pids: Vec<u32>,
+    #[serde(deserialize_with = "request_limits::binaries")]
     pub binaries: Vec<String>,
     /// A command to launch, program first (empty: none).
+    #[serde(deserialize_with = "request_limits::command")]
     pub command: Vec<String>,
+    #[serde(deserialize_with = "request_limits::patterns")]
     pub functions: Vec<String>,
     /// `-u` USDT patterns.
+    #[serde(deserialize_with = "request_limits::patterns")]
     pub usdt: Vec<String>,
     /// Event kinds, by name (`call`, `return`, ...).
+    #[serde(deserialize_with = "request_limits::event_names")]
     pub events: Vec<String>,
     pub follow_children: bool,
     pub buffer_size: u32,

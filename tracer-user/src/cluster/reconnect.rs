@@ -13,6 +13,7 @@ use super::{
     auth,
     clock_sync::ClockSample,
     collector::{AgentSpec, ClientOptions, Command, HostState, LOG, Shared, connect_session},
+    event_bounds::{self, BoundError, Window},
     protocol::Message,
     session::Session,
     wire::Decoder,
@@ -59,8 +60,22 @@ pub(super) async fn agent_task(
         };
         match session(index, &options, &shared, &mut commands, conn).await {
             Ok(()) => return,
-            Err(reason) => {
+            Err(Ended::Lost(reason)) => {
                 tracing::info!(target: LOG, "connection to {} lost ({reason}); reconnecting", spec.name);
+            }
+            Err(Ended::BoundBroken(reason)) => {
+                // Not reconnected: this agent sends what no host sends, or more than we hold.
+                let mut h = shared.hosts[index].lock().unwrap();
+                let detail = format!("the agent broke a bound, its part of the trace ends here: {reason}");
+                if h.trace_id.is_some() && !h.finished() {
+                    h.given_up = true;
+                    h.lose(LossCause::BoundBroken, detail);
+                } else {
+                    tracing::warn!(target: LOG, "warning: host {}: {detail}", spec.name);
+                }
+                drop(h);
+                shared.changed.notify_waiters();
+                return;
             }
         }
     }
@@ -80,15 +95,35 @@ async fn reconnect(spec: &AgentSpec, options: &ClientOptions) -> Option<Session>
     None
 }
 
+/// Why a connection's life ended, when the cluster still wants it.
+enum Ended {
+    /// The connection dropped: reconnect and resume.
+    Lost(String),
+    /// The agent broke a bound ([`super::wire`], [`super::event_bounds`]): give its host up.
+    BoundBroken(String),
+}
+
+impl From<String> for Ended {
+    fn from(reason: String) -> Ended {
+        Ended::Lost(reason)
+    }
+}
+
+impl From<&str> for Ended {
+    fn from(reason: &str) -> Ended {
+        Ended::Lost(reason.to_string())
+    }
+}
+
 /// One connection's life: commands out, events in, clock probes and acks every so often.
-/// `Ok` when the cluster is gone; `Err(reason)` when the connection dropped.
+/// `Ok` when the cluster is gone; `Err` when the connection dropped or the agent broke a bound.
 async fn session(
     index: usize,
     options: &ClientOptions,
     shared: &Arc<Shared>,
     commands: &mut mpsc::Receiver<Command>,
     conn: Session,
-) -> Result<(), String> {
+) -> Result<(), Ended> {
     // The collector stamps each event with the name the user gave the host on receipt (the wire
     // carries no host): an agent cannot speak for another host, and the agents' own names (often
     // equal: machines cloned from one image) are only information, in `trace_start.hosts`.
@@ -147,11 +182,15 @@ async fn session(
                             }
                         }
                         Message::Started { trace_id, trace_start, exports_otlp } => {
+                            event_bounds::check_start(&trace_start).map_err(|e| Ended::BoundBroken(e.to_string()))?;
                             let mut h = shared.hosts[index].lock().unwrap();
                             if h.trace_id == Some(trace_id) {
                                 h.exports_otlp = exports_otlp;
                                 let mut trace_start = *trace_start;
                                 trace_start.machine = trace_start.machine.map(Machine::from_peer);
+                                if !resuming || h.window.is_none() {
+                                    h.window = Some(Window { start_ns: trace_start.ts, arrived: Instant::now() });
+                                }
                                 h.start = Some(trace_start);
                                 if !resuming {
                                     // The key that will resume this trace after a dropped connection.
@@ -184,12 +223,18 @@ async fn session(
                         }
                         Message::Events(batch) => {
                             let first_seq = batch.first_seq;
-                            let events = decoder.events(&host, batch).map_err(|e| e.to_string())?;
+                            let events = decoder.events(&host, batch).map_err(|e| {
+                                if e.is_bound() { Ended::BoundBroken(e.to_string()) } else { Ended::Lost(e.to_string()) }
+                            })?;
                             let mut h = shared.hosts[index].lock().unwrap();
+                            let bounds = h.window.ok_or(Ended::BoundBroken(BoundError::NoStart.to_string()))?.bounds();
+                            for (seq, e) in (first_seq..).zip(&events) {
+                                event_bounds::check(e, seq, bounds).map_err(|e| Ended::BoundBroken(e.to_string()))?;
+                            }
                             // A resumed connection may repeat what was received but not yet acked.
                             let skip = h.next_seq.saturating_sub(first_seq) as usize;
                             if first_seq > h.next_seq {
-                                return Err(format!("events {}..{} are missing", h.next_seq, first_seq));
+                                return Err(format!("events {}..{} are missing", h.next_seq, first_seq).into());
                             }
                             let fresh: Vec<Event> = events.into_iter().skip(skip).collect();
                             h.next_seq += fresh.len() as u64;
@@ -221,8 +266,8 @@ async fn session(
                                 h.total = Some(total_events);
                             }
                         }
-                        Message::Refused { reason } => return Err(format!("refused: {reason}")),
-                        other => return Err(format!("unexpected {other:?}")),
+                        Message::Refused { reason } => return Err(format!("refused: {reason}").into()),
+                        other => return Err(format!("unexpected {other:?}").into()),
                     }
                     // Everything is here: say so at once, so that the agent can let the trace go
                     // (it keeps an unacknowledged trace for its collector).
@@ -242,7 +287,7 @@ async fn session(
                     // seconds (large binaries, a loaded machine).
                     let silence = if pending_start.is_some() { options.silence.max(START_SILENCE) } else { options.silence };
                     if last_heard.elapsed() > silence {
-                        return Err(format!("silent for {silence:?}"));
+                        return Err(format!("silent for {silence:?}").into());
                     }
                     let next_seq = shared.hosts[index].lock().unwrap().next_seq;
                     if next_seq != acked {
@@ -260,6 +305,13 @@ async fn session(
     }
     .await;
     reading.abort();
+    if let Err(Ended::BoundBroken(_)) = &result {
+        // Best effort: the agent stops recording for a collector that will take no more.
+        let trace_id = shared.hosts[index].lock().unwrap().trace_id;
+        if let Some(trace_id) = trace_id {
+            let _ = tokio::time::timeout(Duration::from_secs(1), writer.send(&Message::Stop { trace_id })).await;
+        }
+    }
     result
 }
 

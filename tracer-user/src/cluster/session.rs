@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use hmac::{Hmac, Mac as _};
 use sha2::{Digest as _, Sha256};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadHalf, WriteHalf};
 
 use super::{
     auth::{self, Key, Secret, SessionKeys},
@@ -36,6 +36,12 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A write that the peer does not take within this long closes the connection (a stopped or
 /// vanished peer stops being written to).
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a refusal may take to send.
+const REFUSAL_TIME: Duration = Duration::from_secs(1);
+/// How long the peer's bytes are read after a refusal, at most: a collector's hello is there by
+/// then (it sends it on connecting), and a peer that never closes holds nothing for longer.
+const DRAIN_TIME: Duration = Duration::from_millis(100);
 
 /// What the agent says when a collector's proof fails.
 pub const AUTH_FAILED: &str = "authentication failed: the secrets differ (give both sides the same --secret-file)";
@@ -145,6 +151,32 @@ impl<W: AsyncWrite + Unpin> SessionWriter<W> {
         tokio::time::timeout(WRITE_TIMEOUT, write).await.map_err(|_| FrameError::WriteTimeout(WRITE_TIMEOUT))??;
         Ok(())
     }
+
+    /// Sends a MAC'd refusal and closes this side (best effort, within a second): the peer reads
+    /// the reason before the end of the stream.
+    pub async fn refuse(&mut self, reason: &str) {
+        let _ = tokio::time::timeout(REFUSAL_TIME, async {
+            self.send(&Message::Refused { reason: reason.to_string() }).await?;
+            self.inner.shutdown().await?;
+            Ok::<_, FrameError>(())
+        })
+        .await;
+    }
+}
+
+impl<R: AsyncRead + Unpin> SessionReader<R> {
+    /// Reads and drops what the peer still sends until it closes (for at most [`DRAIN_TIME`]):
+    /// closing with unread bytes would reset the connection, and a reset can destroy a refusal
+    /// the peer has not read yet.
+    pub async fn drain(&mut self) {
+        let _ = tokio::time::timeout(DRAIN_TIME, drain(&mut self.inner)).await;
+    }
+}
+
+async fn drain<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<()> {
+    let mut sink = [0u8; 4096];
+    while r.read(&mut sink).await? > 0 {}
+    Ok(())
 }
 
 /// An authenticated connection, split in halves.
@@ -195,10 +227,19 @@ async fn send_plain(stream: &mut Box<dyn Transport>, body: &[u8]) -> Result<(), 
     Ok(())
 }
 
-/// Tells the peer why, as a plain frame (best effort: it may be gone).
+/// Tells the peer why, as a plain frame, and closes (best effort: it may be gone): the
+/// refusal, the end of this side, then the peer's bytes (its hello) read until it closes or for
+/// [`DRAIN_TIME`], so that the collector reads the reason rather than a reset.
 pub async fn refuse(stream: &mut Box<dyn Transport>, reason: &str) {
-    if let Ok(body) = encode_body(&Message::Refused { reason: reason.to_string() }) {
-        let _ = tokio::time::timeout(Duration::from_secs(1), send_plain(stream, &body)).await;
+    let Ok(body) = encode_body(&Message::Refused { reason: reason.to_string() }) else { return };
+    let sent = tokio::time::timeout(REFUSAL_TIME, async {
+        send_plain(stream, &body).await?;
+        stream.shutdown().await?;
+        Ok::<_, FrameError>(())
+    })
+    .await;
+    if let Ok(Ok(())) = sent {
+        let _ = tokio::time::timeout(DRAIN_TIME, drain(stream)).await;
     }
 }
 
@@ -288,48 +329,61 @@ pub async fn server(
     host: &str,
 ) -> Result<Session, HandshakeError> {
     tokio::time::timeout(HANDSHAKE_TIMEOUT, async move {
-        let hello = super::protocol::read_frame(&mut stream, MAX_HANDSHAKE_FRAME).await?;
-        match decode(&hello)? {
-            Message::Hello { version, .. } if version == PROTOCOL_VERSION => {}
-            Message::Hello { version, .. } => {
-                refuse(&mut stream, &format!("protocol version {version} is not {PROTOCOL_VERSION}")).await;
-                return Err(HandshakeError::Version { theirs: version });
-            }
-            _ => return Err(HandshakeError::Unexpected("message instead of a hello")),
-        }
-        let challenge = encode_body(&Message::Challenge {
-            version: PROTOCOL_VERSION,
-            nonce: auth::nonce(),
-            secret_required: secret.is_some(),
-        })?;
-        send_plain(&mut stream, &challenge).await?;
-        let transcript = transcript(&hello, &challenge);
-        let keys = auth::derive(secret, &transcript);
-        let answer = super::protocol::read_frame(&mut stream, MAX_HANDSHAKE_FRAME).await?;
-        match Opener::new(keys.to_agent).open(&answer) {
-            Ok(Message::Answer) => {}
-            Ok(_) => return Err(HandshakeError::Unexpected("message instead of an answer")),
-            Err(_) => {
-                if let Ok(Message::Refused { reason }) = decode(&answer) {
-                    return Err(HandshakeError::Refused(reason));
-                }
-                refuse(&mut stream, AUTH_FAILED).await;
-                return Err(HandshakeError::WrongSecret);
-            }
-        }
-        let mut sealer = Sealer::new(keys.to_collector);
-        stream
-            .write_all(&sealer.seal(&Message::Welcome { host: host.to_string() })?)
-            .await
-            .map_err(FrameError::from)?;
-        stream.flush().await.map_err(FrameError::from)?;
-        let mut session = split(stream, &keys, true, transcript, host.to_string());
-        session.writer.sealer.seq = 1;
-        session.reader.opener.seq = 1;
-        Ok(session)
+        let hello = read_hello(&mut stream).await?;
+        server_after_hello(stream, hello, secret, host).await
     })
     .await
     .map_err(|_| HandshakeError::Timeout)?
+}
+
+/// The first step of the agent's side: the collector's hello, of this protocol's version (a
+/// valid hello starts a real handshake: [`super::admission`]). Returns its frame.
+pub async fn read_hello(stream: &mut Box<dyn Transport>) -> Result<Vec<u8>, HandshakeError> {
+    let hello = super::protocol::read_frame(stream, MAX_HANDSHAKE_FRAME).await?;
+    match decode(&hello)? {
+        Message::Hello { version, .. } if version == PROTOCOL_VERSION => Ok(hello),
+        Message::Hello { version, .. } => {
+            refuse(stream, &format!("protocol version {version} is not {PROTOCOL_VERSION}")).await;
+            Err(HandshakeError::Version { theirs: version })
+        }
+        _ => Err(HandshakeError::Unexpected("message instead of a hello")),
+    }
+}
+
+/// The rest of the agent's side, after [`read_hello`] (the caller bounds its time).
+pub async fn server_after_hello(
+    mut stream: Box<dyn Transport>,
+    hello: Vec<u8>,
+    secret: Option<&Secret>,
+    host: &str,
+) -> Result<Session, HandshakeError> {
+    let challenge = encode_body(&Message::Challenge {
+        version: PROTOCOL_VERSION,
+        nonce: auth::nonce(),
+        secret_required: secret.is_some(),
+    })?;
+    send_plain(&mut stream, &challenge).await?;
+    let transcript = transcript(&hello, &challenge);
+    let keys = auth::derive(secret, &transcript);
+    let answer = super::protocol::read_frame(&mut stream, MAX_HANDSHAKE_FRAME).await?;
+    match Opener::new(keys.to_agent).open(&answer) {
+        Ok(Message::Answer) => {}
+        Ok(_) => return Err(HandshakeError::Unexpected("message instead of an answer")),
+        Err(_) => {
+            if let Ok(Message::Refused { reason }) = decode(&answer) {
+                return Err(HandshakeError::Refused(reason));
+            }
+            refuse(&mut stream, AUTH_FAILED).await;
+            return Err(HandshakeError::WrongSecret);
+        }
+    }
+    let mut sealer = Sealer::new(keys.to_collector);
+    stream.write_all(&sealer.seal(&Message::Welcome { host: host.to_string() })?).await.map_err(FrameError::from)?;
+    stream.flush().await.map_err(FrameError::from)?;
+    let mut session = split(stream, &keys, true, transcript, host.to_string());
+    session.writer.sealer.seq = 1;
+    session.reader.opener.seq = 1;
+    Ok(session)
 }
 
 #[cfg(test)]

@@ -17,13 +17,39 @@ use crate::event::Event;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventBatch {
     pub first_seq: u64,
-    /// Strings introduced by this batch: (number, text), numbered from 0 on each connection.
+    /// Strings introduced by this batch: (number, text), numbered from 0 on each connection. At
+    /// most [`MAX_STRINGS_PER_BATCH`] (decoding keeps one more, for [`Decoder::events`] to refuse).
+    #[serde(deserialize_with = "strings_of_a_batch")]
     pub strings: Vec<(u32, String)>,
     /// The events, each a postcard `Event<u32>` (its names as numbers into the string table, its
     /// host the connection's), one after the other. A byte string on the wire (serde_bytes), so
     /// that it is copied as one block rather than byte by byte.
     #[serde(with = "serde_bytes")]
     pub events: Vec<u8>,
+}
+
+/// Strings one batch introduces, at most: each costs a `String` and its slot (32 bytes) however
+/// short it is on the wire, so an 8 MiB frame of empty strings would otherwise decode into
+/// hundreds of megabytes. An agent sends a resumed connection's table in batches of at most this
+/// many.
+pub const MAX_STRINGS_PER_BATCH: usize = 1 << 16;
+/// Events in one batch, at most: an agent sends at most one outbox chunk
+/// ([`super::outbox::CHUNK_BYTES`]) per batch, and no event is shorter than a few bytes; a
+/// collector holds one batch's events at a time, about 300 bytes each.
+pub const MAX_EVENTS_PER_BATCH: usize = super::outbox::CHUNK_BYTES / 2;
+/// One string of the table (a function, module or provider name), at most.
+pub const MAX_STRING_BYTES: usize = 64 << 10;
+/// An agent's string table on one connection, at most (text, plus 32 bytes an entry): the only
+/// thing a collector keeps of what an agent sends, besides the events it spills to disk.
+pub const MAX_TABLE_BYTES: usize = 64 << 20;
+/// One event's encoded bytes, at most: its strings (file names, payloads of at most 4 KiB,
+/// parameters of at most 4 KiB each, log messages) fit many times over.
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+/// What an entry of the table costs besides its text.
+const ENTRY_BYTES: usize = 32;
+
+fn strings_of_a_batch<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<(u32, String)>, D::Error> {
+    super::bounded::keep_at_most(d, MAX_STRINGS_PER_BATCH + 1)
 }
 
 /// Strings recently numbered, by address: a hit costs a pointer comparison instead of hashing the
@@ -86,6 +112,8 @@ impl Encoder {
 #[derive(Default)]
 pub struct Decoder {
     strings: Vec<Arc<str>>,
+    /// What `strings` holds, as [`MAX_TABLE_BYTES`] counts it.
+    table_bytes: usize,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -96,31 +124,74 @@ pub enum WireError {
     StringOutOfOrder { got: u32, expected: u32 },
     #[error("malformed event: {0}")]
     Malformed(String),
+    #[error("a batch introduces more than {MAX_STRINGS_PER_BATCH} strings")]
+    TooManyStrings,
+    #[error("string number {number} is {len} bytes long, more than {MAX_STRING_BYTES}")]
+    StringTooLong { number: u32, len: usize },
+    #[error("the agent's string table would exceed {} MiB", MAX_TABLE_BYTES >> 20)]
+    TableTooLarge,
+    #[error("a batch holds more than {MAX_EVENTS_PER_BATCH} events")]
+    TooManyEvents,
+    #[error("event #{index} of a batch is {len} bytes long, more than {MAX_EVENT_BYTES}")]
+    EventTooLong { index: usize, len: usize },
+}
+
+impl WireError {
+    /// Whether the agent sent more than a collector holds (rather than bytes that make no sense).
+    pub fn is_bound(&self) -> bool {
+        matches!(
+            self,
+            WireError::TooManyStrings
+                | WireError::StringTooLong { .. }
+                | WireError::TableTooLarge
+                | WireError::TooManyEvents
+                | WireError::EventTooLong { .. }
+        )
+    }
 }
 
 impl Decoder {
     pub fn reset(&mut self) {
-        self.strings.clear();
+        self.strings = Vec::new();
+        self.table_bytes = 0;
     }
 
     fn string(&self, n: u32) -> Result<Arc<str>, WireError> {
         self.strings.get(n as usize).cloned().ok_or(WireError::UnknownString(n))
     }
 
-    /// Decodes a batch from `host`; a batch naming a string it never defined, or whose bytes are
-    /// not whole events, is rejected whole.
+    /// Decodes a batch from `host`; a batch naming a string it never defined, whose bytes are
+    /// not whole events, or that breaks a bound (strings, the table, events, an event's length) is
+    /// rejected whole.
     pub fn events(&mut self, host: &Arc<str>, batch: EventBatch) -> Result<Vec<Event>, WireError> {
+        if batch.strings.len() > MAX_STRINGS_PER_BATCH {
+            return Err(WireError::TooManyStrings);
+        }
         for (n, s) in batch.strings {
             if n as usize != self.strings.len() {
                 return Err(WireError::StringOutOfOrder { got: n, expected: self.strings.len() as u32 });
+            }
+            if s.len() > MAX_STRING_BYTES {
+                return Err(WireError::StringTooLong { number: n, len: s.len() });
+            }
+            self.table_bytes += s.len() + ENTRY_BYTES;
+            if self.table_bytes > MAX_TABLE_BYTES {
+                return Err(WireError::TableTooLarge);
             }
             self.strings.push(Arc::from(s));
         }
         let mut rest = &batch.events[..];
         let mut events = Vec::new();
         while !rest.is_empty() {
+            if events.len() == MAX_EVENTS_PER_BATCH {
+                return Err(WireError::TooManyEvents);
+            }
             let (w, tail): (Event<u32>, _) =
                 postcard::take_from_bytes(rest).map_err(|e| WireError::Malformed(e.to_string()))?;
+            let len = rest.len() - tail.len();
+            if len > MAX_EVENT_BYTES {
+                return Err(WireError::EventTooLong { index: events.len(), len });
+            }
             rest = tail;
             let mut e = w.map_names(|n| self.string(n))?;
             e.host = host.clone();
@@ -317,6 +388,51 @@ mod tests {
         let bytes = encode(&mut encoder, &events("h")[..2]);
         let b = batch(0, encoder.strings(), 0, &bytes[..bytes.len() - 1]);
         assert!(matches!(Decoder::default().events(&"h".into(), b), Err(WireError::Malformed(_))));
+    }
+
+    #[test]
+    fn what_an_agent_can_make_a_collector_hold_is_bounded() {
+        let host: Arc<str> = "h".into();
+        // A frame of empty strings: one byte more than the bound is kept, and refused.
+        let empties = EventBatch {
+            first_seq: 0,
+            strings: (0..MAX_STRINGS_PER_BATCH as u32 * 4).map(|n| (n, String::new())).collect(),
+            events: Vec::new(),
+        };
+        let bytes = postcard::to_stdvec(&empties).unwrap();
+        let decoded: EventBatch = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(decoded.strings.len(), MAX_STRINGS_PER_BATCH + 1);
+        assert_eq!(Decoder::default().events(&host, decoded).unwrap_err(), WireError::TooManyStrings);
+        let long =
+            EventBatch { first_seq: 0, strings: vec![(0, "x".repeat(MAX_STRING_BYTES + 1))], events: Vec::new() };
+        assert_eq!(
+            Decoder::default().events(&host, long).unwrap_err().to_string(),
+            "string number 0 is 65537 bytes long, more than 65536"
+        );
+        // The table, over batches: 64 MiB of text and entries, then refused.
+        let mut decoder = Decoder::default();
+        let mut next = 0u32;
+        let err = loop {
+            let strings = (0..64).map(|i| (next + i, "s".repeat(MAX_STRING_BYTES - 32))).collect();
+            next += 64;
+            match decoder.events(&host, EventBatch { first_seq: 0, strings, events: Vec::new() }) {
+                Ok(_) => assert!(next < 2048, "the table grows past its bound"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.to_string(), "the agent's string table would exceed 64 MiB");
+        assert!(err.is_bound());
+        assert_eq!(next, 1024 + 64, "64 MiB is 1024 strings of 64 KiB");
+        // Too many events in one batch.
+        let mut encoder = Encoder::default();
+        let mut exit = events("h")[5].clone();
+        exit.ts = 0;
+        let one = encode(&mut encoder, &[exit]);
+        let many = one.repeat(MAX_EVENTS_PER_BATCH + 1);
+        let b = batch(0, encoder.strings(), 0, &many);
+        assert_eq!(Decoder::default().events(&host, b).unwrap_err(), WireError::TooManyEvents);
+        let b = batch(0, encoder.strings(), 0, &one.repeat(MAX_EVENTS_PER_BATCH));
+        assert_eq!(Decoder::default().events(&host, b).unwrap().len(), MAX_EVENTS_PER_BATCH);
     }
 
     #[test]

@@ -221,7 +221,8 @@ pub fn source_functions(
     addresses: &[u64],
     string_size: u16,
 ) -> Result<(BTreeMap<u64, SourceFunction>, Vec<Rejected>), DebugInfoError> {
-    let data = std::fs::read(path).map_err(|source| DebugInfoError::Read { path: path.to_owned(), source })?;
+    let data = crate::mapped_file::MappedFile::open(path)
+        .map_err(|source| DebugInfoError::Read { path: path.to_owned(), source })?;
     let found = DebugInfo::find(path, &data, &DebugSearch::default())?;
     let Some(info) = found.info else { return Ok((BTreeMap::new(), found.rejected)) };
     let functions = info

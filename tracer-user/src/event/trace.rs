@@ -170,6 +170,9 @@ pub enum LossCause {
     Gap,
     /// The collector could not write the host's events to its spill file (the disk is full).
     SpillFailed,
+    /// The agent sent what no host sends or more than a collector holds (a pid of 2^22 or more,
+    /// a timestamp outside the trace, a string table past its bound): nothing after it is taken.
+    BoundBroken,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

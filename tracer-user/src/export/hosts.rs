@@ -17,8 +17,8 @@ use crate::{
     sink::Sink,
 };
 
-/// Linux pids are below `PID_MAX_LIMIT` (2^22).
-const PID_SPACE: u32 = 1 << 22;
+/// Linux pids are below `PID_MAX_LIMIT` (2^22); a collector refuses any other.
+const PID_SPACE: u32 = crate::cluster::event_bounds::PID_MAX_LIMIT;
 
 pub struct HostGrouping<S> {
     inner: S,

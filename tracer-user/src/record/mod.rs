@@ -128,6 +128,11 @@ pub enum RecordError {
     BadStringSize(u16),
     #[error("--buffer-size must be a power of two multiple of the page size (4 KiB), got {0}")]
     BadBufferSize(u32),
+    #[error(
+        "--buffer-size {} MiB is more than 1/{} of this host's memory ({:.1} GiB): at most {} MiB here",
+        .size >> 20, plan::BUFFER_SHARE_OF_MEMORY, *.mem_total as f64 / (1u64 << 30) as f64, .max >> 20
+    )]
+    BufferTooLarge { size: u32, mem_total: u64, max: u64 },
     #[error(transparent)]
     Launch(#[from] LaunchError),
     #[error(transparent)]

@@ -2,7 +2,7 @@
 //! functions (symbols, DWARF, source globs), USDT sites, and the probes they need.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -58,6 +58,7 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
     if !size.is_power_of_two() || size < 4096 {
         return Err(RecordError::BadBufferSize(size));
     }
+    check_buffer_size(size, mem_total())?;
     if options.capture_bytes as usize > CAPTURE_BYTES_MAX {
         return Err(RecordError::CaptureBytesTooLarge(options.capture_bytes));
     }
@@ -121,6 +122,34 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
     Ok(Plan { options, processes, binaries, command, probes, functions, probe_paths, usdt, probe_summary, warnings })
 }
 
+/// The share of the host's memory one ring buffer may take at most (1/16: 1 GiB of 16 GiB): the
+/// kernel locks it in, and a request (from `record` or a collector) must not make a root service
+/// take the host's memory. The default is 64 MiB.
+pub const BUFFER_SHARE_OF_MEMORY: u64 = 16;
+
+/// The host's memory (`MemTotal` of `/proc/meminfo`), in bytes; `u64::MAX` if unreadable (then no
+/// bound is known, and the kernel's own limits decide).
+fn mem_total() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|kb| kb.trim().parse::<u64>().ok())
+        .map_or(u64::MAX, |kb| kb.saturating_mul(1024))
+}
+
+/// Refuses a ring buffer of more than [`BUFFER_SHARE_OF_MEMORY`]th of `mem_total`.
+fn check_buffer_size(size: u32, mem_total: u64) -> Result<(), RecordError> {
+    let bound = mem_total / BUFFER_SHARE_OF_MEMORY;
+    if u64::from(size) <= bound {
+        return Ok(());
+    }
+    // The largest power of two within the bound, what the user can give instead.
+    let max = if bound >= 4096 { 1u64 << bound.ilog2() } else { 0 };
+    Err(RecordError::BufferTooLarge { size, mem_total, max })
+}
+
 /// The USDT sites to attach: every program-event probe of the targets' executables and libraries
 /// (with `log` events), and the probes the `-u` patterns match.
 fn select_usdt(
@@ -166,13 +195,19 @@ fn select_functions(
         }
         Ok(&tables[path])
     }
-    // (module, function index) in selection order, each once.
+    // (module, function index) in selection order, each once: the set answers "already chosen?"
+    // in constant time, so a thousand patterns matching the same functions cost n, not n².
     let mut selected: Vec<(PathBuf, usize)> = Vec::new();
-    fn select(selected: &mut Vec<(PathBuf, usize)>, module: &PathBuf, index: usize) {
-        if !selected.iter().any(|(m, i)| m == module && *i == index) {
+    let mut chosen: HashMap<PathBuf, HashSet<usize>> = HashMap::new();
+    let mut select = |module: &PathBuf, index: usize| {
+        let fresh = match chosen.get_mut(module) {
+            Some(indexes) => indexes.insert(index),
+            None => chosen.insert(module.clone(), HashSet::from([index])).is_none(),
+        };
+        if fresh {
             selected.push((module.clone(), index));
         }
-    }
+    };
     if options.functions.is_empty() {
         for exe in executables {
             let table = match load(&mut tables, exe) {
@@ -189,7 +224,7 @@ fn select_functions(
             let go = table.go.is_some();
             for (i, f) in table.functions.iter().enumerate() {
                 if !go || f.names().any(is_go_program_code) {
-                    select(&mut selected, exe, i);
+                    select(exe, i);
                 }
             }
         }
@@ -218,7 +253,7 @@ fn select_functions(
                     found.retain(|&i| files.file_of(table.functions[i].address).is_some_and(|f| glob.matches(f)));
                 }
                 for i in found {
-                    select(&mut selected, module, i);
+                    select(module, i);
                     matched += 1;
                 }
             }
@@ -448,5 +483,25 @@ impl Plan {
     /// Functions to probe.
     pub fn probe_count(&self) -> usize {
         self.functions.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ring_buffer_takes_at_most_a_sixteenth_of_the_memory() {
+        let gib = 1u64 << 30;
+        assert!(check_buffer_size(1 << 30, 16 * gib).is_ok());
+        let err = check_buffer_size(1 << 31, 16 * gib).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--buffer-size 2048 MiB is more than 1/16 of this host's memory (16.0 GiB): at most 1024 MiB here"
+        );
+        // 23.5 GiB: a sixteenth is 1.47 GiB, the largest power of two within it 1 GiB.
+        let err = check_buffer_size(1 << 31, 47 * gib / 2).unwrap_err();
+        assert!(err.to_string().ends_with("(23.5 GiB): at most 1024 MiB here"), "{err}");
+        assert!(check_buffer_size(1 << 31, u64::MAX).is_ok(), "no bound known");
     }
 }

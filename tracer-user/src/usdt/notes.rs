@@ -89,7 +89,8 @@ fn c_string(bytes: &[u8]) -> Option<(String, &[u8])> {
 
 impl UsdtFile {
     pub fn load(path: &Path) -> Result<UsdtFile, NoteError> {
-        let data = std::fs::read(path).map_err(|source| NoteError::Read { path: path.to_owned(), source })?;
+        let data = crate::mapped_file::MappedFile::open(path)
+            .map_err(|source| NoteError::Read { path: path.to_owned(), source })?;
         Self::parse(path, &data)
     }
 

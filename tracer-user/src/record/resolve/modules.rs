@@ -105,7 +105,7 @@ impl ModuleCandidates {
 
 /// The libraries an executable needs directly, resolved to paths where they can be found.
 fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
-    let Ok(data) = std::fs::read(exe) else { return Vec::new() };
+    let Ok(data) = crate::mapped_file::MappedFile::open(exe) else { return Vec::new() };
     let Ok(elf) = ElfFile64::<object::Endianness>::parse(&*data) else { return Vec::new() };
     let Ok(dynamic) = elf.elf_dynamic_table() else { return Vec::new() };
     let mut needed = Vec::new();

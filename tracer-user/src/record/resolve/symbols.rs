@@ -123,7 +123,8 @@ fn is_function_fragment(raw: &str) -> bool {
 
 impl SymbolTable {
     pub fn load(path: &Path) -> Result<SymbolTable, SymbolError> {
-        let data = std::fs::read(path).map_err(|source| SymbolError::Read { path: path.to_owned(), source })?;
+        let data = crate::mapped_file::MappedFile::open(path)
+            .map_err(|source| SymbolError::Read { path: path.to_owned(), source })?;
         Self::parse(path, &data)
     }
 

@@ -1,0 +1,142 @@
+//! What one trace request may ask of an agent: an authenticated collector is trusted to trace,
+//! not to make the agent's one thread plan for minutes or allocate without bound.
+//!
+//! Each list of a [`TraceRequest`] is decoded keeping one element more than its bound
+//! ([`super::bounded`]), so that a frame of a million empty patterns costs a thousand strings,
+//! and [`check`] refuses whatever reached a bound with one sentence, before anything is planned.
+
+use serde::Deserializer;
+
+use super::{bounded::keep_at_most, protocol::TraceRequest};
+use crate::record::DEFAULT_MAX_PROBES;
+
+/// `-f` and `-u` patterns in one request, together, at most.
+pub const MAX_PATTERNS: usize = 1000;
+/// `--pid`s and `--binary`s in one request, together, at most.
+pub const MAX_TARGETS: usize = 1000;
+/// Words of a command to launch, program included, at most.
+pub const MAX_COMMAND_WORDS: usize = 4096;
+/// Event kinds named in one request, at most (there are fewer kinds than this).
+pub const MAX_EVENT_NAMES: usize = 64;
+/// Probes one request may ask for (`max_probes`), at most: `record`'s default.
+pub const MAX_PROBES: usize = DEFAULT_MAX_PROBES;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RequestError {
+    #[error(
+        "the request has more than {MAX_PATTERNS} function and USDT patterns: an agent takes at most {MAX_PATTERNS} per request"
+    )]
+    TooManyPatterns,
+    #[error(
+        "the request names more than {MAX_TARGETS} pids and binaries: an agent takes at most {MAX_TARGETS} per request"
+    )]
+    TooManyTargets,
+    #[error(
+        "the request's command has more than {MAX_COMMAND_WORDS} words: an agent takes at most {MAX_COMMAND_WORDS}"
+    )]
+    CommandTooLong,
+    #[error("the request names more than {MAX_EVENT_NAMES} event kinds")]
+    TooManyEventNames,
+    #[error("the request asks for up to {0} probes: an agent places at most {MAX_PROBES} per request")]
+    TooManyProbes(u32),
+}
+
+/// Refuses a request beyond any bound (one sentence, the first bound broken).
+pub fn check(request: &TraceRequest) -> Result<(), RequestError> {
+    if request.functions.len() + request.usdt.len() > MAX_PATTERNS {
+        return Err(RequestError::TooManyPatterns);
+    }
+    if request.pids.len() + request.binaries.len() > MAX_TARGETS {
+        return Err(RequestError::TooManyTargets);
+    }
+    if request.command.len() > MAX_COMMAND_WORDS {
+        return Err(RequestError::CommandTooLong);
+    }
+    if request.events.len() > MAX_EVENT_NAMES {
+        return Err(RequestError::TooManyEventNames);
+    }
+    if request.max_probes as usize > MAX_PROBES {
+        return Err(RequestError::TooManyProbes(request.max_probes));
+    }
+    Ok(())
+}
+
+// Decoders of the request's lists: one element past each bound is kept, so that `check` sees it
+// was reached.
+
+pub(super) fn patterns<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    keep_at_most(d, MAX_PATTERNS + 1)
+}
+
+pub(super) fn pids<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
+    keep_at_most(d, MAX_TARGETS + 1)
+}
+
+pub(super) fn binaries<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    keep_at_most(d, MAX_TARGETS + 1)
+}
+
+pub(super) fn command<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    keep_at_most(d, MAX_COMMAND_WORDS + 1)
+}
+
+pub(super) fn event_names<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    keep_at_most(d, MAX_EVENT_NAMES + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::protocol::{Message, decode, encode_body};
+
+    fn decoded(request: TraceRequest) -> TraceRequest {
+        let body = encode_body(&Message::Start { trace_id: 1, request }).unwrap();
+        match decode(&body).unwrap() {
+            Message::Start { request, .. } => request,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_request_within_the_bounds_passes_whole() {
+        let request = TraceRequest {
+            functions: vec!["P*".into(); 600],
+            usdt: vec!["p:n".into(); 400],
+            pids: vec![1; 1000],
+            max_probes: MAX_PROBES as u32,
+            ..Default::default()
+        };
+        let got = decoded(request.clone());
+        assert_eq!(got, request);
+        assert_eq!(check(&got), Ok(()));
+    }
+
+    #[test]
+    fn a_hundred_thousand_patterns_cost_a_thousand_and_are_refused() {
+        let request = TraceRequest { functions: vec!["P*".into(); 100_000], ..Default::default() };
+        let got = decoded(request);
+        assert_eq!(got.functions.len(), MAX_PATTERNS + 1);
+        assert_eq!(
+            check(&got).unwrap_err().to_string(),
+            "the request has more than 1000 function and USDT patterns: an agent takes at most 1000 per request"
+        );
+        let split =
+            TraceRequest { functions: vec!["a".into(); 600], usdt: vec!["p:n".into(); 401], ..Default::default() };
+        assert_eq!(check(&decoded(split)), Err(RequestError::TooManyPatterns));
+    }
+
+    #[test]
+    fn every_list_and_the_probe_count_are_bounded() {
+        let pids = TraceRequest { pids: vec![1; 2000], ..Default::default() };
+        assert_eq!(check(&decoded(pids)), Err(RequestError::TooManyTargets));
+        let words = TraceRequest { command: vec![String::new(); 10_000], ..Default::default() };
+        assert_eq!(check(&decoded(words)), Err(RequestError::CommandTooLong));
+        let kinds = TraceRequest { events: vec!["call".into(); 100], ..Default::default() };
+        assert_eq!(check(&decoded(kinds)), Err(RequestError::TooManyEventNames));
+        let probes = TraceRequest { max_probes: 100_000, ..Default::default() };
+        assert_eq!(
+            check(&probes).unwrap_err().to_string(),
+            "the request asks for up to 100000 probes: an agent places at most 4096 per request"
+        );
+    }
+}
