@@ -461,6 +461,14 @@ fn perf_event_uprobes_trace_the_same_as_uprobe_multi_links() {
             "--",
             env!("CARGO_BIN_EXE_rust_fixture"),
         ]);
-        run.assert_error("this kernel has no uprobe-multi links (Linux 6.6 and later have them)");
+        // The probe-path line comes first (the plan is made before anything is loaded).
+        assert_ne!(run.code(), 0, "{run:?}");
+        assert_eq!(
+            run.stderr.lines().last(),
+            Some(
+                "tracer: error: this kernel has no uprobe-multi links (Linux 6.6 and later have them): --attach uprobe_multi cannot work here"
+            ),
+            "{run:?}"
+        );
     }
 }
