@@ -466,12 +466,17 @@ impl LocalAgent {
 
     /// Waits (up to 20 s) for a line containing `text` in the log; returns the line.
     pub fn wait_for_log(&self, text: &str) -> String {
+        self.wait_for_log_lines(text, 1)
+    }
+
+    /// Waits until the log has `n` lines containing `text`; returns the `n`th.
+    pub fn wait_for_log_lines(&self, text: &str, n: usize) -> String {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Some(line) = self.log().lines().find(|l| l.contains(text)) {
+            if let Some(line) = self.log().lines().filter(|l| l.contains(text)).nth(n - 1) {
                 return line.to_string();
             }
-            assert!(Instant::now() < deadline, "agent never logged {text:?}: {}", self.log());
+            assert!(Instant::now() < deadline, "agent never logged {text:?} {n} times: {}", self.log());
             std::thread::sleep(Duration::from_millis(20));
         }
     }

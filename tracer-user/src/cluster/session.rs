@@ -174,7 +174,8 @@ impl<R: AsyncRead + Unpin> SessionReader<R> {
 }
 
 async fn drain<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<()> {
-    let mut sink = [0u8; 4096];
+    // Small: every refusal being told holds one (up to `MAX_REFUSING` at once).
+    let mut sink = [0u8; 512];
     while r.read(&mut sink).await? > 0 {}
     Ok(())
 }
