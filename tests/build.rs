@@ -177,6 +177,19 @@ fn main() {
     let throws = out.join("throws");
     run(Command::new(&cxx).args(["-O2", "-o"]).arg(&throws).arg(src.join("cpp/throws.cpp")));
 
+    // Stacks left by unwinding (return probes must not break it): C++ exceptions, longjmp, Rust
+    // panics, each through three traced levels.
+    let unwinds_cpp = out.join("unwinds_cpp");
+    run(Command::new(&cxx).args(["-O2", "-o"]).arg(&unwinds_cpp).arg(src.join("cpp/unwinds.cpp")));
+    let longjmps = out.join("longjmps");
+    run(Command::new(&cc).args(["-O2", "-o"]).arg(&longjmps).arg(src.join("c/longjmps.c")));
+    let unwinds_rust = out.join("unwinds_rust");
+    run(Command::new(&rustc)
+        .args(["--edition", "2024", "--crate-type", "bin", "-C", "opt-level=2", "-C", "panic=unwind", "-o"])
+        .arg(&unwinds_rust)
+        .arg(src.join("rust/unwinds.rs"))
+        .env_remove("CARGO_ENCODED_RUSTFLAGS"));
+
     for (name, path) in [
         ("PARAMS", &params),
         ("PARAMS_O2", &params_o2),
@@ -201,6 +214,9 @@ fn main() {
         ("EVENTS_C", &events_c),
         ("EVENTS_CXX", &events_cxx),
         ("THROWS", &throws),
+        ("UNWINDS_CPP", &unwinds_cpp),
+        ("LONGJMPS", &longjmps),
+        ("UNWINDS_RUST", &unwinds_rust),
         ("GOFIXTURE", &gofixture),
         ("GOFIXTURE_NODWARF", &gofixture_nodwarf),
     ] {

@@ -123,6 +123,27 @@ fn many_calls_through_the_optimized_probe_are_counted_exactly() {
 }
 
 #[test]
+fn exceptions_through_timed_frames_leave_the_program_whole_and_are_not_timed() {
+    // Three levels left by a C++ exception on each of 100 turns: their calls are counted, never
+    // timed (their returns never come), and the program runs as untraced, without an abort.
+    let unwinds = fixture("unwinds_cpp");
+    let run =
+        tracer(&["top", "--json", "-f", "level*", "-f", "leaf", "-f", "tail", "--", unwinds.to_str().unwrap(), "100"]);
+    assert_eq!(run.code(), 7, "the command's own exit code: {run:?}");
+    assert!(run.stdout.contains("caught 100 cleanups 100 sum 24950\n"), "{run:?}");
+    let last: Value = serde_json::from_str(run.stdout.lines().filter(|l| l.starts_with('{')).last().unwrap()).unwrap();
+    for (function, calls, returns) in
+        [("level1", 100, 0), ("level2", 100, 0), ("level3", 100, 0), ("leaf", 200, 200), ("tail", 100, 100)]
+    {
+        let r = row(&last, function);
+        assert_eq!((u64_field(r, "calls"), u64_field(r, "returns")), (calls, returns), "{function}: {r}");
+    }
+    assert_eq!(last["lost"]["no_return"], 300, "{last}");
+    assert_eq!(last["lost"]["too_deep"], 0, "{last}");
+    assert!(run.stderr.contains("no_return: 300"), "said on stderr: {run:?}");
+}
+
+#[test]
 fn bad_input_is_refused_in_one_sentence() {
     let timing = fixture("timing");
     let t = timing.to_str().unwrap();

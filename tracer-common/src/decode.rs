@@ -172,9 +172,9 @@ mod tests {
 
     #[test]
     fn decodes_each_kind() {
-        let call = CallRecord { header: header(RecordKind::Call), cookie: 7, args: [1, 2, 3, 4, 5, 6] };
+        let call = CallRecord { header: header(RecordKind::Call), cookie: 7, args: [1, 2, 3, 4, 5, 6], sp: 8 };
         assert_eq!(decode(&bytes_of(&call)), Ok(Record::Call(call, &[])));
-        let ret = ReturnRecord { header: header(RecordKind::Return), cookie: 7, retval: 42, rdx: 3 };
+        let ret = ReturnRecord { header: header(RecordKind::Return), cookie: 7, retval: 42, rdx: 3, sp: 8 };
         assert_eq!(decode(&bytes_of(&ret)), Ok(Record::Return(ret, &[])));
         let fork = ForkRecord {
             header: header(RecordKind::Fork),
@@ -286,7 +286,7 @@ mod tests {
 
     #[test]
     fn accepts_longer_records() {
-        let ret = ReturnRecord { header: header(RecordKind::Return), cookie: 1, retval: 2, rdx: 0 };
+        let ret = ReturnRecord { header: header(RecordKind::Return), cookie: 1, retval: 2, rdx: 0, sp: 0 };
         let mut bytes = bytes_of(&ret);
         bytes.extend_from_slice(&[0xff; 8]);
         assert_eq!(decode(&bytes), Ok(Record::Return(ret, &[0xff; 8])));
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn rejects_truncated_records() {
-        let call = CallRecord { header: header(RecordKind::Call), cookie: 7, args: [0; 6] };
+        let call = CallRecord { header: header(RecordKind::Call), cookie: 7, args: [0; 6], sp: 0 };
         let bytes = bytes_of(&call);
         assert_eq!(
             decode(&bytes[..bytes.len() - 1]),

@@ -7,8 +7,9 @@
 //! CPU. Everything that could not be counted is counted in `LOST` under a `TOP_*` slot.
 //!
 //! A return is matched to its call by the stack pointer (the uretprobe runs after `ret`, so it
-//! sees the entry's stack pointer plus 8): calls left by `longjmp` or an exception, whose returns
-//! never come, are found and dropped from the stack at the next return below them.
+//! sees the entry's stack pointer plus 8; a probe on the `ret` itself, for programs that unwind,
+//! sees the entry's): calls left by `longjmp` or an exception, whose returns never come, are found
+//! and dropped from the stack (counted as `no_return`) at the next call or return above them.
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -79,6 +80,12 @@ pub fn top_entry(ctx: ProbeContext) -> u32 {
 }
 
 fn try_top_entry(ctx: &ProbeContext) -> Result<u32, i64> {
+    // SAFETY: `bpf_get_attach_cookie` only reads the program's run context.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    if cookie::is_ret_site(cookie) {
+        // SAFETY: a uprobe's context is the user registers, readable in place.
+        return top_exit(unsafe { &*ctx.regs }, cookie);
+    }
     let (tgid, tid) = current_ids();
     let stack = match TOP_STACKS.get_ptr_mut(&tid) {
         Some(stack) => stack,
@@ -98,21 +105,23 @@ fn try_top_entry(ctx: &ProbeContext) -> Result<u32, i64> {
             }
         }
     };
-    // SAFETY: `bpf_get_attach_cookie` only reads the program's run context.
-    let function = cookie::function(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    let function = cookie::function(cookie);
     let Some(stats) = stats(tgid, function) else { return Ok(0) };
     add(&mut stats.calls, 1);
     // SAFETY: the thread's own stack entry (only this thread's programs touch it), valid for this
     // program run.
     let stack = unsafe { &mut *stack };
+    // SAFETY: a uprobe's context is the user registers, readable in place.
+    let sp = unsafe { (*ctx.regs).rsp };
+    // Open calls at or below this one's return address were left by `longjmp` or an exception
+    // (a live caller's return address is always above its callee's): their returns never come.
+    drop_unwound(stack, sp);
     let depth = stack.depth as usize;
     let Some(frame) = stack.frames.get_mut(depth) else {
         // The kernel gives no return probe past its limit either: counted, not timed.
         count_lost(lost_slot::TOP_TOO_DEEP);
         return Ok(0);
     };
-    // SAFETY: a uprobe's context is the user registers, readable in place.
-    let sp = unsafe { (*ctx.regs).rsp };
     // SAFETY: a helper without preconditions.
     *frame = Frame { ts: unsafe { bpf_ktime_get_ns() }, sp, function, _pad: 0 };
     stack.depth = depth as u32 + 1;
@@ -127,36 +136,45 @@ pub fn top_return(ctx: RetProbeContext) -> u32 {
 fn try_top_return(ctx: &RetProbeContext) -> Result<u32, i64> {
     // SAFETY: a helper without preconditions; read first, so the program's own time is not in it.
     let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: as in `try_top_entry`.
+    let sp = unsafe { (*ctx.regs).rsp };
+    // The uretprobe runs after `ret` popped the return address.
+    pop_return(now, sp.wrapping_sub(8), false)
+}
+
+/// A return probed where it happens (see `uprobe.rs`): on a `ret`, or on a jump out of the
+/// function, where rsp still points at the return address.
+#[inline(always)]
+fn top_exit(regs: &aya_ebpf::bindings::pt_regs, cookie: u64) -> Result<u32, i64> {
+    // SAFETY: as in `try_top_return`.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if cookie::is_conditional(cookie) && !cookie::condition_holds(cookie::operand(cookie), regs.eflags) {
+        return Ok(0);
+    }
+    // `jmp reg` may be a switch within the function: without the function's extent here, it
+    // counts as the exit only when the frame is torn down (rsp back at the return address).
+    pop_return(now, regs.rsp, cookie::is_indirect(cookie))
+}
+
+/// Ends the call whose return address is at `return_address`, if this thread's stack holds it;
+/// calls below it whose returns never came are dropped (and counted), unless `exact`.
+#[inline(always)]
+fn pop_return(now: u64, return_address: u64, exact: bool) -> Result<u32, i64> {
     let (tgid, tid) = current_ids();
     let Some(stack) = TOP_STACKS.get_ptr_mut(&tid) else { return Ok(0) };
     // SAFETY: as in `try_top_entry`.
     let stack = unsafe { &mut *stack };
-    // SAFETY: as in `try_top_entry`.
-    let sp = unsafe { (*ctx.regs).rsp };
-    let mut matched: Option<Frame> = None;
-    for _ in 0..MAX_DEPTH {
-        let depth = stack.depth as usize;
-        if depth == 0 {
-            break;
-        }
-        // `top_entry` never pushes past MAX_DEPTH (a power of two), so the mask changes nothing;
-        // it bounds the very register the access uses, which verifiers before 6.8 need (they
-        // lose a bound checked on a copy, and cannot use `depth != 0` as a lower bound).
-        let frame = stack.frames[(depth - 1) & (MAX_DEPTH - 1)];
-        let returns_at = frame.sp.wrapping_add(8);
-        if returns_at > sp {
-            // A return of a call this stack does not hold (deeper than MAX_DEPTH).
-            break;
-        }
-        stack.depth = depth as u32 - 1;
-        if returns_at == sp {
-            matched = Some(frame);
-            break;
-        }
-        // A call below the returning one whose return never came.
-        count_lost(lost_slot::TOP_NO_RETURN);
+    if !exact {
+        // Calls below the returning one whose returns never came.
+        drop_unwound(stack, return_address.wrapping_sub(1));
     }
-    let Some(frame) = matched else { return Ok(0) };
+    let Some(frame) = top_frame(stack) else { return Ok(0) };
+    if frame.sp != return_address {
+        // A return of a call this stack does not hold (deeper than MAX_DEPTH), or, `exact`, a
+        // jump within the function.
+        return Ok(0);
+    }
+    stack.depth -= 1;
     let Some(stats) = stats(tgid, frame.function) else { return Ok(0) };
     let ns = now.saturating_sub(frame.ts);
     add(&mut stats.returns, 1);
@@ -166,6 +184,34 @@ fn try_top_return(ctx: &RetProbeContext) -> Result<u32, i64> {
         add(slot, 1);
     }
     Ok(0)
+}
+
+/// The innermost open call.
+#[inline(always)]
+fn top_frame(stack: &Stack) -> Option<Frame> {
+    let depth = stack.depth as usize;
+    if depth == 0 {
+        return None;
+    }
+    // `top_entry` never pushes past MAX_DEPTH (a power of two), so the mask changes nothing; it
+    // bounds the very register the access uses, which verifiers before 6.8 need (they lose a
+    // bound checked on a copy, and cannot use `depth != 0` as a lower bound).
+    Some(stack.frames[(depth - 1) & (MAX_DEPTH - 1)])
+}
+
+/// Drops (and counts) the open calls whose return address is at or below `sp`: dead frames,
+/// left by `longjmp` or an exception.
+#[inline(always)]
+fn drop_unwound(stack: &mut Stack, sp: u64) {
+    for _ in 0..MAX_DEPTH {
+        match top_frame(stack) {
+            Some(frame) if frame.sp <= sp => {
+                stack.depth -= 1;
+                count_lost(lost_slot::TOP_NO_RETURN);
+            }
+            _ => break,
+        }
+    }
 }
 
 /// Forgets an exiting thread's stack (called from `sched_process_exit`).

@@ -5,7 +5,10 @@
 //! Go functions never get a uretprobe (it replaces the return address on the stack, and Go's
 //! runtime, walking and copying goroutine stacks, aborts on an address that belongs to no
 //! function): their entry and each of their `ret` instructions get an ordinary uprobe, which all
-//! run `call_entry`; the cookie tells which is which.
+//! run `call_entry`; the cookie tells which is which. Native functions of programs that unwind
+//! stacks (C++ exceptions, Rust panics, `longjmp`) are probed the same way, on their `ret`
+//! instructions and tail-call jumps (`cookie::RET_SITE`): an unwinder that meets a trampoline's
+//! address where a return address should be aborts the program.
 //!
 //! A probe whose cookie has `cookie::STRINGS` also reads its function's string parameters (or
 //! string return value) from the target's memory, as its layout in `LAYOUTS` says, and writes
@@ -44,7 +47,7 @@ fn try_call_entry(ctx: &ProbeContext) -> Result<u32, i64> {
     // SAFETY: `bpf_get_attach_cookie` only reads the program's run context.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     if cookie::is_go(cookie) {
-        // SAFETY: a uprobe's context is the user registers, readable in place.
+        // SAFETY: as below.
         let regs = unsafe { &*ctx.regs };
         return if cookie::is_go_return(cookie) {
             go_return(regs, cookie, tgid, tid)
@@ -52,22 +55,30 @@ fn try_call_entry(ctx: &ProbeContext) -> Result<u32, i64> {
             go_call(regs, cookie, tgid, tid)
         };
     }
+    // SAFETY: a uprobe's context is the user registers, readable in place.
+    let regs = unsafe { &*ctx.regs };
+    if cookie::is_ret_site(cookie) {
+        return ret_site(regs, cookie, tgid, tid);
+    }
     let arg = |n| ctx.arg::<u64>(n).unwrap_or(0);
     let record = CallRecord {
         header: header(RecordKind::Call, tgid, tid),
         cookie,
         args: [arg(0), arg(1), arg(2), arg(3), arg(4), arg(5)],
+        sp: regs.rsp,
     };
     if cookie::reads_strings(cookie) {
         let regs = [record.args[0], record.args[1], record.args[2], record.args[3], record.args[4], record.args[5], 0];
-        return with_strings(record, RecordKind::Call, cookie, &regs, false);
-    }
-    let Some(mut entry) = EVENTS.reserve::<CallRecord>(0) else {
+        with_strings(record, RecordKind::Call, cookie, &regs, false)?;
+    } else if let Some(mut entry) = EVENTS.reserve::<CallRecord>(0) {
+        entry.write(record);
+        entry.submit(submit_flags());
+    } else {
         count_lost(RecordKind::Call as u32);
-        return Ok(0);
-    };
-    entry.write(record);
-    entry.submit(submit_flags());
+    }
+    if cookie::is_also_exit(cookie) {
+        return ret_site(regs, cookie::exit_of(cookie), tgid, tid);
+    }
     Ok(0)
 }
 
@@ -221,6 +232,60 @@ fn go_return(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i6
     Ok(0)
 }
 
+/// A native function's return, probed on its `ret` instruction (or a tail call's jump): the
+/// record a uretprobe would write, with rsp, which still points at the return address the entry
+/// saw.
+#[inline(always)]
+fn ret_site(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i64> {
+    if cookie::is_conditional(cookie) && !cookie::condition_holds(cookie::operand(cookie), regs.eflags) {
+        return Ok(0);
+    }
+    let mut retval = regs.rax;
+    if cookie::is_indirect(cookie) {
+        // Where `jmp reg` goes, from the function's start: user space knows the function's extent
+        // and drops the jumps that stay inside (a switch's jump table).
+        let start = regs.rip.wrapping_sub(cookie::site(cookie));
+        retval = register(regs, cookie::operand(cookie)).wrapping_sub(start);
+    }
+    let record =
+        ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval, rdx: regs.rdx, sp: regs.rsp };
+    // At a tail call the value in rax is not the function's: the callee has not run yet.
+    if cookie::reads_strings(cookie) && !cookie::is_tail_call(cookie) {
+        let regs = [0, 0, record.rdx, 0, 0, 0, record.retval];
+        return with_strings(record, RecordKind::Return, cookie, &regs, true);
+    }
+    let Some(mut entry) = EVENTS.reserve::<ReturnRecord>(0) else {
+        count_lost(RecordKind::Return as u32);
+        return Ok(0);
+    };
+    entry.write(record);
+    entry.submit(submit_flags());
+    Ok(0)
+}
+
+/// A general register by its x86 number.
+#[inline(always)]
+fn register(regs: &pt_regs, n: u8) -> u64 {
+    match n {
+        0 => regs.rax,
+        1 => regs.rcx,
+        2 => regs.rdx,
+        3 => regs.rbx,
+        4 => regs.rsp,
+        5 => regs.rbp,
+        6 => regs.rsi,
+        7 => regs.rdi,
+        8 => regs.r8,
+        9 => regs.r9,
+        10 => regs.r10,
+        11 => regs.r11,
+        12 => regs.r12,
+        13 => regs.r13,
+        14 => regs.r14,
+        _ => regs.r15,
+    }
+}
+
 #[uretprobe]
 pub fn call_return(ctx: RetProbeContext) -> u32 {
     try_call_return(&ctx).unwrap_or(0)
@@ -234,8 +299,9 @@ fn try_call_return(ctx: &RetProbeContext) -> Result<u32, i64> {
     // SAFETY: as in `try_call_entry`.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     // SAFETY: a uretprobe's context is the user registers, readable in place.
-    let rdx = unsafe { (*ctx.regs).rdx };
-    let record = ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval: ctx.ret::<u64>(), rdx };
+    let (rdx, sp) = unsafe { ((*ctx.regs).rdx, (*ctx.regs).rsp) };
+    let record =
+        ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval: ctx.ret::<u64>(), rdx, sp };
     if cookie::reads_strings(cookie) {
         let regs = [0, 0, rdx, 0, 0, 0, record.retval];
         return with_strings(record, RecordKind::Return, cookie, &regs, true);

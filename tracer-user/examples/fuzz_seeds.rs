@@ -136,6 +136,8 @@ fn events() -> Vec<Event> {
                 duration_ns: Some(1_000),
                 goid: None,
                 ret: None,
+                unwound: None,
+                tail_call: None,
             }),
         ),
         ev(

@@ -274,6 +274,35 @@ fn overhead(tracer: &Path) -> Result<()> {
     let perf_event_per_call = per_call_ns(&perf_event, &base);
     let perf_event_0 =
         measure("tracer --attach perf_event on bench 0", traced_with(bench.clone(), 0, &["--attach", "perf_event"]))?;
+    // Returns probed where they happen (each `ret`, for programs that unwind stacks) against the
+    // return-address probe, on the leaf work() and on branchy() (three `ret`s), same build.
+    let returns = |function: &'static str, how: &'static str| {
+        let (out, tracer, bench) = (out.clone(), tracer.to_path_buf(), bench.clone());
+        move || {
+            let mut c = Command::new(&tracer);
+            c.args(["record", "-e", "call,return", "-f", function, "--returns", how, "-o"])
+                .arg(&out)
+                .arg("--")
+                .arg(&bench)
+                .arg(CALLS.to_string())
+                .arg(function);
+            c
+        }
+    };
+    let branchy_base = measure("bench branchy", || {
+        let mut c = Command::new(&bench);
+        c.args([CALLS.to_string().as_str(), "branchy"]);
+        c
+    })?;
+    let mut return_rows = Vec::new();
+    for (function, base) in [("work", &base), ("branchy", &branchy_base)] {
+        let mut row = Vec::new();
+        for how in ["return_address", "exits"] {
+            let sample = measure(&format!("tracer --returns {how} on {function}"), returns(function, how))?;
+            row.push(per_call_ns(&sample, base));
+        }
+        return_rows.push((function, row[0], row[1]));
+    }
 
     println!();
     println!("On the `-pg -mfentry -mnop-mcount` build (optimized path):");
@@ -291,6 +320,14 @@ fn overhead(tracer: &Path) -> Result<()> {
         "| start-up and shutdown with perf-event uprobes (0 calls, minus untraced) | {} |",
         ms(perf_event_0.wall.saturating_sub(base_0.wall))
     );
+    for (function, at_return_address, at_exits) in return_rows {
+        let what = if function == "work" { "leaf `work()`, one `ret`" } else { "`branchy()`, three `ret`s" };
+        println!(
+            "| tracer record per call, {what}: returns by return address / at each `ret` (`--returns exits`, \
+             for programs that unwind) | {at_return_address:.0} / {at_exits:.0} ns ({:.2}x) |",
+            at_exits / at_return_address
+        );
+    }
     println!("| tracer, whole run until the trace is written | {} |", ms(ours.wall));
     println!(
         "| tracer start-up and shutdown (0 calls traced, minus untraced) | {} |",

@@ -215,10 +215,22 @@ fn fuzz(seconds: u64, only: Option<&str>) -> Result<()> {
 
 /// The integration-test files that run under every kernel the README promises on each
 /// `cargo xtask test`: the recording foundation, IPC, USDT, DWARF parameters, Go, `top`, the
-/// cluster and its security, crashes and signals, probe placement. The others (exporters, readers,
-/// benches of formats) do not depend on the kernel; `--kernel 6.1` runs them there too.
-const CORE_TESTS: &[&str] =
-    &["record", "ipc", "usdt", "debuginfo_live", "go", "top", "cluster", "security", "crash_and_signals", "placement"];
+/// cluster and its security, crashes and signals, probe placement, returns through unwinding.
+/// The others (exporters, readers, benches of formats) do not depend on the kernel;
+/// `--kernel 6.1` runs them there too.
+const CORE_TESTS: &[&str] = &[
+    "record",
+    "ipc",
+    "usdt",
+    "debuginfo_live",
+    "go",
+    "top",
+    "cluster",
+    "security",
+    "crash_and_signals",
+    "placement",
+    "unwinding",
+];
 
 fn test(filter: Option<&str>, kernels: &[vm::Kernel]) -> Result<()> {
     if !is_root() {

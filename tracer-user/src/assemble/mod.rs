@@ -16,7 +16,7 @@ use tracer_common::{
 
 use crate::{
     assemble::clock::BootClock,
-    assemble::pairing::{CallStacks, GoroutineStacks},
+    assemble::pairing::{CallStacks, GoroutineStacks, NativeStacks, Unwound},
     assemble::{channels::ChannelResolver, signals::signal_event},
     debuginfo::{
         SourceFunction, format,
@@ -37,6 +37,22 @@ pub struct ProbedFunction {
     pub module: Arc<str>,
     /// Its DWARF's view (calls at source level), when it has DWARF.
     pub source: Option<Arc<SourceFunction>>,
+    /// How a native function's returns arrive (Go's have records of their own).
+    pub returns: NativeReturns,
+}
+
+/// How the returns of a native function are probed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum NativeReturns {
+    /// Not at all: its calls alone are traced.
+    #[default]
+    None,
+    /// By a uretprobe: returns arrive in reverse order of the calls ([`CallStacks`]).
+    ReturnAddress,
+    /// Where they happen, each `ret` and jump out: paired by stack position ([`NativeStacks`]).
+    /// `extent` is the function's code as (start, length) from its start, wrapping: a `jmp reg`
+    /// that lands in there stays inside.
+    AtExits { extent: Arc<[(u64, u64)]> },
 }
 
 /// A call's `params` from its registers and the strings after its record; a tail that does not
@@ -80,6 +96,12 @@ pub struct EventAssembler {
     functions: FunctionTable,
     stacks: CallStacks<u32>,
     go_stacks: GoroutineStacks<u32>,
+    native_stacks: NativeStacks<u32>,
+    /// Calls found left without a return by the last record, innermost first: their returns go
+    /// before that record's event ([`EventAssembler::drain_unwound`]).
+    unwound: Vec<Unwound<u32>>,
+    /// The last record's time and process.
+    unwound_at: (u64, u32),
     channels: ChannelResolver,
     /// USDT probe sites by cookie: what their records are decoded with.
     usdt: ProbeTable,
@@ -109,6 +131,9 @@ impl EventAssembler {
             functions,
             stacks: CallStacks::new(return_probes),
             go_stacks: GoroutineStacks::new(return_probes),
+            native_stacks: NativeStacks::default(),
+            unwound: Vec::new(),
+            unwound_at: (0, 0),
             channels: ChannelResolver::default(),
             usdt: ProbeTable::new(),
             undecodable: 0,
@@ -125,6 +150,28 @@ impl EventAssembler {
         self.stacks.calls_without_return_probe
     }
 
+    /// The returns of the calls that the last record showed left without one (innermost first,
+    /// at that record's time): they go before its event.
+    pub fn drain_unwound(&mut self) -> impl Iterator<Item = Event> + '_ {
+        let (ts_boot_ns, pid) = self.unwound_at;
+        let ts = self.clock.to_unix_ns(ts_boot_ns);
+        let (functions, host) = (&self.functions, &self.host);
+        self.unwound.drain(..).filter_map(move |u| {
+            let f = functions.get(u.key as usize)?;
+            let data = EventData::Return(data::Return {
+                function: f.name.clone(),
+                module: f.module.clone(),
+                retval: 0,
+                duration_ns: Some(ts_boot_ns.saturating_sub(u.ts)),
+                goid: None,
+                ret: None,
+                unwound: Some(true),
+                tail_call: None,
+            });
+            Some(Event { ts, host: host.clone(), pid, tid: u.tid, data })
+        })
+    }
+
     /// Turns one ring-buffer record into an event; `None` (and counted) when it cannot be read.
     pub fn assemble(&mut self, bytes: &[u8]) -> Option<Event> {
         let Ok(record) = decode(bytes) else {
@@ -132,6 +179,7 @@ impl EventAssembler {
             return None;
         };
         let h = *record.header();
+        self.unwound_at = (h.ts_boot_ns, h.pid);
         let ts = self.clock.to_unix_ns(h.ts_boot_ns);
         let function = |c: u64| self.functions.get(cookie::function(c) as usize);
         let data = match record {
@@ -153,7 +201,14 @@ impl EventAssembler {
                     file: source.and_then(|s| s.file.clone()),
                     line: source.and_then(|s| s.line),
                 });
-                self.stacks.call(h.tid, cookie::function(r.cookie), h.ts_boot_ns);
+                let key = cookie::function(r.cookie);
+                match f.returns {
+                    NativeReturns::None => {}
+                    NativeReturns::ReturnAddress => self.stacks.call(h.tid, key, h.ts_boot_ns),
+                    NativeReturns::AtExits { .. } => {
+                        self.native_stacks.call(h.tid, key, r.sp, h.ts_boot_ns, &mut self.unwound)
+                    }
+                }
                 data
             }
             Record::Return(r, tail) => {
@@ -161,11 +216,47 @@ impl EventAssembler {
                     self.undecodable += 1;
                     return None;
                 };
+                let key = cookie::function(r.cookie);
                 let (function, module) = (f.name.clone(), f.module.clone());
-                let ret =
-                    f.source.as_deref().and_then(|s| s.layout.as_ref()).and_then(|l| ret(l, r.retval, r.rdx, tail));
-                let duration_ns = self.stacks.ret(h.tid, cookie::function(r.cookie), h.ts_boot_ns);
-                EventData::Return(data::Return { function, module, retval: r.retval, duration_ns, goid: None, ret })
+                if !cookie::is_ret_site(r.cookie) {
+                    let ret =
+                        f.source.as_deref().and_then(|s| s.layout.as_ref()).and_then(|l| ret(l, r.retval, r.rdx, tail));
+                    let duration_ns = self.stacks.ret(h.tid, key, h.ts_boot_ns);
+                    EventData::Return(data::Return {
+                        function,
+                        module,
+                        retval: r.retval,
+                        duration_ns,
+                        goid: None,
+                        ret,
+                        unwound: None,
+                        tail_call: None,
+                    })
+                } else {
+                    if cookie::is_indirect(r.cookie)
+                        && let NativeReturns::AtExits { extent } = &f.returns
+                        && extent.iter().any(|&(start, len)| r.retval.wrapping_sub(start) < len)
+                    {
+                        // `jmp reg` within the function (a switch): not an exit.
+                        return None;
+                    }
+                    let tail_call = cookie::is_tail_call(r.cookie);
+                    let duration_ns = self.native_stacks.ret(h.tid, key, r.sp, h.ts_boot_ns, &mut self.unwound);
+                    let ret = match f.source.as_deref().and_then(|s| s.layout.as_ref()) {
+                        Some(l) if !tail_call => ret(l, r.retval, r.rdx, tail),
+                        _ => None,
+                    };
+                    EventData::Return(data::Return {
+                        function,
+                        module,
+                        retval: if tail_call { 0 } else { r.retval },
+                        duration_ns,
+                        goid: None,
+                        ret,
+                        unwound: None,
+                        tail_call: tail_call.then_some(true),
+                    })
+                }
             }
             Record::GoCall(r) => {
                 let Some(f) = function(r.cookie) else {
@@ -200,6 +291,8 @@ impl EventAssembler {
                     duration_ns,
                     goid: Some(r.goid),
                     ret: None,
+                    unwound: None,
+                    tail_call: None,
                 })
             }
             Record::Fork(r) => EventData::Spawn(data::Spawn {
@@ -210,16 +303,24 @@ impl EventAssembler {
                 comm: comm(&r.comm),
                 filename: None,
             }),
-            Record::Exec(r) => EventData::Spawn(data::Spawn {
-                parent_pid: h.pid,
-                child_pid: h.pid,
-                child_tid: h.tid,
-                how: SpawnHow::Exec,
-                comm: comm(&r.comm),
-                filename: Some(String::from_utf8_lossy(c_bytes(&r.filename)).into_owned()),
-            }),
+            Record::Exec(r) => {
+                // The old program's calls end with it.
+                self.native_stacks.thread_ended(h.tid, &mut self.unwound);
+                if r.old_tid != h.tid {
+                    self.native_stacks.thread_ended(r.old_tid, &mut self.unwound);
+                }
+                EventData::Spawn(data::Spawn {
+                    parent_pid: h.pid,
+                    child_pid: h.pid,
+                    child_tid: h.tid,
+                    how: SpawnHow::Exec,
+                    comm: comm(&r.comm),
+                    filename: Some(String::from_utf8_lossy(c_bytes(&r.filename)).into_owned()),
+                })
+            }
             Record::Exit(r) => {
                 self.stacks.thread_exited(h.tid);
+                self.native_stacks.thread_ended(h.tid, &mut self.unwound);
                 self.go_stacks.thread_exited(h.pid, h.tid);
                 if r.group_dead != 0 {
                     self.go_stacks.process_exited(h.pid);
@@ -303,14 +404,81 @@ mod tests {
     }
 
     fn assembler() -> EventAssembler {
-        let functions = vec![ProbedFunction { name: "fib".into(), module: "/bin/fix".into(), source: None }];
+        let functions = vec![ProbedFunction {
+            name: "fib".into(),
+            module: "/bin/fix".into(),
+            source: None,
+            returns: NativeReturns::ReturnAddress,
+        }];
         EventAssembler::new("host".into(), BootClock::with_offset(1_000_000), functions, true)
+    }
+
+    /// `f` and `g` (function 0, 64 bytes, and 1), their returns probed at their exits.
+    fn exits_assembler() -> EventAssembler {
+        let f = |name: &str| ProbedFunction {
+            name: name.into(),
+            module: "/bin/thrower".into(),
+            source: None,
+            returns: NativeReturns::AtExits { extent: vec![(0, 64)].into() },
+        };
+        EventAssembler::new("host".into(), BootClock::with_offset(0), vec![f("f"), f("g")], true)
+    }
+
+    /// The events of one record: the unwound returns it revealed, then its own.
+    fn events_of(a: &mut EventAssembler, record: &[u8]) -> Vec<Event> {
+        let e = a.assemble(record);
+        let mut all: Vec<Event> = a.drain_unwound().collect();
+        all.extend(e);
+        all
+    }
+
+    fn returned(e: &Event) -> (&str, u64, Option<u64>, Option<bool>, Option<bool>) {
+        match &e.data {
+            EventData::Return(r) => (&*r.function, r.retval, r.duration_ns, r.unwound, r.tail_call),
+            other => panic!("not a return: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn returns_at_exits_pair_by_stack_position_and_tell_unwound_frames() {
+        let mut a = exits_assembler();
+        let call = |ts, cookie, sp| CallRecord { header: header(RecordKind::Call, ts, 7), cookie, args: [0; 6], sp };
+        let ret = |ts, cookie, retval, sp| ReturnRecord {
+            header: header(RecordKind::Return, ts, 7),
+            cookie,
+            retval,
+            rdx: 0,
+            sp,
+        };
+        // f (sp 0x1000) calls g (0x0f00); g throws, f catches and returns 3.
+        assert_eq!(events_of(&mut a, &bytes(&call(10, 0, 0x1000))).len(), 1);
+        assert_eq!(events_of(&mut a, &bytes(&call(20, 1, 0xf00))).len(), 1);
+        let e = events_of(&mut a, &bytes(&ret(50, cookie::ret_site(0, false), 3, 0x1000)));
+        assert_eq!(e.len(), 2);
+        assert_eq!(returned(&e[0]), ("g", 0, Some(30), Some(true), None));
+        assert_eq!((e[0].ts, e[0].tid), (50, 7));
+        assert_eq!(returned(&e[1]), ("f", 3, Some(40), None, None));
+        // g ends by a tail call, then by a `jmp rax` inside itself (dropped) and one out of it.
+        events_of(&mut a, &bytes(&call(60, 1, 0x1000)));
+        let e = events_of(&mut a, &bytes(&ret(70, cookie::ret_site(1, true), 99, 0x1000)));
+        assert_eq!(returned(&e[0]), ("g", 0, Some(10), None, Some(true)));
+        events_of(&mut a, &bytes(&call(80, 1, 0x1000)));
+        let inside = ret(85, cookie::ret_site_to(1, 0, 8), 40, 0x1000);
+        assert!(events_of(&mut a, &bytes(&inside)).is_empty(), "a jump within the function is no exit");
+        let out = ret(90, cookie::ret_site_to(1, 0, 8), 0x5000, 0x1000);
+        assert_eq!(returned(&events_of(&mut a, &bytes(&out))[0]), ("g", 0, Some(10), None, Some(true)));
+        // The thread exits inside f: f's return comes before the exit.
+        events_of(&mut a, &bytes(&call(100, 0, 0x1000)));
+        let exit = ExitRecord { header: header(RecordKind::Exit, 120, 7), exit_code: 0, group_dead: 1, comm: [0; 16] };
+        let e = events_of(&mut a, &bytes(&exit));
+        assert_eq!(returned(&e[0]), ("f", 0, Some(20), Some(true), None));
+        assert!(matches!(e[1].data, EventData::Exit(_)));
     }
 
     #[test]
     fn calls_and_returns_get_names_and_durations() {
         let mut a = assembler();
-        let call = CallRecord { header: header(RecordKind::Call, 10, 101), cookie: 0, args: [5, 0, 0, 0, 0, 0] };
+        let call = CallRecord { header: header(RecordKind::Call, 10, 101), cookie: 0, args: [5, 0, 0, 0, 0, 0], sp: 0 };
         let e = a.assemble(&bytes(&call)).unwrap();
         assert_eq!(e.ts, 1_000_010);
         assert_eq!((e.pid, e.tid), (100, 101));
@@ -326,7 +494,7 @@ mod tests {
                 line: None
             })
         );
-        let ret = ReturnRecord { header: header(RecordKind::Return, 25, 101), cookie: 0, retval: 8, rdx: 0 };
+        let ret = ReturnRecord { header: header(RecordKind::Return, 25, 101), cookie: 0, retval: 8, rdx: 0, sp: 8 };
         let e = a.assemble(&bytes(&ret)).unwrap();
         assert_eq!(
             e.data,
@@ -336,7 +504,9 @@ mod tests {
                 retval: 8,
                 duration_ns: Some(15),
                 goid: None,
-                ret: None
+                ret: None,
+                unwound: None,
+                tail_call: None,
             })
         );
     }
@@ -381,7 +551,9 @@ mod tests {
                 retval: 45,
                 duration_ns: Some(30),
                 goid: Some(7),
-                ret: None
+                ret: None,
+                unwound: None,
+                tail_call: None,
             })
         );
         assert_eq!(lost_slot_name(RecordKind::GoCall as u32), Some("call"));
@@ -391,7 +563,7 @@ mod tests {
     #[test]
     fn unknown_cookies_and_bad_records_are_counted() {
         let mut a = assembler();
-        let call = CallRecord { header: header(RecordKind::Call, 10, 1), cookie: 9, args: [0; 6] };
+        let call = CallRecord { header: header(RecordKind::Call, 10, 1), cookie: 9, args: [0; 6], sp: 0 };
         assert!(a.assemble(&bytes(&call)).is_none());
         assert!(a.assemble(&[1, 2, 3]).is_none());
         assert_eq!(a.undecodable, 2);

@@ -1,5 +1,6 @@
 //! Pairing returns with calls: per thread the way the kernel pairs uretprobes ([`CallStacks`]),
-//! and per goroutine by stack position for Go ([`GoroutineStacks`]).
+//! per goroutine by stack position for Go ([`GoroutineStacks`]), and per thread by stack position
+//! for native functions whose returns are probed where they happen ([`NativeStacks`]).
 //!
 //! A uretprobe hijacks the return address when the function is entered, so returns arrive exactly
 //! in reverse order of the calls that got a return probe. The kernel gives a thread at most
@@ -164,9 +165,129 @@ impl<K: PartialEq + Copy> GoroutineStacks<K> {
     }
 }
 
+/// An open native call that has ended without a return of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unwound<K> {
+    pub key: K,
+    pub tid: u32,
+    pub ts: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct NativeFrame<K> {
+    key: K,
+    ts: u64,
+    /// rsp at entry: the address of the call's return address.
+    sp: u64,
+}
+
+/// The open calls of native functions whose returns are probed where they happen (each `ret` and
+/// jump out, see `record::resolve::unwinding`), per thread, paired by stack position: a return
+/// sees the rsp its call saw at entry. The stack grows down, so a call or return at a position
+/// above an open call's means that call's frame is gone: left by unwinding (an exception, a
+/// panic, `longjmp`), which runs no `ret` of it. Such calls come back as [`Unwound`], to be given
+/// their return at that moment, so that every call has exactly one return. There is no depth
+/// limit.
+#[derive(Debug)]
+pub struct NativeStacks<K> {
+    threads: HashMap<u32, Vec<NativeFrame<K>>>,
+}
+
+impl<K: PartialEq + Copy> Default for NativeStacks<K> {
+    fn default() -> Self {
+        NativeStacks { threads: HashMap::new() }
+    }
+}
+
+impl<K: PartialEq + Copy> NativeStacks<K> {
+    /// Opens a call at `sp`; the calls whose frames it shows gone (at `sp` or deeper) are pushed
+    /// on `unwound`, innermost first.
+    pub fn call(&mut self, tid: u32, key: K, sp: u64, ts: u64, unwound: &mut Vec<Unwound<K>>) {
+        let frames = self.threads.entry(tid).or_default();
+        Self::pop_while(frames, tid, |f| f.sp <= sp, unwound);
+        frames.push(NativeFrame { key, ts, sp });
+    }
+
+    /// The duration of the call a return at `sp` ends, or `None` if that call was not seen; the
+    /// calls deeper than it that are still open are pushed on `unwound`, innermost first.
+    pub fn ret(&mut self, tid: u32, key: K, sp: u64, ts: u64, unwound: &mut Vec<Unwound<K>>) -> Option<u64> {
+        let frames = self.threads.get_mut(&tid)?;
+        Self::pop_while(frames, tid, |f| f.sp < sp, unwound);
+        let top = frames.last().copied()?;
+        if top.sp != sp {
+            return None;
+        }
+        frames.pop();
+        if top.key != key {
+            // A call whose record was lost, then another function's return at its position.
+            unwound.push(Unwound { key: top.key, tid, ts: top.ts });
+            return None;
+        }
+        Some(ts.saturating_sub(top.ts))
+    }
+
+    /// Ends every open call of a thread that exited or replaced its program, innermost first.
+    pub fn thread_ended(&mut self, tid: u32, unwound: &mut Vec<Unwound<K>>) {
+        if let Some(mut frames) = self.threads.remove(&tid) {
+            Self::pop_while(&mut frames, tid, |_| true, unwound);
+        }
+    }
+
+    fn pop_while(
+        frames: &mut Vec<NativeFrame<K>>,
+        tid: u32,
+        gone: impl Fn(&NativeFrame<K>) -> bool,
+        unwound: &mut Vec<Unwound<K>>,
+    ) {
+        while let Some(f) = frames.last().copied().filter(|f| gone(f)) {
+            frames.pop();
+            unwound.push(Unwound { key: f.key, tid, ts: f.ts });
+        }
+    }
+
+    /// Number of calls currently open on `tid`.
+    pub fn depth(&self, tid: u32) -> usize {
+        self.threads.get(&tid).map_or(0, Vec::len)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn native_calls_pair_by_stack_position_and_unwound_frames_are_told() {
+        let mut s = NativeStacks::default();
+        let mut unwound = Vec::new();
+        // main (sp 1000) calls a (900), which calls b (800), which calls c (700).
+        s.call(1, 'm', 1000, 0, &mut unwound);
+        s.call(1, 'a', 900, 10, &mut unwound);
+        s.call(1, 'b', 800, 20, &mut unwound);
+        s.call(1, 'c', 700, 30, &mut unwound);
+        assert_eq!(s.ret(1, 'c', 700, 35, &mut unwound), Some(5));
+        // b throws; a catches it and returns: b's frame went without a ret.
+        assert_eq!(s.ret(1, 'a', 900, 50, &mut unwound), Some(40));
+        assert_eq!(unwound, [Unwound { key: 'b', tid: 1, ts: 20 }]);
+        unwound.clear();
+        // main calls a again at the same position after a longjmp out of a's callee d.
+        s.call(1, 'a', 900, 60, &mut unwound);
+        s.call(1, 'd', 850, 61, &mut unwound);
+        s.call(1, 'a', 900, 70, &mut unwound);
+        assert_eq!(unwound, [Unwound { key: 'd', tid: 1, ts: 61 }, Unwound { key: 'a', tid: 1, ts: 60 }]);
+        unwound.clear();
+        // Recursion has no depth limit.
+        for i in 0..1000u64 {
+            s.call(2, 'f', 100_000 - 16 * i, i, &mut unwound);
+        }
+        for i in (0..1000u64).rev() {
+            assert_eq!(s.ret(2, 'f', 100_000 - 16 * i, 5000, &mut unwound), Some(5000 - i));
+        }
+        assert!(unwound.is_empty());
+        // The thread exits with main and a open.
+        s.thread_ended(1, &mut unwound);
+        assert_eq!(unwound, [Unwound { key: 'a', tid: 1, ts: 70 }, Unwound { key: 'm', tid: 1, ts: 0 }]);
+        assert_eq!(s.depth(1), 0);
+    }
 
     #[test]
     fn go_calls_pair_per_goroutine_across_threads() {

@@ -83,6 +83,10 @@ pub struct RecordArgs {
     /// kernel: tests and benches).
     #[arg(long, value_enum, hide = true)]
     pub attach: Option<record::attach::features::AttachMechanism>,
+    /// Probe native returns this way instead of the way the traced programs need (`exits` where
+    /// they unwind stacks, else `return_address`): to compare the two (tests and benches).
+    #[arg(long, value_enum, hide = true)]
+    pub returns: Option<record::resolve::unwinding::ReturnProbes>,
     /// The command to launch and trace, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -415,6 +419,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         host: args.host_name.unwrap_or_else(host::default_name),
         debug_kernel: args.debug_kernel,
         attach: args.attach,
+        return_probes: args.returns,
         ..RecordOptions::default()
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

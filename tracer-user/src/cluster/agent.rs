@@ -767,6 +767,7 @@ fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordO
         debug_kernel: false,
         // The best the kernel has.
         attach: None,
+        return_probes: None,
     })
 }
 

@@ -240,6 +240,8 @@ mod tests {
                 duration_ns: Some(4),
                 goid: None,
                 ret: Some(data::SourceValue(serde_json::json!(-8))),
+                unwound: None,
+                tail_call: None,
             })),
             ev(EventData::Call(data::Call {
                 function: "main.work".into(),
@@ -257,6 +259,8 @@ mod tests {
                 duration_ns: Some(5),
                 goid: Some(18),
                 ret: None,
+                unwound: None,
+                tail_call: None,
             })),
             ev(EventData::Spawn(data::Spawn {
                 parent_pid: 1,

@@ -171,6 +171,16 @@ pub struct Return<N = Arc<str>> {
     /// The return value typed by the function's DWARF (`None` without it, or for `void`).
     #[serde(default)]
     pub ret: Option<SourceValue>,
+    /// `Some(true)`: the call's frame was left without a return of its own (an exception, a
+    /// panic or `longjmp` unwound past it, or its thread ended or replaced its program), as the
+    /// next event at its stack position or above showed; `retval` is 0 and `ts` is when that was
+    /// seen. Only for returns probed where they happen (`record::resolve::unwinding`).
+    #[serde(default)]
+    pub unwound: Option<bool>,
+    /// `Some(true)`: the function ended by jumping to another (a tail call), whose return value
+    /// it passes on unseen: `retval` is 0.
+    #[serde(default)]
+    pub tail_call: Option<bool>,
 }
 
 /// A value at source level (see `debuginfo::format`): a JSON value, which is what it is in JSON

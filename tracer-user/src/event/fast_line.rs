@@ -33,7 +33,16 @@ pub fn write(event: &Event, out: &mut Vec<u8>) -> bool {
             out.push(b']');
             goid(out, *call_goid);
         }
-        EventData::Return(data::Return { function, module, retval, duration_ns, goid: ret_goid, ret: None }) => {
+        EventData::Return(data::Return {
+            function,
+            module,
+            retval,
+            duration_ns,
+            goid: ret_goid,
+            ret: None,
+            unwound: None,
+            tail_call: None,
+        }) => {
             head(out, b"{\"kind\":\"return\"", event);
             name(out, b",\"function\":", function);
             name(out, b",\"module\":", module);
@@ -123,6 +132,8 @@ mod tests {
             duration_ns,
             goid,
             ret: None,
+            unwound: None,
+            tail_call: None,
         })
     }
 

@@ -28,8 +28,9 @@ use super::{Event, EventData, Interner, TraceEnd, TraceItem, TraceStart};
 /// Fields left out of a line when empty (none, an empty list or map, or an object whose fields are
 /// all empty): a Go call's `goid`, a trace's `probe_paths` (and their `moved`), a merged trace's
 /// `hosts`, a host's `lost`, a `machine` that could not be read, a call's `params`, `file`,
-/// `line` and a return's `ret` (calls at source level) when the function has no DWARF, and a
-/// message's `payload` and `payload_truncated` when payloads are not captured.
+/// `line` and a return's `ret` (calls at source level) when the function has no DWARF, a return's
+/// `unwound` and `tail_call` unless set, and a message's `payload` and `payload_truncated` when
+/// payloads are not captured.
 pub const OMITTED_WHEN_EMPTY: &[&str] = &[
     "goid",
     "probe_paths",
@@ -41,6 +42,8 @@ pub const OMITTED_WHEN_EMPTY: &[&str] = &[
     "file",
     "line",
     "ret",
+    "unwound",
+    "tail_call",
     "payload",
     "payload_truncated",
 ];

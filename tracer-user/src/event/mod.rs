@@ -214,6 +214,8 @@ impl<N> EventData<N> {
                 duration_ns: r.duration_ns,
                 goid: r.goid,
                 ret: r.ret,
+                unwound: r.unwound,
+                tail_call: r.tail_call,
             }),
             EventData::Spawn(s) => EventData::Spawn(s),
             EventData::Exit(e) => EventData::Exit(e),
@@ -330,6 +332,8 @@ mod tests {
             duration_ns: Some(9),
             goid: Some(0),
             ret: None,
+            unwound: None,
+            tail_call: None,
         }));
         assert!(to_line(&r).ends_with(r#""duration_ns":9,"goid":0}"#));
         assert_eq!(round_trip(&r), r);
@@ -378,6 +382,8 @@ mod tests {
             duration_ns: None,
             goid: None,
             ret: None,
+            unwound: None,
+            tail_call: None,
         }));
         let line = to_line(&e);
         assert!(line.ends_with(r#""retval":7,"duration_ns":null}"#), "{line}");
@@ -389,6 +395,8 @@ mod tests {
             duration_ns: Some(5),
             goid: None,
             ret: None,
+            unwound: None,
+            tail_call: None,
         }));
         assert_eq!(round_trip(&e), e);
     }

@@ -72,6 +72,8 @@ pub fn ret(ts: u64, tid: u32, f: &str, dur: Option<u64>) -> Event {
             duration_ns: dur,
             goid: None,
             ret: None,
+            unwound: None,
+            tail_call: None,
         }),
     )
 }
@@ -108,6 +110,8 @@ pub fn ret_in(ts: u64, pid: u32, tid: u32, f: &str, dur: Option<u64>) -> Event {
             duration_ns: dur,
             goid: None,
             ret: None,
+            unwound: None,
+            tail_call: None,
         }),
     )
 }
@@ -143,6 +147,8 @@ pub fn go_ret(ts: u64, tid: u32, goid: u64, f: &str, dur: u64) -> Event {
             duration_ns: Some(dur),
             goid: Some(goid),
             ret: None,
+            unwound: None,
+            tail_call: None,
         }),
     )
 }

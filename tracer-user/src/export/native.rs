@@ -227,7 +227,7 @@ impl<W: Write> NativeWriter<W> {
     }
 
     fn encode(&mut self, e: &Event) -> io::Result<()> {
-        let compact = !has_source_level(&e.data);
+        let compact = !takes_general_encoding(&e.data);
         let mut tag = match &e.data {
             EventData::Call(_) if compact => KIND_CALL,
             EventData::Return(_) if compact => KIND_RETURN,
@@ -331,12 +331,13 @@ impl<W: Write> NativeWriter<W> {
     }
 }
 
-/// A call or return with values from DWARF (parameters, file, line, typed return): rare next to
-/// the register-only stream the compact layout is for, so these take the general encoding.
-fn has_source_level<N>(data: &EventData<N>) -> bool {
+/// A call or return with values from DWARF (parameters, file, line, typed return), or a return
+/// marked `unwound` or `tail_call`: rare next to the register-only stream the compact layout is
+/// for, so these take the general encoding.
+fn takes_general_encoding<N>(data: &EventData<N>) -> bool {
     match data {
         EventData::Call(c) => !c.params.is_empty() || c.file.is_some() || c.line.is_some(),
-        EventData::Return(r) => r.ret.is_some(),
+        EventData::Return(r) => r.ret.is_some() || r.unwound.is_some() || r.tail_call.is_some(),
         _ => false,
     }
 }
@@ -680,6 +681,8 @@ impl Default for Batch {
                 duration_ns: None,
                 goid: None,
                 ret: None,
+                unwound: None,
+                tail_call: None,
             })),
             other: None,
         }
@@ -765,7 +768,7 @@ fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) 
                 .map_err(|e| format!("an event does not decode: {e}"))?;
             c.pos = c.bytes.len() - rest.len();
             let data = wire.map_names(|n| string(strings, n))?;
-            if matches!(data, EventData::Call(_) | EventData::Return(_)) && !has_source_level(&data) {
+            if matches!(data, EventData::Call(_) | EventData::Return(_)) && !takes_general_encoding(&data) {
                 return Err("a call or return encoded as another kind".into());
             }
             batch.other = Some(Event { ts, host: host.clone(), pid, tid, data });
@@ -866,6 +869,8 @@ mod tests {
                     duration_ns: Some(u64::MAX),
                     goid: Some(0),
                     ret: None,
+                    unwound: None,
+                    tail_call: None,
                 }),
             ),
             ev(
@@ -1020,6 +1025,34 @@ mod tests {
                     duration_ns: Some(1),
                     goid: None,
                     ret: Some(data::SourceValue(serde_json::json!({"string": "ok", "truncated": true}))),
+                    unwound: None,
+                    tail_call: None,
+                }),
+            ),
+            ev(
+                8,
+                EventData::Return(data::Return {
+                    function: "level2".into(),
+                    module: "/bin/app".into(),
+                    retval: 0,
+                    duration_ns: Some(7),
+                    goid: None,
+                    ret: None,
+                    unwound: Some(true),
+                    tail_call: None,
+                }),
+            ),
+            ev(
+                8,
+                EventData::Return(data::Return {
+                    function: "tail".into(),
+                    module: "/bin/app".into(),
+                    retval: 0,
+                    duration_ns: Some(3),
+                    goid: None,
+                    ret: None,
+                    unwound: None,
+                    tail_call: Some(true),
                 }),
             ),
             ev(
@@ -1040,7 +1073,7 @@ mod tests {
         ];
         let (items, torn) = read(&write(&events, true, None));
         let items = items.unwrap();
-        assert_eq!(items[1..4], events.iter().cloned().map(TraceItem::Event).collect::<Vec<_>>()[..]);
+        assert_eq!(items[1..events.len() + 1], events.iter().cloned().map(TraceItem::Event).collect::<Vec<_>>()[..]);
         assert_eq!(torn, None);
     }
 

@@ -69,6 +69,9 @@ pub struct RecordOptions {
     pub debug_kernel: bool,
     /// `--attach`: how probes are attached, instead of the best the kernel has.
     pub attach: Option<crate::record::attach::features::AttachMechanism>,
+    /// `--returns`: how native returns are probed, instead of what the programs need
+    /// (`record::resolve::unwinding`).
+    pub return_probes: Option<crate::record::resolve::unwinding::ReturnProbes>,
 }
 
 impl Default for RecordOptions {
@@ -90,6 +93,7 @@ impl Default for RecordOptions {
             start: Start::Inherit,
             debug_kernel: false,
             attach: None,
+            return_probes: None,
         }
     }
 }

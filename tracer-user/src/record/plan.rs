@@ -11,17 +11,21 @@ use tracer_common::{CAPTURE_BYTES_MAX, cookie};
 
 use super::{RecordError, RecordOptions, check_pid_namespace};
 use crate::{
-    assemble::{FunctionTable, ProbedFunction},
+    assemble::{FunctionTable, NativeReturns, ProbedFunction},
     event::host,
     event::{EventKind, ProbePaths},
     record::attach::detached,
     record::attach::kernel_btf::KernelBtf,
     record::attach::launch::Start,
     record::attach::loader::ProbeSpec,
+    record::resolve::disasm::Exit,
     record::resolve::modules::ModuleCandidates,
     record::resolve::placement::{KernelProbes, ProbePath},
-    record::resolve::symbols::{FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code},
+    record::resolve::symbols::{
+        Exits, Function, FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code,
+    },
     record::resolve::targets::{self, FileId, Process},
+    record::resolve::unwinding::{self, ReturnProbes},
     usdt::{
         self,
         select::{ProbeFiles, RegisterOffsets, Selection as UsdtSelection, UsdtPattern},
@@ -285,10 +289,27 @@ fn select_functions(
         }
     }
 
+    // Returns by the return address, unless a program here unwinds stacks (see `unwinding`).
+    let unwinder = if exit && options.return_probes.is_none() {
+        let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+        // The executables first: their own use is the clearest reason to give.
+        let candidates = ModuleCandidates::new(executables, &pids);
+        let files: Vec<PathBuf> = executables.iter().chain(candidates.files()).cloned().collect();
+        unwinding::unwinder(&files)
+    } else {
+        None
+    };
+    let return_probes = match (options.return_probes, &unwinder) {
+        (Some(chosen), _) => chosen,
+        (None, Some(_)) => ReturnProbes::Exits,
+        (None, None) => ReturnProbes::ReturnAddress,
+    };
     let mut sources = source_level(&selected, &tables, options.string_size, warnings);
     let mut probes = Vec::with_capacity(selected.len());
     let mut functions = Vec::with_capacity(selected.len());
     let mut no_return = Vec::new();
+    let mut exits_unknown = Vec::new();
+    let mut exit_sites = 0usize;
     let mut refused: Vec<(String, String)> = Vec::new();
     let mut probe_paths = ProbePaths::default();
     let mut go_probed = false;
@@ -302,11 +323,12 @@ fn select_functions(
             layout.is_some_and(|l| if ret { l.probe.ret.kind != 0 } else { l.probe.entry_strings > 0 })
         };
         let strings = |ret: bool| if reads(ret) { cookie::STRINGS } else { 0 };
+        let mut returns = NativeReturns::None;
         let mut probe = |file_offset: u64, cookie: u64, ret: bool| {
             probes.push(ProbeSpec { path: module.clone(), file_offset, cookie, ret });
         };
         match &f.placement {
-            Placement::Native(point) => {
+            Placement::Native { entry: point, exits } => {
                 let return_safe = f.return_probe_is_safe();
                 if exit && !return_safe {
                     no_return.push(f.name.clone());
@@ -314,11 +336,37 @@ fn select_functions(
                 // Both probes on the chosen point: a uretprobe there still finds the caller's
                 // return address on top of the stack (only `endbr64` and nops come before it).
                 let at = f.file_offset + point.offset;
-                if entry {
-                    probe(at, cookie::plain(function) | strings(false), false);
-                }
+                let mut entry_cookie = cookie::plain(function) | strings(false);
                 if exit && return_safe {
-                    probe(at, cookie::plain(function) | strings(true), true);
+                    returns = match return_probes {
+                        ReturnProbes::ReturnAddress => {
+                            probe(at, cookie::plain(function) | strings(true), true);
+                            NativeReturns::ReturnAddress
+                        }
+                        ReturnProbes::Exits => match exits.as_ref().and_then(|e| exit_probes(f, function, e)) {
+                            Some(sites) => {
+                                exit_sites += sites.len();
+                                for (offset, cookie, value) in sites {
+                                    if entry && offset == at {
+                                        // The entry instruction is an exit too: its one probe
+                                        // writes both, in order.
+                                        entry_cookie = cookie::with_exit(entry_cookie, cookie);
+                                    } else {
+                                        probe(offset, cookie | if value { strings(true) } else { 0 }, false);
+                                    }
+                                }
+                                let extent = exits.as_ref().map(|e| e.extent.clone()).unwrap_or_default();
+                                NativeReturns::AtExits { extent: extent.into() }
+                            }
+                            None => {
+                                exits_unknown.push(f.name.clone());
+                                NativeReturns::None
+                            }
+                        },
+                    };
+                }
+                if entry {
+                    probe(at, entry_cookie, false);
                 }
                 probe_paths.add(&f.name, point.path);
                 if point.offset != 0 {
@@ -352,6 +400,7 @@ fn select_functions(
             name: Arc::from(f.name.as_str()),
             module: Arc::from(module.to_string_lossy()),
             source,
+            returns,
         });
     }
     if let Some((_, why)) = refused.first() {
@@ -373,8 +422,55 @@ fn select_functions(
             no_return.join(", ")
         ));
     }
-    let probe_summary = probe_paths.summary(go_probed, KernelProbes::current());
+    if !exits_unknown.is_empty() {
+        let mut names: Vec<&str> = exits_unknown.iter().take(5).map(String::as_str).collect();
+        if exits_unknown.len() > 5 {
+            names.push("...");
+        }
+        warnings.push(format!(
+            "no return probes on {} ({}): where they end cannot all be found in their code (a jump through \
+             memory), and a return-address probe would break unwinding in this program; their calls are traced",
+            plural(exits_unknown.len(), "function"),
+            names.join(", ")
+        ));
+    }
+    let mut probe_summary = probe_paths.summary(go_probed, KernelProbes::current());
+    if let (ReturnProbes::Exits, Some(line)) = (return_probes, &mut probe_summary) {
+        let why = match &unwinder {
+            Some(u) => format!("{u}, and a return-address probe would abort it when it unwinds through a traced call"),
+            None => "as asked".to_string(),
+        };
+        line.push_str(&format!(
+            "; returns probed where they happen ({}, a trap each): {why}",
+            plural(exit_sites, "ret and tail-jump site")
+        ));
+    }
     Ok(Selection { probes, functions, probe_paths, probe_summary })
+}
+
+/// The probes on `f`'s exits (file offset, cookie, whether the return value is there to read),
+/// or `None` when one cannot be given a cookie (a `jmp reg` too far from the function's start).
+fn exit_probes(f: &Function, function: u32, exits: &Exits) -> Option<Vec<(u64, u64, bool)>> {
+    exits
+        .sites
+        .iter()
+        .map(|&exit| {
+            Some(match exit {
+                Exit::Return(at) => (at, cookie::ret_site(function, false), true),
+                Exit::Jump(at) => (at, cookie::ret_site(function, true), false),
+                Exit::JumpIf { address, condition } => (address, cookie::ret_site_if(function, condition), false),
+                Exit::JumpTo { address, register } => {
+                    let site = u16::try_from(address.checked_sub(f.file_offset)?).ok()?;
+                    (address, cookie::ret_site_to(function, register, site), false)
+                }
+            })
+        })
+        .collect()
+}
+
+/// "1 function", "3 functions".
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 { format!("1 {what}") } else { format!("{n} {what}s") }
 }
 
 /// What the DWARF of each selected native function says (calls at source level), keyed as
@@ -389,7 +485,7 @@ fn source_level(
     let mut by_module: BTreeMap<&PathBuf, Vec<usize>> = BTreeMap::new();
     for (module, index) in selected {
         // Go's register ABI is not the layout's (System V and Rust's).
-        if matches!(tables[module].functions[*index].placement, Placement::Native(_)) {
+        if matches!(tables[module].functions[*index].placement, Placement::Native { .. }) {
             by_module.entry(module).or_default().push(*index);
         }
     }

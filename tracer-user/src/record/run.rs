@@ -407,7 +407,11 @@ pub(crate) fn wakeup_bytes(ring_bytes: u32) -> u64 {
 /// Turns a batch of records into events for the pipeline.
 fn push_batch(batch: &Batch, assembler: &mut EventAssembler, pipeline: &mut EventPipeline) {
     for record in batch.records() {
-        if let Some(e) = assembler.assemble(record) {
+        let e = assembler.assemble(record);
+        for unwound in assembler.drain_unwound() {
+            pipeline.push(unwound);
+        }
+        if let Some(e) = e {
             pipeline.push(e);
         }
     }

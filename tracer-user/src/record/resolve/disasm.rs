@@ -35,6 +35,122 @@ pub enum Entry {
     Plain,
 }
 
+/// A way out of a native function other than a call: where a return probe goes when returns are
+/// probed where they happen rather than by replacing the return address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// A `ret`.
+    Return(u64),
+    /// A jump out of the function (a tail call): its frame ends there.
+    Jump(u64),
+    /// A conditional jump out (`jne other_function`): an exit only when taken, which the probe
+    /// tells from the flags; `condition` is the x86 condition code (the low nibble of `0x7N`).
+    JumpIf { address: u64, condition: u8 },
+    /// `jmp reg`: a switch's jump table or a tail call through a pointer; an exit when the target
+    /// is outside the function, which the probe tells from the register (`register`: its x86
+    /// number, rax 0 .. r15 15).
+    JumpTo { address: u64, register: u8 },
+}
+
+impl Exit {
+    pub fn address(self) -> u64 {
+        match self {
+            Exit::Return(a) | Exit::Jump(a) | Exit::JumpIf { address: a, .. } | Exit::JumpTo { address: a, .. } => a,
+        }
+    }
+
+    /// The same exit at `f(address)` (a virtual address to a file offset).
+    pub fn map(self, f: impl FnOnce(u64) -> u64) -> Exit {
+        match self {
+            Exit::Return(a) => Exit::Return(f(a)),
+            Exit::Jump(a) => Exit::Jump(f(a)),
+            Exit::JumpIf { address, condition } => Exit::JumpIf { address: f(address), condition },
+            Exit::JumpTo { address, register } => Exit::JumpTo { address: f(address), register },
+        }
+    }
+}
+
+/// Every exit of a function whose code is `parts` (its symbol's bytes, then any split-off cold
+/// part, `foo.cold`, which shares its frame), or `None` when one cannot be told (a `jmp` through
+/// memory).
+pub fn exits(parts: &[FunctionCode]) -> Option<Vec<Exit>> {
+    let inside = |target: u64| parts.iter().any(|p| p.contains(target));
+    let mut exits = Vec::new();
+    for i in parts.iter().flat_map(|p| &p.instructions) {
+        let address = i.ip();
+        let exit = match i.mnemonic() {
+            Mnemonic::Ret => Exit::Return(address),
+            Mnemonic::Jmp => match i.op0_kind() {
+                OpKind::NearBranch64 if inside(i.near_branch_target()) => continue,
+                OpKind::NearBranch64 => Exit::Jump(address),
+                OpKind::Register => Exit::JumpTo { address, register: register_number(i.op0_register())? },
+                _ => return None,
+            },
+            m => match jcc_condition(m) {
+                Some(_) if inside(i.near_branch_target()) => continue,
+                Some(condition) => Exit::JumpIf { address, condition },
+                // `jrcxz`, `loop`: never seen leaving a function; refuse rather than guess.
+                None if i.op0_kind() == OpKind::NearBranch64
+                    && !matches!(m, Mnemonic::Call)
+                    && !inside(i.near_branch_target()) =>
+                {
+                    return None;
+                }
+                None => continue,
+            },
+        };
+        exits.push(exit);
+    }
+    Some(exits)
+}
+
+/// The condition code of a conditional jump (`jo` 0 .. `jg` 15), as the flags test it.
+fn jcc_condition(m: Mnemonic) -> Option<u8> {
+    const JCC: [Mnemonic; 16] = [
+        Mnemonic::Jo,
+        Mnemonic::Jno,
+        Mnemonic::Jb,
+        Mnemonic::Jae,
+        Mnemonic::Je,
+        Mnemonic::Jne,
+        Mnemonic::Jbe,
+        Mnemonic::Ja,
+        Mnemonic::Js,
+        Mnemonic::Jns,
+        Mnemonic::Jp,
+        Mnemonic::Jnp,
+        Mnemonic::Jl,
+        Mnemonic::Jge,
+        Mnemonic::Jle,
+        Mnemonic::Jg,
+    ];
+    JCC.iter().position(|&j| j == m).map(|n| n as u8)
+}
+
+/// A 64-bit general register's x86 number (rax 0, rcx 1, rdx 2, rbx 3, rsp 4, rbp 5, rsi 6,
+/// rdi 7, r8 8 .. r15 15).
+fn register_number(r: Register) -> Option<u8> {
+    const GPR: [Register; 16] = [
+        Register::RAX,
+        Register::RCX,
+        Register::RDX,
+        Register::RBX,
+        Register::RSP,
+        Register::RBP,
+        Register::RSI,
+        Register::RDI,
+        Register::R8,
+        Register::R9,
+        Register::R10,
+        Register::R11,
+        Register::R12,
+        Register::R13,
+        Register::R14,
+        Register::R15,
+    ];
+    GPR.iter().position(|&g| g == r).map(|n| n as u8)
+}
+
 /// `g.stackguard0` in Go's `runtime.g` (after `stack.lo` and `stack.hi`): stable since Go 1.0.
 const GO_STACKGUARD0: i64 = 0x10;
 /// The stack check is within the first few instructions of a Go function.
@@ -192,6 +308,34 @@ mod tests {
         // A stack check whose jump target does not jump back to the start is not Go's.
         let bytes = [0x49, 0x3b, 0x66, 0x10, 0x76, 0x01, 0xc3, 0xe8, 0, 0, 0, 0, 0xc3];
         assert_eq!(FunctionCode::decode(&bytes, 0x2000).unwrap().entry(), Entry::Plain);
+    }
+
+    #[test]
+    fn native_exits_are_returns_and_jumps_out() {
+        let bytes = [
+            0x85, 0xff, // test edi,edi
+            0x0f, 0x85, 0x00, 0x10, 0x00, 0x00, // jne +0x1000 (out: a conditional tail call)
+            0x74, 0x02, // je +2 (inside)
+            0xff, 0xe0, // jmp rax
+            0xe9, 0x00, 0x20, 0x00, 0x00, // jmp +0x2000 (out)
+            0xc3, // ret
+        ];
+        let code = FunctionCode::decode(&bytes, 0x1000).unwrap();
+        assert_eq!(
+            exits(&[code]).unwrap(),
+            [
+                Exit::JumpIf { address: 0x1002, condition: 5 },
+                Exit::JumpTo { address: 0x100a, register: 0 },
+                Exit::Jump(0x100c),
+                Exit::Return(0x1011),
+            ]
+        );
+        // A jump into the split-off cold part is not an exit; the cold part's `ret` is.
+        let hot = FunctionCode::decode(&[0xe9, 0xfb, 0x0f, 0x00, 0x00], 0x1000).unwrap(); // jmp 0x2000
+        let cold = FunctionCode::decode(&[0x90, 0xc3], 0x2000).unwrap();
+        assert_eq!(exits(&[hot, cold]).unwrap(), [Exit::Return(0x2001)]);
+        // `jmp [rax]`: where it goes cannot be told.
+        assert_eq!(exits(&[FunctionCode::decode(&[0xff, 0x20], 0x1000).unwrap()]), None);
     }
 
     #[test]

@@ -2,14 +2,14 @@
 //! user's patterns, and placed at the file offsets that uprobes attach to.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
 };
 
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
 use crate::{
-    record::resolve::disasm::{Entry, FunctionCode},
+    record::resolve::disasm::{self, Entry, Exit, FunctionCode},
     record::resolve::golang::{self, GoInfo},
     record::resolve::placement::{self, EntryPoint, KernelProbes, ProbePath},
 };
@@ -48,13 +48,29 @@ pub enum Placement {
     /// A uprobe and a uretprobe for its return, both at `entry` bytes after the symbol (past a
     /// leading `endbr64` or nops when that reaches a faster path: see [`crate::record::resolve::placement`]) (System
     /// V code: C, C++, Rust).
-    Native(EntryPoint),
+    Native {
+        entry: EntryPoint,
+        /// Its exits as file offsets (each `ret`, each jump out), for programs that unwind
+        /// stacks, whose return probes go there (see [`crate::record::resolve::unwinding`]); `None`
+        /// when they cannot all be told (undecodable bytes, a jump through memory).
+        exits: Option<Exits>,
+    },
     /// Go code, whose runtime moves and walks stacks, so no uretprobe: ordinary uprobes at the
     /// entry (after the stack-bound check) and on each `ret` instruction (which always traps), as
     /// file offsets.
     Go { entry: u64, entry_path: ProbePath, returns: Vec<u64> },
     /// Go code that cannot be probed safely, and why.
     Refused(String),
+}
+
+/// Where a native function can be left other than by a call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exits {
+    /// Each `ret` and jump out, at file offsets.
+    pub sites: Vec<Exit>,
+    /// The function's code as (start, length) from its symbol's address (wrapping): itself and its
+    /// cold part. A `jmp reg` to a target in here stays inside.
+    pub extent: Vec<(u64, u64)>,
 }
 
 impl Function {
@@ -168,13 +184,31 @@ impl SymbolTable {
             }
         }
 
+        // GCC's split-off cold parts, by the name of the function they belong to: a part shares its
+        // function's frame, and may hold its returns.
+        let mut cold_parts: HashMap<&str, (u64, u64)> = HashMap::new();
+        for symbol in file.symbols() {
+            if let Ok(raw) = symbol.name()
+                && let Some(owner) = raw.strip_suffix(".cold")
+                && symbol.kind() == SymbolKind::Text
+                && symbol.size() > 0
+            {
+                cold_parts.insert(owner, (symbol.address(), symbol.size()));
+            }
+        }
         let go = golang::inspect(&file);
         let go_refusal = go.as_ref().and_then(GoInfo::refusal);
         let mut functions = Vec::with_capacity(by_address.len());
         for (address, (mut raws, size)) in by_address {
             let Some(offset) = file_offset(address) else { continue };
             let placement = match (&go, &go_refusal) {
-                (None, _) => Placement::Native(native_placement(data, address, offset, size)),
+                (None, _) => {
+                    let cold = raws
+                        .iter()
+                        .find_map(|(_, raw)| cold_parts.get(raw.as_str()))
+                        .and_then(|&(a, size)| Some(Part { address: a, offset: file_offset(a)?, size }));
+                    native_placement(data, Part { address, offset, size }, cold)
+                }
                 (Some(_), Some(why)) => Placement::Refused(why.clone()),
                 (Some(_), None) => go_placement(data, address, offset, size),
             };
@@ -242,18 +276,51 @@ fn function_bytes(data: &[u8], offset: u64, size: u64) -> Option<&[u8]> {
         .and_then(|(start, len)| data.get(start..start.checked_add(len)?))
 }
 
-/// Where the probes of the native function at `address` (file offset `offset`) go: the fastest
-/// equivalent entry point. Bytes that do not decode as a whole (data in the text) are judged by
-/// their first instruction alone, and probed at the symbol.
-fn native_placement(data: &[u8], address: u64, offset: u64, size: u64) -> EntryPoint {
-    let kernel = KernelProbes::current();
-    let Some(bytes) = function_bytes(data, offset, size) else {
-        return EntryPoint { offset: 0, path: ProbePath::Trap };
-    };
-    match FunctionCode::decode(bytes, address) {
-        Ok(code) => placement::native_entry(&code, bytes, offset, kernel),
-        Err(_) => EntryPoint { offset: 0, path: placement::classify_at(bytes, address, offset, kernel) },
+/// A stretch of a function's code: its address, file offset and size.
+#[derive(Clone, Copy)]
+struct Part {
+    address: u64,
+    offset: u64,
+    size: u64,
+}
+
+impl Part {
+    fn decode(self, data: &[u8]) -> Option<FunctionCode> {
+        FunctionCode::decode(function_bytes(data, self.offset, self.size)?, self.address).ok()
     }
+}
+
+/// Where the probes of the native function `f` (with its cold part, if it has one) go: the
+/// fastest equivalent entry point, and its exits. Bytes that do not decode as a whole (data in the
+/// text) are judged by their first instruction alone, and probed at the symbol; their exits are
+/// unknown.
+fn native_placement(data: &[u8], f: Part, cold: Option<Part>) -> Placement {
+    let kernel = KernelProbes::current();
+    let Some(bytes) = function_bytes(data, f.offset, f.size) else {
+        return Placement::Native { entry: EntryPoint { offset: 0, path: ProbePath::Trap }, exits: None };
+    };
+    let Ok(code) = FunctionCode::decode(bytes, f.address) else {
+        let entry = EntryPoint { offset: 0, path: placement::classify_at(bytes, f.address, f.offset, kernel) };
+        return Placement::Native { entry, exits: None };
+    };
+    let entry = placement::native_entry(&code, bytes, f.offset, kernel);
+    let mut parts = vec![code];
+    if let Some(part) = cold {
+        match part.decode(data) {
+            Some(code) => parts.push(code),
+            None => return Placement::Native { entry, exits: None },
+        }
+    }
+    // Addresses to file offsets, in whichever part they are.
+    let to_offset = |a: u64| match cold {
+        Some(part) if (part.address..part.address + part.size).contains(&a) => a - part.address + part.offset,
+        _ => a - f.address + f.offset,
+    };
+    let mut extent = vec![(0, f.size)];
+    extent.extend(cold.map(|c| (c.address.wrapping_sub(f.address), c.size)));
+    let exits = disasm::exits(&parts)
+        .map(|sites| Exits { sites: sites.into_iter().map(|e| e.map(to_offset)).collect(), extent });
+    Placement::Native { entry, exits }
 }
 
 /// Where the probes of the Go function at `address` (file offset `offset`) go: decoded from its
@@ -540,7 +607,10 @@ mod tests {
                     address: i as u64,
                     file_offset: i as u64,
                     size: 1,
-                    placement: Placement::Native(EntryPoint { offset: 0, path: ProbePath::Trap }),
+                    placement: Placement::Native {
+                        entry: EntryPoint { offset: 0, path: ProbePath::Trap },
+                        exits: None,
+                    },
                 })
                 .collect(),
             go: None,
