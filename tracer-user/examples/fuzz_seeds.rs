@@ -177,6 +177,8 @@ fn events() -> Vec<Event> {
                 digest: Some(9),
                 payload: Some(data::Payload(b"GET / HTTP/1.1\r\n".to_vec())),
                 payload_truncated: Some(true),
+                peek: true,
+                discarded: Some(4),
             }),
         ),
         ev(

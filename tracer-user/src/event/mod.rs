@@ -458,6 +458,8 @@ mod tests {
             digest: None,
             payload: None,
             payload_truncated: None,
+            peek: false,
+            discarded: None,
         }));
         let line = to_line(&recv);
         assert!(line.contains(r#""flow_id":7,"flow_ids":[7,8]"#), "{line}");
@@ -473,6 +475,8 @@ mod tests {
             digest: Some(77),
             payload: None,
             payload_truncated: None,
+            peek: false,
+            discarded: None,
         }));
         assert!(to_line(&unlinked).contains(r#""flow_id":null,"flow_ids":[]"#));
         assert_eq!(round_trip(&unlinked), unlinked);
