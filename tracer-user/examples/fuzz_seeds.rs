@@ -100,6 +100,7 @@ fn start() -> TraceStart {
         events: EventKind::ALL.to_vec(),
         follow_children: true,
         probe_paths: ProbePaths::default(),
+        aliases: [("open64".to_string(), vec!["open".to_string()])].into(),
         hosts: vec![],
         machine: None,
         kernel: None,

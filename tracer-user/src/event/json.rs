@@ -35,6 +35,7 @@ pub const OMITTED_WHEN_EMPTY: &[&str] = &[
     "goid",
     "probe_paths",
     "moved",
+    "aliases",
     "hosts",
     "lost",
     "machine",

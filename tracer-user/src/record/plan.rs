@@ -38,6 +38,8 @@ pub struct Plan {
     pub(crate) probes: Vec<ProbeSpec>,
     pub(crate) functions: FunctionTable,
     pub(crate) probe_paths: ProbePaths,
+    /// The probed functions' other names, by the name their events carry (`trace_start.aliases`).
+    pub(crate) aliases: BTreeMap<String, Vec<String>>,
     /// The USDT probe sites: program events and `-u` probes.
     pub(crate) usdt: UsdtSelection,
     /// One line on the paths the probes take (see [`ProbePaths::summary`]).
@@ -113,13 +115,25 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         }
     }
 
-    let Selection { probes, functions, probe_paths, probe_summary } = if want_calls {
+    let Selection { probes, functions, probe_paths, aliases, probe_summary } = if want_calls {
         select_functions(&options, &executables, &processes, &mut warnings)?
     } else {
         Selection::default()
     };
     let usdt = select_usdt(&options, &executables, &processes, &mut warnings)?;
-    Ok(Plan { options, processes, binaries, command, probes, functions, probe_paths, usdt, probe_summary, warnings })
+    Ok(Plan {
+        options,
+        processes,
+        binaries,
+        command,
+        probes,
+        functions,
+        probe_paths,
+        aliases,
+        usdt,
+        probe_summary,
+        warnings,
+    })
 }
 
 /// The share of the host's memory one ring buffer may take at most (1/16: 1 GiB of 16 GiB): the
@@ -197,15 +211,19 @@ fn select_functions(
     }
     // (module, function index) in selection order, each once: the set answers "already chosen?"
     // in constant time, so a thousand patterns matching the same functions cost n, not n².
+    // The name a function's events carry: the first of its names that the first pattern to
+    // choose it matched (`open64` when asked for, not its alias `open`).
     let mut selected: Vec<(PathBuf, usize)> = Vec::new();
     let mut chosen: HashMap<PathBuf, HashSet<usize>> = HashMap::new();
-    let mut select = |module: &PathBuf, index: usize| {
+    let mut event_names: HashMap<(PathBuf, usize), String> = HashMap::new();
+    let mut select = |module: &PathBuf, index: usize, name: &str| {
         let fresh = match chosen.get_mut(module) {
             Some(indexes) => indexes.insert(index),
             None => chosen.insert(module.clone(), HashSet::from([index])).is_none(),
         };
         if fresh {
             selected.push((module.clone(), index));
+            event_names.insert((module.clone(), index), name.to_string());
         }
     };
     if options.functions.is_empty() {
@@ -224,7 +242,7 @@ fn select_functions(
             let go = table.go.is_some();
             for (i, f) in table.functions.iter().enumerate() {
                 if !go || f.names().any(is_go_program_code) {
-                    select(exe, i);
+                    select(exe, i, &f.name);
                 }
             }
         }
@@ -246,14 +264,14 @@ fn select_functions(
             let mut in_source = 0;
             for module in &modules {
                 let table = load(&mut tables, module)?;
-                let mut found: Vec<usize> = table.matching(&pattern.name).map(|(i, _)| i).collect();
+                let mut found: Vec<(usize, &str)> = table.matching(&pattern.name).map(|(i, _, n)| (i, n)).collect();
                 if let Some(glob) = &pattern.source {
                     let files = source_files.entry(module.clone()).or_insert_with(|| SourceFiles::of(module, table));
                     in_source += files.defined_in(glob).count();
-                    found.retain(|&i| files.file_of(table.functions[i].address).is_some_and(|f| glob.matches(f)));
+                    found.retain(|&(i, _)| files.file_of(table.functions[i].address).is_some_and(|f| glob.matches(f)));
                 }
-                for i in found {
-                    select(module, i);
+                for (i, name) in found {
+                    select(module, i, name);
                     matched += 1;
                 }
             }
@@ -291,10 +309,12 @@ fn select_functions(
     let mut no_return = Vec::new();
     let mut refused: Vec<(String, String)> = Vec::new();
     let mut probe_paths = ProbePaths::default();
+    let mut aliases = BTreeMap::new();
     let mut go_probed = false;
     for (module, index) in selected {
         let table = &tables[&module];
         let f = &table.functions[index];
+        let name = event_names.remove(&(module.clone(), index)).unwrap_or_else(|| f.name.clone());
         let function = functions.len() as u32;
         let source = sources.remove(&(module.clone(), index)).map(Arc::new);
         let reads = |ret: bool| {
@@ -309,7 +329,7 @@ fn select_functions(
             Placement::Native(point) => {
                 let return_safe = f.return_probe_is_safe();
                 if exit && !return_safe {
-                    no_return.push(f.name.clone());
+                    no_return.push(name.clone());
                 }
                 // Both probes on the chosen point: a uretprobe there still finds the caller's
                 // return address on top of the stack (only `endbr64` and nops come before it).
@@ -320,9 +340,9 @@ fn select_functions(
                 if exit && return_safe {
                     probe(at, cookie::plain(function) | strings(true), true);
                 }
-                probe_paths.add(&f.name, point.path);
+                probe_paths.add(&name, point.path);
                 if point.offset != 0 {
-                    probe_paths.moved.insert(f.name.clone(), point.offset);
+                    probe_paths.moved.insert(name.clone(), point.offset);
                 }
             }
             Placement::Go { entry: at, entry_path, returns } => {
@@ -337,19 +357,23 @@ fn select_functions(
                 }
                 // A `ret` is single-stepped: with return probes a Go function traps.
                 let path = if exit && !returns.is_empty() { ProbePath::Trap } else { *entry_path };
-                probe_paths.add(&f.name, path);
+                probe_paths.add(&name, path);
                 if *at != f.file_offset {
-                    probe_paths.moved.insert(f.name.clone(), *at - f.file_offset);
+                    probe_paths.moved.insert(name.clone(), *at - f.file_offset);
                 }
                 go_probed = true;
             }
             Placement::Refused(why) => {
-                refused.push((f.name.clone(), format!("{}: {why}", module.display())));
+                refused.push((name.clone(), format!("{}: {why}", module.display())));
                 continue;
             }
         }
+        let others = f.other_names(&name);
+        if !others.is_empty() {
+            aliases.insert(name.clone(), others);
+        }
         functions.push(ProbedFunction {
-            name: Arc::from(f.name.as_str()),
+            name: Arc::from(name.as_str()),
             module: Arc::from(module.to_string_lossy()),
             source,
         });
@@ -374,7 +398,7 @@ fn select_functions(
         ));
     }
     let probe_summary = probe_paths.summary(go_probed, KernelProbes::current());
-    Ok(Selection { probes, functions, probe_paths, probe_summary })
+    Ok(Selection { probes, functions, probe_paths, aliases, probe_summary })
 }
 
 /// What the DWARF of each selected native function says (calls at source level), keyed as
@@ -476,6 +500,7 @@ struct Selection {
     probes: Vec<ProbeSpec>,
     functions: FunctionTable,
     probe_paths: ProbePaths,
+    aliases: BTreeMap<String, Vec<String>>,
     probe_summary: Option<String>,
 }
 
