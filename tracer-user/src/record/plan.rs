@@ -296,14 +296,15 @@ fn select_functions(
     if selected.len() > options.max_probes {
         return Err(RecordError::TooManyProbes { count: selected.len(), max: options.max_probes });
     }
+    let mut sources = source_level(&selected, &tables, options.string_size, warnings);
+    // A stripped file whose debug file was found (libc with libc6-dbg) gives its functions'
+    // parameters: saying only that it is stripped would tell the user the opposite.
     for (path, table) in &tables {
-        if table.stripped {
+        if table.stripped && !sources.keys().any(|(module, _)| module == path) {
             warnings
                 .push(format!("{} is stripped: only its exported functions (.dynsym) can be probed", path.display()));
         }
     }
-
-    let mut sources = source_level(&selected, &tables, options.string_size, warnings);
     let mut probes = Vec::with_capacity(selected.len());
     let mut functions = Vec::with_capacity(selected.len());
     let mut no_return = Vec::new();
