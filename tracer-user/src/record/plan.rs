@@ -311,7 +311,8 @@ fn select_functions(
     let mut refused: Vec<(String, String)> = Vec::new();
     let mut probe_paths = ProbePaths::default();
     let mut aliases = BTreeMap::new();
-    let mut go_probed = false;
+    // The Go functions probed, by event name: the fast-path advice differs for them.
+    let mut go_functions: HashSet<String> = HashSet::new();
     for (module, index) in selected {
         let table = &tables[&module];
         let f = &table.functions[index];
@@ -362,7 +363,7 @@ fn select_functions(
                 if *at != f.file_offset {
                     probe_paths.moved.insert(name.clone(), *at - f.file_offset);
                 }
-                go_probed = true;
+                go_functions.insert(name.clone());
             }
             Placement::Refused(why) => {
                 refused.push((name.clone(), format!("{}: {why}", module.display())));
@@ -398,7 +399,7 @@ fn select_functions(
             no_return.join(", ")
         ));
     }
-    let probe_summary = probe_paths.summary(go_probed, KernelProbes::current());
+    let probe_summary = probe_paths.summary(|f| go_functions.contains(f), KernelProbes::current());
     Ok(Selection { probes, functions, probe_paths, aliases, probe_summary })
 }
 
