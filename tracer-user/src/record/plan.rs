@@ -399,7 +399,7 @@ fn select_functions(
             no_return.join(", ")
         ));
     }
-    let probe_summary = probe_paths.summary(|f| go_functions.contains(f), KernelProbes::current());
+    let probe_summary = probe_paths.summary(|f| go_functions.contains(f), exit, KernelProbes::current());
     Ok(Selection { probes, functions, probe_paths, aliases, probe_summary })
 }
 

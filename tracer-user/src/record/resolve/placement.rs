@@ -248,9 +248,9 @@ impl ProbePaths {
 
     /// One line for stderr: how many functions take each path and, when some trap, which and
     /// what gives them the fast path on this `kernel`: compiler flags for C, C++ and Rust; for
-    /// the functions `is_go` says are Go's, whose `ret` probes trap whatever the build (the Go
-    /// toolchain has no patchable entry), what does help there.
-    pub fn summary(&self, is_go: impl Fn(&str) -> bool, kernel: KernelProbes) -> Option<String> {
+    /// the functions `is_go` says are Go's, whose `ret` probes (placed when `returns`) trap
+    /// whatever the build (the Go toolchain has no patchable entry), what does help there.
+    pub fn summary(&self, is_go: impl Fn(&str) -> bool, returns: bool, kernel: KernelProbes) -> Option<String> {
         if self.is_empty() {
             return None;
         }
@@ -279,10 +279,12 @@ impl ProbePaths {
                 ));
             }
             if !go.is_empty() {
-                line.push_str(
+                line.push_str(if returns {
                     ". Go functions' ret probes trap whatever the build (no Go compiler flag gives a patchable \
-                     entry or return); recording their calls only (-e call) leaves the entry probes",
-                );
+                     entry or return); recording their calls only (-e call) removes those"
+                } else {
+                    ". No Go compiler flag gives Go functions a patchable entry"
+                });
             }
         }
         Some(line)
@@ -381,13 +383,13 @@ mod tests {
     fn summary_names_the_slow_ones() {
         let native = |_: &str| false;
         let mut paths = ProbePaths::default();
-        assert_eq!(paths.summary(native, ON), None);
+        assert_eq!(paths.summary(native, true, ON), None);
         paths.add("work", ProbePath::Optimized);
-        assert_eq!(paths.summary(native, ON).unwrap(), "probes: 1 optimized, 0 emulated, 0 trap");
+        assert_eq!(paths.summary(native, true, ON).unwrap(), "probes: 1 optimized, 0 emulated, 0 trap");
         for n in ["a", "b", "c", "d", "e", "f"] {
             paths.add(n, ProbePath::Trap);
         }
-        let line = paths.summary(native, ON).unwrap();
+        let line = paths.summary(native, true, ON).unwrap();
         assert!(line.starts_with("probes: 1 optimized, 0 emulated, 6 trap; slow"), "{line}");
         assert!(
             line.contains(": a, b, c, d, e, .... For the fast path give functions a 5-byte nop entry: C/C++"),
@@ -395,7 +397,7 @@ mod tests {
         );
         assert!(line.contains("-mnop-mcount") && line.contains("force-frame-pointers"), "{line}");
         // Before 6.18 the nop is emulated, not optimized: the advice says what it buys there.
-        let line = paths.summary(native, OFF).unwrap();
+        let line = paths.summary(native, true, OFF).unwrap();
         assert!(
             line.contains("5-byte nop entry (one trap, emulated, on this kernel; no trap from Linux 6.18): C/C++"),
             "{line}"
@@ -410,16 +412,23 @@ mod tests {
         paths.add("main.work", ProbePath::Trap);
         paths.add("main.main", ProbePath::Trap);
         let go = |f: &str| f.starts_with("main.");
-        let line = paths.summary(go, ON).unwrap();
+        let line = paths.summary(go, true, ON).unwrap();
         assert!(line.starts_with("probes: 0 optimized, 0 emulated, 2 trap; slow"), "{line}");
         assert!(line.contains(": main.work, main.main. Go functions' ret probes trap whatever the build"), "{line}");
         assert!(line.contains("(-e call)"), "{line}");
-        for flag in ["gcc", "clang", "Rust", "C/C++", "5-byte nop"] {
-            assert!(!line.contains(flag), "{flag} in {line}");
+        // Calls only: no ret probe to blame, no -e call to advise.
+        let calls_only = paths.summary(go, false, ON).unwrap();
+        assert!(
+            calls_only.ends_with(": main.work, main.main. No Go compiler flag gives Go functions a patchable entry")
+        );
+        for line in [&line, &calls_only] {
+            for flag in ["gcc", "clang", "Rust", "C/C++", "5-byte nop"] {
+                assert!(!line.contains(flag), "{flag} in {line}");
+            }
         }
         // Mixed: each gets its own advice, the flags said to be for C, C++ and Rust.
         paths.add("work", ProbePath::Trap);
-        let line = paths.summary(go, ON).unwrap();
+        let line = paths.summary(go, true, ON).unwrap();
         assert!(line.contains("give C, C++ and Rust functions a 5-byte nop entry"), "{line}");
         assert!(line.contains("Go functions' ret probes trap"), "{line}");
     }
