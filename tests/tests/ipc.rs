@@ -8,7 +8,7 @@ use std::{
 };
 
 use serde_json::Value;
-use tracer_tests::{Trace, TracerRun, fixture, record, temp_dir, u64_field};
+use tracer_tests::{Trace, TracerRun, fixture, record, temp_dir, tracer, u64_field};
 
 /// The send and receive events of a trace, in file (time) order.
 struct Transfers<'a> {
@@ -297,16 +297,7 @@ fn chrome_export_draws_an_arrow_per_link() {
     let dir = temp_dir();
     let out = dir.path().join("trace.json");
     let ipc = fixture("ipc");
-    let run = tracer_tests::tracer(&[
-        "record",
-        "-e",
-        "ipc",
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        ipc.to_str().unwrap(),
-        "pipe",
-    ]);
+    let run = tracer(&["record", "-e", "ipc", "-o", out.to_str().unwrap(), "--", ipc.to_str().unwrap(), "pipe"]);
     assert_eq!(run.code(), 0, "{run:?}");
     let trace: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();
@@ -322,4 +313,64 @@ fn chrome_export_draws_an_arrow_per_link() {
     }
     let count = |cat: &str| events.iter().filter(|e| e["ph"] == "X" && e["cat"] == cat).count();
     assert_eq!((count("send"), count("recv")), (4, 4));
+}
+
+/// `MSG_PEEK` and `MSG_TRUNC` (`ipc peek`): a peek is an event of its own, linked to nothing and
+/// counted in no total, and the read after it is linked to its send as if there were no peek; a
+/// datagram cut by `MSG_TRUNC` counts what the program got. The report counts each byte once and
+/// the capture holds each message once.
+#[test]
+fn peeks_are_not_receives_and_truncated_datagrams_count_what_was_received() {
+    let dir = temp_dir();
+    let ipc = fixture("ipc");
+    let sock_dir = temp_dir();
+    let (run, t) = record(
+        dir.path(),
+        &["-e", "ipc,spawn,exit", "--", ipc.to_str().unwrap(), "peek", sock_dir.path().to_str().unwrap()],
+    );
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.lost(), 0, "{}", t.end);
+    let x = transfers(&t);
+    let server = u64_field(&t.start["targets"][0], "pid");
+    assert_eq!(sizes(&x.sends), [200, 120, 100, 30]);
+    assert!(x.recvs.iter().all(|r| u64_field(r, "pid") == server));
+    let peek: Vec<bool> = x.recvs.iter().map(|r| r["peek"] == true).collect();
+    assert_eq!(peek, [true, false, true, false, true, false, false], "{:?}", x.recvs);
+    assert_eq!(sizes(&x.recvs), [50, 200, 40, 120, 64, 40, 16]);
+    assert_eq!(syscalls(&x.recvs), ["recvfrom", "recvfrom", "recvmsg", "read", "recvmmsg", "recvfrom", "recvmsg"]);
+    let discarded: Vec<Option<u64>> = x.recvs.iter().map(|r| r.get("discarded").and_then(Value::as_u64)).collect();
+    assert_eq!(discarded, [None, None, None, None, None, Some(60), Some(14)]);
+    // Peeks are linked to nothing and hold no place in the stream; each read after one is
+    // linked to its whole send, datagrams cut by MSG_TRUNC too.
+    assert_eq!(links(&x), [vec![], vec![0], vec![], vec![1], vec![], vec![2], vec![3]]);
+    assert!(x.recvs.iter().filter(|r| r["peek"] == true).all(|r| r["seq"].is_null()), "{:?}", x.recvs);
+    assert_eq!(t.end["ipc"]["linked_recvs"], 4);
+    assert_eq!(t.end["ipc"]["unlinked_recvs"], 0);
+    assert_eq!(t.end["ipc"]["recvs"], 4);
+
+    // The report counts what the server received once: 200 + 120 + 40 + 16.
+    let jsonl = dir.path().join("trace.jsonl");
+    let report = tracer(&["report", jsonl.to_str().unwrap(), "--by-process", "--json"]);
+    assert_eq!(report.code(), 0, "{report:?}");
+    let report: Value = serde_json::from_str(&report.stdout).unwrap();
+    let process = report["processes"].as_array().unwrap().iter().find(|p| u64_field(p, "pid") == server).unwrap();
+    assert_eq!(u64_field(process, "bytes_received"), 376, "{process}");
+
+    // The capture holds each message once, as its send: no segment for a peek.
+    let pcap = dir.path().join("trace.pcapng");
+    let export = tracer(&["export", jsonl.to_str().unwrap(), "-o", pcap.to_str().unwrap()]);
+    assert_eq!(export.code(), 0, "{export:?}");
+    let tshark = |filter: &str, field: &str| -> Vec<String> {
+        let out = Command::new("tshark")
+            .arg("-r")
+            .arg(&pcap)
+            .args(["-Y", filter, "-T", "fields", "-e", field])
+            .output()
+            .expect("run tshark (installed by `cargo xtask setup`)");
+        assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect()
+    };
+    assert_eq!(tshark("tcp", "tcp.len"), ["200"]);
+    assert_eq!(tshark("udp", "udp.length"), ["108", "38"]);
+    assert_eq!(tshark("frame", "frame.number").len(), 4);
 }

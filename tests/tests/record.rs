@@ -147,6 +147,26 @@ fn cpp_names_are_demangled() {
     t.check_nesting();
 }
 
+/// `-f libc.so.6:__write`: the events carry the name asked for, not the function's first name
+/// (`write`), which `trace_start.aliases` lists. libc is stripped, but its debug file (libc6-dbg)
+/// gives the parameters: no "is stripped" line, which would say the opposite.
+#[test]
+fn a_function_is_named_as_asked_and_a_stripped_library_with_debug_info_is_not_called_stripped() {
+    let dir = temp_dir();
+    let (run, t) = record(dir.path(), &["-f", "libc.so.6:__write", "--", fixture("ipc").to_str().unwrap(), "pipe"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let calls = t.calls("__write");
+    assert_eq!(calls.len(), 4, "{run:?}");
+    assert_eq!(t.returns("__write").len(), 4);
+    assert!(t.calls("write").is_empty());
+    assert_eq!(t.start["aliases"], serde_json::json!({"__write": ["write"]}));
+    // glibc 2.36's `__libc_write (int fd, const void *buf, size_t nbytes)`.
+    let names: Vec<&String> = calls[0]["params"].as_object().expect("params from libc6-dbg").keys().collect();
+    assert_eq!(names, ["buf", "fd", "nbytes"], "(sorted: the tests' serde_json map)");
+    assert!(calls.iter().all(|c| c["params"]["nbytes"] == 256), "{calls:?}");
+    assert!(!run.stderr.contains("is stripped"), "{}", run.stderr);
+}
+
 #[test]
 fn stripped_binaries_use_dynsym() {
     let dir = temp_dir();

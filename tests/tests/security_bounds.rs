@@ -158,6 +158,7 @@ fn trace_start(ts: u64) -> TraceStart {
         events: Vec::new(),
         follow_children: false,
         probe_paths: Default::default(),
+        aliases: Default::default(),
         hosts: Vec::new(),
         machine: None,
         // Always there from a real agent (postcard has no "absent" for a skipped field).

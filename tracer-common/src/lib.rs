@@ -629,9 +629,23 @@ pub struct IpcRecord {
     /// the transfer's, at most [`CAPTURE_BYTES_MAX`]), so its length is
     /// `size_of::<IpcRecord>() + captured_len`.
     pub captured_len: u32,
-    /// 1 when payload capture was on for this transfer (then `captured_len < bytes` means cut).
+    /// 1 when payload capture was on for this transfer (then `captured_len < received` means cut).
     pub capturing: u32,
-    pub _pad2: u32,
+    /// [`ipc_flags`].
+    pub flags: u32,
+    /// Bytes that reached the program's buffer: `bytes`, unless [`ipc_flags::TRUNCATED`].
+    pub received: u64,
+}
+
+/// Bits of [`IpcRecord::flags`].
+pub mod ipc_flags {
+    /// A receive with `MSG_PEEK`: the bytes were copied but left in the queue (the stream's
+    /// position did not move; a later receive reads them again).
+    pub const PEEK: u32 = 1;
+    /// A datagram receive with `MSG_TRUNC` whose message was longer than the buffer: `bytes` is
+    /// the message's length (what the syscall returned), `received` what fit in the buffer; the
+    /// rest was discarded.
+    pub const TRUNCATED: u32 = 2;
 }
 
 /// `signal:signal_generate` (a signal sent to, or by, a traced process) and
@@ -822,10 +836,12 @@ pub struct KernelOffsets {
     pub pipe_buffer_size: u32,
     pub siginfo_code: u32,
     pub siginfo_pid: u32,
-    // The syscall arguments the IPC programs use (the first, second and fifth), in the user
-    // registers (`struct pt_regs`).
+    // The syscall arguments the IPC programs use (the first five: di, si, dx, r10, r8), in the
+    // user registers (`struct pt_regs`).
     pub regs_di: u32,
     pub regs_si: u32,
+    pub regs_dx: u32,
+    pub regs_r10: u32,
     pub regs_r8: u32,
 }
 

@@ -22,7 +22,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     CAPTURE_BYTES_MAX, ChannelKind, Direction, HEAD_LEN, IpcRecord, IpcSyscall, KernelOffsets, MAX_MMSG, RecordKind,
-    UNIX_PATH_LEN, lost_slot,
+    UNIX_PATH_LEN, ipc_flags, lost_slot,
 };
 
 use crate::maps::{
@@ -43,10 +43,15 @@ const SOCK_SEQPACKET: u16 = 5;
 const IPPROTO_TCP: u16 = 6;
 const IPPROTO_UDP: u16 = 17;
 const IPPROTO_UDPLITE: u16 = 136;
+/// Receive flags (`recv(2)`).
+const MSG_PEEK: u64 = 2;
+const MSG_TRUNC: u64 = 0x20;
 
 /// User-space ABI of x86-64 (`struct msghdr`, `struct mmsghdr`, `struct iovec`).
 const MSGHDR_NAME: u64 = 0;
 const MSGHDR_IOV: u64 = 16;
+const MSGHDR_IOVLEN: u64 = 24;
+const IOVEC_SIZE: u64 = 16;
 const IOVEC_LEN: u64 = 8;
 const MMSGHDR_SIZE: u64 = 64;
 const MMSGHDR_LEN: u64 = 56;
@@ -55,6 +60,9 @@ const MMSGHDR_LEN: u64 = 56;
 /// first saw it; a fuller stream's positions are unknown (its transfers are never linked).
 const MAX_PIPE_SLOTS: u32 = 16;
 const MAX_QUEUED_SKBS: u32 = 64;
+/// `iovec`s of a `recvmsg`/`recvmmsg` summed to learn its buffer's size (`MSG_TRUNC`); a message
+/// with more has a size unknown, and is never marked truncated.
+const MAX_IOVS: u64 = 8;
 
 /// A traced IPC syscall between its entry and its exit.
 #[repr(C)]
@@ -75,6 +83,10 @@ pub struct InFlight {
     stream: u64,
     /// The pipe's inode number.
     ino: u64,
+    /// A receive's flags (`MSG_*`: `recvfrom`'s and `recvmmsg`'s fourth argument, `recvmsg`'s third).
+    flags: u64,
+    /// `recvfrom`'s third argument: its buffer's size.
+    len: u64,
 }
 
 /// Bytes that went into and out of one stream (a pipe, or the receiving side of a Unix stream
@@ -234,6 +246,12 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Result<i32, i64> {
     let fd: u64 = read_kernel(regs, o.regs_di)?;
     let data: u64 = read_kernel(regs, o.regs_si)?;
     let addr: u64 = read_kernel(regs, o.regs_r8)?;
+    let (flags, len): (u64, u64) = match syscall {
+        IpcSyscall::Recvfrom => (read_kernel(regs, o.regs_r10)?, read_kernel(regs, o.regs_dx)?),
+        IpcSyscall::Recvmmsg => (read_kernel(regs, o.regs_r10)?, 0),
+        IpcSyscall::Recvmsg => (read_kernel(regs, o.regs_dx)?, 0),
+        _ => (0, 0),
+    };
     let file = fd_file(fd as i32, o)?;
     let inode: *const u8 = read_kernel(file, o.file_inode)?;
     let mode: u16 = read_kernel(inode, o.inode_mode)?;
@@ -274,8 +292,19 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Result<i32, i64> {
         // Regular files, terminals, eventfds...: not IPC.
         _ => return Ok(0),
     };
-    let state =
-        InFlight { nr: nr as u32, channel: channel as u32, fd, data, addr, entry_ts: now(), object, stream, ino };
+    let state = InFlight {
+        nr: nr as u32,
+        channel: channel as u32,
+        fd,
+        data,
+        addr,
+        entry_ts: now(),
+        object,
+        stream,
+        ino,
+        flags,
+        len,
+    };
     if INFLIGHT.insert(tid, state, 0).is_err() {
         count_lost(lost_slot::IPC_INFLIGHT);
     }
@@ -388,6 +417,32 @@ fn payload(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> (u64, u64) {
     (read_user(iov).unwrap_or(0), read_user(iov + IOVEC_LEN).unwrap_or(0))
 }
 
+/// The size of a receive's buffer: `recvfrom`'s length, or the sum of a message's `iovec`
+/// lengths (`u64::MAX` when unknown: more than [`MAX_IOVS`] of them, or unreadable).
+#[inline(always)]
+fn buffer_size(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> u64 {
+    match syscall {
+        IpcSyscall::Recvfrom => state.len,
+        IpcSyscall::Recvmsg | IpcSyscall::Recvmmsg => {
+            let Ok(iov) = read_user::<u64>(msghdr + MSGHDR_IOV) else { return u64::MAX };
+            let Ok(count) = read_user::<u64>(msghdr + MSGHDR_IOVLEN) else { return u64::MAX };
+            if count > MAX_IOVS {
+                return u64::MAX;
+            }
+            let mut size = 0u64;
+            for i in 0..MAX_IOVS {
+                if i >= count {
+                    break;
+                }
+                let Ok(len) = read_user::<u64>(iov + i * IOVEC_SIZE + IOVEC_LEN) else { return u64::MAX };
+                size = size.saturating_add(len);
+            }
+            size
+        }
+        _ => u64::MAX,
+    }
+}
+
 /// The user-space address (`struct sockaddr`) a datagram went to or came from, 0 if none.
 #[inline(always)]
 fn message_address(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> u64 {
@@ -448,6 +503,13 @@ fn emit(t: &Transfer) {
     r.bytes = bytes;
     r.syscall_ns = exit_ts.saturating_sub(state.entry_ts);
     r.msg_index = index;
+    r.received = bytes;
+    // A peek copies bytes but leaves them queued: the stream's position must not move, or the
+    // receive that reads them afterwards would be placed past them.
+    let peek = !send && state.flags & MSG_PEEK != 0;
+    if peek {
+        r.flags |= ipc_flags::PEEK;
+    }
 
     match channel {
         ChannelKind::Tcp | ChannelKind::Udp => {
@@ -467,7 +529,8 @@ fn emit(t: &Transfer) {
             if matches!(channel, ChannelKind::Tcp) {
                 // After the syscall the socket's counter has moved past these bytes.
                 let seq_offset = if send { o.tcp_write_seq } else { o.tcp_copied_seq };
-                if !matches!(syscall, IpcSyscall::Sendmmsg | IpcSyscall::Recvmmsg)
+                if !peek
+                    && !matches!(syscall, IpcSyscall::Sendmmsg | IpcSyscall::Recvmmsg)
                     && let Ok(seq) = read_kernel::<u32>(sk, seq_offset)
                 {
                     r.stream_pos = seq.wrapping_sub(bytes as u32) as u64;
@@ -487,7 +550,8 @@ fn emit(t: &Transfer) {
                         }
                     }
                 }
-                read_head(r, payload(state, syscall, msghdr).0, bytes);
+                truncation(r, state, syscall, msghdr, send);
+                read_head(r, payload(state, syscall, msghdr).0, r.received);
             }
         }
         ChannelKind::UnixStream => {
@@ -503,6 +567,7 @@ fn emit(t: &Transfer) {
                 r.path_len = unix_path(peer, o, &mut r.path);
             }
             if index == 0
+                && !peek
                 && state.stream != 0
                 && let Some(pos) = advance_stream(state.stream, send, bytes)
             {
@@ -527,7 +592,8 @@ fn emit(t: &Transfer) {
             } else {
                 r.path_len = unix_path(if send { peer } else { sk }, o, &mut r.path);
             }
-            read_head(r, payload(state, syscall, msghdr).0, bytes);
+            truncation(r, state, syscall, msghdr, send);
+            read_head(r, payload(state, syscall, msghdr).0, r.received);
         }
         ChannelKind::Pipe | ChannelKind::Fifo => {
             r.local_ino = state.ino;
@@ -540,7 +606,8 @@ fn emit(t: &Transfer) {
     if cfg.capture_bytes != 0 {
         r.capturing = 1;
         let (buf, first_len) = payload(state, syscall, msghdr);
-        r.captured_len = capture(captured, buf, bytes.min(first_len).min(cfg.capture_bytes as u64), tgid, state.fd);
+        let want = r.received.min(first_len).min(cfg.capture_bytes as u64);
+        r.captured_len = capture(captured, buf, want, tgid, state.fd);
     }
     let size = size_of::<IpcRecord>() as u64 + (r.captured_len as u64 & (CAPTURE_BYTES_MAX as u64 * 2 - 1));
     let size = if size > size_of::<IpcBuffer>() as u64 { size_of::<IpcBuffer>() as u64 } else { size };
@@ -548,6 +615,20 @@ fn emit(t: &Transfer) {
     let out = unsafe { core::slice::from_raw_parts(buffer.cast::<u8>(), size as usize) };
     if EVENTS.output::<[u8]>(out, submit_flags()).is_err() {
         count_lost(RecordKind::Ipc as u32);
+    }
+}
+
+/// A datagram receive with `MSG_TRUNC` returns the message's length even where it exceeds the
+/// buffer: what fit is what the program received, the rest was discarded.
+#[inline(always)]
+fn truncation(r: &mut IpcRecord, state: &InFlight, syscall: IpcSyscall, msghdr: u64, send: bool) {
+    if send || state.flags & MSG_TRUNC == 0 {
+        return;
+    }
+    let size = buffer_size(state, syscall, msghdr);
+    if r.bytes > size {
+        r.received = size;
+        r.flags |= ipc_flags::TRUNCATED;
     }
 }
 

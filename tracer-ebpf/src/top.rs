@@ -24,7 +24,7 @@ use tracer_common::{
     top::{self, Frame, Key, MAX_DEPTH, Stack, Stats},
 };
 
-use crate::maps::{config, count_lost, current_ids, is_traced};
+use crate::maps::{config, count_lost, current_ids, is_traced, opaque};
 
 /// Statistics per function, indexed by the cookie's function index (user space sizes it to the
 /// number of probed functions).
@@ -117,11 +117,14 @@ fn try_top_entry(ctx: &ProbeContext) -> Result<u32, i64> {
     // (a live caller's return address is always above its callee's): their returns never come.
     drop_unwound(stack, sp);
     let depth = stack.depth as usize;
-    let Some(frame) = stack.frames.get_mut(depth) else {
+    if depth >= MAX_DEPTH {
         // The kernel gives no return probe past its limit either: counted, not timed.
         count_lost(lost_slot::TOP_TOO_DEEP);
         return Ok(0);
-    };
+    }
+    // The mask, on a value the compiler cannot see is below MAX_DEPTH already, bounds the very
+    // register the access uses: 6.1's verifier loses the check above on the copy it is made on.
+    let frame = &mut stack.frames[opaque(depth as u64) as usize & (MAX_DEPTH - 1)];
     // SAFETY: a helper without preconditions.
     *frame = Frame { ts: unsafe { bpf_ktime_get_ns() }, sp, function, _pad: 0 };
     stack.depth = depth as u32 + 1;

@@ -100,6 +100,7 @@ fn start() -> TraceStart {
         events: EventKind::ALL.to_vec(),
         follow_children: true,
         probe_paths: ProbePaths::default(),
+        aliases: [("open64".to_string(), vec!["open".to_string()])].into(),
         hosts: vec![],
         machine: None,
         kernel: None,
@@ -179,6 +180,8 @@ fn events() -> Vec<Event> {
                 digest: Some(9),
                 payload: Some(data::Payload(b"GET / HTTP/1.1\r\n".to_vec())),
                 payload_truncated: Some(true),
+                peek: true,
+                discarded: Some(4),
             }),
         ),
         ev(

@@ -364,7 +364,8 @@ impl Sink for ReportBuilder {
                 p.signal = *signal;
             }
             EventData::Send(data::Send { bytes, .. }) => self.process(e.pid, e.ts).bytes_sent += bytes,
-            EventData::Recv(data::Recv { bytes, .. }) => self.process(e.pid, e.ts).bytes_received += bytes,
+            // A peek's bytes are received by the receive that follows it.
+            EventData::Recv(data::Recv { bytes, peek: false, .. }) => self.process(e.pid, e.ts).bytes_received += bytes,
             EventData::Log(log) => {
                 *self.logs.entry((self.by_process.then_some(e.pid), log.level, log.source.clone())).or_default() += 1;
             }
@@ -744,6 +745,8 @@ mod tests {
                         digest: None,
                         payload: None,
                         payload_truncated: None,
+                        peek: false,
+                        discarded: None,
                     }),
                 ),
                 ev(

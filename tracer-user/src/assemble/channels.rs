@@ -9,7 +9,7 @@ use std::{
     path::PathBuf,
 };
 
-use tracer_common::{ChannelKind, Direction, IpcRecord, IpcSyscall, decode::c_bytes};
+use tracer_common::{ChannelKind, Direction, IpcRecord, IpcSyscall, decode::c_bytes, ipc_flags};
 
 use crate::event::{Channel, EventData, Syscall};
 
@@ -154,9 +154,14 @@ impl ChannelResolver {
         };
         let seq = (r.pos_valid != 0).then_some(r.stream_pos);
         let digest = digest_of.map(|()| digest(r.bytes, &r.head[..(r.head_len as usize).min(r.head.len())]));
+        let peek = r.flags & ipc_flags::PEEK != 0;
+        // What reached the program: less than the syscall returned for a datagram cut by
+        // `MSG_TRUNC`, whose digest is still of the whole message (as its send's is).
+        let truncated = !send && r.flags & ipc_flags::TRUNCATED != 0 && r.received < r.bytes;
+        let received = if truncated { r.received } else { r.bytes };
         let capturing = r.capturing != 0;
         let payload = capturing.then(|| data::Payload(captured.to_vec()));
-        let payload_truncated = capturing.then_some((captured.len() as u64) < r.bytes);
+        let payload_truncated = capturing.then_some((captured.len() as u64) < received);
         Some(if send {
             EventData::Send(data::Send {
                 channel,
@@ -174,14 +179,17 @@ impl ChannelResolver {
             EventData::Recv(data::Recv {
                 channel,
                 fd: r.fd,
-                bytes: r.bytes,
+                bytes: received,
                 syscall,
                 flow_ids: Vec::new(),
                 syscall_ns: r.syscall_ns,
-                seq,
+                // A peek's bytes are read again later: it has no place in the stream.
+                seq: if peek { None } else { seq },
                 digest,
                 payload,
                 payload_truncated,
+                peek,
+                discarded: truncated.then(|| r.bytes - r.received),
             })
         })
     }

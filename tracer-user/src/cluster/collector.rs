@@ -593,6 +593,7 @@ impl ClusterTrace {
             events: kinds.into_iter().collect(),
             follow_children: hosts.iter().filter_map(|h| h.start.as_ref()).any(|s| s.follow_children),
             probe_paths: Default::default(),
+            aliases: Default::default(),
             hosts: Vec::new(),
             machine: Some(self.shared.machine.clone()),
             kernel: None,

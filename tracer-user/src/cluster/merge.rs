@@ -386,6 +386,8 @@ mod tests {
                 digest: None,
                 payload: None,
                 payload_truncated: None,
+                peek: false,
+                discarded: None,
             })
         };
         Event { ts, host: host.into(), pid: 1, tid: 1, data }
@@ -580,6 +582,8 @@ mod otlp_ids {
             digest: None,
             payload: None,
             payload_truncated: None,
+            peek: false,
+            discarded: None,
         })
     }
 

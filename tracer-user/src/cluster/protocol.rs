@@ -18,8 +18,9 @@ use crate::event::{TraceEnd, TraceStart};
 /// trace request. 6: `otlp_key` in a trace request and `exports_otlp` in `Started` (cross-host
 /// OTLP links when agents export their own spans); an event batch carries its events' encoded
 /// bytes, names numbered once per trace. 7: `trace_start` carries `kernel` (the agent's kernel and
-/// the mechanisms it chose).
-pub const PROTOCOL_VERSION: u32 = 7;
+/// the mechanisms it chose). 8: receives carry `peek` and `discarded` (`MSG_PEEK`, `MSG_TRUNC`);
+/// `trace_start` carries `aliases`; returns carry `unwound` and `tail_call`.
+pub const PROTOCOL_VERSION: u32 = 8;
 /// The largest frame either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated

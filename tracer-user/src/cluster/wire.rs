@@ -294,6 +294,8 @@ mod tests {
                 digest: Some(99),
                 payload: None,
                 payload_truncated: None,
+                peek: false,
+                discarded: None,
             })),
             ev(EventData::Signal(data::Signal {
                 signal: SignalId::new(10),

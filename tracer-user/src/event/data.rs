@@ -337,6 +337,15 @@ pub struct Recv {
     pub payload: Option<Payload>,
     #[serde(default)]
     pub payload_truncated: Option<bool>,
+    /// A `MSG_PEEK` receive: the bytes were copied but stay queued for a later receive, so a peek
+    /// counts in no byte total and is linked to no send.
+    #[serde(default)]
+    pub peek: bool,
+    /// A datagram receive with `MSG_TRUNC` whose message was longer than the buffer: the bytes
+    /// of the message beyond the buffer, which the kernel discarded (`bytes` is what the program
+    /// got; `bytes + discarded` what the syscall returned).
+    #[serde(default)]
+    pub discarded: Option<u64>,
 }
 
 /// A signal generated for a traced process (`delivered: false`), or delivered to a traced

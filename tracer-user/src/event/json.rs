@@ -29,12 +29,13 @@ use super::{Event, EventData, Interner, TraceEnd, TraceItem, TraceStart};
 /// all empty): a Go call's `goid`, a trace's `probe_paths` (and their `moved`), a merged trace's
 /// `hosts`, a host's `lost`, a `machine` that could not be read, a call's `params`, `file`,
 /// `line` and a return's `ret` (calls at source level) when the function has no DWARF, a return's
-/// `unwound` and `tail_call` unless set, and a message's `payload` and `payload_truncated` when
-/// payloads are not captured.
+/// `unwound` and `tail_call` unless set, a message's `payload` and `payload_truncated` when
+/// payloads are not captured, and a receive's `peek` (when false) and `discarded`.
 pub const OMITTED_WHEN_EMPTY: &[&str] = &[
     "goid",
     "probe_paths",
     "moved",
+    "aliases",
     "hosts",
     "lost",
     "machine",
@@ -46,6 +47,8 @@ pub const OMITTED_WHEN_EMPTY: &[&str] = &[
     "tail_call",
     "payload",
     "payload_truncated",
+    "peek",
+    "discarded",
 ];
 
 /// The field that tags a line.
@@ -890,8 +893,13 @@ impl Serializer for EmptyProbe {
     type SerializeStruct = Self;
     type SerializeStructVariant = ser::Impossible<bool, NotEmpty>;
 
+    /// `false` is empty: a flag is written only when set.
+    fn serialize_bool(self, v: bool) -> Result<bool, NotEmpty> {
+        if v { Err(NotEmpty) } else { Ok(true) }
+    }
+
     has_content! {
-        serialize_bool: bool serialize_i8: i8 serialize_i16: i16 serialize_i32: i32 serialize_i64: i64
+        serialize_i8: i8 serialize_i16: i16 serialize_i32: i32 serialize_i64: i64
         serialize_u8: u8 serialize_u16: u16 serialize_u32: u32 serialize_u64: u64 serialize_f32: f32
         serialize_f64: f64 serialize_char: char serialize_str: &str serialize_bytes: &[u8]
         serialize_unit_struct: &'static str

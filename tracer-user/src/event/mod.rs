@@ -466,10 +466,26 @@ mod tests {
             digest: None,
             payload: None,
             payload_truncated: None,
+            peek: false,
+            discarded: None,
         }));
         let line = to_line(&recv);
         assert!(line.contains(r#""flow_id":7,"flow_ids":[7,8]"#), "{line}");
+        // A receive that is neither a peek nor cut says neither.
+        assert!(!line.contains("peek") && !line.contains("discarded"), "{line}");
         assert_eq!(round_trip(&recv), recv);
+        let mut peek = recv.clone();
+        let EventData::Recv(r) = &mut peek.data else { unreachable!() };
+        (r.peek, r.flow_ids, r.seq) = (true, vec![], None);
+        let line = to_line(&peek);
+        assert!(line.ends_with(r#""seq":null,"digest":null,"peek":true}"#), "{line}");
+        assert_eq!(round_trip(&peek), peek);
+        let mut cut = recv.clone();
+        let EventData::Recv(r) = &mut cut.data else { unreachable!() };
+        r.discarded = Some(60);
+        let line = to_line(&cut);
+        assert!(line.ends_with(r#""discarded":60}"#), "{line}");
+        assert_eq!(round_trip(&cut), cut);
         let unlinked = event(EventData::Recv(data::Recv {
             channel: Channel::Pipe { id: 5 },
             fd: 0,
@@ -481,6 +497,8 @@ mod tests {
             digest: Some(77),
             payload: None,
             payload_truncated: None,
+            peek: false,
+            discarded: None,
         }));
         assert!(to_line(&unlinked).contains(r#""flow_id":null,"flow_ids":[]"#));
         assert_eq!(round_trip(&unlinked), unlinked);

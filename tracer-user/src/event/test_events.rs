@@ -17,6 +17,7 @@ pub fn start(ts: u64) -> TraceStart {
         events: EventKind::ALL.to_vec(),
         follow_children: true,
         probe_paths: ProbePaths::default(),
+        aliases: Default::default(),
         hosts: vec![],
         machine: None,
         kernel: None,

@@ -27,6 +27,10 @@ pub struct TraceStart {
     /// trap; see `placement`), and those whose probes moved off the symbol.
     #[serde(default)]
     pub probe_paths: ProbePaths,
+    /// The probed functions that have other names (aliases: symbols at the same address), by the
+    /// name their events carry (the one the user's pattern matched): `open64: [open, __open64]`.
+    #[serde(default)]
+    pub aliases: BTreeMap<String, Vec<String>>,
     /// A trace merged from several hosts: each host, its clock correction and its targets.
     #[serde(default)]
     pub hosts: Vec<HostInfo>,

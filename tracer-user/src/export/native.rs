@@ -51,8 +51,10 @@ use crate::{
 
 /// The first bytes of a native trace (PNG-style: a non-ASCII byte, a name, a newline).
 pub const MAGIC: &[u8; 8] = b"\x89TRACER\n";
-/// Version of the native format, after the magic.
-pub const VERSION: u32 = 1;
+/// Version of the native format, after the magic. 2: receives carry `peek` and `discarded`, returns
+/// `unwound` and `tail_call` (their postcard encoding grew; a version 1 file is refused, not
+/// misread).
+pub const VERSION: u32 = 2;
 
 /// Payload kinds.
 pub const START: u8 = 0;
@@ -937,6 +939,8 @@ mod tests {
                     digest: Some(99),
                     payload: None,
                     payload_truncated: None,
+                    peek: false,
+                    discarded: None,
                 }),
             ),
             ev(
@@ -1117,7 +1121,7 @@ mod tests {
         let replayed = replay(r, &mut sink).unwrap();
         assert_eq!(
             replayed,
-            Replayed { events: 12, end_missing: true, torn: Some("batch 5 is cut short (86 of 87 bytes)".into()) }
+            Replayed { events: 12, end_missing: true, torn: Some("batch 5 is cut short (88 of 89 bytes)".into()) }
         );
     }
 
@@ -1191,8 +1195,8 @@ mod tests {
     fn headers_and_frames_are_checked() {
         assert!(matches!(read(b"").0, Err(ReadError::Empty)));
         assert_eq!(
-            read(b"\x89TRACER\n\x02\0\0\0").0.unwrap_err().to_string(),
-            "not a native trace: native format version 2, this tracer reads 1"
+            read(b"\x89TRACER\n\x01\0\0\0").0.unwrap_err().to_string(),
+            "not a native trace: native format version 1, this tracer reads 2"
         );
         assert_eq!(
             read(b"\x89TRACE").0.unwrap_err().to_string(),

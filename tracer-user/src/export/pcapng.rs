@@ -183,8 +183,12 @@ impl<W: Write> PcapngWriter<W> {
     fn message(&mut self, e: &Event) -> io::Result<bool> {
         let (channel, bytes, flow, payload) = match &e.data {
             EventData::Send(s) => (&s.channel, s.bytes, Some(s.flow_id), s.payload.as_ref()),
-            // A receive whose sender was traced is already in the capture, as that send.
-            EventData::Recv(r) if r.flow_ids.is_empty() => (&r.channel, r.bytes, None, r.payload.as_ref()),
+            // A receive whose sender was traced is already in the capture, as that send; a peek's
+            // bytes are in it as the receive that follows.
+            // A datagram cut by `MSG_TRUNC` was whole on the wire.
+            EventData::Recv(r) if r.flow_ids.is_empty() && !r.peek => {
+                (&r.channel, r.bytes + r.discarded.unwrap_or(0), None, r.payload.as_ref())
+            }
             EventData::Recv(_) => return Ok(true),
             _ => return Ok(false),
         };
@@ -492,6 +496,8 @@ mod tests {
                     digest: None,
                     payload: Some(data::Payload(b"hi".to_vec())),
                     payload_truncated: Some(false),
+                    peek: false,
+                    discarded: None,
                 }),
             )
         };

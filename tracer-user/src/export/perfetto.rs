@@ -1215,6 +1215,8 @@ mod tests {
                     digest: None,
                     payload: None,
                     payload_truncated: None,
+                    peek: false,
+                    discarded: None,
                 }),
             )
         };

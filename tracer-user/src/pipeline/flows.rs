@@ -139,6 +139,9 @@ impl FlowMatcher {
                     push_bounded(self.datagrams.entry(key).or_default(), datagram);
                 }
             }
+            // A peek leaves its bytes for the receive that follows: that one is their link (nor
+            // is it counted among the receives, linked or not).
+            EventData::Recv(data::Recv { peek: true, .. }) => {}
             EventData::Recv(data::Recv { channel, bytes, flow_ids, seq, digest, .. }) => {
                 self.stats.recvs += 1;
                 let key = flow_key(&host, channel);
@@ -278,6 +281,8 @@ mod tests {
                 digest,
                 payload: None,
                 payload_truncated: None,
+                peek: false,
+                discarded: None,
             }),
         }
     }
@@ -384,6 +389,20 @@ mod tests {
         let out = run(&mut m, vec![recv("b", tcp(), 50, Some(100), None)]);
         assert!(links(&out[0]).is_empty());
         assert_eq!(m.stats.unlinked_recvs, 1);
+    }
+
+    #[test]
+    fn a_peeked_datagram_is_left_for_the_receive_that_reads_it() {
+        let mut m = FlowMatcher::default();
+        let dgram = Channel::Udp { src: "10.0.0.1:1".parse().unwrap(), dst: "10.0.0.2:2".parse().unwrap() };
+        let mut peek = recv("b", dgram.clone(), 10, None, Some(7));
+        let EventData::Recv(r) = &mut peek.data else { unreachable!() };
+        r.peek = true;
+        let out =
+            run(&mut m, vec![send("a", dgram.clone(), 10, None, Some(7)), peek, recv("b", dgram, 10, None, Some(7))]);
+        assert!(links(&out[1]).is_empty());
+        assert_eq!(links(&out[2]), [flow_of(&out[0])]);
+        assert_eq!((m.stats.recvs, m.stats.linked_recvs, m.stats.unlinked_recvs), (1, 1, 0));
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub struct Plan {
     pub(crate) probes: Vec<ProbeSpec>,
     pub(crate) functions: FunctionTable,
     pub(crate) probe_paths: ProbePaths,
+    /// The probed functions' other names, by the name their events carry (`trace_start.aliases`).
+    pub(crate) aliases: BTreeMap<String, Vec<String>>,
     /// The USDT probe sites: program events and `-u` probes.
     pub(crate) usdt: UsdtSelection,
     /// One line on the paths the probes take (see [`ProbePaths::summary`]).
@@ -117,13 +119,25 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         }
     }
 
-    let Selection { probes, functions, probe_paths, probe_summary } = if want_calls {
+    let Selection { probes, functions, probe_paths, aliases, probe_summary } = if want_calls {
         select_functions(&options, &executables, &processes, &mut warnings)?
     } else {
         Selection::default()
     };
     let usdt = select_usdt(&options, &executables, &processes, &mut warnings)?;
-    Ok(Plan { options, processes, binaries, command, probes, functions, probe_paths, usdt, probe_summary, warnings })
+    Ok(Plan {
+        options,
+        processes,
+        binaries,
+        command,
+        probes,
+        functions,
+        probe_paths,
+        aliases,
+        usdt,
+        probe_summary,
+        warnings,
+    })
 }
 
 /// The share of the host's memory one ring buffer may take at most (1/16: 1 GiB of 16 GiB): the
@@ -201,15 +215,19 @@ fn select_functions(
     }
     // (module, function index) in selection order, each once: the set answers "already chosen?"
     // in constant time, so a thousand patterns matching the same functions cost n, not n².
+    // The name a function's events carry: the first of its names that the first pattern to
+    // choose it matched (`open64` when asked for, not its alias `open`).
     let mut selected: Vec<(PathBuf, usize)> = Vec::new();
     let mut chosen: HashMap<PathBuf, HashSet<usize>> = HashMap::new();
-    let mut select = |module: &PathBuf, index: usize| {
+    let mut event_names: HashMap<(PathBuf, usize), String> = HashMap::new();
+    let mut select = |module: &PathBuf, index: usize, name: &str| {
         let fresh = match chosen.get_mut(module) {
             Some(indexes) => indexes.insert(index),
             None => chosen.insert(module.clone(), HashSet::from([index])).is_none(),
         };
         if fresh {
             selected.push((module.clone(), index));
+            event_names.insert((module.clone(), index), name.to_string());
         }
     };
     if options.functions.is_empty() {
@@ -228,7 +246,7 @@ fn select_functions(
             let go = table.go.is_some();
             for (i, f) in table.functions.iter().enumerate() {
                 if !go || f.names().any(is_go_program_code) {
-                    select(exe, i);
+                    select(exe, i, &f.name);
                 }
             }
         }
@@ -250,14 +268,14 @@ fn select_functions(
             let mut in_source = 0;
             for module in &modules {
                 let table = load(&mut tables, module)?;
-                let mut found: Vec<usize> = table.matching(&pattern.name).map(|(i, _)| i).collect();
+                let mut found: Vec<(usize, &str)> = table.matching(&pattern.name).map(|(i, _, n)| (i, n)).collect();
                 if let Some(glob) = &pattern.source {
                     let files = source_files.entry(module.clone()).or_insert_with(|| SourceFiles::of(module, table));
                     in_source += files.defined_in(glob).count();
-                    found.retain(|&i| files.file_of(table.functions[i].address).is_some_and(|f| glob.matches(f)));
+                    found.retain(|&(i, _)| files.file_of(table.functions[i].address).is_some_and(|f| glob.matches(f)));
                 }
-                for i in found {
-                    select(module, i);
+                for (i, name) in found {
+                    select(module, i, name);
                     matched += 1;
                 }
             }
@@ -282,8 +300,11 @@ fn select_functions(
     if selected.len() > options.max_probes {
         return Err(RecordError::TooManyProbes { count: selected.len(), max: options.max_probes });
     }
+    let mut sources = source_level(&selected, &tables, options.string_size, warnings);
+    // A stripped file whose debug file was found (libc with libc6-dbg) gives its functions'
+    // parameters: saying only that it is stripped would tell the user the opposite.
     for (path, table) in &tables {
-        if table.stripped {
+        if table.stripped && !sources.keys().any(|(module, _)| module == path) {
             warnings
                 .push(format!("{} is stripped: only its exported functions (.dynsym) can be probed", path.display()));
         }
@@ -304,7 +325,6 @@ fn select_functions(
         (None, Some(_)) => ReturnProbes::Exits,
         (None, None) => ReturnProbes::ReturnAddress,
     };
-    let mut sources = source_level(&selected, &tables, options.string_size, warnings);
     let mut probes = Vec::with_capacity(selected.len());
     let mut functions = Vec::with_capacity(selected.len());
     let mut no_return = Vec::new();
@@ -312,10 +332,13 @@ fn select_functions(
     let mut exit_sites = 0usize;
     let mut refused: Vec<(String, String)> = Vec::new();
     let mut probe_paths = ProbePaths::default();
-    let mut go_probed = false;
+    let mut aliases = BTreeMap::new();
+    // The Go functions probed, by event name: the fast-path advice differs for them.
+    let mut go_functions: HashSet<String> = HashSet::new();
     for (module, index) in selected {
         let table = &tables[&module];
         let f = &table.functions[index];
+        let name = event_names.remove(&(module.clone(), index)).unwrap_or_else(|| f.name.clone());
         let function = functions.len() as u32;
         let source = sources.remove(&(module.clone(), index)).map(Arc::new);
         let reads = |ret: bool| {
@@ -331,7 +354,7 @@ fn select_functions(
             Placement::Native { entry: point, exits } => {
                 let return_safe = f.return_probe_is_safe();
                 if exit && !return_safe {
-                    no_return.push(f.name.clone());
+                    no_return.push(name.clone());
                 }
                 // Both probes on the chosen point: a uretprobe there still finds the caller's
                 // return address on top of the stack (only `endbr64` and nops come before it).
@@ -359,7 +382,7 @@ fn select_functions(
                                 NativeReturns::AtExits { extent: extent.into() }
                             }
                             None => {
-                                exits_unknown.push(f.name.clone());
+                                exits_unknown.push(name.clone());
                                 NativeReturns::None
                             }
                         },
@@ -368,9 +391,9 @@ fn select_functions(
                 if entry {
                     probe(at, entry_cookie, false);
                 }
-                probe_paths.add(&f.name, point.path);
+                probe_paths.add(&name, point.path);
                 if point.offset != 0 {
-                    probe_paths.moved.insert(f.name.clone(), point.offset);
+                    probe_paths.moved.insert(name.clone(), point.offset);
                 }
             }
             Placement::Go { entry: at, entry_path, returns } => {
@@ -385,19 +408,23 @@ fn select_functions(
                 }
                 // A `ret` is single-stepped: with return probes a Go function traps.
                 let path = if exit && !returns.is_empty() { ProbePath::Trap } else { *entry_path };
-                probe_paths.add(&f.name, path);
+                probe_paths.add(&name, path);
                 if *at != f.file_offset {
-                    probe_paths.moved.insert(f.name.clone(), *at - f.file_offset);
+                    probe_paths.moved.insert(name.clone(), *at - f.file_offset);
                 }
-                go_probed = true;
+                go_functions.insert(name.clone());
             }
             Placement::Refused(why) => {
-                refused.push((f.name.clone(), format!("{}: {why}", module.display())));
+                refused.push((name.clone(), format!("{}: {why}", module.display())));
                 continue;
             }
         }
+        let others = f.other_names(&name);
+        if !others.is_empty() {
+            aliases.insert(name.clone(), others);
+        }
         functions.push(ProbedFunction {
-            name: Arc::from(f.name.as_str()),
+            name: Arc::from(name.as_str()),
             module: Arc::from(module.to_string_lossy()),
             source,
             returns,
@@ -434,7 +461,7 @@ fn select_functions(
             names.join(", ")
         ));
     }
-    let mut probe_summary = probe_paths.summary(go_probed, KernelProbes::current());
+    let mut probe_summary = probe_paths.summary(|f| go_functions.contains(f), exit, KernelProbes::current());
     if let (ReturnProbes::Exits, Some(line)) = (return_probes, &mut probe_summary) {
         let why = match &unwinder {
             Some(u) => format!("{u}, and a return-address probe would abort it when it unwinds through a traced call"),
@@ -445,7 +472,7 @@ fn select_functions(
             plural(exit_sites, "ret and tail-jump site")
         ));
     }
-    Ok(Selection { probes, functions, probe_paths, probe_summary })
+    Ok(Selection { probes, functions, probe_paths, aliases, probe_summary })
 }
 
 /// The probes on `f`'s exits (file offset, cookie, whether the return value is there to read),
@@ -572,6 +599,7 @@ struct Selection {
     probes: Vec<ProbeSpec>,
     functions: FunctionTable,
     probe_paths: ProbePaths,
+    aliases: BTreeMap<String, Vec<String>>,
     probe_summary: Option<String>,
 }
 

@@ -41,7 +41,7 @@ impl Plan {
     /// Launches the command (stopped), loads and attaches everything, starts tracing the targets,
     /// and lets the command run.
     pub fn start(self) -> Result<Recording, RecordError> {
-        let Plan { options, processes, binaries, command, probes, functions, probe_paths, usdt, .. } = self;
+        let Plan { options, processes, binaries, command, probes, functions, probe_paths, aliases, usdt, .. } = self;
         let mut warnings = Vec::new();
         let events = &options.events;
         let child = match &command {
@@ -177,6 +177,7 @@ impl Plan {
             events: events.iter().copied().collect(),
             follow_children: options.follow_children,
             probe_paths,
+            aliases,
             hosts: vec![],
             machine: Some(Machine::read()),
             kernel: Some(features.info()),

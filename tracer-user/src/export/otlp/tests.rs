@@ -196,6 +196,8 @@ fn calls_become_nested_spans_in_one_trace_per_process_and_receives_link_to_sends
                 digest: None,
                 payload: None,
                 payload_truncated: None,
+                peek: false,
+                discarded: None,
             }),
         ),
         ev(

@@ -224,6 +224,8 @@ impl KernelBtf {
             siginfo_pid: self.offset("kernel_siginfo", "_sifields._kill._pid")?,
             regs_di: self.offset("pt_regs", "di")?,
             regs_si: self.offset("pt_regs", "si")?,
+            regs_dx: self.offset("pt_regs", "dx")?,
+            regs_r10: self.offset("pt_regs", "r10")?,
             regs_r8: self.offset("pt_regs", "r8")?,
         })
     }

@@ -247,9 +247,10 @@ impl ProbePaths {
     }
 
     /// One line for stderr: how many functions take each path and, when some trap, which and
-    /// what gives them the fast path on this `kernel`. `go` says that some are Go functions,
-    /// whose `ret` probes trap whatever the build.
-    pub fn summary(&self, go: bool, kernel: KernelProbes) -> Option<String> {
+    /// what gives them the fast path on this `kernel`: compiler flags for C, C++ and Rust; for
+    /// the functions `is_go` says are Go's, whose `ret` probes (placed when `returns`) trap
+    /// whatever the build (the Go toolchain has no patchable entry), what does help there.
+    pub fn summary(&self, is_go: impl Fn(&str) -> bool, returns: bool, kernel: KernelProbes) -> Option<String> {
         if self.is_empty() {
             return None;
         }
@@ -261,15 +262,30 @@ impl ProbePaths {
             if self.trap.len() > NAMED {
                 names.push("...");
             }
-            line.push_str(&format!(
-                "; slow (a trap and a single-step, ~15 µs a hit): {}. For the fast path give functions a 5-byte nop \
-                 entry{}: C/C++ with gcc -pg -mfentry -mnop-mcount (compile only) or clang -fpatchable-function-entry=5, \
-                 Rust nightly #[patchable_function_entry(entry_nops = 5)]; on stable Rust -C force-frame-pointers=yes \
-                 (C/C++ -fno-omit-frame-pointer) gives an emulated push rbp entry{}",
-                names.join(", "),
-                if kernel.optimizes_nop5 { "" } else { " (one trap, emulated, on this kernel; no trap from Linux 6.18)" },
-                if go { " (Go functions' ret probes always trap)" } else { "" }
-            ));
+            line.push_str(&format!("; slow (a trap and a single-step, ~15 µs a hit): {}", names.join(", ")));
+            let (go, native): (Vec<&String>, Vec<&String>) = self.trap.iter().partition(|f| is_go(f));
+            if !native.is_empty() {
+                line.push_str(&format!(
+                    ". For the fast path give {}functions a 5-byte nop entry{}: C/C++ with gcc -pg -mfentry \
+                     -mnop-mcount (compile only) or clang -fpatchable-function-entry=5, Rust nightly \
+                     #[patchable_function_entry(entry_nops = 5)]; on stable Rust -C force-frame-pointers=yes (C/C++ \
+                     -fno-omit-frame-pointer) gives an emulated push rbp entry",
+                    if go.is_empty() { "" } else { "C, C++ and Rust " },
+                    if kernel.optimizes_nop5 {
+                        ""
+                    } else {
+                        " (one trap, emulated, on this kernel; no trap from Linux 6.18)"
+                    },
+                ));
+            }
+            if !go.is_empty() {
+                line.push_str(if returns {
+                    ". Go functions' ret probes trap whatever the build (no Go compiler flag gives a patchable \
+                     entry or return); recording their calls only (-e call) removes those"
+                } else {
+                    ". No Go compiler flag gives Go functions a patchable entry"
+                });
+            }
         }
         Some(line)
     }
@@ -365,14 +381,15 @@ mod tests {
 
     #[test]
     fn summary_names_the_slow_ones() {
+        let native = |_: &str| false;
         let mut paths = ProbePaths::default();
-        assert_eq!(paths.summary(false, ON), None);
+        assert_eq!(paths.summary(native, true, ON), None);
         paths.add("work", ProbePath::Optimized);
-        assert_eq!(paths.summary(false, ON).unwrap(), "probes: 1 optimized, 0 emulated, 0 trap");
+        assert_eq!(paths.summary(native, true, ON).unwrap(), "probes: 1 optimized, 0 emulated, 0 trap");
         for n in ["a", "b", "c", "d", "e", "f"] {
             paths.add(n, ProbePath::Trap);
         }
-        let line = paths.summary(false, ON).unwrap();
+        let line = paths.summary(native, true, ON).unwrap();
         assert!(line.starts_with("probes: 1 optimized, 0 emulated, 6 trap; slow"), "{line}");
         assert!(
             line.contains(": a, b, c, d, e, .... For the fast path give functions a 5-byte nop entry: C/C++"),
@@ -380,11 +397,40 @@ mod tests {
         );
         assert!(line.contains("-mnop-mcount") && line.contains("force-frame-pointers"), "{line}");
         // Before 6.18 the nop is emulated, not optimized: the advice says what it buys there.
-        let line = paths.summary(false, OFF).unwrap();
+        let line = paths.summary(native, true, OFF).unwrap();
         assert!(
             line.contains("5-byte nop entry (one trap, emulated, on this kernel; no trap from Linux 6.18): C/C++"),
             "{line}"
         );
+        assert!(!line.contains("Go"), "{line}");
+    }
+
+    /// Go functions get advice that fits Go: no C or Rust compiler flags for them.
+    #[test]
+    fn go_functions_are_not_told_compiler_flags() {
+        let mut paths = ProbePaths::default();
+        paths.add("main.work", ProbePath::Trap);
+        paths.add("main.main", ProbePath::Trap);
+        let go = |f: &str| f.starts_with("main.");
+        let line = paths.summary(go, true, ON).unwrap();
+        assert!(line.starts_with("probes: 0 optimized, 0 emulated, 2 trap; slow"), "{line}");
+        assert!(line.contains(": main.work, main.main. Go functions' ret probes trap whatever the build"), "{line}");
+        assert!(line.contains("(-e call)"), "{line}");
+        // Calls only: no ret probe to blame, no -e call to advise.
+        let calls_only = paths.summary(go, false, ON).unwrap();
+        assert!(
+            calls_only.ends_with(": main.work, main.main. No Go compiler flag gives Go functions a patchable entry")
+        );
+        for line in [&line, &calls_only] {
+            for flag in ["gcc", "clang", "Rust", "C/C++", "5-byte nop"] {
+                assert!(!line.contains(flag), "{flag} in {line}");
+            }
+        }
+        // Mixed: each gets its own advice, the flags said to be for C, C++ and Rust.
+        paths.add("work", ProbePath::Trap);
+        let line = paths.summary(go, true, ON).unwrap();
+        assert!(line.contains("give C, C++ and Rust functions a 5-byte nop entry"), "{line}");
+        assert!(line.contains("Go functions' ret probes trap"), "{line}");
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub struct Function {
     pub name: String,
     /// Other names at the same address (aliases), demangled.
     pub aliases: Vec<String>,
+    /// The names of C++ functions that the demangler writes with a leading return type (template
+    /// functions: `std::basic_ostream<...>& std::__ostream_insert<...>(...)`), without it, as
+    /// people write them: matched like the other names.
+    pub without_return_type: Vec<String>,
     /// Virtual address in the ELF file.
     pub address: u64,
     /// Offset in the file: where a uprobe attaches.
@@ -74,8 +78,18 @@ pub struct Exits {
 }
 
 impl Function {
+    /// Every name patterns are matched against: the name, the aliases, then the names without a
+    /// return type.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.name.as_str()).chain(self.aliases.iter().map(String::as_str))
+        std::iter::once(self.name.as_str())
+            .chain(self.aliases.iter().map(String::as_str))
+            .chain(self.without_return_type.iter().map(String::as_str))
+    }
+
+    /// The function's symbols' names other than `chosen` (the name its events carry): its
+    /// primary name and aliases, not the same names without a return type.
+    pub fn other_names(&self, chosen: &str) -> Vec<String> {
+        std::iter::once(&self.name).chain(&self.aliases).filter(|n| *n != chosen).cloned().collect()
     }
 
     /// Whether a return probe may be placed on this function. A uretprobe overwrites the return
@@ -128,6 +142,17 @@ pub fn demangle(raw: &str) -> String {
         return d;
     }
     raw.to_string()
+}
+
+/// A C++ symbol demangled without its leading return type, when the full demangling has one
+/// (function templates; cpp_demangle's `no_return_type`); `None` otherwise.
+pub fn demangle_without_return_type(raw: &str, full: &str) -> Option<String> {
+    if !raw.starts_with("_Z") {
+        return None;
+    }
+    let sym = cpp_demangle::Symbol::new(raw).ok()?;
+    let bare = sym.demangle(&cpp_demangle::DemangleOptions::default().no_return_type()).ok()?;
+    (bare != full).then_some(bare)
 }
 
 /// A symbol that is not a function entry even though it is typed as one: GCC's split-off cold
@@ -214,11 +239,24 @@ impl SymbolTable {
             };
             // Prefer a global name as the primary one, then the shortest.
             raws.sort_by_key(|(global, n)| (!global, n.len(), n.clone()));
-            let mut names: Vec<String> = raws.iter().map(|(_, n)| demangle(n)).collect();
+            let demangled: Vec<(&str, String)> = raws.iter().map(|(_, n)| (n.as_str(), demangle(n))).collect();
+            let mut without_return_type: Vec<String> =
+                demangled.iter().filter_map(|(raw, full)| demangle_without_return_type(raw, full)).collect();
+            without_return_type.dedup();
+            let mut names: Vec<String> = demangled.into_iter().map(|(_, d)| d).collect();
             names.dedup();
             let name = names.remove(0);
             names.retain(|n| *n != name);
-            functions.push(Function { name, aliases: names, address, file_offset: offset, size, placement });
+            without_return_type.retain(|n| *n != name && !names.contains(n));
+            functions.push(Function {
+                name,
+                aliases: names,
+                without_return_type,
+                address,
+                file_offset: offset,
+                size,
+                placement,
+            });
         }
         if functions.is_empty() {
             return Err(SymbolError::NoFunctions { path: path.to_owned() });
@@ -226,13 +264,17 @@ impl SymbolTable {
         Ok(SymbolTable { path: path.to_owned(), functions, stripped, go })
     }
 
-    /// Functions with any name matching `pattern` (as a Go name in a Go file).
-    pub fn matching<'a>(&'a self, pattern: &'a NamePattern) -> impl Iterator<Item = (usize, &'a Function)> + 'a {
+    /// Functions with any name matching `pattern` (as a Go name in a Go file), each with the first
+    /// of its names that matched: the name the user asked for, which its events carry.
+    pub fn matching<'a>(
+        &'a self,
+        pattern: &'a NamePattern,
+    ) -> impl Iterator<Item = (usize, &'a Function, &'a str)> + 'a {
         let go = self.go.is_some();
-        self.functions
-            .iter()
-            .enumerate()
-            .filter(move |(_, f)| f.names().any(|n| if go { pattern.matches_go(n) } else { pattern.matches(n) }))
+        self.functions.iter().enumerate().filter_map(move |(i, f)| {
+            let name = f.names().find(|n| if go { pattern.matches_go(n) } else { pattern.matches(n) })?;
+            Some((i, f, name))
+        })
     }
 
     /// Up to `limit` names closest to `pattern`, best first, for "did you mean".
@@ -604,6 +646,7 @@ mod tests {
                 .map(|(i, n)| Function {
                     name: n.to_string(),
                     aliases: vec![],
+                    without_return_type: vec![],
                     address: i as u64,
                     file_offset: i as u64,
                     size: 1,
@@ -615,6 +658,54 @@ mod tests {
                 .collect(),
             go: None,
         }
+    }
+
+    #[test]
+    fn a_function_is_named_by_the_name_that_matched() {
+        let mut t = table(&["open", "close"]);
+        t.functions[0].aliases = vec!["open64".into(), "__open64".into()];
+        let matched = |p: &str| -> Vec<(usize, String)> {
+            let pattern = NamePattern::new(p).unwrap();
+            t.matching(&pattern).map(|(i, _, name)| (i, name.to_string())).collect()
+        };
+        assert_eq!(matched("open64"), [(0, "open64".to_string())]);
+        assert_eq!(matched("__open*"), [(0, "__open64".to_string())]);
+        // Several names match: the function's own name first.
+        assert_eq!(matched("*open*"), [(0, "open".to_string())]);
+        assert_eq!(t.functions[0].other_names("open64"), ["open", "__open64"]);
+    }
+
+    /// libstdc++'s `std::__ostream_insert<char, std::char_traits<char> >`, a function template,
+    /// demangles with its return type first; a pattern written as the function is named matches
+    /// it without.
+    #[test]
+    fn cpp_templates_match_without_their_return_type() {
+        let raw = "_ZSt16__ostream_insertIcSt11char_traitsIcEERSt13basic_ostreamIT_T0_ES6_PKS3_l";
+        let full = demangle(raw);
+        assert!(
+            full.starts_with("std::basic_ostream<char, std::char_traits<char> >& std::__ostream_insert<"),
+            "{full}"
+        );
+        let bare = demangle_without_return_type(raw, &full).expect("a name without the return type");
+        assert_eq!(
+            bare,
+            "std::__ostream_insert<char, std::char_traits<char> >(std::basic_ostream<char, std::char_traits<char> >&, \
+             char const*, long)"
+        );
+        // Names without a return type have no other form.
+        assert_eq!(demangle_without_return_type("_Z3addii", &demangle("_Z3addii")), None);
+        assert_eq!(demangle_without_return_type("main", "main"), None);
+
+        let mut t = table(&[&full]);
+        t.functions[0].without_return_type = vec![bare.clone()];
+        let pattern = NamePattern::new("std::__ostream_insert<char*").unwrap();
+        let found: Vec<&str> = t.matching(&pattern).map(|(_, _, name)| name).collect();
+        assert_eq!(found, [bare.as_str()]);
+        // The full name still matches as before, and is what a pattern of it names.
+        let pattern = NamePattern::new("std::basic_ostream<*>& std::__ostream_insert<*").unwrap();
+        let found: Vec<&str> = t.matching(&pattern).map(|(_, _, name)| name).collect();
+        assert_eq!(found, [full.as_str()]);
+        assert_eq!(t.functions[0].other_names(&bare), std::slice::from_ref(&full));
     }
 
     #[test]
