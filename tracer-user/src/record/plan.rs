@@ -20,7 +20,7 @@ use crate::{
     record::attach::loader::ProbeSpec,
     record::resolve::modules::ModuleCandidates,
     record::resolve::placement::{KernelProbes, ProbePath},
-    record::resolve::symbols::{FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code},
+    record::resolve::symbols::{FunctionPattern, NamesFrom, Placement, SymbolError, SymbolTable, is_go_program_code},
     record::resolve::targets::{self, FileId, Process},
     usdt::{
         self,
@@ -213,7 +213,7 @@ fn select_functions(
             let table = match load(&mut tables, exe) {
                 Ok(table) => table,
                 // A stripped executable that exports nothing: still worth tracing its processes.
-                Err(RecordError::Symbols(SymbolError::NoFunctions { path })) => {
+                Err(RecordError::Symbols(SymbolError::NoFunctions { path, .. })) => {
                     warnings.push(format!("{} has no function symbols: tracing its processes only", path.display()));
                     continue;
                 }
@@ -279,7 +279,7 @@ fn select_functions(
         return Err(RecordError::TooManyProbes { count: selected.len(), max: options.max_probes });
     }
     for (path, table) in &tables {
-        if table.stripped {
+        if table.names_from == NamesFrom::Dynsym {
             warnings
                 .push(format!("{} is stripped: only its exported functions (.dynsym) can be probed", path.display()));
         }
