@@ -63,17 +63,18 @@ const MERGED_INTO: &str = ".data.rel.ro";
 /// The functions of a Go ELF file's table (see [`functions`]).
 pub fn of_file(file: &object::File) -> Result<Vec<GoFunction>, PclntabError> {
     use object::{Object as _, ObjectSection as _};
-    let text_start = file.section_by_name(".text").map(|s| s.address()).ok_or(PclntabError::Missing)?;
+    let text = file.section_by_name(".text").ok_or(PclntabError::Missing)?;
+    let text = text.address()..text.address().saturating_add(text.size());
     let data = |name: &str| file.section_by_name(name).and_then(|s| s.data().ok());
     if let Some(section) = SECTIONS.iter().find_map(|name| data(name)) {
-        return functions(section, text_start);
+        return functions(section, text);
     }
     let merged = data(MERGED_INTO).ok_or(PclntabError::Missing)?;
     let magics = [MAGIC_GO118.to_le_bytes(), MAGIC_GO120.to_le_bytes()];
     (0..merged.len())
         .step_by(8)
         .filter(|&at| merged.get(at..at + 4).is_some_and(|m| magics.iter().any(|magic| m == magic)))
-        .find_map(|at| functions(&merged[at..], text_start).ok().filter(|f| !f.is_empty()))
+        .find_map(|at| functions(&merged[at..], text.clone()).ok().filter(|f| !f.is_empty()))
         .ok_or(PclntabError::Missing)
 }
 
@@ -95,10 +96,12 @@ impl Bytes<'_> {
     }
 }
 
-/// The functions of a `.gopclntab` (`section`), with `text_start` the address of the text it
-/// describes (the `.text` section's, as `debug/gosym` takes it: in a position-independent file the
-/// header's own copy may be left for a relocation to fill). Sorted by address, one per entry.
-pub fn functions(section: &[u8], text_start: u64) -> Result<Vec<GoFunction>, PclntabError> {
+/// The functions of a `.gopclntab` (`section`) whose code lies in `text` (the `.text` section's
+/// addresses). Entries are offsets from the header's textStart (`runtime.text`): after C's code
+/// where an external linker put that first, so it is read from the header; where that word is
+/// left for a relocation to fill (zero) or lies outside `text`, the start of `.text` is taken, as
+/// `debug/gosym` takes it. Sorted by address, one per entry, each inside `text`.
+pub fn functions(section: &[u8], text: std::ops::Range<u64>) -> Result<Vec<GoFunction>, PclntabError> {
     let data = Bytes(section);
     let magic = data.u32(0).ok_or(PclntabError::Short(section.len()))?;
     if magic != MAGIC_GO118 && magic != MAGIC_GO120 {
@@ -119,6 +122,7 @@ pub fn functions(section: &[u8], text_start: u64) -> Result<Vec<GoFunction>, Pcl
             .ok_or(PclntabError::Header("a table offset is past the section's end"))
     };
     let nfunc = word(0)?;
+    let text_start = Some(word(2)?).filter(|start| text.contains(start)).unwrap_or(text.start);
     let (funcnames, cutab, pctab, pcln) = (offset(3)?, offset(4)?, offset(6)?, offset(7)?);
     if funcnames >= cutab {
         return Err(PclntabError::Header("the function names do not precede the compilation unit table"));
@@ -163,7 +167,10 @@ pub fn functions(section: &[u8], text_start: u64) -> Result<Vec<GoFunction>, Pcl
         }
         let span = u64::from(next - entry);
         let size = pcvalue_end(pcvalues, pcsp, quantum).filter(|&s| s > 0 && s <= span).unwrap_or(span);
-        let address = text_start.checked_add(u64::from(entry)).ok_or(bad("its entry overflows the address space"))?;
+        let address = text_start + u64::from(entry);
+        if address.checked_add(size).is_none_or(|end| end > text.end) {
+            return Err(bad("its code is outside .text"));
+        }
         functions.push(GoFunction { name: name.to_string(), address, size });
     }
     Ok(functions)
@@ -208,6 +215,8 @@ fn uvarint32(bytes: &[u8]) -> Option<(u32, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const TEXT: std::ops::Range<u64> = 0x401000..0x500000;
 
     /// A table in Go 1.18's layout with these (entry offset, name, code size, span to the next).
     fn table(functions: &[(u32, &str, u32)], text_len: u32) -> Vec<u8> {
@@ -270,41 +279,56 @@ mod tests {
     #[test]
     fn reads_names_addresses_and_sizes() {
         let data = table(&[(0, "main.main", 0x5b), (0x60, "main.(*T).M", 0x200), (0x260, "runtime.goexit", 1)], 0x280);
-        let got = functions(&data, 0x401000).unwrap();
+        let got = functions(&data, TEXT).unwrap();
         let want = [("main.main", 0x401000, 0x5b), ("main.(*T).M", 0x401060, 0x200), ("runtime.goexit", 0x401260, 1)];
         let got: Vec<(&str, u64, u64)> = got.iter().map(|f| (f.name.as_str(), f.address, f.size)).collect();
         assert_eq!(got, want);
         // From Go 1.20 the magic differs and the fields read stay where they were.
         let mut go120 = data.clone();
         go120[0..4].copy_from_slice(&MAGIC_GO120.to_le_bytes());
-        assert_eq!(functions(&go120, 0x401000).unwrap().len(), 3);
+        assert_eq!(functions(&go120, TEXT).unwrap().len(), 3);
     }
 
     #[test]
     fn a_size_past_the_next_entry_or_without_pcsp_is_the_span() {
         let data = table(&[(0, "a", 0x100), (0x40, "b", 0)], 0x80);
-        let got: Vec<u64> = functions(&data, 0).unwrap().iter().map(|f| f.size).collect();
+        let got: Vec<u64> = functions(&data, TEXT).unwrap().iter().map(|f| f.size).collect();
         assert_eq!(got, [0x40, 0x40]);
+    }
+
+    /// An external linker puts C's code first in `.text`: entries count from the header's
+    /// textStart. Where that is zero (left for a relocation) or outside `.text`, from `.text`.
+    #[test]
+    fn entries_count_from_the_header_text_start_inside_text() {
+        let mut data = table(&[(0, "main.main", 0x10)], 0x20);
+        let start = |data: &[u8]| functions(data, 0x400f00..0x500000).unwrap()[0].address;
+        assert_eq!(start(&data), 0x401000);
+        data[24..32].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(start(&data), 0x400f00);
+        data[24..32].copy_from_slice(&0x600000u64.to_le_bytes());
+        assert_eq!(start(&data), 0x400f00);
+        // Code past the end of .text is refused.
+        assert!(matches!(functions(&data, 0x400f00..0x400f08), Err(PclntabError::Function { index: 0, .. })));
     }
 
     #[test]
     fn refuses_other_layouts_and_lies() {
         let good = table(&[(0, "main.main", 0x10), (0x20, "main.f", 0x10)], 0x40);
-        assert_eq!(functions(&[], 0), Err(PclntabError::Short(0)));
+        assert_eq!(functions(&[], TEXT), Err(PclntabError::Short(0)));
         let mut old = good.clone();
         old[0..4].copy_from_slice(&0xffff_fffau32.to_le_bytes());
-        assert_eq!(functions(&old, 0), Err(PclntabError::Magic(0xffff_fffa)));
+        assert_eq!(functions(&old, TEXT), Err(PclntabError::Magic(0xffff_fffa)));
         let mut huge = good.clone();
         huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(matches!(functions(&huge, 0), Err(PclntabError::Header(_))));
+        assert!(matches!(functions(&huge, TEXT), Err(PclntabError::Header(_))));
         let mut unsorted = good.clone();
         let pcln = u64::from_le_bytes(good[8 + 7 * 8..8 + 8 * 8].try_into().unwrap()) as usize;
         unsorted[pcln + 8..pcln + 12].copy_from_slice(&0u32.to_le_bytes());
-        assert!(matches!(functions(&unsorted, 0), Err(PclntabError::Function { index: 0, .. })));
+        assert!(matches!(functions(&unsorted, TEXT), Err(PclntabError::Function { index: 0, .. })));
         let mut other_entry = good.clone();
         let record = pcln + 2 * 8 + 4;
         other_entry[record] = 7;
-        assert!(matches!(functions(&other_entry, 0), Err(PclntabError::Function { index: 0, .. })));
+        assert!(matches!(functions(&other_entry, TEXT), Err(PclntabError::Function { index: 0, .. })));
     }
 
     /// Every prefix and every single-byte change of a valid table: an error or functions, never a
@@ -313,20 +337,20 @@ mod tests {
     fn hostile_bytes_never_panic() {
         let good = table(&[(0, "main.main", 0x10), (0x20, "main.f", 0x10), (0x40, "main.g", 0x30)], 0x80);
         for len in 0..good.len() {
-            let _ = functions(&good[..len], 0x1000);
+            let _ = functions(&good[..len], TEXT);
         }
         for at in 0..good.len() {
             for value in [0x00, 0x01, 0x7f, 0x80, 0xff] {
                 let mut bytes = good.clone();
                 bytes[at] = value;
-                if let Ok(functions) = functions(&bytes, 0x1000) {
+                if let Ok(functions) = functions(&bytes, TEXT) {
                     for f in functions {
-                        assert!(f.size > 0 && f.address >= 0x1000, "{f:?}");
+                        assert!(f.size > 0 && TEXT.contains(&f.address) && f.address + f.size <= TEXT.end, "{f:?}");
                     }
                 }
             }
         }
-        let _ = functions(&good, u64::MAX);
+        let _ = functions(&good, u64::MAX - 1..u64::MAX);
     }
 
     #[test]
@@ -382,12 +406,13 @@ mod tests {
         let data = std::fs::read(debian_gofmt()).unwrap();
         let file = object::File::parse(&*data).unwrap();
         let section = file.section_by_name(".gopclntab").unwrap().data().unwrap().to_vec();
-        let text = file.section_by_name(".text").unwrap().address();
-        let whole = functions(&section, text).unwrap();
+        let text = file.section_by_name(".text").unwrap();
+        let text = text.address()..text.address() + text.size();
+        let whole = functions(&section, text.clone()).unwrap();
         // Cut short, it reads as a whole only where what is gone was never read (the last
         // function's tables past its pcsp).
         for len in (0..section.len()).step_by(997).chain([section.len() - 1]) {
-            if let Ok(got) = functions(&section[..len], text) {
+            if let Ok(got) = functions(&section[..len], text.clone()) {
                 assert_eq!(got, whole, "cut to {len} bytes");
             }
         }
@@ -404,9 +429,9 @@ mod tests {
                 let at = if state & 1 == 0 { at % 4096 } else { at };
                 bytes[at] = (state >> 32) as u8;
             }
-            if let Ok(got) = functions(&bytes, text) {
+            if let Ok(got) = functions(&bytes, text.clone()) {
                 assert!(got.len() <= whole.len());
-                assert!(got.iter().all(|f| f.size > 0 && f.address >= text));
+                assert!(got.iter().all(|f| f.size > 0 && text.contains(&f.address) && f.address + f.size <= text.end));
             }
         }
     }
