@@ -13,6 +13,11 @@
 //! where its stack-pointer delta table (pcsp, a pc-value table in pctab) ends, as the linker's
 //! symbol size is, bounded by the next function's entry.
 //!
+//! Names are those of the file's symbols had it kept them, with `·` written `.` as Go's linker
+//! writes ELF symbols, except where the table says less: assembly functions have no `.abi0`
+//! suffix, and what lies between a name's first `[` and last `]` (a generic function's type
+//! arguments, an array length in `type..eq.[5]T`) is written `[...]`, as in Go's tracebacks.
+//!
 //! The file is untrusted: every offset is checked against the section, counts against the bytes
 //! that would hold them, and nothing here panics or allocates more than the section's size allows.
 //! Older layouts (before Go 1.18) are refused: the tracer needs Go 1.17's register ABI, and 1.17
@@ -171,7 +176,8 @@ pub fn functions(section: &[u8], text: std::ops::Range<u64>) -> Result<Vec<GoFun
         if address.checked_add(size).is_none_or(|end| end > text.end) {
             return Err(bad("its code is outside .text"));
         }
-        functions.push(GoFunction { name: name.to_string(), address, size });
+        // `·` as `.`, as Go's linker writes the names of its ELF symbols.
+        functions.push(GoFunction { name: name.replace('·', "."), address, size });
     }
     Ok(functions)
 }
