@@ -143,6 +143,11 @@ pub fn functions(section: &[u8], text: std::ops::Range<u64>) -> Result<Vec<GoFun
         .ok_or(PclntabError::Header("more functions than the table has room for"))?;
     let text_end = table.u32(nfunc * 8).ok_or(PclntabError::Header("the table has no end entry"))?;
 
+    // Steps of pc-value tables decoded, in all: each takes at least two bytes of pctab, and Go
+    // shares a table between functions only where they are the same, so a real file needs far fewer
+    // than the section has bytes; a hostile one whose functions all point into one long table would
+    // make the walk quadratic. Past the budget, sizes are the spans to the next entry.
+    let mut steps = section.len();
     let mut functions = Vec::with_capacity(nfunc);
     for index in 0..nfunc {
         let bad = |what| PclntabError::Function { index, what };
@@ -171,11 +176,12 @@ pub fn functions(section: &[u8], text: std::ops::Range<u64>) -> Result<Vec<GoFun
             return Err(bad("its name is empty"));
         }
         let span = u64::from(next - entry);
-        let size = pcvalue_end(pcvalues, pcsp, quantum).filter(|&s| s > 0 && s <= span).unwrap_or(span);
-        let address = text_start + u64::from(entry);
-        if address.checked_add(size).is_none_or(|end| end > text.end) {
+        let address = text_start.checked_add(u64::from(entry));
+        if address.and_then(|a| a.checked_add(span)).is_none_or(|end| end > text.end) {
             return Err(bad("its code is outside .text"));
         }
+        let address = address.unwrap_or_default();
+        let size = pcvalue_end(pcvalues, pcsp, quantum, span, &mut steps).filter(|&s| s > 0).unwrap_or(span);
         // `·` as `.`, as Go's linker writes the names of its ELF symbols.
         functions.push(GoFunction { name: name.replace('·', "."), address, size });
     }
@@ -184,8 +190,9 @@ pub fn functions(section: &[u8], text: std::ops::Range<u64>) -> Result<Vec<GoFun
 
 /// Where a pc-value table (`pctab[at..]`) ends: the sum of its pc deltas, each a varint times the
 /// pc quantum, up to the first zero value delta after the first pair (Go's `runtime.step`).
-/// `None` when the table runs off the section or does not decode.
-fn pcvalue_end(pctab: &[u8], at: u32, quantum: u8) -> Option<u64> {
+/// `None` when the table runs off the section, does not decode, goes past `span` or takes more
+/// than the `steps` left.
+fn pcvalue_end(pctab: &[u8], at: u32, quantum: u8, span: u64, steps: &mut usize) -> Option<u64> {
     if at == 0 {
         // Offset 0 is Go's "no table".
         return None;
@@ -201,7 +208,8 @@ fn pcvalue_end(pctab: &[u8], at: u32, quantum: u8) -> Option<u64> {
         rest = &rest[used..];
         let (pc_delta, used) = uvarint32(rest)?;
         rest = &rest[used..];
-        pc = pc.checked_add(u64::from(pc_delta) * u64::from(quantum))?;
+        pc = pc.checked_add(u64::from(pc_delta) * u64::from(quantum)).filter(|&pc| pc <= span)?;
+        *steps = steps.checked_sub(1)?;
         first = false;
     }
 }
@@ -365,9 +373,13 @@ mod tests {
         assert_eq!(uvarint32(&[0x80, 0x01]), Some((128, 2)));
         assert_eq!(uvarint32(&[0x80; 6]), None);
         assert_eq!(uvarint32(&[]), None);
-        assert_eq!(pcvalue_end(&[0, 0x10, 0x05, 0x02, 0x03, 0], 1, 1), Some(8));
-        assert_eq!(pcvalue_end(&[0, 0x10, 0x05, 0x02, 0x03, 0], 1, 4), Some(32));
-        assert_eq!(pcvalue_end(&[0, 0x10, 0x05], 1, 1), None, "runs off the end");
+        let end = |pctab: &[u8], quantum, span, mut steps| pcvalue_end(pctab, 1, quantum, span, &mut steps);
+        assert_eq!(end(&[0, 0x10, 0x05, 0x02, 0x03, 0], 1, 100, 10), Some(8));
+        assert_eq!(end(&[0, 0x10, 0x05, 0x02, 0x03, 0], 4, 100, 10), Some(32));
+        assert_eq!(end(&[0, 0x10, 0x05], 1, 100, 10), None, "runs off the end");
+        assert_eq!(end(&[0, 0x10, 0x05, 0x02, 0x03, 0], 1, 7, 10), None, "past the next entry");
+        assert_eq!(end(&[0, 0x10, 0x05, 0x02, 0x03, 0], 1, 100, 1), None, "past the budget");
+        assert_eq!(pcvalue_end(&[0, 0x10, 0x05, 0], 0, 1, 100, &mut 10), None, "offset 0 is no table");
     }
 
     /// Debian's gofmt (golang-go, which `cargo xtask setup` installs), in the GOROOT of the `go`
