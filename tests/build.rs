@@ -125,22 +125,42 @@ fn main() {
 
     // Go, with the toolchain `cargo xtask setup` installs (Debian's golang-go): offline, its
     // caches inside OUT_DIR, no cgo. Once with DWARF (where the tracer reads the goroutine id's
-    // offset), once without (`-w`: the offset comes from the Go version in the build info).
-    let gofixture = out.join("gofixture");
-    let gofixture_nodwarf = out.join("gofixture_nodwarf");
-    for (path, ldflags) in [(&gofixture, ""), (&gofixture_nodwarf, "-w")] {
-        run(Command::new(std::env::var_os("GO").unwrap_or_else(|| "go".into()))
-            .current_dir(src.join("go"))
-            .args(["build", "-trimpath", &format!("-ldflags={ldflags}"), "-o"])
-            .arg(path)
-            .arg(".")
+    // offset), once without (`-w`: the offset comes from the Go version in the build info), and
+    // stripped as distributions ship Go (`-s -w`: functions only in `.gopclntab`), as an
+    // executable and position-independent (the table in `.data.rel.ro.gopclntab`).
+    let go = std::env::var_os("GO").unwrap_or_else(|| "go".into());
+    let go_build = |dir: &Path| {
+        let mut cmd = Command::new(&go);
+        cmd.current_dir(dir)
+            .args(["build", "-trimpath"])
             .env("GOCACHE", out.join("go-cache"))
             .env("GOPATH", out.join("go-path"))
             .env("GOFLAGS", "-mod=mod")
             .env("GOPROXY", "off")
             .env("GOTOOLCHAIN", "local")
-            .env("CGO_ENABLED", "0"));
+            .env("CGO_ENABLED", "0");
+        cmd
+    };
+    let gofixture = out.join("gofixture");
+    let gofixture_nodwarf = out.join("gofixture_nodwarf");
+    let gofixture_stripped = out.join("gofixture_stripped");
+    let gofixture_stripped_pie = out.join("gofixture_stripped_pie");
+    for (path, flags) in [
+        (&gofixture, &["-ldflags="][..]),
+        (&gofixture_nodwarf, &["-ldflags=-w"]),
+        (&gofixture_stripped, &["-ldflags=-s -w"]),
+        (&gofixture_stripped_pie, &["-ldflags=-s -w", "-buildmode=pie"]),
+    ] {
+        run(go_build(&src.join("go")).args(flags).arg("-o").arg(path).arg("."));
     }
+    // Debian's gofmt is stripped; the same gofmt rebuilt from its GOROOT's sources (golang-go
+    // brings them), with the same compiler, keeps its symbols.
+    let goroot = Command::new(&go).args(["env", "GOROOT"]).output().expect("go env GOROOT");
+    assert!(goroot.status.success(), "go env GOROOT: {goroot:?}");
+    let goroot = PathBuf::from(String::from_utf8(goroot.stdout).expect("GOROOT in UTF-8").trim());
+    let debian_gofmt = goroot.join("bin/gofmt");
+    let gofmt_symbols = out.join("gofmt_symbols");
+    run(go_build(&out).arg("-o").arg(&gofmt_symbols).arg("cmd/gofmt"));
 
     // USDT probes made with <sys/sdt.h>: at -O0 their arguments are in memory (-N(%rbp)), at -O2
     // in registers and as sym(%rip).
@@ -219,6 +239,10 @@ fn main() {
         ("UNWINDS_RUST", &unwinds_rust),
         ("GOFIXTURE", &gofixture),
         ("GOFIXTURE_NODWARF", &gofixture_nodwarf),
+        ("GOFIXTURE_STRIPPED", &gofixture_stripped),
+        ("GOFIXTURE_STRIPPED_PIE", &gofixture_stripped_pie),
+        ("DEBIAN_GOFMT", &debian_gofmt),
+        ("GOFMT_SYMBOLS", &gofmt_symbols),
     ] {
         println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
     }

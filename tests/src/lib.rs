@@ -78,6 +78,10 @@ pub fn fixture(name: &str) -> PathBuf {
         "unwinds_rust" => env!("FIXTURE_UNWINDS_RUST"),
         "gofixture" => env!("FIXTURE_GOFIXTURE"),
         "gofixture_nodwarf" => env!("FIXTURE_GOFIXTURE_NODWARF"),
+        "gofixture_stripped" => env!("FIXTURE_GOFIXTURE_STRIPPED"),
+        "gofixture_stripped_pie" => env!("FIXTURE_GOFIXTURE_STRIPPED_PIE"),
+        "debian_gofmt" => env!("FIXTURE_DEBIAN_GOFMT"),
+        "gofmt_symbols" => env!("FIXTURE_GOFMT_SYMBOLS"),
         other => panic!("no fixture named {other}"),
     })
 }

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value;
 use tracer_tests::{Trace, args, fixture, record, temp_dir, u64_field};
+use tracer_user::record::resolve::symbols::{NamesFrom, SymbolTable};
 
 /// The fixture's `deep` mode: goroutine `g`'s `i`-th `work(g, i)` recurses this deep.
 fn depth(g: u64, i: u64) -> u64 {
@@ -165,8 +166,10 @@ fn go_call_that_blocks_and_resumes_on_another_thread_stays_paired() {
 }
 
 #[test]
-fn go_arguments_follow_the_register_abi_with_and_without_dwarf() {
-    for name in ["gofixture", "gofixture_nodwarf"] {
+fn go_arguments_follow_the_register_abi_with_and_without_dwarf_and_symbols() {
+    // Stripped (`-s -w`), as an executable and position-independent: the functions come from
+    // `.gopclntab`, the goroutine id's offset from the Go version.
+    for name in ["gofixture", "gofixture_nodwarf", "gofixture_stripped", "gofixture_stripped_pie"] {
         let dir = temp_dir();
         let (run, t) = record(
             dir.path(),
@@ -185,6 +188,7 @@ fn go_arguments_follow_the_register_abi_with_and_without_dwarf() {
         );
         assert_eq!(run.code(), 7, "{name}: {run:?}");
         assert!(run.stdout.contains("args 6 285 15"), "{name}: {run:?}");
+        assert!(!run.stderr.contains("stripped"), "{name}: no warning, every function is there: {run:?}");
         assert_eq!(t.start["probes"], 3, "{name}");
         let add3 = t.calls("main.add3");
         assert_eq!(add3.len(), 1);
@@ -240,4 +244,119 @@ fn c_calls_keep_their_json_shape_beside_go() {
     assert_eq!(args(mix6[0]), [1, 2, 3, 4, 5, 6]);
     assert!(mix6[0].get("goid").is_none(), "{}", mix6[0]);
     assert!(t.returns("mix6")[0].get("goid").is_none());
+}
+
+/// A Go function's symbol as `.gopclntab` names it (as Go's tracebacks do): without the `.abi0`
+/// suffix of assembly functions, and with what lies between the first `[` and the last `]`
+/// (type arguments, array lengths) written `...`, as Go's linker writes it there.
+fn go_name(symbol: &str) -> String {
+    let name = symbol.strip_suffix(".abi0").unwrap_or(symbol);
+    match (name.find('['), name.rfind(']')) {
+        (Some(i), Some(j)) if j > i => format!("{}[...]{}", &name[..i], &name[j + 1..]),
+        _ => name.to_string(),
+    }
+}
+
+/// The functions of a stripped Go file, read from `.gopclntab`, are those of the same program with
+/// symbols: the same names, addresses, sizes and probe placements (entry after the stack check,
+/// every `ret`).
+#[test]
+fn stripped_go_files_have_the_functions_and_placements_of_their_symbols() {
+    for (stripped, with_symbols) in [("debian_gofmt", "gofmt_symbols"), ("gofixture_stripped", "gofixture_nodwarf")] {
+        let stripped = SymbolTable::load(&fixture(stripped)).unwrap();
+        let with_symbols = SymbolTable::load(&fixture(with_symbols)).unwrap();
+        let label = stripped.path.display();
+        assert_eq!(
+            (stripped.names_from, with_symbols.names_from),
+            (NamesFrom::GoPclntab, NamesFrom::Symtab),
+            "{label}"
+        );
+        assert_eq!(stripped.go, with_symbols.go, "{label}: the same Go version and goroutine id offset");
+        assert!(stripped.functions.len() > 1000, "{label}: {}", stripped.functions.len());
+        assert_eq!(stripped.functions.len(), with_symbols.functions.len(), "{label}");
+        for (s, w) in stripped.functions.iter().zip(&with_symbols.functions) {
+            assert_eq!(s.name, go_name(&w.name), "{label}");
+            assert_eq!(
+                (s.address, s.size, s.file_offset, &s.placement),
+                (w.address, w.size, w.file_offset, &w.placement),
+                "{label}: {}",
+                s.name
+            );
+        }
+    }
+}
+
+/// Calls and returns of `t` per function, and whether they nest exactly per goroutine with only
+/// `main.main` open at the end (as [`check_goroutine_nesting`] checks, without panicking).
+fn gofmt_calls(t: &Trace) -> (BTreeMap<String, (usize, usize)>, Result<(), String>) {
+    let mut per_function: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    let mut stacks: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+    let mut nesting = Ok(());
+    for e in &t.events {
+        let kind = e["kind"].as_str().unwrap();
+        if kind != "call" && kind != "return" {
+            continue;
+        }
+        let f = e["function"].as_str().unwrap();
+        let stack = stacks.entry(u64_field(e, "goid")).or_default();
+        let entry = per_function.entry(f.to_string()).or_default();
+        if kind == "call" {
+            entry.0 += 1;
+            stack.push(f);
+        } else {
+            entry.1 += 1;
+            if stack.pop() != Some(f) && nesting.is_ok() {
+                nesting = Err(format!("return without its call on top of its goroutine: {e}"));
+            }
+        }
+    }
+    let open: Vec<&str> = stacks.values().flatten().copied().collect();
+    if open != ["main.main"] && nesting.is_ok() {
+        nesting = Err(format!("open at the end: {open:?}"));
+    }
+    (per_function, nesting)
+}
+
+/// Debian's stripped gofmt, formatting a fixed file, makes the calls that the same gofmt rebuilt
+/// with symbols makes: per function, as many calls and returns, paired per goroutine.
+///
+/// Under load, a Go entry probe is sometimes reported twice for one call (the same arguments, the
+/// same thread, tens of microseconds apart, one return), or a goroutine's last return is missing,
+/// with symbols and without alike: a fault of the probes, not of the names. Each binary is traced
+/// until a run nests exactly (at most 5 runs), and those runs are compared.
+#[test]
+fn debian_stripped_gofmt_counts_as_gofmt_rebuilt_with_symbols() {
+    let input = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/go/main.go");
+    let mut counts = Vec::new();
+    for name in ["debian_gofmt", "gofmt_symbols"] {
+        let gofmt = fixture(name);
+        let mut attempts = Vec::new();
+        let per_function = loop {
+            let dir = temp_dir();
+            let (run, t) = record(
+                dir.path(),
+                &["-f", "go/printer.*", "-f", "main.*", "--", gofmt.to_str().unwrap(), input.to_str().unwrap()],
+            );
+            assert_eq!(run.code(), 0, "{name}: {run:?}");
+            assert_eq!(
+                run.stdout,
+                std::fs::read_to_string(&input).unwrap(),
+                "{name}: the fixture is formatted already"
+            );
+            assert!(!run.stderr.contains("stripped") && !run.stderr.contains("no function"), "{name}: {run:?}");
+            let (per_function, nesting) = gofmt_calls(&t);
+            match nesting {
+                Ok(()) => break per_function,
+                Err(why) => attempts.push(why),
+            }
+            assert!(attempts.len() < 5, "{name}: no run of 5 nested exactly: {attempts:#?}");
+        };
+        assert_eq!(per_function["main.main"], (1, 0), "{name}: main.main ends in os.Exit");
+        assert_eq!(per_function["main.processFile"], (1, 1), "{name}");
+        let calls: usize = per_function.values().map(|(calls, _)| calls).sum();
+        assert!(calls > 5000, "{name}: {calls} calls");
+        assert!(per_function.keys().filter(|f| f.starts_with("go/printer.")).count() > 50, "{name}: {per_function:?}");
+        counts.push(per_function);
+    }
+    assert_eq!(counts[0], counts[1]);
 }

@@ -22,7 +22,7 @@ use crate::{
     record::resolve::modules::ModuleCandidates,
     record::resolve::placement::{KernelProbes, ProbePath},
     record::resolve::symbols::{
-        Exits, Function, FunctionPattern, Placement, SymbolError, SymbolTable, is_go_program_code,
+        Exits, Function, FunctionPattern, NamesFrom, Placement, SymbolError, SymbolTable, is_go_program_code,
     },
     record::resolve::targets::{self, FileId, Process},
     record::resolve::unwinding::{self, ReturnProbes},
@@ -235,7 +235,7 @@ fn select_functions(
             let table = match load(&mut tables, exe) {
                 Ok(table) => table,
                 // A stripped executable that exports nothing: still worth tracing its processes.
-                Err(RecordError::Symbols(SymbolError::NoFunctions { path })) => {
+                Err(RecordError::Symbols(SymbolError::NoFunctions { path, .. })) => {
                     warnings.push(format!("{} has no function symbols: tracing its processes only", path.display()));
                     continue;
                 }
@@ -304,7 +304,7 @@ fn select_functions(
     // A stripped file whose debug file was found (libc with libc6-dbg) gives its functions'
     // parameters: saying only that it is stripped would tell the user the opposite.
     for (path, table) in &tables {
-        if table.stripped && !sources.keys().any(|(module, _)| module == path) {
+        if table.names_from == NamesFrom::Dynsym && !sources.keys().any(|(module, _)| module == path) {
             warnings
                 .push(format!("{} is stripped: only its exported functions (.dynsym) can be probed", path.display()));
         }

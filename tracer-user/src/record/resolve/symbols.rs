@@ -11,6 +11,7 @@ use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 use crate::{
     record::resolve::disasm::{self, Entry, Exit, FunctionCode},
     record::resolve::golang::{self, GoInfo},
+    record::resolve::gopclntab,
     record::resolve::placement::{self, EntryPoint, KernelProbes, ProbePath},
 };
 
@@ -20,8 +21,8 @@ pub enum SymbolError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path} is not an ELF executable or shared library ({reason})")]
     NotElf { path: PathBuf, reason: String },
-    #[error("{path} defines no functions (no symbols in .symtab or .dynsym)")]
-    NoFunctions { path: PathBuf },
+    #[error("{path} defines no functions ({why})")]
+    NoFunctions { path: PathBuf, why: String },
     #[error("invalid function pattern '{pattern}': {reason}")]
     BadPattern { pattern: String, reason: String },
 }
@@ -123,10 +124,21 @@ impl Function {
 pub struct SymbolTable {
     pub path: PathBuf,
     pub functions: Vec<Function>,
-    /// True when only `.dynsym` was available (a stripped file).
-    pub stripped: bool,
+    /// Where the functions' names come from.
+    pub names_from: NamesFrom,
     /// Set when the file contains Go code (every function of it is then placed as Go's).
     pub go: Option<GoInfo>,
+}
+
+/// Where a file's function names and sizes come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NamesFrom {
+    /// `.symtab` (with `.dynsym`): every function.
+    Symtab,
+    /// `.dynsym` only: a stripped file, its exported functions.
+    Dynsym,
+    /// A stripped Go file: its `.gopclntab` (with `.dynsym`), every Go function, as with symbols.
+    GoPclntab,
 }
 
 /// Demangles a Rust (legacy or v0) or C++ symbol; other names come back unchanged. Rust names
@@ -192,7 +204,7 @@ impl SymbolTable {
                 .map(|(seg_addr, _, seg_off)| address - seg_addr + seg_off)
         };
 
-        let stripped = file.symbols().next().is_none();
+        let has_symtab = file.symbols().next().is_some();
         // address -> (raw names, size). BTreeMap: a stable order, by address.
         let mut by_address: BTreeMap<u64, (Vec<(bool, String)>, u64)> = BTreeMap::new();
         for symbol in file.symbols().chain(file.dynamic_symbols()) {
@@ -222,6 +234,24 @@ impl SymbolTable {
             }
         }
         let go = golang::inspect(&file);
+        // A stripped Go file still has the table its runtime names functions from: the same
+        // functions, addresses and sizes as its symbols had.
+        let mut names_from = if has_symtab { NamesFrom::Symtab } else { NamesFrom::Dynsym };
+        let mut go_table_error = None;
+        if !has_symtab && go.is_some() {
+            match gopclntab::of_file(&file) {
+                Ok(go_functions) => {
+                    names_from = NamesFrom::GoPclntab;
+                    for f in go_functions {
+                        let entry = by_address.entry(f.address).or_insert_with(|| (Vec::new(), f.size));
+                        if !entry.0.iter().any(|(_, n)| *n == f.name) {
+                            entry.0.push((true, f.name));
+                        }
+                    }
+                }
+                Err(e) => go_table_error = Some(e),
+            }
+        }
         let go_refusal = go.as_ref().and_then(GoInfo::refusal);
         let mut functions = Vec::with_capacity(by_address.len());
         for (address, (mut raws, size)) in by_address {
@@ -259,9 +289,13 @@ impl SymbolTable {
             });
         }
         if functions.is_empty() {
-            return Err(SymbolError::NoFunctions { path: path.to_owned() });
+            let why = match go_table_error {
+                Some(e) => format!("no symbols in .symtab or .dynsym, and it is Go but {e}"),
+                None => "no symbols in .symtab or .dynsym".to_string(),
+            };
+            return Err(SymbolError::NoFunctions { path: path.to_owned(), why });
         }
-        Ok(SymbolTable { path: path.to_owned(), functions, stripped, go })
+        Ok(SymbolTable { path: path.to_owned(), functions, names_from, go })
     }
 
     /// Functions with any name matching `pattern` (as a Go name in a Go file), each with the first
@@ -639,7 +673,7 @@ mod tests {
     fn table(names: &[&str]) -> SymbolTable {
         SymbolTable {
             path: "/x".into(),
-            stripped: false,
+            names_from: NamesFrom::Symtab,
             functions: names
                 .iter()
                 .enumerate()
