@@ -131,7 +131,7 @@ fn exceptions_through_timed_frames_leave_the_program_whole_and_are_not_timed() {
         tracer(&["top", "--json", "-f", "level*", "-f", "leaf", "-f", "tail", "--", unwinds.to_str().unwrap(), "100"]);
     assert_eq!(run.code(), 7, "the command's own exit code: {run:?}");
     assert!(run.stdout.contains("caught 100 cleanups 100 sum 24950\n"), "{run:?}");
-    let last: Value = serde_json::from_str(run.stdout.lines().filter(|l| l.starts_with('{')).last().unwrap()).unwrap();
+    let last: Value = serde_json::from_str(run.stdout.lines().rfind(|l| l.starts_with('{')).unwrap()).unwrap();
     for (function, calls, returns) in
         [("level1", 100, 0), ("level2", 100, 0), ("level3", 100, 0), ("leaf", 200, 200), ("tail", 100, 100)]
     {
