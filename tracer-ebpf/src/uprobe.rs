@@ -250,9 +250,16 @@ fn ret_site(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i64
     let record =
         ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval, rdx: regs.rdx, sp: regs.rsp };
     // At a tail call the value in rax is not the function's: the callee has not run yet.
-    if cookie::reads_strings(cookie) && !cookie::is_tail_call(cookie) {
+    submit_return(record, cookie::reads_strings(cookie) && !cookie::is_tail_call(cookie))
+}
+
+/// Writes a return record, with the return value's string when `strings` (its layout in the
+/// cookie's function).
+#[inline(always)]
+fn submit_return(record: ReturnRecord, strings: bool) -> Result<u32, i64> {
+    if strings {
         let regs = [0, 0, record.rdx, 0, 0, 0, record.retval];
-        return with_strings(record, RecordKind::Return, cookie, &regs, true);
+        return with_strings(record, RecordKind::Return, record.cookie, &regs, true);
     }
     let Some(mut entry) = EVENTS.reserve::<ReturnRecord>(0) else {
         count_lost(RecordKind::Return as u32);
@@ -302,15 +309,5 @@ fn try_call_return(ctx: &RetProbeContext) -> Result<u32, i64> {
     let (rdx, sp) = unsafe { ((*ctx.regs).rdx, (*ctx.regs).rsp) };
     let record =
         ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval: ctx.ret::<u64>(), rdx, sp };
-    if cookie::reads_strings(cookie) {
-        let regs = [0, 0, rdx, 0, 0, 0, record.retval];
-        return with_strings(record, RecordKind::Return, cookie, &regs, true);
-    }
-    let Some(mut entry) = EVENTS.reserve::<ReturnRecord>(0) else {
-        count_lost(RecordKind::Return as u32);
-        return Ok(0);
-    };
-    entry.write(record);
-    entry.submit(submit_flags());
-    Ok(0)
+    submit_return(record, cookie::reads_strings(cookie))
 }
