@@ -204,6 +204,10 @@ fn select_functions(
     let entry = options.events.contains(&EventKind::Call);
     let exit = options.events.contains(&EventKind::Return);
     let mut tables: BTreeMap<PathBuf, SymbolTable> = BTreeMap::new();
+    // The files the targets load, read once (from `/proc` and the executables' needed libraries)
+    // when a pattern names a module or the return probes' choice needs them.
+    let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+    let mut module_candidates: Option<ModuleCandidates> = None;
     fn load<'a>(
         tables: &'a mut BTreeMap<PathBuf, SymbolTable>,
         path: &PathBuf,
@@ -251,8 +255,6 @@ fn select_functions(
             }
         }
     } else {
-        let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
-        let mut module_candidates = None;
         // The file each function is defined in, per module, read only for source file patterns.
         let mut source_files: BTreeMap<PathBuf, SourceFiles> = BTreeMap::new();
         for text in &options.functions {
@@ -312,9 +314,8 @@ fn select_functions(
 
     // Returns by the return address, unless a program here unwinds stacks (see `unwinding`).
     let unwinder = if exit && options.return_probes.is_none() {
-        let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
         // The executables first: their own use is the clearest reason to give.
-        let candidates = ModuleCandidates::new(executables, &pids);
+        let candidates = module_candidates.get_or_insert_with(|| ModuleCandidates::new(executables, &pids));
         let files: Vec<PathBuf> = executables.iter().chain(candidates.files()).cloned().collect();
         unwinding::unwinder(&files)
     } else {
