@@ -47,7 +47,9 @@ fn without_sleepable_probes_they_stay_unreadable_and_stderr_says_why_once() {
     let said = run.stderr.lines().filter(|l| l.contains("marked unreadable")).collect::<Vec<_>>();
     assert_eq!(
         said,
-        ["tracer: warning: a string in a page the traced program has not touched yet (of .rodata, say) cannot be read and is marked unreadable: --no-sleepable asks for the non-faulting read only"],
+        [
+            "tracer: warning: a string in a page the traced program has not touched yet (of .rodata, say) cannot be read and is marked unreadable: --no-sleepable asks for the non-faulting read only"
+        ],
         "{}",
         run.stderr
     );

@@ -202,16 +202,19 @@ fn fault_in(layout: &ProbeLayoutBytes, regs: &[u64; 7], ret: bool) {
         if read == strings::KIND_NONE || ptr >= regs.len() || len >= regs.len() {
             break;
         }
-        let start = regs[ptr];
+        // By `match`, not by index: 6.1's verifier loses the bound of an index spilled to the
+        // stack and refuses the variable-offset read ("invalid variable-offset read from stack").
+        let start = pick(regs, ptr);
         if start == 0 {
             continue;
         }
+        let n = pick(regs, len);
         let bytes = if read == strings::KIND_C_STRING {
             size as u64 + 2
-        } else if regs[len] > size as u64 {
+        } else if n > size as u64 {
             size as u64
         } else {
-            regs[len]
+            n
         };
         let end = start.saturating_add(bytes);
         let mut page = start;
@@ -226,6 +229,20 @@ fn fault_in(layout: &ProbeLayoutBytes, regs: &[u64; 7], ret: bool) {
             }
             page = (page & !(PAGE_SIZE - 1)) + PAGE_SIZE;
         }
+    }
+}
+
+/// `regs[i]`, selected without a variable offset.
+#[inline(always)]
+fn pick(regs: &[u64; 7], i: usize) -> u64 {
+    match i {
+        0 => regs[0],
+        1 => regs[1],
+        2 => regs[2],
+        3 => regs[3],
+        4 => regs[4],
+        5 => regs[5],
+        _ => regs[6],
     }
 }
 

@@ -266,7 +266,12 @@ impl Kernel {
     }
 
     /// Attaches `probes`, the uprobes running `entry_prog` and the uretprobes `return_prog`.
-    fn attach_sites(&mut self, probes: &[ProbeSpec], entry_prog: &OwnedFd, return_prog: &OwnedFd) -> Vec<AttachFailure> {
+    fn attach_sites(
+        &mut self,
+        probes: &[ProbeSpec],
+        entry_prog: &OwnedFd,
+        return_prog: &OwnedFd,
+    ) -> Vec<AttachFailure> {
         let mut by_file: BTreeMap<&Path, Vec<&ProbeSpec>> = BTreeMap::new();
         for p in probes {
             by_file.entry(&p.path).or_default().push(p);
