@@ -17,8 +17,8 @@
 //! Those probes run the sleepable variants of the same programs (`call_entry_s`, `call_return_s`)
 //! where the kernel has them (Linux 6.0+): a string the fast, non-faulting read cannot reach (a
 //! page of `.rodata` the target has not touched yet) is faulted in with `bpf_copy_from_user`,
-//! which may sleep, and the whole record is then built again with fast reads only, so that nothing
-//! another program wrote into this CPU's `SCRATCH` while this one slept is sent.
+//! which may sleep, before the record is built with fast reads only, so that nothing another
+//! program writes into this CPU's `SCRATCH` while this one sleeps can mix into it.
 
 use core::mem::size_of;
 
@@ -38,7 +38,9 @@ use tracer_common::{
     strings::{self, HEADER, MAX_STRING_SIZE, MAX_STRINGS, SCRATCH_SIZE},
 };
 
-use crate::maps::{EVENTS, LAYOUTS, SCRATCH, count_lost, current_ids, header, is_traced, opaque, submit_flags};
+use crate::maps::{
+    EVENTS, FAULTS, Faults, LAYOUTS, SCRATCH, count_lost, current_ids, header, is_traced, opaque, submit_flags,
+};
 
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
@@ -98,7 +100,7 @@ fn try_call_entry<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64>
 /// value's when `ret`) through the per-CPU scratch buffer. `regs` is indexed as the layout's
 /// register numbers are (rdi, rsi, rdx, rcx, r8, r9, rax). Without a layout (user space could not
 /// insert it) the record goes out without strings, and user space marks each string unread.
-/// `SLEEPABLE`: a string that could not be read is faulted in and the record built again.
+/// `SLEEPABLE`: the strings' pages that are not resident are faulted in first (`fault_in`).
 #[inline(always)]
 fn with_strings<T: Copy, const SLEEPABLE: bool>(
     record: T,
@@ -116,14 +118,16 @@ fn with_strings<T: Copy, const SLEEPABLE: bool>(
     let buf = unsafe { &mut *buf };
     // SAFETY: a map value, read in place; user space never removes a layout while probes run.
     let layout = LAYOUTS.get_ptr(cookie::function(cookie)).map(|l| unsafe { &*l });
-    let (mut off, faulted) = fill(buf, record, layout, regs, ret);
-    if SLEEPABLE && faulted {
-        if let Some(layout) = layout {
-            fault_in(layout, regs, ret);
-        }
+    // SAFETY: a per-CPU map value, as `buf`.
+    let mut faults = if SLEEPABLE { FAULTS.get_ptr_mut(0).map(|f| unsafe { &mut *f }) } else { None };
+    let mut off = fill(buf, record, layout, regs, ret, faults.as_deref_mut());
+    if let Some(faults) = faults
+        && faults.count > 0
+    {
+        fault_in(faults);
         // Built again whole: while this program slept, another one on this CPU may have used
         // the buffer. No read below sleeps, so what is sent is this record's.
-        off = fill(buf, record, layout, regs, ret).0;
+        off = fill(buf, record, layout, regs, ret, None);
     }
     if off > SCRATCH_SIZE {
         off = SCRATCH_SIZE;
@@ -150,8 +154,8 @@ fn string_size(layout: &ProbeLayoutBytes) -> usize {
     if size > MAX_STRING_SIZE as usize { MAX_STRING_SIZE as usize } else { size }
 }
 
-/// Writes `record` and its strings into `buf` with the fast reads; returns the length, and
-/// whether a string could not be read.
+/// Writes `record` and its strings into `buf` with the fast reads; returns the length. With
+/// `faults`, each string that could not be read is noted there (its count first set to 0).
 #[inline(always)]
 fn fill<T: Copy>(
     buf: &mut [u8; SCRATCH_SIZE],
@@ -159,11 +163,14 @@ fn fill<T: Copy>(
     layout: Option<&ProbeLayoutBytes>,
     regs: &[u64; 7],
     ret: bool,
-) -> (usize, bool) {
+    mut faults: Option<&mut Faults>,
+) -> usize {
     // SAFETY: the buffer is larger than any record; the write is unaligned-safe.
     unsafe { core::ptr::write_unaligned(buf.as_mut_ptr().cast::<T>(), record) };
     let mut off = size_of::<T>();
-    let mut faulted = false;
+    if let Some(faults) = faults.as_deref_mut() {
+        faults.count = 0;
+    }
     if let Some(layout) = layout {
         let size = string_size(layout);
         let (first, count) = if ret { (MAX_STRINGS, 1) } else { (0, layout[1] as usize) };
@@ -176,49 +183,26 @@ fn fill<T: Copy>(
             if read == strings::KIND_NONE || ptr >= regs.len() || len >= regs.len() {
                 break;
             }
-            let (next, fault) = read_string(buf, off, read, regs[ptr], regs[len], size);
-            off = next;
-            faulted |= fault;
+            off = read_string(buf, off, read, regs[ptr], regs[len], size, faults.as_deref_mut());
         }
     }
-    (off, faulted)
+    off
 }
 
-/// Faults in the pages the strings of `layout` may lie in (as far as `read_string` would read),
-/// one byte of each with `bpf_copy_from_user`, which takes the page fault a uprobe's fast reads
-/// cannot; this may sleep. Failures are ignored (a page past a string's end may not exist): the
-/// reads that follow say what could not be read.
+/// Faults in the pages of the strings in `faults`, one byte of each with `bpf_copy_from_user`,
+/// which takes the page fault a uprobe's fast reads cannot (as `strace` or a debugger reading
+/// the same string would); this may sleep. Failures are ignored (a page past a string's end may
+/// not exist): the reads that follow say what could not be read.
 #[inline(always)]
-fn fault_in(layout: &ProbeLayoutBytes, regs: &[u64; 7], ret: bool) {
-    let size = string_size(layout);
-    let (first, count) = if ret { (MAX_STRINGS, 1) } else { (0, layout[1] as usize) };
+fn fault_in(faults: &Faults) {
     let mut byte = 0u8;
     for i in 0..MAX_STRINGS {
-        if i >= count {
+        if i as u64 >= faults.count {
             break;
         }
-        let at = 4 + 4 * (first + i);
-        let (read, ptr, len) = (layout[at], layout[at + 1] as usize, layout[at + 2] as usize);
-        if read == strings::KIND_NONE || ptr >= regs.len() || len >= regs.len() {
-            break;
-        }
-        // By `match`, not by index: 6.1's verifier loses the bound of an index spilled to the
-        // stack and refuses the variable-offset read ("invalid variable-offset read from stack").
-        let start = pick(regs, ptr);
-        if start == 0 {
-            continue;
-        }
-        let n = pick(regs, len);
-        let bytes = if read == strings::KIND_C_STRING {
-            size as u64 + 2
-        } else if n > size as u64 {
-            size as u64
-        } else {
-            n
-        };
-        let end = start.saturating_add(bytes);
-        let mut page = start;
-        // At most 4098 bytes: three pages.
+        let end = faults.at[i].saturating_add(faults.bytes[i]);
+        let mut page = faults.at[i];
+        // At most MAX_STRING_SIZE + 2 bytes: three pages.
         for _ in 0..3 {
             if page >= end {
                 break;
@@ -232,17 +216,16 @@ fn fault_in(layout: &ProbeLayoutBytes, regs: &[u64; 7], ret: bool) {
     }
 }
 
-/// `regs[i]`, selected without a variable offset.
+/// Notes in `faults` (if any) that `bytes` at `ptr` could not be read.
 #[inline(always)]
-fn pick(regs: &[u64; 7], i: usize) -> u64 {
-    match i {
-        0 => regs[0],
-        1 => regs[1],
-        2 => regs[2],
-        3 => regs[3],
-        4 => regs[4],
-        5 => regs[5],
-        _ => regs[6],
+fn note_fault(faults: Option<&mut Faults>, ptr: u64, bytes: u64) {
+    if let Some(faults) = faults {
+        let i = faults.count as usize;
+        if i < MAX_STRINGS {
+            faults.at[i] = ptr;
+            faults.bytes[i] = bytes;
+            faults.count = i as u64 + 1;
+        }
     }
 }
 
@@ -250,13 +233,20 @@ fn pick(regs: &[u64; 7], i: usize) -> u64 {
 const PAGE_SIZE: u64 = 4096;
 
 /// Reads one string at `ptr` (a NUL-terminated one, or `len` bytes of a slice) into `buf` at
-/// `off`, after its header, at most `size` bytes; returns the offset after it, and whether the
-/// memory could not be read.
+/// `off`, after its header, at most `size` bytes; returns the offset after it.
 #[inline(always)]
-fn read_string(buf: &mut [u8; SCRATCH_SIZE], off: usize, kind: u8, ptr: u64, len: u64, size: usize) -> (usize, bool) {
+fn read_string(
+    buf: &mut [u8; SCRATCH_SIZE],
+    off: usize,
+    kind: u8,
+    ptr: u64,
+    len: u64,
+    size: usize,
+    faults: Option<&mut Faults>,
+) -> usize {
     // Never true (six strings of the largest size fit); it bounds the offset for the verifier.
     if off > SCRATCH_SIZE - HEADER - MAX_STRING_SIZE as usize - 2 {
-        return (off, false);
+        return off;
     }
     let dst = buf[off + HEADER..].as_mut_ptr().cast::<c_void>();
     let (status, n) = if ptr == 0 {
@@ -266,12 +256,13 @@ fn read_string(buf: &mut [u8; SCRATCH_SIZE], off: usize, kind: u8, ptr: u64, len
         // `size` (one of exactly `size` bytes ends with its NUL inside).
         let room = opaque(size as u64 + 2);
         if room > MAX_STRING_SIZE as u64 + 2 {
-            return (off, false);
+            return off;
         }
         // SAFETY: `room` bytes at `dst` are in the buffer (checked above); the helper checks the
         // user address.
         let got = unsafe { generated::bpf_probe_read_user_str(dst, room as u32, ptr as *const c_void) };
         if got < 1 {
+            note_fault(faults, ptr, room);
             (strings::FAULT, 0)
         } else if got as usize - 1 > size {
             (strings::TRUNCATED, size)
@@ -283,18 +274,23 @@ fn read_string(buf: &mut [u8; SCRATCH_SIZE], off: usize, kind: u8, ptr: u64, len
             if len > size as u64 { (strings::TRUNCATED, size) } else { (strings::COMPLETE, len as usize) };
         let n = opaque(n as u64) as usize;
         if n > MAX_STRING_SIZE as usize {
-            return (off, false);
+            return off;
         }
         // SAFETY: as above, `n <= MAX_STRING_SIZE`.
         let got = unsafe { generated::bpf_probe_read_user(dst, n as u32, ptr as *const c_void) };
-        if got < 0 { (strings::FAULT, 0) } else { (status, n) }
+        if got < 0 {
+            note_fault(faults, ptr, n as u64);
+            (strings::FAULT, 0)
+        } else {
+            (status, n)
+        }
     };
     let n16 = (n as u16).to_le_bytes();
     buf[off] = status;
     buf[off + 1] = 0;
     buf[off + 2] = n16[0];
     buf[off + 3] = n16[1];
-    (off + HEADER + n, status == strings::FAULT)
+    off + HEADER + n
 }
 
 /// The running goroutine's id and how deep `rsp` is in its stack (`g.stack.hi - rsp`). Go keeps
