@@ -88,6 +88,9 @@ fn main() {
     let params_c = src.join("c/params.c");
     let params = out.join("params");
     run(Command::new(&cc).args(["-g", "-O0", "-o"]).arg(&params).arg(&params_c));
+    // Strings in pages of .rodata that the program has not touched (sleepable string reads).
+    let cold_strings = out.join("cold_strings");
+    run(Command::new(&cc).args(["-g", "-O2", "-o"]).arg(&cold_strings).arg(src.join("c/cold_strings.c")));
     let params_o2 = out.join("params_o2");
     run(Command::new(&cc).args(["-g", "-O2", "-o"]).arg(&params_o2).arg(&params_c));
     let params_dwarf4 = out.join("params_dwarf4");
@@ -224,6 +227,7 @@ fn main() {
         ("BENCH", &bench),
         ("BENCH_PARAMS", &bench_params),
         ("BENCH_PARAMS_NODWARF", &bench_params_nodwarf),
+        ("COLD_STRINGS", &cold_strings),
         ("TWOFILES", &twofiles),
         ("SHAPES", &shapes),
         ("CLIENT_SERVER_DEMO", &demo),

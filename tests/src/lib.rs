@@ -48,6 +48,7 @@ pub mod perfetto {
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(match name {
         "params" => env!("FIXTURE_PARAMS"),
+        "cold_strings" => env!("FIXTURE_COLD_STRINGS"),
         "params_o2" => env!("FIXTURE_PARAMS_O2"),
         "params_dwarf4" => env!("FIXTURE_PARAMS_DWARF4"),
         "params_stripped" => env!("FIXTURE_PARAMS_STRIPPED"),

@@ -34,6 +34,10 @@ pub mod names {
 pub mod programs {
     pub const CALL_ENTRY: &str = "call_entry";
     pub const CALL_RETURN: &str = "call_return";
+    /// The same two, sleepable (Linux 6.0+), for probes whose cookie has `cookie::STRINGS`: they
+    /// fault in a string's page that the non-faulting read could not reach.
+    pub const CALL_ENTRY_SLEEPABLE: &str = "call_entry_s";
+    pub const CALL_RETURN_SLEEPABLE: &str = "call_return_s";
     /// `tracer top`'s function programs: statistics in the kernel, no records.
     pub const TOP_ENTRY: &str = "top_entry";
     pub const TOP_RETURN: &str = "top_return";

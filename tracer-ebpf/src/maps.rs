@@ -60,6 +60,20 @@ pub static LAYOUTS: HashMap<u32, ProbeLayoutBytes> = HashMap::with_max_entries(1
 #[map]
 pub static SCRATCH: PerCpuArray<[u8; SCRATCH_SIZE]> = PerCpuArray::with_max_entries(1, 0);
 
+/// The strings a sleepable program's fast read could not reach, to fault in (see
+/// `uprobe::with_strings`). Kept in a map, not in registers: the verifier then sees the count as
+/// an unknown number, instead of following each string's outcome as a separate path.
+#[map]
+pub static FAULTS: PerCpuArray<Faults> = PerCpuArray::with_max_entries(1, 0);
+
+/// Where a record's unreadable strings are: `count` of them, each at `at[i]` for `bytes[i]`.
+#[repr(C)]
+pub struct Faults {
+    pub count: u64,
+    pub at: [u64; tracer_common::strings::MAX_STRINGS],
+    pub bytes: [u64; tracer_common::strings::MAX_STRINGS],
+}
+
 /// Per-CPU counts of records that could not be written, indexed by `RecordKind` or `lost_slot`.
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost_slot::COUNT, 0);

@@ -13,6 +13,12 @@
 //! A probe whose cookie has `cookie::STRINGS` also reads its function's string parameters (or
 //! string return value) from the target's memory, as its layout in `LAYOUTS` says, and writes
 //! them after the record (see `tracer_common::strings`); other probes look nothing up.
+//!
+//! Those probes run the sleepable variants of the same programs (`call_entry_s`, `call_return_s`)
+//! where the kernel has them (Linux 6.0+): a string the fast, non-faulting read cannot reach (a
+//! page of `.rodata` the target has not touched yet) is faulted in with `bpf_copy_from_user`,
+//! which may sleep, before the record is built with fast reads only, so that nothing another
+//! program writes into this CPU's `SCRATCH` while this one sleeps can mix into it.
 
 use core::mem::size_of;
 
@@ -28,18 +34,26 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
-    CallRecord, GoCallRecord, GoReturnRecord, RecordKind, ReturnRecord, cookie,
+    CallRecord, GoCallRecord, GoReturnRecord, ProbeLayoutBytes, RecordKind, ReturnRecord, cookie,
     strings::{self, HEADER, MAX_STRING_SIZE, MAX_STRINGS, SCRATCH_SIZE},
 };
 
-use crate::maps::{EVENTS, LAYOUTS, SCRATCH, count_lost, current_ids, header, is_traced, opaque, submit_flags};
+use crate::maps::{
+    EVENTS, FAULTS, Faults, LAYOUTS, SCRATCH, count_lost, current_ids, header, is_traced, opaque, submit_flags,
+};
 
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
-    try_call_entry(&ctx).unwrap_or(0)
+    try_call_entry::<false>(&ctx).unwrap_or(0)
 }
 
-fn try_call_entry(ctx: &ProbeContext) -> Result<u32, i64> {
+/// `call_entry` for probes whose cookie has `cookie::STRINGS`, where sleepable uprobes exist.
+#[uprobe(sleepable)]
+pub fn call_entry_s(ctx: ProbeContext) -> u32 {
+    try_call_entry::<true>(&ctx).unwrap_or(0)
+}
+
+fn try_call_entry<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64> {
     let (tgid, tid) = current_ids();
     if !is_traced(tgid) {
         return Ok(0);
@@ -58,7 +72,7 @@ fn try_call_entry(ctx: &ProbeContext) -> Result<u32, i64> {
     // SAFETY: a uprobe's context is the user registers, readable in place.
     let regs = unsafe { &*ctx.regs };
     if cookie::is_ret_site(cookie) {
-        return ret_site(regs, cookie, tgid, tid);
+        return ret_site::<SLEEPABLE>(regs, cookie, tgid, tid);
     }
     let arg = |n| ctx.arg::<u64>(n).unwrap_or(0);
     let record = CallRecord {
@@ -69,7 +83,7 @@ fn try_call_entry(ctx: &ProbeContext) -> Result<u32, i64> {
     };
     if cookie::reads_strings(cookie) {
         let regs = [record.args[0], record.args[1], record.args[2], record.args[3], record.args[4], record.args[5], 0];
-        with_strings(record, RecordKind::Call, cookie, &regs, false)?;
+        with_strings::<_, SLEEPABLE>(record, RecordKind::Call, cookie, &regs, false)?;
     } else if let Some(mut entry) = EVENTS.reserve::<CallRecord>(0) {
         entry.write(record);
         entry.submit(submit_flags());
@@ -77,7 +91,7 @@ fn try_call_entry(ctx: &ProbeContext) -> Result<u32, i64> {
         count_lost(RecordKind::Call as u32);
     }
     if cookie::is_also_exit(cookie) {
-        return ret_site(regs, cookie::exit_of(cookie), tgid, tid);
+        return ret_site::<SLEEPABLE>(regs, cookie::exit_of(cookie), tgid, tid);
     }
     Ok(0)
 }
@@ -86,36 +100,34 @@ fn try_call_entry(ctx: &ProbeContext) -> Result<u32, i64> {
 /// value's when `ret`) through the per-CPU scratch buffer. `regs` is indexed as the layout's
 /// register numbers are (rdi, rsi, rdx, rcx, r8, r9, rax). Without a layout (user space could not
 /// insert it) the record goes out without strings, and user space marks each string unread.
+/// `SLEEPABLE`: the strings' pages that are not resident are faulted in first (`fault_in`).
 #[inline(always)]
-fn with_strings<T: Copy>(record: T, kind: RecordKind, cookie: u64, regs: &[u64; 7], ret: bool) -> Result<u32, i64> {
+fn with_strings<T: Copy, const SLEEPABLE: bool>(
+    record: T,
+    kind: RecordKind,
+    cookie: u64,
+    regs: &[u64; 7],
+    ret: bool,
+) -> Result<u32, i64> {
     let Some(buf) = SCRATCH.get_ptr_mut(0) else {
         count_lost(kind as u32);
         return Ok(0);
     };
-    // SAFETY: a per-CPU map value; programs do not migrate while they run.
+    // SAFETY: a per-CPU map value; a program runs with migration disabled, so it stays this
+    // CPU's even across a sleep (see `fault_in`).
     let buf = unsafe { &mut *buf };
-    // SAFETY: the buffer is larger than any record; the write is unaligned-safe.
-    unsafe { core::ptr::write_unaligned(buf.as_mut_ptr().cast::<T>(), record) };
-    let mut off = size_of::<T>();
-    if let Some(layout) = LAYOUTS.get_ptr(cookie::function(cookie)) {
-        // SAFETY: a map value, read in place.
-        let layout = unsafe { &*layout };
-        let mut size = u16::from_le_bytes([layout[2], layout[3]]) as usize;
-        if size > MAX_STRING_SIZE as usize {
-            size = MAX_STRING_SIZE as usize;
-        }
-        let (first, count) = if ret { (MAX_STRINGS, 1) } else { (0, layout[1] as usize) };
-        for i in 0..MAX_STRINGS {
-            if i >= count {
-                break;
-            }
-            let at = 4 + 4 * (first + i);
-            let (read, ptr, len) = (layout[at], layout[at + 1] as usize, layout[at + 2] as usize);
-            if read == strings::KIND_NONE || ptr >= regs.len() || len >= regs.len() {
-                break;
-            }
-            off = read_string(buf, off, read, regs[ptr], regs[len], size);
-        }
+    // SAFETY: a map value, read in place; user space never removes a layout while probes run.
+    let layout = LAYOUTS.get_ptr(cookie::function(cookie)).map(|l| unsafe { &*l });
+    // SAFETY: a per-CPU map value, as `buf`.
+    let mut faults = if SLEEPABLE { FAULTS.get_ptr_mut(0).map(|f| unsafe { &mut *f }) } else { None };
+    let mut off = fill(buf, record, layout, regs, ret, faults.as_deref_mut());
+    if let Some(faults) = faults
+        && faults.count > 0
+    {
+        fault_in(faults);
+        // Built again whole: while this program slept, another one on this CPU may have used
+        // the buffer. No read below sleeps, so what is sent is this record's.
+        off = fill(buf, record, layout, regs, ret, None);
     }
     if off > SCRATCH_SIZE {
         off = SCRATCH_SIZE;
@@ -135,10 +147,103 @@ fn with_strings<T: Copy>(record: T, kind: RecordKind, cookie: u64, regs: &[u64; 
     Ok(0)
 }
 
+/// The string size of `layout` (`--string-size`), bounded.
+#[inline(always)]
+fn string_size(layout: &ProbeLayoutBytes) -> usize {
+    let size = u16::from_le_bytes([layout[2], layout[3]]) as usize;
+    if size > MAX_STRING_SIZE as usize { MAX_STRING_SIZE as usize } else { size }
+}
+
+/// Writes `record` and its strings into `buf` with the fast reads; returns the length. With
+/// `faults`, each string that could not be read is noted there (its count first set to 0).
+#[inline(always)]
+fn fill<T: Copy>(
+    buf: &mut [u8; SCRATCH_SIZE],
+    record: T,
+    layout: Option<&ProbeLayoutBytes>,
+    regs: &[u64; 7],
+    ret: bool,
+    mut faults: Option<&mut Faults>,
+) -> usize {
+    // SAFETY: the buffer is larger than any record; the write is unaligned-safe.
+    unsafe { core::ptr::write_unaligned(buf.as_mut_ptr().cast::<T>(), record) };
+    let mut off = size_of::<T>();
+    if let Some(faults) = faults.as_deref_mut() {
+        faults.count = 0;
+    }
+    if let Some(layout) = layout {
+        let size = string_size(layout);
+        let (first, count) = if ret { (MAX_STRINGS, 1) } else { (0, layout[1] as usize) };
+        for i in 0..MAX_STRINGS {
+            if i >= count {
+                break;
+            }
+            let at = 4 + 4 * (first + i);
+            let (read, ptr, len) = (layout[at], layout[at + 1] as usize, layout[at + 2] as usize);
+            if read == strings::KIND_NONE || ptr >= regs.len() || len >= regs.len() {
+                break;
+            }
+            off = read_string(buf, off, read, regs[ptr], regs[len], size, faults.as_deref_mut());
+        }
+    }
+    off
+}
+
+/// Faults in the pages of the strings in `faults`, one byte of each with `bpf_copy_from_user`,
+/// which takes the page fault a uprobe's fast reads cannot (as `strace` or a debugger reading
+/// the same string would); this may sleep. Failures are ignored (a page past a string's end may
+/// not exist): the reads that follow say what could not be read.
+#[inline(always)]
+fn fault_in(faults: &Faults) {
+    let mut byte = 0u8;
+    for i in 0..MAX_STRINGS {
+        if i as u64 >= faults.count {
+            break;
+        }
+        let end = faults.at[i].saturating_add(faults.bytes[i]);
+        let mut page = faults.at[i];
+        // At most MAX_STRING_SIZE + 2 bytes: three pages.
+        for _ in 0..3 {
+            if page >= end {
+                break;
+            }
+            // SAFETY: one byte into a stack variable; the helper checks the user address.
+            unsafe {
+                generated::bpf_copy_from_user((&raw mut byte).cast::<c_void>(), 1, page as *const c_void);
+            }
+            page = (page & !(PAGE_SIZE - 1)) + PAGE_SIZE;
+        }
+    }
+}
+
+/// Notes in `faults` (if any) that `bytes` at `ptr` could not be read.
+#[inline(always)]
+fn note_fault(faults: Option<&mut Faults>, ptr: u64, bytes: u64) {
+    if let Some(faults) = faults {
+        let i = faults.count as usize;
+        if i < MAX_STRINGS {
+            faults.at[i] = ptr;
+            faults.bytes[i] = bytes;
+            faults.count = i as u64 + 1;
+        }
+    }
+}
+
+/// x86-64's page size.
+const PAGE_SIZE: u64 = 4096;
+
 /// Reads one string at `ptr` (a NUL-terminated one, or `len` bytes of a slice) into `buf` at
 /// `off`, after its header, at most `size` bytes; returns the offset after it.
 #[inline(always)]
-fn read_string(buf: &mut [u8; SCRATCH_SIZE], off: usize, kind: u8, ptr: u64, len: u64, size: usize) -> usize {
+fn read_string(
+    buf: &mut [u8; SCRATCH_SIZE],
+    off: usize,
+    kind: u8,
+    ptr: u64,
+    len: u64,
+    size: usize,
+    faults: Option<&mut Faults>,
+) -> usize {
     // Never true (six strings of the largest size fit); it bounds the offset for the verifier.
     if off > SCRATCH_SIZE - HEADER - MAX_STRING_SIZE as usize - 2 {
         return off;
@@ -157,6 +262,7 @@ fn read_string(buf: &mut [u8; SCRATCH_SIZE], off: usize, kind: u8, ptr: u64, len
         // user address.
         let got = unsafe { generated::bpf_probe_read_user_str(dst, room as u32, ptr as *const c_void) };
         if got < 1 {
+            note_fault(faults, ptr, room);
             (strings::FAULT, 0)
         } else if got as usize - 1 > size {
             (strings::TRUNCATED, size)
@@ -172,7 +278,12 @@ fn read_string(buf: &mut [u8; SCRATCH_SIZE], off: usize, kind: u8, ptr: u64, len
         }
         // SAFETY: as above, `n <= MAX_STRING_SIZE`.
         let got = unsafe { generated::bpf_probe_read_user(dst, n as u32, ptr as *const c_void) };
-        if got < 0 { (strings::FAULT, 0) } else { (status, n) }
+        if got < 0 {
+            note_fault(faults, ptr, n as u64);
+            (strings::FAULT, 0)
+        } else {
+            (status, n)
+        }
     };
     let n16 = (n as u16).to_le_bytes();
     buf[off] = status;
@@ -236,7 +347,7 @@ fn go_return(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i6
 /// record a uretprobe would write, with rsp, which still points at the return address the entry
 /// saw.
 #[inline(always)]
-fn ret_site(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i64> {
+fn ret_site<const SLEEPABLE: bool>(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i64> {
     if cookie::is_conditional(cookie) && !cookie::condition_holds(cookie::operand(cookie), regs.eflags) {
         return Ok(0);
     }
@@ -250,16 +361,16 @@ fn ret_site(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i64
     let record =
         ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval, rdx: regs.rdx, sp: regs.rsp };
     // At a tail call the value in rax is not the function's: the callee has not run yet.
-    submit_return(record, cookie::reads_strings(cookie) && !cookie::is_tail_call(cookie))
+    submit_return::<SLEEPABLE>(record, cookie::reads_strings(cookie) && !cookie::is_tail_call(cookie))
 }
 
 /// Writes a return record, with the return value's string when `strings` (its layout in the
 /// cookie's function).
 #[inline(always)]
-fn submit_return(record: ReturnRecord, strings: bool) -> Result<u32, i64> {
+fn submit_return<const SLEEPABLE: bool>(record: ReturnRecord, strings: bool) -> Result<u32, i64> {
     if strings {
         let regs = [0, 0, record.rdx, 0, 0, 0, record.retval];
-        return with_strings(record, RecordKind::Return, record.cookie, &regs, true);
+        return with_strings::<_, SLEEPABLE>(record, RecordKind::Return, record.cookie, &regs, true);
     }
     let Some(mut entry) = EVENTS.reserve::<ReturnRecord>(0) else {
         count_lost(RecordKind::Return as u32);
@@ -295,10 +406,16 @@ fn register(regs: &pt_regs, n: u8) -> u64 {
 
 #[uretprobe]
 pub fn call_return(ctx: RetProbeContext) -> u32 {
-    try_call_return(&ctx).unwrap_or(0)
+    try_call_return::<false>(&ctx).unwrap_or(0)
 }
 
-fn try_call_return(ctx: &RetProbeContext) -> Result<u32, i64> {
+/// `call_return` for probes whose cookie has `cookie::STRINGS`, where sleepable uprobes exist.
+#[uretprobe(sleepable)]
+pub fn call_return_s(ctx: RetProbeContext) -> u32 {
+    try_call_return::<true>(&ctx).unwrap_or(0)
+}
+
+fn try_call_return<const SLEEPABLE: bool>(ctx: &RetProbeContext) -> Result<u32, i64> {
     let (tgid, tid) = current_ids();
     if !is_traced(tgid) {
         return Ok(0);
@@ -309,5 +426,5 @@ fn try_call_return(ctx: &RetProbeContext) -> Result<u32, i64> {
     let (rdx, sp) = unsafe { ((*ctx.regs).rdx, (*ctx.regs).rsp) };
     let record =
         ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval: ctx.ret::<u64>(), rdx, sp };
-    submit_return(record, cookie::reads_strings(cookie))
+    submit_return::<SLEEPABLE>(record, cookie::reads_strings(cookie))
 }

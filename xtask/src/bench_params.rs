@@ -2,7 +2,9 @@
 //! is traced with its DWARF (parameters by name; a `char *` read from the target's memory) and
 //! with its DWARF stripped (the six registers only), on the same code (`bench_params` and
 //! `bench_params_nodwarf` differ only in their debug sections), against the program untraced, in
-//! one command.
+//! one command; and with DWARF again under `--no-sleepable`: a function with a string parameter
+//! runs the sleepable programs by default and the non-sleepable ones then (a function without
+//! runs the non-sleepable ones both times, so its two columns measure the same thing twice).
 
 use std::{path::Path, process::Command};
 
@@ -27,9 +29,9 @@ pub fn run(tracer: &Path) -> Result<()> {
     );
     println!();
     println!(
-        "| function | untraced loop | traced, no DWARF, per call | traced with DWARF, per call | added by parameters |"
+        "| function | untraced loop | traced, no DWARF, per call | traced with DWARF, per call | added by parameters | with DWARF, `--no-sleepable`, per call | added by the sleepable program |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for (mode, function, what) in [
         ("ints", "work_ints", "`work_ints(long, int, unsigned)`: integers only"),
         ("str", "work_str", "`work_str(long, const char *)`: one string (24 bytes)"),
@@ -39,10 +41,12 @@ pub fn run(tracer: &Path) -> Result<()> {
             c.args([mode, &CALLS.to_string()]);
             c
         })?;
-        let traced = |exe: &Path| -> Result<Sample> {
+        let traced = |exe: &Path, extra: &[&str]| -> Result<Sample> {
             let sample = measure(&format!("tracer on {}", exe.display()), || {
                 let mut c = Command::new(tracer);
-                c.args(["record", "-e", "call,return", "-f", function, "-o"])
+                c.args(["record", "-e", "call,return", "-f", function])
+                    .args(extra)
+                    .arg("-o")
                     .arg(&out)
                     .arg("--")
                     .arg(exe)
@@ -51,16 +55,19 @@ pub fn run(tracer: &Path) -> Result<()> {
             })?;
             Ok(sample)
         };
-        let plain = traced(&without)?;
+        let plain = traced(&without, &[])?;
         check(&out, function, false)?;
-        let source = traced(&with)?;
+        let source = traced(&with, &[])?;
+        check(&out, function, true)?;
+        let fast_only = traced(&with, &["--no-sleepable"])?;
         check(&out, function, true)?;
         let per_call = |s: &Sample| (s.loop_ns as f64 - untraced.loop_ns as f64) / CALLS as f64;
-        let (plain, source) = (per_call(&plain), per_call(&source));
+        let (plain, source, fast_only) = (per_call(&plain), per_call(&source), per_call(&fast_only));
         println!(
-            "| {what} | {:.2} ms | {plain:.0} ns | {source:.0} ns | {:.0} ns |",
+            "| {what} | {:.2} ms | {plain:.0} ns | {source:.0} ns | {:.0} ns | {fast_only:.0} ns | {:.0} ns |",
             untraced.loop_ns as f64 / 1e6,
-            source - plain
+            source - plain,
+            source - fast_only
         );
     }
     std::fs::remove_file(&out)?;

@@ -215,7 +215,8 @@ fn fuzz(seconds: u64, only: Option<&str>) -> Result<()> {
 
 /// The integration-test files that run under every kernel the README promises on each
 /// `cargo xtask test`: the recording foundation, IPC, USDT, DWARF parameters, Go, `top`, the
-/// cluster and its security, crashes and signals, probe placement, returns through unwinding.
+/// cluster and its security, crashes and signals, probe placement, returns through unwinding,
+/// strings in pages not yet faulted in (sleepable programs).
 /// The others (exporters, readers, benches of formats) do not depend on the kernel;
 /// `--kernel 6.1` runs them there too.
 const CORE_TESTS: &[&str] = &[
@@ -230,6 +231,7 @@ const CORE_TESTS: &[&str] = &[
     "crash_and_signals",
     "placement",
     "unwinding",
+    "cold_strings",
 ];
 
 fn test(filter: Option<&str>, kernels: &[vm::Kernel]) -> Result<()> {

@@ -87,6 +87,10 @@ pub struct RecordArgs {
     /// they unwind stacks, else `return_address`): to compare the two (tests and benches).
     #[arg(long, value_enum, hide = true)]
     pub returns: Option<record::resolve::unwinding::ReturnProbes>,
+    /// Read strings without faulting their pages in, as on a kernel without sleepable uprobes
+    /// (tests and benches).
+    #[arg(long, hide = true)]
+    pub no_sleepable: bool,
     /// The command to launch and trace, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -420,6 +424,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         debug_kernel: args.debug_kernel,
         attach: args.attach,
         return_probes: args.returns,
+        no_sleepable: args.no_sleepable,
         ..RecordOptions::default()
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

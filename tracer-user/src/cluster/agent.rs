@@ -768,6 +768,7 @@ fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordO
         // The best the kernel has.
         attach: None,
         return_probes: None,
+        no_sleepable: false,
     })
 }
 

@@ -72,6 +72,9 @@ pub struct RecordOptions {
     /// `--returns`: how native returns are probed, instead of what the programs need
     /// (`record::resolve::unwinding`).
     pub return_probes: Option<crate::record::resolve::unwinding::ReturnProbes>,
+    /// `--no-sleepable`: string reads never fault pages in, as on kernels without sleepable
+    /// uprobes (tests and benches).
+    pub no_sleepable: bool,
 }
 
 impl Default for RecordOptions {
@@ -94,6 +97,7 @@ impl Default for RecordOptions {
             debug_kernel: false,
             attach: None,
             return_probes: None,
+            no_sleepable: false,
         }
     }
 }

@@ -54,6 +54,9 @@ impl Plan {
         if let Some(mechanism) = options.attach {
             features = features.with_attach(mechanism)?;
         }
+        if options.no_sleepable {
+            features.sleepable_uprobes = false;
+        }
         features.check(!probes.is_empty() || !usdt.probes.is_empty())?;
         let mut enabled_kinds = 0;
         if events.contains(&EventKind::Spawn) {
@@ -106,6 +109,12 @@ impl Plan {
             }
         }
         let failures = kernel.attach_functions(&probes)?;
+        if let Some(why) = kernel.sleepable_unavailable() {
+            let why = if options.no_sleepable { "--no-sleepable asks for the non-faulting read only" } else { why };
+            warnings.push(format!(
+                "a string in a page the traced program has not touched yet (of .rodata, say) cannot be read and is marked unreadable: {why}"
+            ));
+        }
         // A function with any probe that failed counts as not probed (its other probes stay).
         let failed: BTreeSet<u32> = failures.iter().map(|f| cookie::function(f.cookie)).collect();
         let attached = functions.len() - failed.len();

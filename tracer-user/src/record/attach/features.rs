@@ -7,6 +7,11 @@
 //! - `sched_process_exit` gained its `group_dead` argument after 6.12: where the BTF shows one
 //!   argument, `sched_exit_1arg` derives it (see `tracer-ebpf/src/sched.rs`).
 //! - the optimized path for uprobes on 5-byte nops is 6.18's ([`KernelProbes`]).
+//! - sleepable uprobe programs (`BPF_F_SLEEPABLE` on a kprobe-type program, which may call
+//!   `bpf_copy_from_user`) exist from 6.0 (Delyan Kratunov's "sleepable uprobes" series, June
+//!   2022): 6.1's verifier says "Only fentry/fexit/fmod_ret, lsm, and kprobe/uprobe programs can
+//!   be sleepable", and both perf-event uprobes (`bpf_prog_run_array_sleepable` in
+//!   `trace_uprobe.c`) and uprobe-multi links (`uprobe_prog_run` in `bpf_trace.c`, 6.6) run them.
 
 use std::{
     ffi::CString,
@@ -15,7 +20,7 @@ use std::{
 };
 
 use aya_obj::generated::{
-    bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_attr, bpf_cmd, bpf_prog_type::BPF_PROG_TYPE_KPROBE,
+    BPF_F_SLEEPABLE, bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_attr, bpf_cmd, bpf_prog_type::BPF_PROG_TYPE_KPROBE,
 };
 use serde::{Deserialize, Serialize};
 
@@ -77,6 +82,8 @@ pub struct KernelFeatures {
     pub uprobes: bool,
     /// `/sys/kernel/security/lockdown` says `[confidentiality]`.
     pub confidentiality_lockdown: bool,
+    /// Uprobe programs can be sleepable (Linux 6.0+): string reads can fault pages in.
+    pub sleepable_uprobes: bool,
 }
 
 impl KernelFeatures {
@@ -94,6 +101,7 @@ impl KernelFeatures {
             uprobes: std::path::Path::new(UPROBE_PMU).exists(),
             confidentiality_lockdown: std::fs::read_to_string(LOCKDOWN)
                 .is_ok_and(|mode| lockdown_is_confidentiality(&mode)),
+            sleepable_uprobes: has_sleepable_uprobes(),
         }
     }
 
@@ -135,6 +143,26 @@ impl KernelFeatures {
             tracer_common::programs::SCHED_EXIT_1ARG
         }
     }
+}
+
+/// Whether the kernel loads a sleepable kprobe-type program (the type of uprobe programs): 6.0
+/// and later do; before, the verifier allowed only fentry/fexit/fmod_ret and LSM programs to sleep.
+fn has_sleepable_uprobes() -> bool {
+    // `r0 = 0; exit`.
+    let insns: [u64; 2] = [0x0000_0000_0000_00b7, 0x0000_0000_0000_0095];
+    let license = c"GPL";
+    // SAFETY: an all-zero `bpf_attr` is the documented "unset" value of every field.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: writing plain integers and pointers (that outlive the call) into BPF_PROG_LOAD.
+    unsafe {
+        let u = &mut attr.__bindgen_anon_3;
+        u.prog_type = BPF_PROG_TYPE_KPROBE as u32;
+        u.prog_flags = BPF_F_SLEEPABLE;
+        u.insns = insns.as_ptr() as u64;
+        u.insn_cnt = insns.len() as u32;
+        u.license = license.as_ptr() as u64;
+    }
+    super::uprobe_multi::sys_bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr).is_ok()
 }
 
 /// The selected mode of `/sys/kernel/security/lockdown` is in brackets: `none [integrity]
@@ -222,5 +250,11 @@ mod tests {
         assert!(n == 1 || n == 2, "{n}");
         assert_eq!(btf.tracepoint_args("sched_process_fork"), Some(2));
         assert_eq!(btf.tracepoint_args("no_such_tracepoint_xyz"), None);
+    }
+
+    /// Every kernel these tests run on (6.1, 6.12, 6.18) has sleepable uprobes (6.0+).
+    #[test]
+    fn this_kernel_has_sleepable_uprobes() {
+        assert!(has_sleepable_uprobes());
     }
 }

@@ -77,6 +77,9 @@ pub struct Kernel {
     return_links: Vec<OwnedFd>,
     /// The entry and return programs, loaded on first use (see [`crate::record::attach::uprobe_multi`]).
     function_programs: Option<(OwnedFd, OwnedFd)>,
+    /// Their sleepable variants, for probes that read strings, loaded on first use; or why there
+    /// are none (the kernel has no sleepable uprobes, `--no-sleepable`, or they did not load).
+    sleepable_programs: Option<Result<(OwnedFd, OwnedFd), String>>,
     /// Links of the USDT probes (closing them also lowers their semaphores).
     usdt_links: Vec<OwnedFd>,
     /// The program-event and USDT programs, loaded on first use.
@@ -137,6 +140,7 @@ impl Kernel {
             entry_links: Vec::new(),
             return_links: Vec::new(),
             function_programs: None,
+            sleepable_programs: None,
             usdt_links: Vec::new(),
             usdt_programs: None,
             ebpf,
@@ -187,8 +191,54 @@ impl Kernel {
     }
 
     /// Attaches the probes; returns those that failed (the others stay attached).
+    /// Probes whose cookie has `cookie::STRINGS` run the sleepable programs where the kernel has
+    /// them (see [`Kernel::sleepable_unavailable`]).
     pub fn attach_functions(&mut self, probes: &[ProbeSpec]) -> Result<Vec<AttachFailure>, LoadError> {
-        self.attach_function_programs(probes, programs::CALL_ENTRY, programs::CALL_RETURN)
+        let (strings, plain): (Vec<ProbeSpec>, Vec<ProbeSpec>) =
+            probes.iter().cloned().partition(|p| tracer_common::cookie::reads_strings(p.cookie));
+        if strings.is_empty() || self.load_sleepable().is_err() {
+            return self.attach_function_programs(probes, programs::CALL_ENTRY, programs::CALL_RETURN);
+        }
+        let mut failures = self.attach_function_programs(&plain, programs::CALL_ENTRY, programs::CALL_RETURN)?;
+        let Some(Ok((entry, ret))) = self.sleepable_programs.take() else { unreachable!("loaded above") };
+        failures.extend(self.attach_sites(&strings, &entry, &ret));
+        self.sleepable_programs = Some(Ok((entry, ret)));
+        Ok(failures)
+    }
+
+    /// Loads the sleepable programs once; the error says why there are none.
+    fn load_sleepable(&mut self) -> Result<(), String> {
+        if self.sleepable_programs.is_none() {
+            let loaded = if !self.features.sleepable_uprobes {
+                Err("this kernel has no sleepable uprobe programs (Linux 6.0 and later have them)".to_string())
+            } else {
+                uprobe_multi::load_programs(
+                    &self.ebpf,
+                    EBPF_OBJECT,
+                    &[programs::CALL_ENTRY_SLEEPABLE, programs::CALL_RETURN_SLEEPABLE],
+                    self.features.attach,
+                )
+                .map(|mut fds| {
+                    let ret = fds.pop().expect("two programs");
+                    (fds.pop().expect("two programs"), ret)
+                })
+                .map_err(|e| format!("the sleepable uprobe programs could not be loaded: {e}"))
+            };
+            self.sleepable_programs = Some(loaded);
+        }
+        match self.sleepable_programs.as_ref().expect("set above") {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// Why probes that read strings run without faulting pages in, if they do: a string in a
+    /// page the target has not touched yet is then unreadable.
+    pub fn sleepable_unavailable(&self) -> Option<&str> {
+        match &self.sleepable_programs {
+            Some(Err(e)) => Some(e),
+            _ => None,
+        }
     }
 
     /// As [`Kernel::attach_functions`], running the programs named `entry` and `ret` (the record
@@ -209,7 +259,19 @@ impl Kernel {
             let entry = fds.pop().expect("two programs");
             self.function_programs = Some((entry, ret));
         }
-        let (entry_prog, return_prog) = self.function_programs.as_ref().expect("loaded above");
+        let (entry_prog, return_prog) = self.function_programs.take().expect("loaded above");
+        let failures = self.attach_sites(probes, &entry_prog, &return_prog);
+        self.function_programs = Some((entry_prog, return_prog));
+        Ok(failures)
+    }
+
+    /// Attaches `probes`, the uprobes running `entry_prog` and the uretprobes `return_prog`.
+    fn attach_sites(
+        &mut self,
+        probes: &[ProbeSpec],
+        entry_prog: &OwnedFd,
+        return_prog: &OwnedFd,
+    ) -> Vec<AttachFailure> {
         let mut by_file: BTreeMap<&Path, Vec<&ProbeSpec>> = BTreeMap::new();
         for p in probes {
             by_file.entry(&p.path).or_default().push(p);
@@ -227,7 +289,7 @@ impl Kernel {
                 attach_batch(self.features.attach, prog, path, &batch, ret, kind, links, &mut failures);
             }
         }
-        Ok(failures)
+        failures
     }
 
     /// Writes the argument specs of `probes` (by cookie) and attaches them, each with its

@@ -27,9 +27,10 @@ use aya::{Ebpf, maps::Map};
 
 use super::features::AttachMechanism;
 use aya_obj::{
+    ProgramSection,
     btf::BtfFeatures,
     generated::{
-        BPF_F_UPROBE_MULTI_RETURN, bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_attr, bpf_cmd,
+        BPF_F_SLEEPABLE, BPF_F_UPROBE_MULTI_RETURN, bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_attr, bpf_cmd,
         bpf_prog_type::BPF_PROG_TYPE_KPROBE,
     },
 };
@@ -115,6 +116,13 @@ pub fn load_programs(
                 // `bpf_get_attach_cookie` to the perf link's cookie.
                 if mechanism == AttachMechanism::UprobeMulti {
                     u.expected_attach_type = BPF_TRACE_UPROBE_MULTI as u32;
+                }
+                // `uprobe.s` and `uretprobe.s` sections (`#[uprobe(sleepable)]`).
+                if matches!(
+                    program.section,
+                    ProgramSection::UProbe { sleepable: true } | ProgramSection::URetProbe { sleepable: true }
+                ) {
+                    u.prog_flags = BPF_F_SLEEPABLE;
                 }
                 u.insns = insns.as_ptr() as u64;
                 u.insn_cnt = insns.len() as u32;
