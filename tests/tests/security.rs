@@ -16,7 +16,7 @@ use std::{
 use tracer_tests::{
     Background, LocalAgent, Run, fixture, gen_secret, temp_dir, tracer, tracer_bin, wait_with_timeout, zombie_children,
 };
-use tracer_user::cluster::protocol::{Message, TraceRequest, encode_body, frame};
+use tracer_user::cluster::protocol::{Message, TraceRequest, encode_body};
 use tracer_user::event::{EndReason, TraceEnd};
 
 /// `tracer ARGS` as uid/gid 65534 (nobody), with these supplementary groups.
@@ -152,18 +152,29 @@ enum Meddle {
     InjectToCollector,
 }
 
-fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
+/// The next unit of a connection, its length included: during the handshake (the first two each
+/// way: the hello and the collector's Noise message, the terms and the agent's) a plain frame
+/// with a `u32` length, after it a Noise transport message with a `u16` length.
+fn read_unit(s: &mut TcpStream, handshake: bool) -> Option<Vec<u8>> {
+    let width = if handshake { 4 } else { 2 };
+    let mut unit = vec![0u8; width];
+    s.read_exact(&mut unit).ok()?;
     let mut len = [0u8; 4];
-    s.read_exact(&mut len).ok()?;
-    let mut frame = len.to_vec();
-    frame.resize(4 + u32::from_le_bytes(len) as usize, 0);
-    s.read_exact(&mut frame[4..]).ok()?;
-    Some(frame)
+    len[..width].copy_from_slice(&unit);
+    unit.resize(width + u32::from_le_bytes(len) as usize, 0);
+    s.read_exact(&mut unit[width..]).ok()?;
+    Some(unit)
 }
 
-/// A frame whose MAC is a guess.
+/// A frame laid out as the session lays one out, unencrypted, with a guess at the tag.
 fn forged(message: &Message) -> Vec<u8> {
-    frame(&encode_body(message).unwrap(), &[0x5a; 32]).unwrap()
+    let body = encode_body(message).unwrap();
+    let mut piece = (body.len() as u32).to_le_bytes().to_vec();
+    piece.extend(body);
+    piece.extend([0x5a; 16]);
+    let mut unit = (piece.len() as u16).to_le_bytes().to_vec();
+    unit.extend(piece);
+    unit
 }
 
 /// Accepts one connection and relays it to `agent` frame by frame, meddling as told.
@@ -178,12 +189,12 @@ fn relay(agent: String, meddle: Meddle, marker: &Path) -> String {
         let (mut a_in, mut c_out) = (agent, collector);
         std::thread::spawn(move || {
             let mut n = 0;
-            while let Some(f) = read_frame(&mut a_in) {
+            while let Some(f) = read_unit(&mut a_in, n < 2) {
                 if c_out.write_all(&f).is_err() {
                     break;
                 }
                 n += 1;
-                // Frame 1 from the agent is its welcome: the handshake is over.
+                // The agent's second is its Noise message: the handshake is over.
                 if n == 2 && matches!(meddle, Meddle::InjectToCollector) {
                     let fake = Message::Ended {
                         trace_id: 1,
@@ -197,13 +208,13 @@ fn relay(agent: String, meddle: Meddle, marker: &Path) -> String {
             let _ = c_out.shutdown(std::net::Shutdown::Both);
         });
         let mut n = 0;
-        while let Some(f) = read_frame(&mut c_in) {
+        while let Some(f) = read_unit(&mut c_in, n < 2) {
             if a_out.write_all(&f).is_err() {
                 break;
             }
             n += 1;
             match meddle {
-                // Frame 1 from the collector is its answer: it has proved itself.
+                // The collector's second is its Noise message: it has proved itself.
                 Meddle::InjectStart if n == 2 => {
                     std::thread::sleep(Duration::from_millis(100));
                     let request = TraceRequest {
@@ -237,9 +248,9 @@ fn a_relay_that_injects_or_replays_frames_is_refused_and_nothing_is_launched() {
     let victim = Background::start(&fixture("calls"), &["loop"]);
     let pid = format!("h:{}", victim.pid());
     for (meddle, agent_says, collector_says) in [
-        (Meddle::InjectStart, "frame 1 failed authentication", "agent h: "),
-        (Meddle::Replay, "frame 2 failed authentication", "agent h: "),
-        (Meddle::InjectToCollector, "", "agent h: frame 1 failed authentication"),
+        (Meddle::InjectStart, "frame 0 failed authentication", "agent h: "),
+        (Meddle::Replay, "frame 1 failed authentication", "agent h: "),
+        (Meddle::InjectToCollector, "", "agent h: frame 0 failed authentication"),
     ] {
         let relayed = relay(agent.addr.clone(), meddle, &marker);
         let spec = format!("h={relayed}");
@@ -519,14 +530,14 @@ fn record_writes_no_trace_through_a_planted_link_or_into_another_users_file() {
 }
 
 /// `sleep 30` as nobody (in group adm), holding `n` connections to `socket` that each sent a
-/// valid hello and read the agent's first answer (a challenge, or a refusal): half-open
+/// valid hello and read the agent's first answer (its terms, or a refusal): half-open
 /// handshakes the kernel names as uid 65534. Opened between fork and exec, so that they are
 /// nobody's; `spawn` returns once they all are.
 fn half_open_handshakes_as_nobody(socket: &Path, n: usize) -> std::process::Child {
     use std::os::unix::{ffi::OsStrExt as _, process::CommandExt as _};
     let hello = tracer_user::cluster::protocol::encode(&Message::Hello {
         version: tracer_user::cluster::protocol::PROTOCOL_VERSION,
-        nonce: [7; 32],
+        padding: [0; 32],
     })
     .unwrap();
     let path = socket.as_os_str().as_bytes().to_vec();
@@ -570,19 +581,19 @@ fn a_flood_of_half_open_handshakes_from_one_uid_keeps_no_other_collector_out_and
     let out_dir = temp_dir();
     std::fs::set_permissions(out_dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let agent = LocalAgent::start(dir.path(), "h", &["--socket-group", "adm"]);
-    // Root's own handshake, started (hello sent, challenge read) before the flood.
+    // Root's own handshake, started (hello sent, terms read) before the flood.
     let mut root = std::os::unix::net::UnixStream::connect(&agent.socket).unwrap();
     let hello = tracer_user::cluster::protocol::encode(&Message::Hello {
         version: tracer_user::cluster::protocol::PROTOCOL_VERSION,
-        nonce: [1; 32],
+        padding: [0; 32],
     })
     .unwrap();
     root.write_all(&hello).unwrap();
     let mut len = [0u8; 4];
     root.read_exact(&mut len).unwrap();
-    let mut challenge = vec![0u8; u32::from_le_bytes(len) as usize];
-    root.read_exact(&mut challenge).unwrap();
-    assert!(matches!(tracer_user::cluster::protocol::decode(&challenge), Ok(Message::Challenge { .. })));
+    let mut terms = vec![0u8; u32::from_le_bytes(len) as usize];
+    root.read_exact(&mut terms).unwrap();
+    assert!(matches!(tracer_user::cluster::protocol::decode(&terms), Ok(Message::Terms { .. })));
 
     // A hundred half-open handshakes from nobody: 8 wait (its share), the rest are refused.
     let mut flood = half_open_handshakes_as_nobody(&agent.socket, 100);

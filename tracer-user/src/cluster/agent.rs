@@ -572,8 +572,8 @@ fn handle(
 fn message_name(m: &Message) -> &'static str {
     match m {
         Message::Hello { .. } => "hello",
-        Message::Challenge { .. } => "challenge",
-        Message::Answer => "answer",
+        Message::Terms { .. } => "terms",
+        Message::Noise { .. } => "handshake message",
         Message::Welcome { .. } => "welcome",
         Message::Refused { .. } => "refusal",
         Message::ClockProbe { .. } => "clock probe",
