@@ -1,5 +1,5 @@
 //! Attacks on a real agent on this machine: an unprivileged user, a relay that injects or
-//! replays frames, a flood of idle connections and a huge partial frame, a secret file that is a
+//! replays frames, an eavesdropper on the link, a flood of idle connections and a huge partial frame, a secret file that is a
 //! FIFO; what an allowed user gets (commands run as itself, detached from the agent, exit codes
 //! passed through, nothing left a zombie); and on `record`'s output: a link or a file another
 //! user planted where the trace goes.
@@ -10,6 +10,7 @@ use std::{
     os::unix::fs::PermissionsExt as _,
     path::Path,
     process::{Command, Stdio},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -267,6 +268,85 @@ fn a_relay_that_injects_or_replays_frames_is_refused_and_nothing_is_launched() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(!marker.exists(), "the injected command never ran");
     assert!(!agent.log().contains("started"), "nothing was traced: {}", agent.log());
+}
+
+/// Accepts one connection and relays it to `agent` as it comes, keeping a copy of every byte that
+/// passes: to the agent, and to the collector.
+fn eavesdropper(agent: String) -> (String, Arc<Mutex<[Vec<u8>; 2]>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let heard = Arc::new(Mutex::new([Vec::new(), Vec::new()]));
+    let record = heard.clone();
+    std::thread::spawn(move || {
+        let Ok((collector, _)) = listener.accept() else { return };
+        let agent = TcpStream::connect(agent).unwrap();
+        let ways = [(collector.try_clone().unwrap(), agent.try_clone().unwrap()), (agent, collector)];
+        for (way, (mut from, mut to)) in ways.into_iter().enumerate() {
+            let record = record.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 << 10];
+                while let Ok(n @ 1..) = from.read(&mut buf) {
+                    record.lock().unwrap()[way].extend_from_slice(&buf[..n]);
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    (addr, heard)
+}
+
+/// Without TLS, what crosses the network is still encrypted: a relay that records every byte both
+/// ways, while a collector launches a command and receives its events, finds no trace of a word
+/// that is in the command's arguments and in the name of the program it runs 50 times (its
+/// exec events), though the trace is whole.
+#[test]
+fn an_eavesdropper_on_the_link_reads_neither_commands_nor_events() {
+    let dir = temp_dir();
+    let secret = gen_secret(dir.path(), "s");
+    let agent = LocalAgent::start(
+        dir.path(),
+        "h",
+        &["--listen", "127.0.0.1:0", "--secret-file", secret.to_str().unwrap(), "--allow-commands"],
+    );
+    let word = format!("overheard{:08x}", std::process::id().wrapping_mul(2_654_435_761));
+    let program = dir.path().join(&word);
+    std::fs::copy("/bin/echo", &program).unwrap();
+    let (relayed, heard) = eavesdropper(agent.addr.clone());
+    let output = dir.path().join("x.jsonl");
+    let spec = format!("h={relayed}");
+    let command = format!("h:/bin/sh -c 'for i in $(seq 50); do {} {word}-argument; done'", program.display());
+    let run = tracer(&[
+        "collect",
+        "--agent",
+        &spec,
+        "--secret-file",
+        secret.to_str().unwrap(),
+        "-e",
+        "spawn,exit",
+        "-c",
+        &command,
+        "-o",
+        output.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let t = tracer_tests::Trace::load(&output);
+    let filename = program.display().to_string();
+    let execs = t.of_kind("spawn").filter(|e| e["how"] == "exec" && e["filename"] == filename.as_str()).count();
+    assert_eq!(execs, 50, "the execs of {filename} crossed the link");
+    std::thread::sleep(Duration::from_millis(200));
+    let heard = heard.lock().unwrap();
+    let [to_agent, to_collector] = &*heard;
+    eprintln!("the relay saw {} bytes to the agent, {} to the collector", to_agent.len(), to_collector.len());
+    // The start with its command, clock probes and acknowledgements; the trace's start, 150
+    // events (a fork, an exec and an exit each time) and its end.
+    assert!(to_agent.len() > 500 && to_collector.len() > 5_000, "the relay saw the session");
+    for (way, bytes) in [("to the agent", to_agent), ("to the collector", to_collector)] {
+        assert!(!bytes.windows(word.len()).any(|w| w == word.as_bytes()), "{word} went {way} in the clear");
+        assert!(!bytes.windows(7).any(|w| w == b"/bin/sh"), "the command went {way} in the clear");
+    }
 }
 
 fn rss_kib(pid: u32, field: &str) -> u64 {
