@@ -311,6 +311,8 @@ mod tests {
         }
     }
 
+    /// Without a secret too (`Noise_NN`, the Unix socket): a word repeated ten thousand times
+    /// in a frame shows nowhere on the wire.
     #[tokio::test]
     async fn the_wire_shows_nothing_of_a_frame() {
         let (mut to_agent, ..) = transports(None);

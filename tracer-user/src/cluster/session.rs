@@ -368,13 +368,16 @@ mod tests {
         assert_ne!(again.resume_key, agent.resume_key);
     }
 
+    /// On a Unix socket without a secret (`Noise_NN`: its frames are encrypted all the same, as
+    /// `noise::tests::the_wire_shows_nothing_of_a_frame` checks).
     #[tokio::test]
-    async fn without_a_secret_frames_are_encrypted_too() {
+    async fn without_a_secret_both_sides_agree_and_frames_pass() {
         let (a, b) = tokio::io::duplex(1 << 16);
         let agent = tokio::spawn(async move { server(Box::new(a), None, "h").await });
         let mut collector = client(Box::new(b), None, false).await.unwrap();
         let mut agent = agent.await.unwrap().unwrap();
         assert_eq!(agent.transcript, collector.transcript);
+        assert_eq!(agent.resume_key, collector.resume_key);
         collector.writer.send(&Message::ClockProbe { id: 4 }).await.unwrap();
         assert_eq!(agent.reader.recv().await.unwrap(), Message::ClockProbe { id: 4 });
     }
@@ -434,6 +437,30 @@ mod tests {
         assert_eq!(answers, [Message::Refused { reason: AUTH_FAILED.to_string() }]);
         let (_, answers) = agent_answers(&s, &s).await;
         assert!(matches!(&answers[..], [Message::Noise { .. }]), "{answers:?}");
+    }
+
+    /// An agent (or whoever answers at its address) without the secret cannot make the answer
+    /// that the collector opens: the collector refuses to go on.
+    #[tokio::test]
+    async fn a_fake_agent_without_the_secret_is_not_trusted() {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let mut a: Box<dyn Transport> = Box::new(a);
+        let collector =
+            tokio::spawn(async move { client(Box::new(b), Some(&Secret::new("s".repeat(32))), true).await });
+        let hello = read_frame(&mut a).await.unwrap();
+        let terms = encode_body(&Message::Terms { version: PROTOCOL_VERSION, secret_required: true }).unwrap();
+        send_plain(&mut a, &terms).await.unwrap();
+        let first = read_frame(&mut a).await.unwrap();
+        assert!(matches!(decode(&first).unwrap(), Message::Noise { .. }));
+        // The best it can do: a handshake of its own, with its guess at the secret.
+        let guess = Secret::new("t".repeat(32));
+        let prologue = noise::prologue(&hello, &terms);
+        let mut own = Handshake::initiator(Some(&guess), &prologue);
+        let mut agent = Handshake::responder(Some(&guess), &prologue);
+        agent.read(&own.write(&[]).unwrap()).unwrap();
+        let welcome = encode_body(&Message::Welcome { host: "h".into() }).unwrap();
+        send_noise(&mut a, agent.write(&welcome).unwrap()).await.unwrap();
+        assert!(matches!(collector.await.unwrap(), Err(HandshakeError::AgentNotAuthenticated)));
     }
 
     /// A relay that changes the plain frames (here the agent's terms, on the way to a collector
