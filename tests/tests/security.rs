@@ -1,5 +1,5 @@
 //! Attacks on a real agent on this machine: an unprivileged user, a relay that injects or
-//! replays frames, a flood of idle connections and a huge partial frame, a secret file that is a
+//! replays frames, an eavesdropper on the link, a flood of idle connections and a huge partial frame, a secret file that is a
 //! FIFO; what an allowed user gets (commands run as itself, detached from the agent, exit codes
 //! passed through, nothing left a zombie); and on `record`'s output: a link or a file another
 //! user planted where the trace goes.
@@ -10,13 +10,14 @@ use std::{
     os::unix::fs::PermissionsExt as _,
     path::Path,
     process::{Command, Stdio},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use tracer_tests::{
     Background, LocalAgent, Run, fixture, gen_secret, temp_dir, tracer, tracer_bin, wait_with_timeout, zombie_children,
 };
-use tracer_user::cluster::protocol::{Message, TraceRequest, encode_body, frame};
+use tracer_user::cluster::protocol::{Message, TraceRequest, encode_body};
 use tracer_user::event::{EndReason, TraceEnd};
 
 /// `tracer ARGS` as uid/gid 65534 (nobody), with these supplementary groups.
@@ -152,18 +153,29 @@ enum Meddle {
     InjectToCollector,
 }
 
-fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
+/// The next unit of a connection, its length included: during the handshake (the first two each
+/// way: the hello and the collector's Noise message, the terms and the agent's) a plain frame
+/// with a `u32` length, after it a Noise transport message with a `u16` length.
+fn read_unit(s: &mut TcpStream, handshake: bool) -> Option<Vec<u8>> {
+    let width = if handshake { 4 } else { 2 };
+    let mut unit = vec![0u8; width];
+    s.read_exact(&mut unit).ok()?;
     let mut len = [0u8; 4];
-    s.read_exact(&mut len).ok()?;
-    let mut frame = len.to_vec();
-    frame.resize(4 + u32::from_le_bytes(len) as usize, 0);
-    s.read_exact(&mut frame[4..]).ok()?;
-    Some(frame)
+    len[..width].copy_from_slice(&unit);
+    unit.resize(width + u32::from_le_bytes(len) as usize, 0);
+    s.read_exact(&mut unit[width..]).ok()?;
+    Some(unit)
 }
 
-/// A frame whose MAC is a guess.
+/// A frame laid out as the session lays one out, unencrypted, with a guess at the tag.
 fn forged(message: &Message) -> Vec<u8> {
-    frame(&encode_body(message).unwrap(), &[0x5a; 32]).unwrap()
+    let body = encode_body(message).unwrap();
+    let mut piece = (body.len() as u32).to_le_bytes().to_vec();
+    piece.extend(body);
+    piece.extend([0x5a; 16]);
+    let mut unit = (piece.len() as u16).to_le_bytes().to_vec();
+    unit.extend(piece);
+    unit
 }
 
 /// Accepts one connection and relays it to `agent` frame by frame, meddling as told.
@@ -178,12 +190,12 @@ fn relay(agent: String, meddle: Meddle, marker: &Path) -> String {
         let (mut a_in, mut c_out) = (agent, collector);
         std::thread::spawn(move || {
             let mut n = 0;
-            while let Some(f) = read_frame(&mut a_in) {
+            while let Some(f) = read_unit(&mut a_in, n < 2) {
                 if c_out.write_all(&f).is_err() {
                     break;
                 }
                 n += 1;
-                // Frame 1 from the agent is its welcome: the handshake is over.
+                // The agent's second is its Noise message: the handshake is over.
                 if n == 2 && matches!(meddle, Meddle::InjectToCollector) {
                     let fake = Message::Ended {
                         trace_id: 1,
@@ -197,13 +209,13 @@ fn relay(agent: String, meddle: Meddle, marker: &Path) -> String {
             let _ = c_out.shutdown(std::net::Shutdown::Both);
         });
         let mut n = 0;
-        while let Some(f) = read_frame(&mut c_in) {
+        while let Some(f) = read_unit(&mut c_in, n < 2) {
             if a_out.write_all(&f).is_err() {
                 break;
             }
             n += 1;
             match meddle {
-                // Frame 1 from the collector is its answer: it has proved itself.
+                // The collector's second is its Noise message: it has proved itself.
                 Meddle::InjectStart if n == 2 => {
                     std::thread::sleep(Duration::from_millis(100));
                     let request = TraceRequest {
@@ -237,9 +249,9 @@ fn a_relay_that_injects_or_replays_frames_is_refused_and_nothing_is_launched() {
     let victim = Background::start(&fixture("calls"), &["loop"]);
     let pid = format!("h:{}", victim.pid());
     for (meddle, agent_says, collector_says) in [
-        (Meddle::InjectStart, "frame 1 failed authentication", "agent h: "),
-        (Meddle::Replay, "frame 2 failed authentication", "agent h: "),
-        (Meddle::InjectToCollector, "", "agent h: frame 1 failed authentication"),
+        (Meddle::InjectStart, "frame 0 failed authentication", "agent h: "),
+        (Meddle::Replay, "frame 1 failed authentication", "agent h: "),
+        (Meddle::InjectToCollector, "", "agent h: frame 0 failed authentication"),
     ] {
         let relayed = relay(agent.addr.clone(), meddle, &marker);
         let spec = format!("h={relayed}");
@@ -256,6 +268,85 @@ fn a_relay_that_injects_or_replays_frames_is_refused_and_nothing_is_launched() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(!marker.exists(), "the injected command never ran");
     assert!(!agent.log().contains("started"), "nothing was traced: {}", agent.log());
+}
+
+/// Accepts one connection and relays it to `agent` as it comes, keeping a copy of every byte that
+/// passes: to the agent, and to the collector.
+fn eavesdropper(agent: String) -> (String, Arc<Mutex<[Vec<u8>; 2]>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let heard = Arc::new(Mutex::new([Vec::new(), Vec::new()]));
+    let record = heard.clone();
+    std::thread::spawn(move || {
+        let Ok((collector, _)) = listener.accept() else { return };
+        let agent = TcpStream::connect(agent).unwrap();
+        let ways = [(collector.try_clone().unwrap(), agent.try_clone().unwrap()), (agent, collector)];
+        for (way, (mut from, mut to)) in ways.into_iter().enumerate() {
+            let record = record.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 << 10];
+                while let Ok(n @ 1..) = from.read(&mut buf) {
+                    record.lock().unwrap()[way].extend_from_slice(&buf[..n]);
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    (addr, heard)
+}
+
+/// Without TLS, what crosses the network is still encrypted: a relay that records every byte both
+/// ways, while a collector launches a command and receives its events, finds no trace of a word
+/// that is in the command's arguments and in the name of the program it runs 50 times (its
+/// exec events), though the trace is whole.
+#[test]
+fn an_eavesdropper_on_the_link_reads_neither_commands_nor_events() {
+    let dir = temp_dir();
+    let secret = gen_secret(dir.path(), "s");
+    let agent = LocalAgent::start(
+        dir.path(),
+        "h",
+        &["--listen", "127.0.0.1:0", "--secret-file", secret.to_str().unwrap(), "--allow-commands"],
+    );
+    let word = format!("overheard{:08x}", std::process::id().wrapping_mul(2_654_435_761));
+    let program = dir.path().join(&word);
+    std::fs::copy("/bin/echo", &program).unwrap();
+    let (relayed, heard) = eavesdropper(agent.addr.clone());
+    let output = dir.path().join("x.jsonl");
+    let spec = format!("h={relayed}");
+    let command = format!("h:/bin/sh -c 'for i in $(seq 50); do {} {word}-argument; done'", program.display());
+    let run = tracer(&[
+        "collect",
+        "--agent",
+        &spec,
+        "--secret-file",
+        secret.to_str().unwrap(),
+        "-e",
+        "spawn,exit",
+        "-c",
+        &command,
+        "-o",
+        output.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let t = tracer_tests::Trace::load(&output);
+    let filename = program.display().to_string();
+    let execs = t.of_kind("spawn").filter(|e| e["how"] == "exec" && e["filename"] == filename.as_str()).count();
+    assert_eq!(execs, 50, "the execs of {filename} crossed the link");
+    std::thread::sleep(Duration::from_millis(200));
+    let heard = heard.lock().unwrap();
+    let [to_agent, to_collector] = &*heard;
+    eprintln!("the relay saw {} bytes to the agent, {} to the collector", to_agent.len(), to_collector.len());
+    // The start with its command, clock probes and acknowledgements; the trace's start, 150
+    // events (a fork, an exec and an exit each time) and its end.
+    assert!(to_agent.len() > 500 && to_collector.len() > 5_000, "the relay saw the session");
+    for (way, bytes) in [("to the agent", to_agent), ("to the collector", to_collector)] {
+        assert!(!bytes.windows(word.len()).any(|w| w == word.as_bytes()), "{word} went {way} in the clear");
+        assert!(!bytes.windows(7).any(|w| w == b"/bin/sh"), "the command went {way} in the clear");
+    }
 }
 
 fn rss_kib(pid: u32, field: &str) -> u64 {
@@ -519,14 +610,14 @@ fn record_writes_no_trace_through_a_planted_link_or_into_another_users_file() {
 }
 
 /// `sleep 30` as nobody (in group adm), holding `n` connections to `socket` that each sent a
-/// valid hello and read the agent's first answer (a challenge, or a refusal): half-open
+/// valid hello and read the agent's first answer (its terms, or a refusal): half-open
 /// handshakes the kernel names as uid 65534. Opened between fork and exec, so that they are
 /// nobody's; `spawn` returns once they all are.
 fn half_open_handshakes_as_nobody(socket: &Path, n: usize) -> std::process::Child {
     use std::os::unix::{ffi::OsStrExt as _, process::CommandExt as _};
     let hello = tracer_user::cluster::protocol::encode(&Message::Hello {
         version: tracer_user::cluster::protocol::PROTOCOL_VERSION,
-        nonce: [7; 32],
+        padding: [0; 32],
     })
     .unwrap();
     let path = socket.as_os_str().as_bytes().to_vec();
@@ -570,19 +661,19 @@ fn a_flood_of_half_open_handshakes_from_one_uid_keeps_no_other_collector_out_and
     let out_dir = temp_dir();
     std::fs::set_permissions(out_dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let agent = LocalAgent::start(dir.path(), "h", &["--socket-group", "adm"]);
-    // Root's own handshake, started (hello sent, challenge read) before the flood.
+    // Root's own handshake, started (hello sent, terms read) before the flood.
     let mut root = std::os::unix::net::UnixStream::connect(&agent.socket).unwrap();
     let hello = tracer_user::cluster::protocol::encode(&Message::Hello {
         version: tracer_user::cluster::protocol::PROTOCOL_VERSION,
-        nonce: [1; 32],
+        padding: [0; 32],
     })
     .unwrap();
     root.write_all(&hello).unwrap();
     let mut len = [0u8; 4];
     root.read_exact(&mut len).unwrap();
-    let mut challenge = vec![0u8; u32::from_le_bytes(len) as usize];
-    root.read_exact(&mut challenge).unwrap();
-    assert!(matches!(tracer_user::cluster::protocol::decode(&challenge), Ok(Message::Challenge { .. })));
+    let mut terms = vec![0u8; u32::from_le_bytes(len) as usize];
+    root.read_exact(&mut terms).unwrap();
+    assert!(matches!(tracer_user::cluster::protocol::decode(&terms), Ok(Message::Terms { .. })));
 
     // A hundred half-open handshakes from nobody: 8 wait (its share), the rest are refused.
     let mut flood = half_open_handshakes_as_nobody(&agent.socket, 100);

@@ -3,8 +3,8 @@
 //! `cargo xtask fuzz-seeds` runs it on `fuzz/corpus`.
 //!
 //! - `frame`: one body per protocol message, as the target decodes it: the postcard message
-//!   alone. Frames after the handshake also carry a MAC, which the session checks before it
-//!   decodes; the target fuzzes the decoder, so the MAC is not part of its input.
+//!   alone. Frames after the handshake are encrypted (Noise), and the session opens them before
+//!   it decodes; the target fuzzes the decoder, so the encryption is not part of its input.
 //! - `trace_line`: a JSON lines trace with one event of each kind.
 //! - `record`: one ring-buffer record of each kind.
 //! - `event_payload`: program-event payloads.
@@ -213,9 +213,9 @@ fn batch(events: &[Event]) -> EventBatch {
 
 fn frames(events: &[Event]) -> Result<Vec<Vec<u8>>> {
     let messages = [
-        Message::Hello { version: PROTOCOL_VERSION, nonce: [1; 32] },
-        Message::Challenge { version: PROTOCOL_VERSION, nonce: [2; 32], secret_required: true },
-        Message::Answer,
+        Message::Hello { version: PROTOCOL_VERSION, padding: [0; 32] },
+        Message::Terms { version: PROTOCOL_VERSION, secret_required: true },
+        Message::Noise { message: vec![2; 48] },
         Message::Welcome { host: "h".into() },
         Message::Refused { reason: "no".into() },
         Message::ClockProbe { id: 1 },

@@ -2,7 +2,7 @@
 //!
 //! Who may talk to it: by default only root and, with a socket group, that group's members, on
 //! a Unix socket whose peers the kernel names; over TCP only collectors that prove they hold the
-//! secret ([`super::session`]), every frame after that MAC'd. Before a peer has proved itself it
+//! secret ([`super::session`]), every frame after that encrypted and authenticated. Before a peer has proved itself it
 //! gets a few seconds, a few KiB per frame and one of [`MAX_UNAUTHENTICATED`] places, at most
 //! [`admission::MAX_PER_SOURCE`] per uid or address ([`admission`]: an idle peer makes room for
 //! a newcomer, one that has started its handshake never does), so that idle or hostile
@@ -425,7 +425,7 @@ async fn connection(
     if agent.collectors.get() >= MAX_COLLECTORS {
         let reason = format!("{MAX_COLLECTORS} collectors are connected already");
         agent.drops.note("collectors refused", format_args!("refused {}: {reason}", peer.name));
-        // Told, MAC'd (the collector has proved itself), before the connection closes.
+        // Told, encrypted (the collector has proved itself), before the connection closes.
         session.writer.refuse(&reason).await;
         session.reader.drain().await;
         return;
@@ -572,8 +572,8 @@ fn handle(
 fn message_name(m: &Message) -> &'static str {
     match m {
         Message::Hello { .. } => "hello",
-        Message::Challenge { .. } => "challenge",
-        Message::Answer => "answer",
+        Message::Terms { .. } => "terms",
+        Message::Noise { .. } => "handshake message",
         Message::Welcome { .. } => "welcome",
         Message::Refused { .. } => "refusal",
         Message::ClockProbe { .. } => "clock probe",

@@ -4,12 +4,12 @@
 //! read, at least [`MIN_SECRET_BYTES`] and at most [`MAX_SECRET_FILE_BYTES`] long, with no
 //! obvious pattern ([`Secret::from_file`] refuses anything else, one sentence each);
 //! [`Secret::generate`] writes a good one. It
-//! never crosses the wire: each connection derives, with HKDF-SHA256 over the secret and a hash
-//! of the handshake (both sides' fresh nonces), one key per direction for the frame MACs and one
-//! key that later proves, on a reconnection, that it is the same collector coming back
-//! ([`resume_proof`]). Without a secret (a Unix socket whose peers the kernel vouches for) the
-//! keys come from the nonces alone: they still number and check every frame, but only the socket's
-//! permissions keep others out.
+//! never crosses the wire: it becomes the pre-shared key of the Noise handshake ([`Secret::psk`],
+//! [`super::noise`]), and, with the hash of a connection's handshake, the key that later proves,
+//! on a reconnection, that it is the same collector coming back ([`resume_key`],
+//! [`resume_proof`]). Without a secret (a Unix socket whose peers the kernel vouches for) the
+//! handshake has no pre-shared key: frames are still encrypted and numbered, but only the
+//! socket's permissions keep others out.
 
 use std::{
     io::{Read as _, Write as _},
@@ -19,8 +19,6 @@ use std::{
 
 use hmac::{Hmac, Mac as _};
 use sha2::Sha256;
-
-use super::protocol::Nonce;
 
 /// A secret shorter than this is refused: 32 bytes of a generated secret are 128 bits of hex.
 pub const MIN_SECRET_BYTES: usize = 32;
@@ -130,6 +128,13 @@ impl Secret {
         Ok(Secret(secret.to_vec()))
     }
 
+    /// The Noise pre-shared key: HKDF-SHA256 of the secret (of any length) to 32 bytes.
+    pub fn psk(&self) -> Key {
+        let mut psk = [0u8; 32];
+        hkdf::Hkdf::<Sha256>::new(None, &self.0).expand(PSK, &mut psk).expect("32 bytes is a valid HKDF-SHA256 length");
+        psk
+    }
+
     /// Writes a new secret to `path`: 32 random bytes as 64 hex digits, mode 0600. Never
     /// overwrites a file that exists.
     pub fn generate(path: &Path) -> Result<(), SecretError> {
@@ -195,33 +200,20 @@ fn not_regular(t: std::fs::FileType) -> Option<&'static str> {
     }
 }
 
-/// Roles, bound into every key so that one direction's frames never pass for the other's.
-const TO_AGENT: &[u8] = b"tracer v2 collector to agent";
-const TO_COLLECTOR: &[u8] = b"tracer v2 agent to collector";
-const RESUME: &[u8] = b"tracer v2 resume";
+/// What each key made from the secret is for, so that no two uses share a key.
+const PSK: &[u8] = b"tracer noise psk";
+const RESUME: &[u8] = b"tracer resume";
 
-/// One connection's keys.
-#[derive(Clone)]
-pub struct SessionKeys {
-    /// MACs of the frames the collector sends.
-    pub to_agent: Key,
-    /// MACs of the frames the agent sends.
-    pub to_collector: Key,
-    /// Proves on a later connection that a trace started on this one is being resumed by the
-    /// same collector.
-    pub resume: Key,
-}
-
-/// Derives a connection's keys from the secret (none: empty) and the hash of its handshake.
-pub fn derive(secret: Option<&Secret>, transcript: &[u8; 32]) -> SessionKeys {
+/// Proves on a later connection that a trace started on this one is being resumed by the same
+/// collector: HKDF-SHA256 of the secret (none: empty) salted with the hash of this connection's
+/// Noise handshake (the same on both sides, unique to the connection, and never sent).
+pub fn resume_key(secret: Option<&Secret>, handshake_hash: &[u8; 32]) -> Key {
     let ikm = secret.map_or(&[][..], |s| &s.0[..]);
-    let hkdf = hkdf::Hkdf::<Sha256>::new(Some(transcript), ikm);
-    let key = |info: &[u8]| {
-        let mut k = [0u8; 32];
-        hkdf.expand(info, &mut k).expect("32 bytes is a valid HKDF-SHA256 length");
-        k
-    };
-    SessionKeys { to_agent: key(TO_AGENT), to_collector: key(TO_COLLECTOR), resume: key(RESUME) }
+    let mut key = [0u8; 32];
+    hkdf::Hkdf::<Sha256>::new(Some(handshake_hash), ikm)
+        .expand(RESUME, &mut key)
+        .expect("32 bytes is a valid HKDF-SHA256 length");
+    key
 }
 
 /// The proof that resumes `trace_id` on the connection whose handshake hashed to `transcript`,
@@ -243,13 +235,6 @@ fn resume_mac(resume_key: &Key, transcript: &[u8; 32], trace_id: u64) -> Hmac<Sh
     mac
 }
 
-/// A fresh random nonce.
-pub fn nonce() -> Nonce {
-    let mut n = [0u8; 32];
-    getrandom::fill(&mut n).expect("the kernel's random source");
-    n
-}
-
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt as _;
@@ -264,15 +249,18 @@ mod tests {
     }
 
     #[test]
-    fn keys_differ_by_secret_transcript_and_direction() {
+    fn keys_differ_by_secret_handshake_and_use() {
         let s = Secret::new("a".repeat(32));
-        let k = derive(Some(&s), &[1; 32]);
-        assert_ne!(k.to_agent, k.to_collector);
-        assert_ne!(k.to_agent, k.resume);
-        assert_eq!(derive(Some(&s), &[1; 32]).to_agent, k.to_agent, "both ends derive the same keys");
-        assert_ne!(derive(Some(&s), &[2; 32]).to_agent, k.to_agent);
-        assert_ne!(derive(Some(&Secret::new("b".repeat(32))), &[1; 32]).to_agent, k.to_agent);
-        assert_ne!(derive(None, &[1; 32]).to_agent, k.to_agent);
+        let k = resume_key(Some(&s), &[1; 32]);
+        assert_eq!(resume_key(Some(&s), &[1; 32]), k, "both ends derive the same key");
+        assert_ne!(resume_key(Some(&s), &[2; 32]), k);
+        assert_ne!(resume_key(Some(&Secret::new("b".repeat(32))), &[1; 32]), k);
+        assert_ne!(resume_key(None, &[1; 32]), k);
+        assert_ne!(s.psk(), Secret::new("b".repeat(32)).psk());
+        assert_ne!(s.psk(), k);
+        // A secret longer than the key makes one of 32 bytes all the same, of all its bytes.
+        let long = Secret::new([&b"x".repeat(4000)[..], b"y"].concat());
+        assert_ne!(long.psk(), Secret::new([&b"x".repeat(4000)[..], b"z"].concat()).psk());
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod command_output;
 pub mod event_bounds;
 pub mod listener;
 pub mod merge;
+pub mod noise;
 pub mod outbox;
 pub mod protocol;
 pub mod reconnect;

@@ -1,10 +1,10 @@
 //! The agent/collector protocol: length-prefixed postcard frames over a Unix socket, TCP or TLS.
 //!
-//! A frame is a little-endian `u32` length, then that many bytes: one postcard-encoded
-//! [`Message`] and, on every frame after the handshake, its 32-byte MAC (see
-//! [`super::session`]). Frames are bounded by [`MAX_HANDSHAKE_FRAME`] until the peer has proved
-//! itself and by [`MAX_FRAME`] after; a frame that is too large, truncated, or does not decode
-//! closes that connection with the reason, and nothing else.
+//! During the handshake a frame is a little-endian `u32` length, then that many bytes: one
+//! postcard-encoded [`Message`], in the clear, at most [`MAX_HANDSHAKE_FRAME`] bytes. After it,
+//! a frame is the same message encrypted and authenticated as Noise transport messages (see
+//! [`super::noise`]), at most [`MAX_FRAME`] bytes. A frame that is too large, truncated, fails
+//! to open or does not decode closes that connection with the reason, and nothing else.
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
@@ -19,15 +19,15 @@ use crate::event::{TraceEnd, TraceStart};
 /// OTLP links when agents export their own spans); an event batch carries its events' encoded
 /// bytes, names numbered once per trace. 7: `trace_start` carries `kernel` (the agent's kernel and
 /// the mechanisms it chose). 8: receives carry `peek` and `discarded` (`MSG_PEEK`, `MSG_TRUNC`);
-/// `trace_start` carries `aliases`; returns carry `unwound` and `tail_call`.
-pub const PROTOCOL_VERSION: u32 = 8;
-/// The largest frame either end accepts from an authenticated peer.
+/// `trace_start` carries `aliases`; returns carry `unwound` and `tail_call`. 9: the Noise handshake
+/// (`Terms`, `Noise`), and every frame after it encrypted.
+pub const PROTOCOL_VERSION: u32 = 9;
+/// The largest frame (its message's encoding) either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated
 /// peer cannot make the other side allocate more than this.
 pub const MAX_HANDSHAKE_FRAME: usize = 4 << 10;
 
-pub type Nonce = [u8; 32];
 pub type Proof = [u8; 32];
 
 /// What to trace on one agent: the options of `tracer record`, for that host. Empty lists and
@@ -87,17 +87,23 @@ impl Default for TraceRequest {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Message {
-    /// Collector → agent, first (plain): its fresh nonce.
-    Hello { version: u32, nonce: Nonce },
-    /// Agent → collector (plain): its fresh nonce, and whether the collector must know the
-    /// secret. Proves nothing: the agent proves itself only after the collector has.
-    Challenge { version: u32, nonce: Nonce, secret_required: bool },
-    /// Collector → agent, the first MAC'd frame: its MAC proves the collector holds the key
-    /// derived from the secret and both nonces.
-    Answer,
-    /// Agent → collector, the agent's first MAC'd frame (its proof), and who it is.
+    /// Collector → agent, first (plain): the version it speaks. `padding` is zeros: versions 2
+    /// to 8 had a nonce there, and keeping its 32 bytes lets an agent of those versions decode
+    /// this hello and refuse it by its version, in words (and this agent those versions' hellos).
+    Hello { version: u32, padding: [u8; 32] },
+    /// Agent → collector (plain): whether the collector must prove it holds the secret, that is
+    /// which Noise handshake follows. Proves nothing: the agent proves itself only after the
+    /// collector has.
+    Terms { version: u32, secret_required: bool },
+    /// Either way (plain): one Noise handshake message; the agent's carries its [`Message::Welcome`].
+    Noise {
+        #[serde(with = "serde_bytes")]
+        message: Vec<u8>,
+    },
+    /// Agent → collector, inside its Noise handshake message: who it is.
     Welcome { host: String },
-    /// Either way: the connection is refused, and why (plain during the handshake).
+    /// Either way: the connection is refused, and why (plain during the handshake, encrypted
+    /// after it).
     Refused { reason: String },
 
     /// Collector → agent: answer at once with your clock (clock offset estimation).
@@ -142,14 +148,18 @@ pub enum FrameError {
     Malformed(String),
     #[error("frame {seq} failed authentication (forged, modified, replayed or out of order): closing the connection")]
     Forged { seq: u64 },
+    #[error("this connection has used up its keys (2^64 - 1 messages): reconnect")]
+    Exhausted,
     #[error("writing to the peer timed out after {0:?}")]
     WriteTimeout(std::time::Duration),
     #[error("connection error")]
     Io(#[from] std::io::Error),
 }
 
-/// Reads one frame's body, refusing one longer than `limit` before reading (or allocating) it.
-pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, limit: usize) -> Result<Vec<u8>, FrameError> {
+/// Reads one plain (handshake) frame's body, refusing one longer than [`MAX_HANDSHAKE_FRAME`]
+/// before reading (or allocating) it.
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, FrameError> {
+    let limit = MAX_HANDSHAKE_FRAME;
     let mut len = [0u8; 4];
     match r.read_exact(&mut len).await {
         Ok(_) => {}
@@ -170,7 +180,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, limit: usize) -> Result
 
 /// Reads one plain (handshake) message.
 pub async fn read_message<R: AsyncRead + Unpin>(r: &mut R) -> Result<Message, FrameError> {
-    decode(&read_frame(r, MAX_HANDSHAKE_FRAME).await?)
+    decode(&read_frame(r).await?)
 }
 
 /// Decodes one frame's body; trailing bytes are malformed too.
@@ -187,22 +197,21 @@ pub fn encode_body(message: &Message) -> Result<Vec<u8>, FrameError> {
     postcard::to_stdvec(message).map_err(|e| FrameError::Malformed(e.to_string()))
 }
 
-/// Makes a frame of a body and an optional tag.
-pub fn frame(body: &[u8], tag: &[u8]) -> Result<Vec<u8>, FrameError> {
-    let len = body.len() + tag.len();
-    if len > MAX_FRAME {
-        return Err(FrameError::TooLarge { len, limit: MAX_FRAME });
+/// Makes a plain (handshake) frame of a body.
+pub fn frame(body: &[u8]) -> Result<Vec<u8>, FrameError> {
+    let len = body.len();
+    if len > MAX_HANDSHAKE_FRAME {
+        return Err(FrameError::TooLarge { len, limit: MAX_HANDSHAKE_FRAME });
     }
     let mut frame = Vec::with_capacity(4 + len);
     frame.extend_from_slice(&(len as u32).to_le_bytes());
     frame.extend_from_slice(body);
-    frame.extend_from_slice(tag);
     Ok(frame)
 }
 
 /// Encodes one message as a plain (handshake) frame.
 pub fn encode(message: &Message) -> Result<Vec<u8>, FrameError> {
-    frame(&encode_body(message)?, &[])
+    frame(&encode_body(message)?)
 }
 
 /// Writes one plain (handshake) message.
@@ -225,8 +234,9 @@ mod tests {
     #[tokio::test]
     async fn messages_round_trip() {
         for m in [
-            Message::Hello { version: PROTOCOL_VERSION, nonce: [7; 32] },
-            Message::Challenge { version: 1, nonce: [2; 32], secret_required: true },
+            Message::Hello { version: PROTOCOL_VERSION, padding: [0; 32] },
+            Message::Terms { version: 1, secret_required: true },
+            Message::Noise { message: vec![1, 2, 3] },
             Message::Welcome { host: "a".into() },
             Message::Resume { trace_id: 1, next_seq: 2, proof: [3; 32] },
             Message::Start {
@@ -248,23 +258,44 @@ mod tests {
     async fn bad_frames_are_named() {
         let closed = read_message(&mut &[][..]).await.unwrap_err();
         assert!(matches!(closed, FrameError::Closed), "{closed}");
-        let mut huge = Vec::new();
-        huge.extend_from_slice(&(MAX_FRAME as u32 + 1).to_le_bytes());
-        let err = read_frame(&mut &huge[..], MAX_FRAME).await.unwrap_err();
-        assert_eq!(err.to_string(), format!("frame of {} bytes is larger than the limit ({MAX_FRAME})", MAX_FRAME + 1));
         // Before authentication, a few KiB at most: nothing is allocated for a bigger frame.
         let mut big = Vec::new();
         big.extend_from_slice(&(MAX_HANDSHAKE_FRAME as u32 + 1).to_le_bytes());
-        assert!(matches!(read_message(&mut &big[..]).await, Err(FrameError::TooLarge { .. })));
-        let mut cut = encode(&Message::Answer).unwrap();
+        let err = read_message(&mut &big[..]).await.unwrap_err();
+        assert_eq!(err.to_string(), "frame of 4097 bytes is larger than the limit (4096)");
+        let mut cut = encode(&Message::Stop { trace_id: 1 }).unwrap();
         cut[0] = 10;
         assert!(matches!(read_message(&mut &cut[..]).await, Err(FrameError::Truncated)));
         let garbage = [3u8, 0, 0, 0, 0xff, 0xff, 0xff];
         assert!(matches!(read_message(&mut &garbage[..]).await, Err(FrameError::Malformed(_))));
-        let mut trailing = encode(&Message::Answer).unwrap();
+        let mut trailing = encode(&Message::Stop { trace_id: 1 }).unwrap();
         trailing[0] += 1;
         trailing.push(0);
         assert!(matches!(read_message(&mut &trailing[..]).await, Err(FrameError::Malformed(_))));
+    }
+
+    /// The first messages of versions 2 to 8, as those versions declared them.
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    enum Version8 {
+        Hello { version: u32, nonce: [u8; 32] },
+        Challenge { version: u32, nonce: [u8; 32], secret_required: bool },
+        Answer,
+        Welcome { host: String },
+        Refused { reason: String },
+    }
+
+    /// A collector and an agent of different versions tell each other so in words: each decodes
+    /// the other's hello, and the other's refusal.
+    #[test]
+    fn older_versions_read_the_hello_and_the_refusal() {
+        let hello = encode_body(&Message::Hello { version: PROTOCOL_VERSION, padding: [0; 32] }).unwrap();
+        let old: Version8 = postcard::from_bytes(&hello).unwrap();
+        assert_eq!(old, Version8::Hello { version: PROTOCOL_VERSION, nonce: [0; 32] });
+        let old_hello = postcard::to_stdvec(&Version8::Hello { version: 8, nonce: [9; 32] }).unwrap();
+        assert!(matches!(decode(&old_hello).unwrap(), Message::Hello { version: 8, .. }));
+        let refusal = encode_body(&Message::Refused { reason: "protocol version 8 is not 9".into() }).unwrap();
+        let old: Version8 = postcard::from_bytes(&refusal).unwrap();
+        assert_eq!(old, Version8::Refused { reason: "protocol version 8 is not 9".into() });
     }
 
     /// Any bytes at all decode to a message or to an error: never a panic, never a hang.

@@ -1,36 +1,39 @@
-//! An authenticated connection: the handshake, then every frame numbered and MAC'd.
+//! An authenticated, encrypted connection: a Noise handshake, then every frame encrypted and
+//! numbered ([`super::noise`]).
 //!
 //! The handshake, in an order where the agent proves nothing before the collector has:
 //!
 //! ```text
-//! collector → agent   Hello { nonce_c }                       plain
-//! agent → collector   Challenge { nonce_a, secret_required }  plain
-//!                     both: keys = HKDF(secret, SHA-256(Hello ‖ Challenge))
-//! collector → agent   Answer                                  MAC'd, frame 0 to the agent
-//! agent → collector   Welcome { host }                        MAC'd, frame 0 to the collector
+//! collector → agent   Hello { version }                                 plain
+//! agent → collector   Terms { version, secret_required }                plain
+//! collector → agent   Noise: -> psk, e                                  the collector's proof
+//! agent → collector   Noise: <- e, ee, payload Welcome { host }         the agent's proof
 //! ```
 //!
-//! A collector without the right secret cannot make the Answer's MAC, so the agent refuses it
-//! without having sent anything derived from the secret (nothing to guess the secret from
-//! offline). From then on every frame in each direction carries
-//! `HMAC-SHA256(direction's key, sequence number ‖ body)`, the sequence number counted by both
-//! ends and never sent: a frame injected by a relay, modified, replayed, dropped or reordered
-//! fails its check, and the connection is closed. The MAC sits inside TLS when TLS is on.
+//! The plain frames carry the version, so that a mismatch is refused in words, and say which
+//! handshake follows (`Noise_NNpsk0_...` when the agent requires the secret, `Noise_NN_...`
+//! without one); the Noise prologue binds both, so a relay that changes them makes the
+//! handshake fail. With the secret, the collector's Noise message is encrypted under a key mixed
+//! from it: an agent whose secret differs cannot open it and refuses it in a plain frame
+//! ([`AUTH_FAILED`]) without answering with a Noise message of its own, having sent nothing
+//! derived from the secret (nothing to guess it from offline). The agent's answer is encrypted
+//! under keys mixed from the secret and both sides' ephemeral keys: it proves the agent holds the
+//! secret too, and only that collector can read it. From then on every frame in each direction is
+//! encrypted and authenticated under its direction's key with a nonce both ends count: a frame
+//! injected by a relay, modified, replayed, dropped or reordered fails to open, and the
+//! connection is closed. Noise runs inside TLS when TLS is on.
 
 use std::time::Duration;
 
-use hmac::{Hmac, Mac as _};
-use sha2::{Digest as _, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadHalf, WriteHalf};
 
 use super::{
-    auth::{self, Key, Secret, SessionKeys},
-    protocol::{FrameError, MAX_FRAME, MAX_HANDSHAKE_FRAME, Message, PROTOCOL_VERSION, decode, encode_body, frame},
+    auth::{self, Key, Secret},
+    noise::{self, Handshake, Opener, Sealer},
+    protocol::{FrameError, Message, PROTOCOL_VERSION, decode, encode_body, frame, read_frame},
     tls::Transport,
 };
 
-/// Bytes of the MAC at the end of each frame after the handshake.
-pub const TAG: usize = 32;
 /// A peer that has not finished the handshake by then is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A write that the peer does not take within this long closes the connection (a stopped or
@@ -46,57 +49,6 @@ const DRAIN_TIME: Duration = Duration::from_millis(100);
 /// What the agent says when a collector's proof fails.
 pub const AUTH_FAILED: &str = "authentication failed: the secrets differ (give both sides the same --secret-file)";
 
-fn mac(key: &Key, seq: u64, body: &[u8]) -> Hmac<Sha256> {
-    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes keys of any length");
-    mac.update(&seq.to_le_bytes());
-    mac.update(body);
-    mac
-}
-
-/// Numbers and MACs outgoing frames.
-pub struct Sealer {
-    key: Key,
-    seq: u64,
-}
-
-impl Sealer {
-    pub fn new(key: Key) -> Sealer {
-        Sealer { key, seq: 0 }
-    }
-
-    /// The next frame, with its MAC.
-    pub fn seal(&mut self, message: &Message) -> Result<Vec<u8>, FrameError> {
-        let body = encode_body(message)?;
-        let tag = mac(&self.key, self.seq, &body).finalize().into_bytes();
-        self.seq += 1;
-        frame(&body, &tag)
-    }
-}
-
-/// Checks incoming frames: each must carry the MAC of the next sequence number.
-pub struct Opener {
-    key: Key,
-    seq: u64,
-}
-
-impl Opener {
-    pub fn new(key: Key) -> Opener {
-        Opener { key, seq: 0 }
-    }
-
-    /// Checks and decodes one frame's body (the message, then its MAC).
-    pub fn open(&mut self, body: &[u8]) -> Result<Message, FrameError> {
-        let forged = FrameError::Forged { seq: self.seq };
-        let Some(split) = body.len().checked_sub(TAG) else { return Err(forged) };
-        let (message, tag) = body.split_at(split);
-        if mac(&self.key, self.seq, message).verify_slice(tag).is_err() {
-            return Err(forged);
-        }
-        self.seq += 1;
-        decode(message)
-    }
-}
-
 /// The reading half of an authenticated connection.
 pub struct SessionReader<R> {
     inner: R,
@@ -106,12 +58,10 @@ pub struct SessionReader<R> {
 impl<R: AsyncRead + Unpin> SessionReader<R> {
     /// The next message; an error ends the connection.
     pub async fn recv(&mut self) -> Result<Message, FrameError> {
-        let body = super::protocol::read_frame(&mut self.inner, MAX_FRAME).await?;
-        self.opener.open(&body)
+        let body = self.opener.read(&mut self.inner).await?;
+        decode(&body)
     }
-}
 
-impl<R: AsyncRead + Unpin> SessionReader<R> {
     /// Reads frames into `frames` until the connection fails or `frames` is closed, calling
     /// `heard` after each frame that opened. Both ends run it as a task of its own, because a
     /// `recv` cut short by `select!` would lose bytes of a frame; the error, if any, is the last
@@ -132,6 +82,13 @@ impl<R: AsyncRead + Unpin> SessionReader<R> {
             }
         }
     }
+
+    /// Reads and drops what the peer still sends until it closes (for at most [`DRAIN_TIME`]):
+    /// closing with unread bytes would reset the connection, and a reset can destroy a refusal
+    /// the peer has not read yet.
+    pub async fn drain(&mut self) {
+        let _ = tokio::time::timeout(DRAIN_TIME, drain(&mut self.inner)).await;
+    }
 }
 
 /// The writing half of an authenticated connection.
@@ -143,17 +100,17 @@ pub struct SessionWriter<W> {
 impl<W: AsyncWrite + Unpin> SessionWriter<W> {
     /// Sends one message; a peer that does not take it within [`WRITE_TIMEOUT`] is an error.
     pub async fn send(&mut self, message: &Message) -> Result<(), FrameError> {
-        let frame = self.sealer.seal(message)?;
+        let sealed = self.sealer.seal(message)?;
         let write = async {
-            self.inner.write_all(&frame).await?;
+            self.inner.write_all(&sealed).await?;
             self.inner.flush().await
         };
         tokio::time::timeout(WRITE_TIMEOUT, write).await.map_err(|_| FrameError::WriteTimeout(WRITE_TIMEOUT))??;
         Ok(())
     }
 
-    /// Sends a MAC'd refusal and closes this side (best effort, within a second): the peer reads
-    /// the reason before the end of the stream.
+    /// Sends an encrypted refusal and closes this side (best effort, within a second): the peer
+    /// reads the reason before the end of the stream.
     pub async fn refuse(&mut self, reason: &str) {
         let _ = tokio::time::timeout(REFUSAL_TIME, async {
             self.send(&Message::Refused { reason: reason.to_string() }).await?;
@@ -161,15 +118,6 @@ impl<W: AsyncWrite + Unpin> SessionWriter<W> {
             Ok::<_, FrameError>(())
         })
         .await;
-    }
-}
-
-impl<R: AsyncRead + Unpin> SessionReader<R> {
-    /// Reads and drops what the peer still sends until it closes (for at most [`DRAIN_TIME`]):
-    /// closing with unread bytes would reset the connection, and a reset can destroy a refusal
-    /// the peer has not read yet.
-    pub async fn drain(&mut self) {
-        let _ = tokio::time::timeout(DRAIN_TIME, drain(&mut self.inner)).await;
     }
 }
 
@@ -184,9 +132,9 @@ async fn drain<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<()> {
 pub struct Session {
     pub reader: SessionReader<ReadHalf<Box<dyn Transport>>>,
     pub writer: SessionWriter<WriteHalf<Box<dyn Transport>>>,
-    /// The hash of this connection's handshake (what a resume proof is bound to).
+    /// The hash of this connection's Noise handshake (what a resume proof is bound to).
     pub transcript: [u8; 32],
-    /// This connection's resume key.
+    /// This connection's resume key ([`auth::resume_key`]).
     pub resume_key: Key,
     /// The agent's name (as the agent gave it; on the agent's side, its own).
     pub host: String,
@@ -208,24 +156,23 @@ pub enum HandshakeError {
     AgentNotAuthenticated,
     #[error("the agent accepts collectors without a secret over the network: refusing to trust it")]
     AgentWithoutSecret,
+    #[error("the Noise handshake failed: {0}")]
+    Noise(snow::Error),
     #[error("the handshake did not finish within {HANDSHAKE_TIMEOUT:?}")]
     Timeout,
     #[error("unexpected {0} during the handshake")]
     Unexpected(&'static str),
 }
 
-fn transcript(hello: &[u8], challenge: &[u8]) -> [u8; 32] {
-    let mut h = Sha256::new();
-    h.update((hello.len() as u32).to_le_bytes());
-    h.update(hello);
-    h.update(challenge);
-    h.finalize().into()
-}
-
 async fn send_plain(stream: &mut Box<dyn Transport>, body: &[u8]) -> Result<(), FrameError> {
-    stream.write_all(&frame(body, &[])?).await?;
+    stream.write_all(&frame(body)?).await?;
     stream.flush().await?;
     Ok(())
+}
+
+/// Sends one Noise handshake message, in a plain frame.
+async fn send_noise(stream: &mut Box<dyn Transport>, message: Vec<u8>) -> Result<(), FrameError> {
+    send_plain(stream, &encode_body(&Message::Noise { message })?).await
 }
 
 /// Tells the peer why, as a plain frame, and closes (best effort: it may be gone): the
@@ -244,17 +191,22 @@ pub async fn refuse(stream: &mut Box<dyn Transport>, reason: &str) {
     }
 }
 
-fn split(stream: Box<dyn Transport>, keys: &SessionKeys, agent: bool, transcript: [u8; 32], host: String) -> Session {
+/// The session, once both handshake messages have passed.
+fn split(
+    stream: Box<dyn Transport>,
+    handshake: Handshake,
+    secret: Option<&Secret>,
+    host: String,
+) -> Result<Session, HandshakeError> {
+    let (sealer, opener, hash) = handshake.finish().map_err(HandshakeError::Noise)?;
     let (read, write) = tokio::io::split(stream);
-    let (incoming, outgoing) =
-        if agent { (keys.to_agent, keys.to_collector) } else { (keys.to_collector, keys.to_agent) };
-    Session {
-        reader: SessionReader { inner: read, opener: Opener::new(incoming) },
-        writer: SessionWriter { inner: write, sealer: Sealer::new(outgoing) },
-        transcript,
-        resume_key: keys.resume,
+    Ok(Session {
+        reader: SessionReader { inner: read, opener },
+        writer: SessionWriter { inner: write, sealer },
+        transcript: hash,
+        resume_key: auth::resume_key(secret, &hash),
         host,
-    }
+    })
 }
 
 /// The collector's side. `network`: the agent is reached over TCP (where an agent that takes
@@ -265,25 +217,25 @@ pub async fn client(
     network: bool,
 ) -> Result<Session, HandshakeError> {
     tokio::time::timeout(HANDSHAKE_TIMEOUT, async move {
-        let hello = encode_body(&Message::Hello { version: PROTOCOL_VERSION, nonce: auth::nonce() })?;
+        let hello = encode_body(&Message::Hello { version: PROTOCOL_VERSION, padding: [0; 32] })?;
         let sent = send_plain(&mut stream, &hello).await;
         // An agent that refuses us at once may have closed before our hello: its reason is
         // still there to read.
-        let challenge = match super::protocol::read_frame(&mut stream, MAX_HANDSHAKE_FRAME).await {
+        let terms = match read_frame(&mut stream).await {
             Ok(frame) => frame,
             Err(e) => return Err(sent.err().unwrap_or(e).into()),
         };
         if let Err(e) = sent {
-            return Err(match decode(&challenge) {
+            return Err(match decode(&terms) {
                 Ok(Message::Refused { reason }) => HandshakeError::Refused(reason),
                 _ => e.into(),
             });
         }
-        let secret_required = match decode(&challenge)? {
-            Message::Challenge { version, secret_required, .. } if version == PROTOCOL_VERSION => secret_required,
-            Message::Challenge { version, .. } => return Err(HandshakeError::Version { theirs: version }),
+        let secret_required = match decode(&terms)? {
+            Message::Terms { version, secret_required } if version == PROTOCOL_VERSION => secret_required,
+            Message::Terms { version, .. } => return Err(HandshakeError::Version { theirs: version }),
             Message::Refused { reason } => return Err(HandshakeError::Refused(reason)),
-            _ => return Err(HandshakeError::Unexpected("message instead of a challenge")),
+            _ => return Err(HandshakeError::Unexpected("message instead of the agent's terms")),
         };
         let secret = match (secret_required, secret) {
             (true, None) => {
@@ -297,26 +249,20 @@ pub async fn client(
             (true, secret) => secret,
             (false, _) => None,
         };
-        let transcript = transcript(&hello, &challenge);
-        let keys = auth::derive(secret, &transcript);
-        let mut sealer = Sealer::new(keys.to_agent);
-        stream.write_all(&sealer.seal(&Message::Answer)?).await.map_err(FrameError::from)?;
-        stream.flush().await.map_err(FrameError::from)?;
-        let welcome = super::protocol::read_frame(&mut stream, MAX_HANDSHAKE_FRAME).await?;
-        let host = match Opener::new(keys.to_collector).open(&welcome) {
-            Ok(Message::Welcome { host }) => host,
-            Ok(_) => return Err(HandshakeError::Unexpected("message instead of a welcome")),
-            // Not MAC'd: the agent refused us (or someone pretends to be the agent).
-            Err(_) => match decode(&welcome) {
-                Ok(Message::Refused { reason }) => return Err(HandshakeError::Refused(reason)),
-                _ => return Err(HandshakeError::AgentNotAuthenticated),
+        let mut handshake = Handshake::initiator(secret, &noise::prologue(&hello, &terms));
+        send_noise(&mut stream, handshake.write(&[]).map_err(HandshakeError::Noise)?).await?;
+        let answer = read_frame(&mut stream).await?;
+        let host = match decode(&answer)? {
+            Message::Noise { message } => match handshake.read(&message).map(|payload| decode(&payload)) {
+                Ok(Ok(Message::Welcome { host })) => host,
+                Ok(_) => return Err(HandshakeError::Unexpected("message instead of a welcome")),
+                // Not made with the secret (or the handshake was changed on the way).
+                Err(_) => return Err(HandshakeError::AgentNotAuthenticated),
             },
+            Message::Refused { reason } => return Err(HandshakeError::Refused(reason)),
+            _ => return Err(HandshakeError::Unexpected("message instead of the agent's handshake")),
         };
-        let mut session = split(stream, &keys, false, transcript, host);
-        // Frame 0 of each direction was the handshake's.
-        session.writer.sealer.seq = 1;
-        session.reader.opener.seq = 1;
-        Ok(session)
+        split(stream, handshake, secret, host)
     })
     .await
     .map_err(|_| HandshakeError::Timeout)?
@@ -340,7 +286,7 @@ pub async fn server(
 /// The first step of the agent's side: the collector's hello, of this protocol's version (a
 /// valid hello starts a real handshake: [`super::admission`]). Returns its frame.
 pub async fn read_hello(stream: &mut Box<dyn Transport>) -> Result<Vec<u8>, HandshakeError> {
-    let hello = super::protocol::read_frame(stream, MAX_HANDSHAKE_FRAME).await?;
+    let hello = read_frame(stream).await?;
     match decode(&hello)? {
         Message::Hello { version, .. } if version == PROTOCOL_VERSION => Ok(hello),
         Message::Hello { version, .. } => {
@@ -358,107 +304,32 @@ pub async fn server_after_hello(
     secret: Option<&Secret>,
     host: &str,
 ) -> Result<Session, HandshakeError> {
-    let challenge = encode_body(&Message::Challenge {
-        version: PROTOCOL_VERSION,
-        nonce: auth::nonce(),
-        secret_required: secret.is_some(),
-    })?;
-    send_plain(&mut stream, &challenge).await?;
-    let transcript = transcript(&hello, &challenge);
-    let keys = auth::derive(secret, &transcript);
-    let answer = super::protocol::read_frame(&mut stream, MAX_HANDSHAKE_FRAME).await?;
-    match Opener::new(keys.to_agent).open(&answer) {
-        Ok(Message::Answer) => {}
-        Ok(_) => return Err(HandshakeError::Unexpected("message instead of an answer")),
-        Err(_) => {
-            if let Ok(Message::Refused { reason }) = decode(&answer) {
-                return Err(HandshakeError::Refused(reason));
+    let terms = encode_body(&Message::Terms { version: PROTOCOL_VERSION, secret_required: secret.is_some() })?;
+    send_plain(&mut stream, &terms).await?;
+    let mut handshake = Handshake::responder(secret, &noise::prologue(&hello, &terms));
+    let proof = read_frame(&mut stream).await?;
+    match decode(&proof)? {
+        Message::Noise { message } => match handshake.read(&message) {
+            Ok(_) => {}
+            // Not encrypted under the secret's key: refused in a plain frame, with no Noise
+            // message of the agent's.
+            Err(snow::Error::Decrypt) => {
+                refuse(&mut stream, AUTH_FAILED).await;
+                return Err(HandshakeError::WrongSecret);
             }
-            refuse(&mut stream, AUTH_FAILED).await;
-            return Err(HandshakeError::WrongSecret);
-        }
+            Err(e) => return Err(HandshakeError::Noise(e)),
+        },
+        Message::Refused { reason } => return Err(HandshakeError::Refused(reason)),
+        _ => return Err(HandshakeError::Unexpected("message instead of the collector's handshake")),
     }
-    let mut sealer = Sealer::new(keys.to_collector);
-    stream.write_all(&sealer.seal(&Message::Welcome { host: host.to_string() })?).await.map_err(FrameError::from)?;
-    stream.flush().await.map_err(FrameError::from)?;
-    let mut session = split(stream, &keys, true, transcript, host.to_string());
-    session.writer.sealer.seq = 1;
-    session.reader.opener.seq = 1;
-    Ok(session)
+    let welcome = encode_body(&Message::Welcome { host: host.to_string() })?;
+    send_noise(&mut stream, handshake.write(&welcome).map_err(HandshakeError::Noise)?).await?;
+    split(stream, handshake, secret, host.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::protocol::read_frame;
-
-    fn frames(sealer: &mut Sealer, messages: &[Message]) -> Vec<Vec<u8>> {
-        // Bodies without the length prefix, as `read_frame` returns them.
-        messages.iter().map(|m| sealer.seal(m).unwrap()[4..].to_vec()).collect()
-    }
-
-    fn probes() -> Vec<Message> {
-        (0..3).map(|id| Message::ClockProbe { id }).collect()
-    }
-
-    #[test]
-    fn frames_in_order_open() {
-        let mut s = Sealer::new([1; 32]);
-        let mut o = Opener::new([1; 32]);
-        for (f, m) in frames(&mut s, &probes()).iter().zip(probes()) {
-            assert_eq!(o.open(f).unwrap(), m);
-        }
-    }
-
-    #[test]
-    fn a_tampered_frame_is_refused() {
-        let mut s = Sealer::new([1; 32]);
-        let mut f = frames(&mut s, &probes()).remove(0);
-        f[1] ^= 1;
-        assert!(matches!(Opener::new([1; 32]).open(&f), Err(FrameError::Forged { seq: 0 })));
-        let mut cut = frames(&mut Sealer::new([1; 32]), &probes()).remove(0);
-        cut.pop();
-        assert!(matches!(Opener::new([1; 32]).open(&cut), Err(FrameError::Forged { seq: 0 })));
-        assert!(matches!(Opener::new([1; 32]).open(&[0; 5]), Err(FrameError::Forged { seq: 0 })));
-    }
-
-    #[test]
-    fn a_replayed_frame_is_refused() {
-        let fs = frames(&mut Sealer::new([1; 32]), &probes());
-        let mut o = Opener::new([1; 32]);
-        o.open(&fs[0]).unwrap();
-        o.open(&fs[1]).unwrap();
-        let err = o.open(&fs[1]).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "frame 2 failed authentication (forged, modified, replayed or out of order): closing the connection"
-        );
-    }
-
-    #[test]
-    fn reordered_or_dropped_frames_are_refused() {
-        let fs = frames(&mut Sealer::new([1; 32]), &probes());
-        let mut o = Opener::new([1; 32]);
-        o.open(&fs[0]).unwrap();
-        assert!(matches!(o.open(&fs[2]), Err(FrameError::Forged { seq: 1 })), "frame 1 was skipped");
-        let mut o = Opener::new([1; 32]);
-        assert!(o.open(&fs[1]).is_err(), "frame 1 before frame 0");
-    }
-
-    #[test]
-    fn a_frame_for_the_other_direction_or_another_key_is_refused() {
-        let keys = auth::derive(Some(&Secret::new("k".repeat(32))), &[5; 32]);
-        let f = frames(&mut Sealer::new(keys.to_agent), &probes()).remove(0);
-        assert!(Opener::new(keys.to_collector).open(&f).is_err(), "reflected back at its sender");
-        assert!(Opener::new(auth::derive(None, &[5; 32]).to_agent).open(&f).is_err());
-        assert_eq!(Opener::new(keys.to_agent).open(&f).unwrap(), Message::ClockProbe { id: 0 });
-    }
-
-    #[test]
-    fn an_injected_plain_frame_is_refused() {
-        let body = encode_body(&Message::Stop { trace_id: 1 }).unwrap();
-        assert!(Opener::new([1; 32]).open(&body).is_err());
-    }
 
     async fn pair(
         agent_secret: Option<Secret>,
@@ -473,7 +344,7 @@ mod tests {
     #[tokio::test]
     async fn handshake_with_the_same_secret_then_messages_both_ways() {
         let s = Secret::new("s".repeat(32));
-        let (agent, collector) = pair(Some(s.clone()), Some(s)).await;
+        let (agent, collector) = pair(Some(s.clone()), Some(s.clone())).await;
         let (mut agent, mut collector) = (agent.unwrap(), collector.unwrap());
         assert_eq!(collector.host, "h");
         assert_eq!(agent.transcript, collector.transcript);
@@ -482,6 +353,33 @@ mod tests {
         assert_eq!(agent.reader.recv().await.unwrap(), Message::ClockProbe { id: 4 });
         agent.writer.send(&Message::ClockEcho { id: 4, agent_ns: 9 }).await.unwrap();
         assert_eq!(collector.reader.recv().await.unwrap(), Message::ClockEcho { id: 4, agent_ns: 9 });
+        // A frame of many Noise messages, both ways.
+        let long = Message::Refused { reason: "x".repeat(300_000) };
+        let (sent, received) = tokio::join!(collector.writer.send(&long), agent.reader.recv());
+        sent.unwrap();
+        assert_eq!(received.unwrap(), long);
+        let (sent, received) = tokio::join!(agent.writer.send(&long), collector.reader.recv());
+        sent.unwrap();
+        assert_eq!(received.unwrap(), long);
+        // Each connection has a handshake (and so resume key) of its own.
+        let (again, _) = pair(Some(s.clone()), Some(s)).await;
+        let again = again.unwrap();
+        assert_ne!(again.transcript, agent.transcript);
+        assert_ne!(again.resume_key, agent.resume_key);
+    }
+
+    /// On a Unix socket without a secret (`Noise_NN`: its frames are encrypted all the same, as
+    /// `noise::tests::the_wire_shows_nothing_of_a_frame` checks).
+    #[tokio::test]
+    async fn without_a_secret_both_sides_agree_and_frames_pass() {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let agent = tokio::spawn(async move { server(Box::new(a), None, "h").await });
+        let mut collector = client(Box::new(b), None, false).await.unwrap();
+        let mut agent = agent.await.unwrap().unwrap();
+        assert_eq!(agent.transcript, collector.transcript);
+        assert_eq!(agent.resume_key, collector.resume_key);
+        collector.writer.send(&Message::ClockProbe { id: 4 }).await.unwrap();
+        assert_eq!(agent.reader.recv().await.unwrap(), Message::ClockProbe { id: 4 });
     }
 
     #[tokio::test]
@@ -497,24 +395,98 @@ mod tests {
         assert!(matches!(collector, Err(HandshakeError::AgentWithoutSecret)));
     }
 
-    /// What an agent sends before the collector has proved itself is its nonce and nothing
-    /// derived from the secret: the same bytes with two different secrets, apart from the nonce.
+    /// The collector's side of a handshake written by hand: `hello`, then reads the terms and
+    /// sends a Noise message made with `secret`; what the agent answers, frame by frame, until it
+    /// closes.
+    async fn agent_answers(agent_secret: &Secret, collector_secret: &Secret) -> (Vec<u8>, Vec<Message>) {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let mut b: Box<dyn Transport> = Box::new(b);
+        let secret = agent_secret.clone();
+        let agent = tokio::spawn(async move { server(Box::new(a), Some(&secret), "h").await });
+        let hello = encode_body(&Message::Hello { version: PROTOCOL_VERSION, padding: [0; 32] }).unwrap();
+        send_plain(&mut b, &hello).await.unwrap();
+        let terms = read_frame(&mut b).await.unwrap();
+        let mut handshake = Handshake::initiator(Some(collector_secret), &noise::prologue(&hello, &terms));
+        send_noise(&mut b, handshake.write(&[]).unwrap()).await.unwrap();
+        let mut answers = Vec::new();
+        // Until the agent closes, or answers with its handshake (and keeps the connection).
+        while let Ok(frame) = read_frame(&mut b).await {
+            let answer = decode(&frame).unwrap();
+            let noise = matches!(answer, Message::Noise { .. });
+            answers.push(answer);
+            if noise {
+                break;
+            }
+        }
+        let result = agent.await.unwrap();
+        assert_eq!(result.is_ok(), agent_secret.psk() == collector_secret.psk());
+        (terms, answers)
+    }
+
+    /// What an agent sends before the collector has proved itself is the same whatever its
+    /// secret: nothing derived from it. A collector without the secret gets a plain refusal and
+    /// no Noise message; with the secret, the agent's Noise answer.
     #[tokio::test]
     async fn the_agent_gives_away_nothing_before_the_collector_has_proved_itself() {
-        for secret in ["s".repeat(32), "t".repeat(32)] {
-            let (a, mut b) = tokio::io::duplex(1 << 16);
-            let secret = Secret::new(secret);
-            let agent = tokio::spawn(async move { server(Box::new(a), Some(&secret), "h").await });
-            let hello = crate::cluster::protocol::encode(&Message::Hello { version: PROTOCOL_VERSION, nonce: [0; 32] });
-            b.write_all(&hello.unwrap()).await.unwrap();
-            let challenge = read_frame(&mut b, MAX_HANDSHAKE_FRAME).await.unwrap();
-            let Message::Challenge { secret_required: true, .. } = decode(&challenge).unwrap() else { panic!() };
-            // A guess at the answer is refused, and the refusal is plain text.
-            let mut guess = Sealer::new([0; 32]);
-            b.write_all(&guess.seal(&Message::Answer).unwrap()).await.unwrap();
-            let refusal = read_frame(&mut b, MAX_HANDSHAKE_FRAME).await.unwrap();
-            assert_eq!(decode(&refusal).unwrap(), Message::Refused { reason: AUTH_FAILED.to_string() });
-            assert!(matches!(agent.await.unwrap(), Err(HandshakeError::WrongSecret)));
-        }
+        let (s, t) = (Secret::new("s".repeat(32)), Secret::new("t".repeat(32)));
+        let (terms_s, answers) = agent_answers(&s, &t).await;
+        assert_eq!(decode(&terms_s).unwrap(), Message::Terms { version: PROTOCOL_VERSION, secret_required: true });
+        assert_eq!(answers, [Message::Refused { reason: AUTH_FAILED.to_string() }]);
+        let (terms_t, answers) = agent_answers(&t, &s).await;
+        assert_eq!(terms_s, terms_t, "the agent's terms do not depend on its secret");
+        assert_eq!(answers, [Message::Refused { reason: AUTH_FAILED.to_string() }]);
+        let (_, answers) = agent_answers(&s, &s).await;
+        assert!(matches!(&answers[..], [Message::Noise { .. }]), "{answers:?}");
+    }
+
+    /// An agent (or whoever answers at its address) without the secret cannot make the answer
+    /// that the collector opens: the collector refuses to go on.
+    #[tokio::test]
+    async fn a_fake_agent_without_the_secret_is_not_trusted() {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let mut a: Box<dyn Transport> = Box::new(a);
+        let collector =
+            tokio::spawn(async move { client(Box::new(b), Some(&Secret::new("s".repeat(32))), true).await });
+        let hello = read_frame(&mut a).await.unwrap();
+        let terms = encode_body(&Message::Terms { version: PROTOCOL_VERSION, secret_required: true }).unwrap();
+        send_plain(&mut a, &terms).await.unwrap();
+        let first = read_frame(&mut a).await.unwrap();
+        assert!(matches!(decode(&first).unwrap(), Message::Noise { .. }));
+        // The best it can do: a handshake of its own, with its guess at the secret.
+        let guess = Secret::new("t".repeat(32));
+        let prologue = noise::prologue(&hello, &terms);
+        let mut own = Handshake::initiator(Some(&guess), &prologue);
+        let mut agent = Handshake::responder(Some(&guess), &prologue);
+        agent.read(&own.write(&[]).unwrap()).unwrap();
+        let welcome = encode_body(&Message::Welcome { host: "h".into() }).unwrap();
+        send_noise(&mut a, agent.write(&welcome).unwrap()).await.unwrap();
+        assert!(matches!(collector.await.unwrap(), Err(HandshakeError::AgentNotAuthenticated)));
+    }
+
+    /// A relay that changes the plain frames (here the agent's terms, on the way to a collector
+    /// that has the secret) breaks the handshake: the prologue binds them.
+    #[tokio::test]
+    async fn the_plain_frames_are_bound_into_the_handshake() {
+        let s = Secret::new("s".repeat(32));
+        let hello = encode_body(&Message::Hello { version: PROTOCOL_VERSION, padding: [0; 32] }).unwrap();
+        let terms = encode_body(&Message::Terms { version: PROTOCOL_VERSION, secret_required: true }).unwrap();
+        let changed = encode_body(&Message::Hello { version: PROTOCOL_VERSION, padding: [1; 32] }).unwrap();
+        let mut collector = Handshake::initiator(Some(&s), &noise::prologue(&changed, &terms));
+        let mut agent = Handshake::responder(Some(&s), &noise::prologue(&hello, &terms));
+        let first = collector.write(&[]).unwrap();
+        assert!(matches!(agent.read(&first), Err(snow::Error::Decrypt)));
+    }
+
+    #[tokio::test]
+    async fn another_version_is_refused_in_words() {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let mut b: Box<dyn Transport> = Box::new(b);
+        let agent = tokio::spawn(async move { server(Box::new(a), None, "h").await });
+        let hello = encode_body(&Message::Hello { version: PROTOCOL_VERSION - 1, padding: [7; 32] }).unwrap();
+        send_plain(&mut b, &hello).await.unwrap();
+        let refusal = decode(&read_frame(&mut b).await.unwrap()).unwrap();
+        let reason = format!("protocol version {} is not {PROTOCOL_VERSION}", PROTOCOL_VERSION - 1);
+        assert_eq!(refusal, Message::Refused { reason });
+        assert!(matches!(agent.await.unwrap(), Err(HandshakeError::Version { .. })));
     }
 }
