@@ -21,7 +21,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum as _};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Build, test, benchmark and demo the tracer")]
@@ -59,6 +59,14 @@ enum Task {
         /// Run only this part.
         #[arg(long, value_enum)]
         only: Option<bench::Part>,
+        /// Run the benchmarks under this kernel in a VM (`cargo xtask vm`), built here first;
+        /// repeatable, one kernel after the other (never side by side: they would slow each
+        /// other). Ratios to bpftrace are measured in the same VM.
+        #[arg(long, value_enum)]
+        kernel: Vec<vm::Kernel>,
+        /// Use the tracer already built (inside a VM, where building would take an hour).
+        #[arg(long, hide = true)]
+        built: bool,
     },
     /// Trace the bundled demo workload into a Chrome trace for the Perfetto UI.
     Demo,
@@ -105,10 +113,31 @@ fn run(cli: Cli) -> Result<()> {
             run_as_root(&tracer, &args)
         }
         Task::Test { filter, kernel } => test(filter.as_deref(), &kernel),
-        Task::Bench { only } => {
+        Task::Bench { only, kernel, built } => {
+            if built {
+                return bench::run(&root().join("target/release/tracer"), only);
+            }
             toolchain::setup()?;
             let tracer = build()?;
-            bench::run(&tracer, only)
+            if kernel.is_empty() {
+                return bench::run(&tracer, only);
+            }
+            for k in kernel {
+                println!("xtask: ---- benchmarks under Linux {} ----", k.name());
+                let mut command =
+                    vec![std::env::current_exe()?.display().to_string(), "bench".into(), "--built".into()];
+                if let Some(only) = only {
+                    command.extend([
+                        "--only".into(),
+                        only.to_possible_value().expect("no skipped parts").get_name().into(),
+                    ]);
+                }
+                let code = vm::run_command(&vm::Args { kernel: k, mem: "4G".into(), cpus: 2, timeout: 3600, command })?;
+                if code != 0 {
+                    bail!("the benchmarks under Linux {} failed (exit {code})", k.name());
+                }
+            }
+            Ok(())
         }
         Task::Demo => {
             toolchain::setup()?;
