@@ -158,7 +158,7 @@ async fn one_trace_per_connection() {
         Message::Resume { trace_id: id, next_seq: 0, proof: [0; 32] },
         Message::Stop { trace_id: id },
         Message::Ack { next_seq: u64::MAX },
-        Message::Start { trace_id: id, request: request.clone() },
+        Message::Start { trace_id: id, request: Box::new(request.clone()) },
     ] {
         second.writer.send(&attack).await.unwrap();
     }

@@ -222,7 +222,7 @@ fn relay(agent: String, meddle: Meddle, marker: &Path) -> String {
                         command: vec!["/bin/sh".into(), "-c".into(), format!("id > {marker}")],
                         ..Default::default()
                     };
-                    let _ = a_out.write_all(&forged(&Message::Start { trace_id: 7, request }));
+                    let _ = a_out.write_all(&forged(&Message::Start { trace_id: 7, request: Box::new(request) }));
                 }
                 Meddle::Replay if n == 3 => {
                     let _ = a_out.write_all(&f);
@@ -483,29 +483,118 @@ fn a_members_command_starts_detached_from_the_agent() {
          grep NoNewPrivs /proc/self/status; id -u; pwd; env | sort; \
          echo written to stderr >&2; \
          (echo pwned >>{log}) 2>/dev/null || echo the agent log is not writable; \
-         (echo pwned >>/proc/{agent}/fd/2) 2>/dev/null || echo nor through the agent",
+         (echo pwned >>/proc/{agent}/fd/2) 2>/dev/null || echo nor through the agent; echo and more >&2",
         log = log.display(),
         agent = agent.pid()
     );
     let command = format!("h:sh -c '{script}'");
     let run = tracer_as_nobody(&collect_args(&spec, &output, &["-c", &command]), Some("4"));
     assert_eq!(run.code(), 0, "{run:?}");
-    let line = agent.wait_for_log("the command's output goes to ");
-    let file = line.split("the command's output goes to ").nth(1).unwrap().trim();
+    // Descriptors 0-2 only (3 is ls's own directory), stdin /dev/null, a session of its own
+    // without a terminal, no new privileges, as nobody, in /, with nobody's environment.
+    let stdout = "0\n1\n2\n3\n/dev/null\nsid=1 tty=0\nno terminal to reach\nNoNewPrivs:\t1\n65534\n/\n\
+                  HOME=/nonexistent\nLOGNAME=nobody\nPATH=/usr/local/bin:/usr/bin:/bin\nPWD=/\n\
+                  SHELL=/usr/sbin/nologin\nUSER=nobody\n\
+                  the agent log is not writable\nnor through the agent\n";
+    let stderr = "written to stderr\nand more\n";
+    // At the collector: each stream on its own, every line prefixed by the host, in order.
+    let prefixed = |text: &str| text.lines().map(|l| format!("h: {l}\n")).collect::<String>();
+    assert_eq!(run.stdout, prefixed(stdout), "{run:?}");
+    let command_stderr: String =
+        run.stderr.lines().filter(|l| l.starts_with("h: ")).map(|l| format!("{l}\n")).collect();
+    assert_eq!(command_stderr, prefixed(stderr), "{run:?}");
+    // And in the member's file on the host: both streams, each in its order.
+    let line = agent.wait_for_log("the command's output goes to its collector and to ");
+    let file = line.split("the command's output goes to its collector and to ").nth(1).unwrap().trim();
     assert!(file.starts_with(&dir.path().join("command-output/65534/trace-").display().to_string()), "{file}");
     let meta = std::fs::metadata(file).unwrap();
     use std::os::unix::fs::MetadataExt as _;
     assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o777), (65534, 65534, 0o600), "the member's own file");
     let text = std::fs::read_to_string(file).unwrap();
-    // Descriptors 0-2 only (3 is ls's own directory), stdin /dev/null, a session of its own
-    // without a terminal, no new privileges, as nobody, in /, with nobody's environment.
-    let expected = "0\n1\n2\n3\n/dev/null\nsid=1 tty=0\nno terminal to reach\nNoNewPrivs:\t1\n65534\n/\n\
-                    HOME=/nonexistent\nLOGNAME=nobody\nPATH=/usr/local/bin:/usr/bin:/bin\nPWD=/\n\
-                    SHELL=/usr/sbin/nologin\nUSER=nobody\nwritten to stderr\n\
-                    the agent log is not writable\nnor through the agent\n";
-    assert_eq!(text, expected);
+    let (mut out, mut err) = (String::new(), String::new());
+    for l in text.lines() {
+        let to = if stderr.lines().any(|e| e == l) { &mut err } else { &mut out };
+        to.push_str(l);
+        to.push('\n');
+    }
+    assert_eq!((out.as_str(), err.as_str()), (stdout, stderr), "{text}");
     assert!(!text.contains("TRACER_SECRET_MARKER"));
     assert!(!agent.log().contains("pwned"), "{}", agent.log());
+}
+
+/// A command that writes 64 MiB to stdout as fast as it can: the agent reads it as it comes (the
+/// command is never blocked on the collector), keeps at most its bound for the collector, and
+/// whatever the collector did not get it is told of, to the byte; the file on the host has it all.
+#[test]
+fn a_command_that_writes_64_mib_finishes_and_what_collect_missed_is_told() {
+    const SIZE: usize = 64 << 20;
+    let dir = open_dir();
+    let agent = LocalAgent::start(dir.path(), "h", &["--allow-commands"]);
+    let output = dir.path().join("x.jsonl").display().to_string();
+    let spec = agent.spec("h");
+    // A first trace loads the agent's programs and maps: what follows measures the output alone.
+    let run = tracer(&collect_args(&spec, &output, &["-c", "h:echo warm"]));
+    assert_eq!((run.code(), run.stdout.as_str()), (0, "h: warm\n"), "{run:?}");
+    let before = rss_kib(agent.pid(), "VmHWM:");
+    let command = format!("h:sh -c 'head -c {SIZE} /dev/zero | tr \"\\0\" a'");
+    let run = tracer(&collect_args(&spec, &output, &["-c", &command]));
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let after = rss_kib(agent.pid(), "VmHWM:");
+    // No newline at all: every line is a piece of at most 64 KiB, all of it the command's bytes.
+    let mut received = 0;
+    for line in run.stdout.lines() {
+        let bytes = line.strip_prefix("h: ").unwrap_or_else(|| panic!("not the host's: {:?}", &line[..40]));
+        assert!(bytes.bytes().all(|b| b == b'a') && bytes.len() <= 64 << 10);
+        received += bytes.len();
+    }
+    let told = " bytes of the command's stdout were not sent: the agent keeps at most 1048576 bytes of output";
+    let dropped: usize = run
+        .stderr
+        .lines()
+        .filter_map(|l| l.split_once("host h: ")?.1.split_once(told).map(|(n, _)| n.parse::<usize>().unwrap()))
+        .sum();
+    eprintln!(
+        "the collector got {} MiB, was told of {} MiB dropped; the agent's VmHWM went from {before} KiB to {after} KiB",
+        received >> 20,
+        dropped >> 20
+    );
+    assert_eq!(received + dropped, SIZE, "{}", run.stderr);
+    let line = agent.wait_for_log_lines("the command's output goes to its collector and to ", 2);
+    let file = line.split("the command's output goes to its collector and to ").nth(1).unwrap().trim();
+    assert_eq!(std::fs::metadata(file).unwrap().len(), SIZE as u64, "the file on the host has everything");
+    // The queue for the collector (1 MiB), a read buffer and frames in flight: nothing near the
+    // 64 MiB that went through.
+    assert!(after - before < 16 << 10, "the agent grew from {before} KiB to {after} KiB");
+}
+
+/// `--cwd`: the command starts in a directory its user may enter; one it may not fails the
+/// launch with one sentence.
+#[test]
+fn a_members_command_starts_in_the_directory_collect_names_if_it_may_enter_it() {
+    let dir = open_dir();
+    let out_dir = temp_dir();
+    std::fs::set_permissions(out_dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let agent = LocalAgent::start(dir.path(), "h", &["--socket-group", "adm", "--allow-commands"]);
+    let output = out_dir.path().join("x.jsonl").display().to_string();
+    let spec = agent.spec("h");
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let open = open.display().to_string();
+    let run =
+        tracer_as_nobody(&collect_args(&spec, &output, &["-c", "h:pwd", "--cwd", &format!("h:{open}")]), Some("4"));
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(run.stdout, format!("h: {open}\n"));
+    let private = dir.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let private = private.display().to_string();
+    let run =
+        tracer_as_nobody(&collect_args(&spec, &output, &["-c", "h:pwd", "--cwd", &format!("h:{private}")]), Some("4"));
+    run.assert_error(&format!(
+        "agent h could not start tracing: uid 65534 cannot enter the working directory {private}: Permission denied (os error 13)"
+    ));
+    assert_eq!(run.stdout, "", "nothing ran");
 }
 
 /// A FIFO as the secret file would block the open until someone writes it: refused at once.

@@ -1,8 +1,9 @@
 //! Bounds on what an authenticated peer can make the other side do or hold: a collector's
 //! request (patterns, probes, the ring buffer) against a real agent, planned off the agent's
 //! connection loop; and a fake agent (the library's own handshake and frames, the real secret)
-//! that sends a real collector more strings than it holds, a pid no Linux host has, or a
-//! timestamp outside the trace.
+//! that sends a real collector more strings than it holds, a pid no Linux host has, a
+//! timestamp outside the trace, a command's output in a message over the bound, or a line of
+//! output without end.
 
 use std::{
     path::Path,
@@ -16,11 +17,13 @@ use tracer_user::{
     cluster::{
         auth::Secret,
         collector::{AgentSpec, ClientOptions, Cluster},
-        protocol::{Message, TraceRequest},
+        command_output::MAX_CHUNK,
+        output_lines::MAX_LINE,
+        protocol::{Message, OutputStream, TraceRequest},
         session,
         wire::{self, EventBatch},
     },
-    event::{ClockInfo, Event, EventData, FORMAT_VERSION, KernelInfo, TraceStart, data},
+    event::{ClockInfo, EndReason, Event, EventData, FORMAT_VERSION, KernelInfo, TraceEnd, TraceStart, data},
 };
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -140,7 +143,14 @@ enum Misbehave {
     Pid,
     /// An event stamped near `u64::MAX`.
     Timestamp,
+    /// A message of command output one byte over the bound.
+    LargeOutput,
+    /// 64 MiB of command output without a newline, in messages within the bound, then the end.
+    EndlessLine,
 }
+
+/// The bytes of the fake agent's endless line.
+const ENDLESS: usize = 64 << 20;
 
 fn now_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
@@ -210,7 +220,24 @@ fn fake_agent(secret: &Path, misbehave: Misbehave) -> (String, std::thread::Join
                         let start = Box::new(trace_start(now_ns()));
                         let started = Message::Started { trace_id, trace_start: start, exports_otlp: false };
                         s.writer.send(&started).await.unwrap();
+                        let output =
+                            |bytes: Vec<u8>| Message::CommandOutput { stream: OutputStream::Stdout, dropped: 0, bytes };
                         let batch = match misbehave {
+                            Misbehave::LargeOutput => {
+                                let _ = s.writer.send(&output(vec![b'x'; MAX_CHUNK + 1])).await;
+                                continue;
+                            }
+                            Misbehave::EndlessLine => {
+                                for _ in 0..ENDLESS / MAX_CHUNK {
+                                    if s.writer.send(&output(vec![b'x'; MAX_CHUNK])).await.is_err() {
+                                        return sent;
+                                    }
+                                    sent += MAX_CHUNK as u64;
+                                }
+                                let trace_end = TraceEnd::new(now_ns(), EndReason::CommandExited, 0);
+                                let _ = s.writer.send(&Message::Ended { trace_id, trace_end, total_events: 0 }).await;
+                                continue;
+                            }
                             Misbehave::Pid => exit_batch(1 << 22, now_ns()),
                             Misbehave::Timestamp => exit_batch(100, u64::MAX - 1),
                             Misbehave::Strings => {
@@ -316,4 +343,42 @@ fn an_agent_that_sends_a_pid_or_a_timestamp_no_host_has_ends_as_an_incomplete_ho
         assert_eq!(t.events.len(), 0, "the event was not taken: {:?}", t.events);
         assert_eq!(t.end["hosts"][0]["lost"][0]["cause"], "bound_broken", "{}", t.end);
     }
+}
+
+#[test]
+fn an_agent_that_sends_output_over_the_bound_ends_as_an_incomplete_host() {
+    let dir = temp_dir();
+    let secret = gen_secret(dir.path(), "s");
+    let (addr, agent) = fake_agent(&secret, Misbehave::LargeOutput);
+    let output = dir.path().join("x.jsonl");
+    let (run, _) = collect_from(&addr, &secret, &output);
+    drop(agent);
+    assert_eq!(run.code(), 75, "{run:?}");
+    let expected = format!(
+        "host h: the agent broke a bound, its part of the trace ends here: a message of the command's output holds {} bytes: an agent sends at most {MAX_CHUNK}",
+        MAX_CHUNK + 1
+    );
+    assert!(run.stderr.contains(&expected), "expected {expected:?}: {run:?}");
+    assert_eq!(run.stdout, "", "nothing of it printed");
+    let t = tracer_tests::Trace::load(&output);
+    assert_eq!(t.end["hosts"][0]["lost"][0]["cause"], "bound_broken", "{}", t.end);
+}
+
+/// A line that never ends is printed in pieces as it comes: the collector holds at most one
+/// piece of it, not the 64 MiB.
+#[test]
+fn a_line_of_output_without_end_is_printed_in_pieces_and_the_collector_stays_small() {
+    let dir = temp_dir();
+    let secret = gen_secret(dir.path(), "s");
+    let (addr, agent) = fake_agent(&secret, Misbehave::EndlessLine);
+    let output = dir.path().join("x.jsonl");
+    let (run, peak_kib) = collect_from(&addr, &secret, &output);
+    let sent = agent.join().unwrap();
+    eprintln!("collector peak {peak_kib} KiB for a line of {} MiB", sent >> 20);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let pieces: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(pieces.len(), ENDLESS / MAX_LINE);
+    assert!(pieces.iter().all(|p| p.len() == 3 + MAX_LINE && p.starts_with("h: x") && p.ends_with('x')));
+    // The collector itself and a few frames: far below the line's 64 MiB.
+    assert!(peak_kib < 48 << 10, "the collector peaked at {peak_kib} KiB");
 }

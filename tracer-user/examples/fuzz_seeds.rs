@@ -19,7 +19,7 @@ use anyhow::{Context as _, Result};
 use tracer_common::{RecordHeader, RecordKind};
 use tracer_user::{
     cluster::{
-        protocol::{Message, PROTOCOL_VERSION, TraceRequest, decode, encode_body},
+        protocol::{Message, OutputStream, PROTOCOL_VERSION, TraceRequest, decode, encode_body},
         wire::{self, Decoder, Encoder, EventBatch},
     },
     event::{
@@ -220,7 +220,15 @@ fn frames(events: &[Event]) -> Result<Vec<Vec<u8>>> {
         Message::Refused { reason: "no".into() },
         Message::ClockProbe { id: 1 },
         Message::ClockEcho { id: 1, agent_ns: 5 },
-        Message::Start { trace_id: 1, request: TraceRequest { pids: vec![1], ..Default::default() } },
+        Message::Start { trace_id: 1, request: Box::new(TraceRequest { pids: vec![1], ..Default::default() }) },
+        Message::Start {
+            trace_id: 2,
+            request: Box::new(TraceRequest {
+                command: vec!["pwd".into()],
+                cwd: Some("/srv".into()),
+                ..Default::default()
+            }),
+        },
         Message::Started { trace_id: 1, trace_start: Box::new(start()), exports_otlp: true },
         Message::Failed { trace_id: 1, error: "no".into() },
         Message::Events(batch(events)),
@@ -229,6 +237,8 @@ fn frames(events: &[Event]) -> Result<Vec<Vec<u8>>> {
         Message::Stop { trace_id: 1 },
         Message::Ended { trace_id: 1, trace_end: end(), total_events: events.len() as u64 },
         Message::Resume { trace_id: 1, next_seq: 7, proof: [3; 32] },
+        Message::CommandOutput { stream: OutputStream::Stdout, dropped: 0, bytes: b"line\npart".to_vec() },
+        Message::CommandOutput { stream: OutputStream::Stderr, dropped: 4096, bytes: Vec::new() },
     ];
     messages.iter().map(|m| encode_body(m).context("cannot encode a message")).collect()
 }

@@ -1,6 +1,6 @@
 //! `tracer agent` and `tracer collect`.
 
-use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
@@ -15,7 +15,8 @@ use tracer_user::{
         auth::Secret,
         collector::{self, AgentSpec, ClientOptions, Cluster},
         command_output, listener, outbox,
-        protocol::TraceRequest,
+        output_lines::OutputHandler,
+        protocol::{OutputStream, TraceRequest},
         tls,
     },
     event::EndReason,
@@ -92,6 +93,10 @@ pub struct CollectArgs {
     /// Launch and trace this command on that host, e.g. 'web:./server --port 80' (repeatable).
     #[arg(short, long = "command", value_name = "NAME:COMMAND")]
     pub commands: Vec<String>,
+    /// The working directory of that host's command, an absolute path its user may enter
+    /// (default: /), e.g. 'web:/srv/app' (repeatable).
+    #[arg(long = "cwd", value_name = "NAME:DIR")]
+    pub cwds: Vec<String>,
     /// Functions, events and limits, as for `record`, on every host.
     #[command(flatten)]
     pub trace: TraceOptions,
@@ -214,6 +219,20 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
         }
         request.command = words;
     }
+    for item in &args.cwds {
+        let (name, dir) = per_host("--cwd", item, &args.agents)?;
+        let request = requests.get_mut(&name).expect("checked");
+        if request.command.is_empty() {
+            bail!("--cwd: host {name} has no command to launch (give -c {name}:COMMAND)");
+        }
+        if request.cwd.is_some() {
+            bail!("--cwd: host {name} already has a working directory");
+        }
+        if !dir.starts_with('/') {
+            bail!("--cwd '{item}': the working directory must be an absolute path");
+        }
+        request.cwd = Some(dir.to_string());
+    }
     for (name, r) in &requests {
         if r.pids.is_empty() && r.binaries.is_empty() && r.command.is_empty() {
             bail!("agent {name} has nothing to trace: give -p {name}:PID, -b {name}:PATH or -c {name}:COMMAND");
@@ -236,6 +255,24 @@ fn spill_parent(output: &std::path::Path) -> PathBuf {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     }
+}
+
+/// Prints each line of a launched command's output as `HOST: LINE`, its stdout's on stdout
+/// (on stderr when the trace goes to stdout) and its stderr's on stderr, a line at a time.
+fn print_output(trace_on_stdout: bool) -> OutputHandler {
+    use std::io::Write as _;
+    Arc::new(move |host: &str, stream: OutputStream, line: &[u8]| {
+        let mut text = Vec::with_capacity(host.len() + line.len() + 3);
+        text.extend_from_slice(host.as_bytes());
+        text.extend_from_slice(b": ");
+        text.extend_from_slice(line);
+        text.push(b'\n');
+        // A reader that went away (`| head`) costs the command's output, not the trace.
+        let _ = match stream {
+            OutputStream::Stdout if !trace_on_stdout => std::io::stdout().lock().write_all(&text),
+            _ => std::io::stderr().lock().write_all(&text),
+        };
+    })
 }
 
 pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
@@ -262,6 +299,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         reconnect_for: args.reconnect_for,
         // Each host's stream spills beside the output (on the same disk the trace goes to).
         spill_in: Some(spill_parent(&args.output)),
+        command_output: Some(print_output(args.output == std::path::Path::new("-"))),
         ..Default::default()
     };
     let (out, output_file) = open_output(&args.output)?;
@@ -408,6 +446,19 @@ mod tests {
         assert_eq!(r[1].1.binaries, ["/bin/srv"]);
         assert_eq!(r[1].1.functions, ["fib"]);
         assert_eq!(r[1].1.events, ["call", "send", "recv", "signal"]);
+    }
+
+    #[test]
+    fn a_working_directory_goes_with_its_hosts_command() {
+        let base = ["--agent", "a=10.0.0.1:7070", "--agent", "b=10.0.0.2:7070", "-c", "a:pwd", "-p", "b:1"];
+        let with = |extra: &[&str]| requests(&collect_args(&[&base[..], extra].concat()));
+        let r = with(&["--cwd", "a:/srv/app"]).unwrap();
+        assert_eq!((r[0].1.cwd.as_deref(), r[1].1.cwd.as_deref()), (Some("/srv/app"), None));
+        assert_eq!(with(&[]).unwrap()[0].1.cwd, None);
+        let err = |extra: &[&str]| with(extra).unwrap_err().to_string();
+        assert_eq!(err(&["--cwd", "b:/srv"]), "--cwd: host b has no command to launch (give -c b:COMMAND)");
+        assert_eq!(err(&["--cwd", "a:srv"]), "--cwd 'a:srv': the working directory must be an absolute path");
+        assert_eq!(err(&["--cwd", "a:/x", "--cwd", "a:/y"]), "--cwd: host a already has a working directory");
     }
 
     #[test]

@@ -131,6 +131,8 @@ struct TraceSlot {
     heard: Rc<Cell<Instant>>,
     /// The resume key of the connection that started it.
     resume_key: Key,
+    /// Its launched command's output on its way to the collector (none without a command).
+    output: Option<Rc<RefCell<command_output::OutputQueue>>>,
 }
 
 /// One authenticated connection.
@@ -479,7 +481,7 @@ async fn serve_session(agent: &Rc<Agent>, id: u64, session: Session, creds: Opti
             // Planning may take seconds: awaited here, it keeps this connection waiting for its
             // answer, and nothing else.
             Wake::Frame(Some(Ok(Message::Start { trace_id, request }))) => {
-                let reply = match start_trace(agent, &conn, trace_id, request).await {
+                let reply = match start_trace(agent, &conn, trace_id, *request).await {
                     Ok(start) => {
                         streaming = Streaming { cursor: Some(0), ..Default::default() };
                         let exports_otlp = agent.opts.otlp.is_some();
@@ -587,6 +589,7 @@ fn message_name(m: &Message) -> &'static str {
         Message::Stop { .. } => "stop",
         Message::Ended { .. } => "end",
         Message::Resume { .. } => "resume",
+        Message::CommandOutput { .. } => "command output",
     }
 }
 
@@ -611,6 +614,12 @@ async fn send_pending<W: tokio::io::AsyncWrite + Unpin>(
             };
             let pending = slot.outbox.pending(from);
             let mut frames = Vec::new();
+            // The command's output, in the order it was read; before the trace's end.
+            if let Some(output) = &slot.output {
+                let mut output = output.borrow_mut();
+                frames.extend(std::iter::from_fn(|| output.pop()));
+            }
+            let output_done = slot.output.as_ref().is_none_or(|o| o.borrow().finished());
             if let Some((first_seq, count)) = pending.gap {
                 frames.push(Message::Gap { first_seq, count });
             }
@@ -638,6 +647,7 @@ async fn send_pending<W: tokio::io::AsyncWrite + Unpin>(
             let all_sent = from == slot.outbox.next_seq();
             let mut done = n == 0;
             if all_sent
+                && output_done
                 && !streaming.sent_end
                 && let Some((end, total)) = &slot.end
             {
@@ -662,6 +672,8 @@ async fn send_pending<W: tokio::io::AsyncWrite + Unpin>(
 struct OutboxSink {
     agent: Rc<Agent>,
     otlp: Option<crate::export::otlp::OtlpSink>,
+    /// The launched command's output, whose stream to the collector ends with the trace.
+    relay: Option<Rc<command_output::Relay>>,
 }
 
 impl Sink for OutboxSink {
@@ -702,6 +714,10 @@ impl Sink for OutboxSink {
             let mut end = end.clone();
             end.ts = self.agent.skew(end.ts);
             drop(tokio::task::spawn_blocking(move || otlp.end(&end)));
+        }
+        // The command's last words, before the end: the collector prints them before it stops.
+        if let Some(relay) = self.relay.take() {
+            relay.finish_stream();
         }
         let mut end = end.clone();
         end.ts = self.agent.skew(end.ts);
@@ -833,18 +849,19 @@ async fn start_trace(
         key if key == [0; 16] => crate::export::otlp::IdKey::random(),
         key => crate::export::otlp::IdKey::Host(key),
     };
-    // A command starts detached from the agent, its output in a file of its user's.
-    let start = if request.command.is_empty() {
-        Start::Inherit
+    // A command starts detached from the agent, in the directory the request names; its output
+    // goes to the collector and to a file of its user's.
+    let (start, output) = if request.command.is_empty() {
+        (Start::Inherit, None)
     } else {
         let user = command_user(conn);
         let output = command_output::create(&agent.opts.command_output_dir, user.uid, user.gid, trace_id)
             .map_err(|e| report(&e))?;
-        Start::Detached(Detached::new(user, output))
-    };
-    let output = match &start {
-        Start::Detached(d) => Some(d.output.clone()),
-        Start::Inherit => None,
+        let mut detached = Detached::new(user);
+        if let Some(cwd) = &request.cwd {
+            detached.cwd = PathBuf::from(cwd);
+        }
+        (Start::Detached(detached), Some(output))
     };
     let _starting = Starting::mark(agent);
     let started = match options(agent, request, start) {
@@ -856,18 +873,39 @@ async fn start_trace(
         }),
         Err(e) => Err(e),
     };
-    let recording = match (started, &output) {
+    let mut recording = match (started, &output) {
         (Ok(recording), _) => recording,
-        (Err(e), Some(path)) => {
+        (Err(e), Some((path, _))) => {
             // Nothing was launched: no file to leave behind.
             let _ = std::fs::remove_file(path);
             return Err(e);
         }
         (Err(e), None) => return Err(e),
     };
-    if let Some(path) = &output {
-        tracing::info!(target: LOG, "trace {trace_id}: the command's output goes to {}", path.display());
-    }
+    let queue = output.as_ref().map(|_| Rc::new(RefCell::new(command_output::OutputQueue::default())));
+    let relay = match (output, recording.take_command_output(), &queue) {
+        (Some((path, file)), Some(pipes), Some(queue)) => {
+            tracing::info!(
+                target: LOG,
+                "trace {trace_id}: the command's output goes to its collector and to {}",
+                path.display()
+            );
+            let wake = agent.clone();
+            match command_output::Relay::new(pipes, file, path, queue.clone(), Box::new(move || wake.bump())) {
+                Ok(relay) => {
+                    tokio::task::spawn_local(relay.clone().run());
+                    Some(relay)
+                }
+                Err(e) => {
+                    // The command runs (it is released): traced, its output lost, and said so.
+                    tracing::warn!(target: LOG, "trace {trace_id}: cannot read the command's output, it is lost: {e}");
+                    queue.borrow_mut().close();
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     for w in &recording.warnings {
         tracing::warn!(target: LOG, "warning: {w}");
     }
@@ -883,6 +921,7 @@ async fn start_trace(
         owner: Some(conn.id),
         heard: conn.heard.clone(),
         resume_key: conn.resume_key,
+        output: queue,
     });
     tracing::info!(target: LOG, "trace {trace_id} started: {} probes", start.probes);
     let agent = agent.clone();
@@ -895,7 +934,7 @@ async fn start_trace(
                 None
             }
         });
-        let mut sink = OutboxSink { agent: agent.clone(), otlp };
+        let mut sink = OutboxSink { agent: agent.clone(), otlp, relay };
         let stop = async { stopped.await.unwrap_or(EndReason::Stopped) };
         match recording.run(&mut sink, stop).await {
             Ok(outcome) => {

@@ -77,6 +77,7 @@ use super::{
     clock_sync::ClockSample,
     listener::peer_creds,
     merge::{HostEvents, HostTrace, MergedTrace, merge, merge_into},
+    output_lines::{OutputHandler, OutputLines},
     protocol::{Message, TraceRequest},
     reconnect,
     session::{self, HandshakeError, Session},
@@ -153,6 +154,10 @@ pub struct ClientOptions {
     pub stop_timeout: Duration,
     /// Where each trace's private spill directory is made (default: `$TMPDIR`).
     pub spill_in: Option<PathBuf>,
+    /// Receives each line a launched command writes (default: none; the agent's output file on
+    /// its host keeps them). Called on the host's connection task: a handler that blocks holds
+    /// that host's stream back (and its agent then drops output beyond its bound, and says so).
+    pub command_output: Option<OutputHandler>,
 }
 
 impl Default for ClientOptions {
@@ -165,6 +170,7 @@ impl Default for ClientOptions {
             silence: Duration::from_secs(3),
             stop_timeout: Duration::from_secs(30),
             spill_in: None,
+            command_output: None,
         }
     }
 }
@@ -221,6 +227,8 @@ pub(super) struct HostState {
     /// When the first and the latest events arrived (ingest rate).
     pub(super) first_arrival: Option<Instant>,
     pub(super) last_arrival: Option<Instant>,
+    /// The launched command's partial lines.
+    pub(super) output: OutputLines,
 }
 
 impl HostState {
@@ -254,7 +262,7 @@ pub(super) struct Shared {
 }
 
 pub(super) enum Command {
-    Start { trace_id: u64, request: TraceRequest, reply: oneshot::Sender<Result<(), String>> },
+    Start { trace_id: u64, request: Box<TraceRequest>, reply: oneshot::Sender<Result<(), String>> },
     Stop { trace_id: u64 },
 }
 
@@ -451,7 +459,7 @@ impl Cluster {
         let mut started: Vec<usize> = Vec::new();
         for ((agent, request), &i) in requests.into_iter().zip(&indexes) {
             let (reply, answer) = oneshot::channel();
-            let command = Command::Start { trace_id, request, reply };
+            let command = Command::Start { trace_id, request: Box::new(request), reply };
             let result = match self.agents[i].commands.send(command).await {
                 Ok(()) => answer.await.unwrap_or_else(|_| Err("the connection to the agent was lost".to_string())),
                 Err(_) => Err("the connection to the agent was lost".to_string()),

@@ -13,6 +13,7 @@ pub mod listener;
 pub mod merge;
 pub mod noise;
 pub mod outbox;
+pub mod output_lines;
 pub mod protocol;
 pub mod reconnect;
 pub mod request_limits;

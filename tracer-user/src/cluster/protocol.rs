@@ -20,8 +20,9 @@ use crate::event::{TraceEnd, TraceStart};
 /// bytes, names numbered once per trace. 7: `trace_start` carries `kernel` (the agent's kernel and
 /// the mechanisms it chose). 8: receives carry `peek` and `discarded` (`MSG_PEEK`, `MSG_TRUNC`);
 /// `trace_start` carries `aliases`; returns carry `unwound` and `tail_call`. 9: the Noise handshake
-/// (`Terms`, `Noise`), and every frame after it encrypted.
-pub const PROTOCOL_VERSION: u32 = 9;
+/// (`Terms`, `Noise`), and every frame after it encrypted. 10: a launched command's stdout and
+/// stderr are streamed to its collector (`CommandOutput`); `cwd` in a trace request.
+pub const PROTOCOL_VERSION: u32 = 10;
 /// The largest frame (its message's encoding) either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated
@@ -64,6 +65,9 @@ pub struct TraceRequest {
     /// then adds the links across hosts. Any 16 bytes are a key; all zero: the collector chose
     /// none, and the agent draws its own (its spans then get no links from other hosts).
     pub otlp_key: [u8; 16],
+    /// The launched command's working directory, entered as its user (`None`: `/`). An absolute
+    /// path of at most [`request_limits::MAX_PATH`] bytes.
+    pub cwd: Option<String>,
 }
 
 impl Default for TraceRequest {
@@ -81,6 +85,7 @@ impl Default for TraceRequest {
             capture_bytes: 0,
             string_size: crate::debuginfo::layout::DEFAULT_STRING_SIZE,
             otlp_key: [0; 16],
+            cwd: None,
         }
     }
 }
@@ -111,8 +116,8 @@ pub enum Message {
     /// Agent → collector: the agent's clock when it answered, in its Unix nanoseconds.
     ClockEcho { id: u32, agent_ns: u64 },
 
-    /// Collector → agent: start tracing.
-    Start { trace_id: u64, request: TraceRequest },
+    /// Collector → agent: start tracing. (Boxed: a request is large, most messages are small.)
+    Start { trace_id: u64, request: Box<TraceRequest> },
     /// Agent → collector: tracing; the trace's start. The trace belongs to this
     /// connection: only it, or a reconnection proving it is the same collector, can receive,
     /// acknowledge or stop it. `exports_otlp`: the agent sends this trace's spans to an
@@ -134,6 +139,38 @@ pub enum Message {
     /// Collector → agent, after reconnecting: carry on with the trace from `next_seq`. `proof`
     /// is [`super::auth::resume_proof`] with the resume key of the connection that started it.
     Resume { trace_id: u64, next_seq: u64, proof: Proof },
+    /// Agent → collector: what the launched command wrote to `stream` next, at most
+    /// [`super::command_output::MAX_CHUNK`] bytes. `dropped`: bytes of that stream the agent
+    /// could not keep for the collector just before these (its output file has them).
+    CommandOutput {
+        stream: OutputStream,
+        dropped: u64,
+        #[serde(with = "serde_bytes")]
+        bytes: Vec<u8>,
+    },
+}
+
+/// A launched command's standard output or standard error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+impl OutputStream {
+    pub const BOTH: [OutputStream; 2] = [OutputStream::Stdout, OutputStream::Stderr];
+
+    /// `stdout` or `stderr`.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+        }
+    }
+
+    pub(super) fn index(self) -> usize {
+        self as usize
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -241,9 +278,15 @@ mod tests {
             Message::Resume { trace_id: 1, next_seq: 2, proof: [3; 32] },
             Message::Start {
                 trace_id: 9,
-                request: TraceRequest { pids: vec![1], events: vec!["call".into()], ..Default::default() },
+                request: Box::new(TraceRequest {
+                    pids: vec![1],
+                    events: vec!["call".into()],
+                    cwd: Some("/srv".into()),
+                    ..Default::default()
+                }),
             },
             Message::Gap { first_seq: 10, count: 5 },
+            Message::CommandOutput { stream: OutputStream::Stderr, dropped: 3, bytes: b"a\nb".to_vec() },
             Message::Ended {
                 trace_id: 9,
                 trace_end: crate::event::TraceEnd::new(5, crate::event::EndReason::Stopped, 3),

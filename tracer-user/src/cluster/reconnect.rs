@@ -13,8 +13,10 @@ use super::{
     auth,
     clock_sync::ClockSample,
     collector::{AgentSpec, ClientOptions, Command, HostState, LOG, Shared, connect_session},
+    command_output::MAX_QUEUED,
     event_bounds::{self, BoundError, Window},
-    protocol::Message,
+    output_lines::ChunkTooLarge,
+    protocol::{Message, OutputStream},
     session::Session,
     wire::Decoder,
 };
@@ -259,11 +261,23 @@ async fn session(
                                 h.lose(LossCause::Gap, detail);
                             }
                         }
+                        Message::CommandOutput { stream, dropped, bytes } => {
+                            let mut h = shared.hosts[index].lock().unwrap();
+                            if h.trace_id.is_some() {
+                                command_output(&mut h, options, stream, dropped, &bytes)
+                                    .map_err(|e| Ended::BoundBroken(e.to_string()))?;
+                            }
+                        }
                         Message::Ended { trace_id, trace_end, total_events } => {
                             let mut h = shared.hosts[index].lock().unwrap();
                             if h.trace_id == Some(trace_id) {
                                 h.end = Some(trace_end);
                                 h.total = Some(total_events);
+                                // The agent sends all of the command's output before the end.
+                                for stream in OutputStream::BOTH {
+                                    let HostState { host, output, .. } = &mut *h;
+                                    output.flush(stream, &mut emitter(options, host));
+                                }
                             }
                         }
                         Message::Refused { reason } => return Err(format!("refused: {reason}").into()),
@@ -313,6 +327,38 @@ async fn session(
         }
     }
     result
+}
+
+/// A handler's view of one host's lines (nothing without a handler).
+fn emitter<'a>(options: &'a ClientOptions, host: &'a str) -> impl FnMut(OutputStream, &[u8]) + 'a {
+    move |stream, line| {
+        if let Some(handler) = &options.command_output {
+            handler(host, stream, line);
+        }
+    }
+}
+
+/// Takes the next bytes of the launched command's `stream`, after `dropped` bytes the agent did
+/// not send (said as a warning, after the partial line before them).
+fn command_output(
+    h: &mut HostState,
+    options: &ClientOptions,
+    stream: OutputStream,
+    dropped: u64,
+    bytes: &[u8],
+) -> Result<(), ChunkTooLarge> {
+    let HostState { host, output, .. } = h;
+    let mut emit = emitter(options, host);
+    if dropped > 0 {
+        output.flush(stream, &mut emit);
+        tracing::warn!(
+            target: LOG,
+            "host {host}: {dropped} bytes of the command's {} were not sent: the agent keeps at most {} bytes of output for a collector that is slow or away (its output file on the host has everything)",
+            stream.name(),
+            MAX_QUEUED
+        );
+    }
+    output.take(stream, bytes, &mut emit)
 }
 
 /// Passes fresh events of a trace to its subscribers, each as far as its channel has room;

@@ -18,6 +18,8 @@ pub const MAX_TARGETS: usize = 1000;
 pub const MAX_COMMAND_WORDS: usize = 4096;
 /// Event kinds named in one request, at most (there are fewer kinds than this).
 pub const MAX_EVENT_NAMES: usize = 64;
+/// Bytes of the working directory a request names, at most (Linux's `PATH_MAX`).
+pub const MAX_PATH: usize = 4096;
 /// Probes one request may ask for (`max_probes`), at most: `record`'s default.
 pub const MAX_PROBES: usize = DEFAULT_MAX_PROBES;
 
@@ -39,6 +41,12 @@ pub enum RequestError {
     TooManyEventNames,
     #[error("the request asks for up to {0} probes: an agent places at most {MAX_PROBES} per request")]
     TooManyProbes(u32),
+    #[error("the request's working directory is longer than {MAX_PATH} bytes")]
+    WorkingDirectoryTooLong,
+    #[error("the request's working directory {0} is not an absolute path")]
+    WorkingDirectoryNotAbsolute(String),
+    #[error("the request names a working directory but no command to launch in it")]
+    WorkingDirectoryWithoutCommand,
 }
 
 /// Refuses a request beyond any bound (one sentence, the first bound broken).
@@ -57,6 +65,17 @@ pub fn check(request: &TraceRequest) -> Result<(), RequestError> {
     }
     if request.max_probes as usize > MAX_PROBES {
         return Err(RequestError::TooManyProbes(request.max_probes));
+    }
+    if let Some(cwd) = &request.cwd {
+        if cwd.len() > MAX_PATH {
+            return Err(RequestError::WorkingDirectoryTooLong);
+        }
+        if !cwd.starts_with('/') {
+            return Err(RequestError::WorkingDirectoryNotAbsolute(cwd.clone()));
+        }
+        if request.command.is_empty() {
+            return Err(RequestError::WorkingDirectoryWithoutCommand);
+        }
     }
     Ok(())
 }
@@ -90,9 +109,9 @@ mod tests {
     use crate::cluster::protocol::{Message, decode, encode_body};
 
     fn decoded(request: TraceRequest) -> TraceRequest {
-        let body = encode_body(&Message::Start { trace_id: 1, request }).unwrap();
+        let body = encode_body(&Message::Start { trace_id: 1, request: Box::new(request) }).unwrap();
         match decode(&body).unwrap() {
-            Message::Start { request, .. } => request,
+            Message::Start { request, .. } => *request,
             other => panic!("{other:?}"),
         }
     }
@@ -138,5 +157,22 @@ mod tests {
             check(&probes).unwrap_err().to_string(),
             "the request asks for up to 100000 probes: an agent places at most 4096 per request"
         );
+    }
+
+    #[test]
+    fn the_working_directory_is_bounded_absolute_and_for_a_command() {
+        let command = vec!["pwd".to_string()];
+        let cwd = |dir: String| TraceRequest { command: command.clone(), cwd: Some(dir), ..Default::default() };
+        assert_eq!(check(&decoded(cwd("/srv/app".into()))), Ok(()));
+        assert_eq!(
+            check(&decoded(cwd(format!("/{}", "d".repeat(MAX_PATH))))),
+            Err(RequestError::WorkingDirectoryTooLong)
+        );
+        assert_eq!(
+            check(&cwd("srv".into())).unwrap_err().to_string(),
+            "the request's working directory srv is not an absolute path"
+        );
+        let alone = TraceRequest { pids: vec![1], cwd: Some("/".into()), ..Default::default() };
+        assert_eq!(check(&alone), Err(RequestError::WorkingDirectoryWithoutCommand));
     }
 }

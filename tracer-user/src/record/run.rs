@@ -22,7 +22,7 @@ use crate::{
     event::{EndReason, EventKind, FORMAT_VERSION, TargetInfo, TraceEnd, TraceStart},
     pipeline::EventPipeline,
     pipeline::order::REORDER_WINDOW_NS,
-    record::attach::launch::{ChildExit, spawn_stopped, try_reap},
+    record::attach::launch::{ChildExit, OutputPipes, spawn_stopped, try_reap},
     record::attach::loader::{Kernel, LostCounters, raise_fd_limit},
     record::attach::{features::KernelFeatures, kernel_btf::KernelBtf},
     record::drain::{Batch, RingDrain},
@@ -44,10 +44,11 @@ impl Plan {
         let Plan { options, processes, binaries, command, probes, functions, probe_paths, aliases, usdt, .. } = self;
         let mut warnings = Vec::new();
         let events = &options.events;
-        let child = match &command {
+        let mut child = match &command {
             Some(path) => Some(spawn_stopped(path, &options.command, &options.start)?),
             None => None,
         };
+        let command_output = child.as_mut().and_then(|c| c.take_output());
 
         let btf = KernelBtf::running()?;
         let mut features = KernelFeatures::probe(btf);
@@ -207,6 +208,7 @@ impl Plan {
             clock,
             start,
             child_pid,
+            command_output,
             ends_when_empty: binaries.is_empty(),
             duration: options.duration,
             kinds: options.events.clone(),
@@ -228,6 +230,8 @@ pub struct Recording {
     clock: BootClock,
     start: TraceStart,
     child_pid: Option<u32>,
+    /// A detached command's stdout and stderr, for whoever runs the recording to read.
+    command_output: Option<OutputPipes>,
     /// With `--binary`, new processes may start at any time: the trace does not end for lack of
     /// targets.
     ends_when_empty: bool,
@@ -280,6 +284,12 @@ impl Recording {
         self.child_pid
     }
 
+    /// The read ends of a detached command's stdout and stderr (once): whoever takes them must
+    /// read them as they fill, or the command blocks writing.
+    pub fn take_command_output(&mut self) -> Option<OutputPipes> {
+        self.command_output.take()
+    }
+
     /// The recording's progress, updated while it runs.
     pub fn progress(&self) -> Arc<Progress> {
         self.progress.clone()
@@ -297,6 +307,7 @@ impl Recording {
             clock,
             start,
             child_pid,
+            command_output: _,
             ends_when_empty,
             duration,
             kinds,

@@ -6,8 +6,11 @@
 //! one that kept its descriptors could rewrite the agent's log; its environment and working
 //! directory are root's. So a detached command gets ([`super::launch::spawn_stopped`] applies it):
 //! - a new session with no controlling terminal (`setsid`), stdin from `/dev/null`, stdout and
-//!   stderr to a file the agent made for it ([`Detached::output`]), no other descriptor;
-//! - the working directory `/`, entered with the user's own credentials;
+//!   stderr to two pipes whose read ends the agent keeps ([`super::launch::OutputPipes`]: it
+//!   streams them to the collector and appends them to a file of the user's), no other
+//!   descriptor;
+//! - the working directory `/` or the one the request names, entered with the user's own
+//!   credentials;
 //! - an environment made only from the user's account ([`account_env`]): `HOME`, `USER`,
 //!   `LOGNAME`, `SHELL` from its passwd entry and `PATH` [`CLEAN_PATH`];
 //! - resource limits back at the kernel's defaults where the agent may have changed them
@@ -31,9 +34,6 @@ pub const CLEAN_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 pub struct Detached {
     /// Who it runs as (root included: root's commands are detached too).
     pub user: RunAs,
-    /// Its stdout and stderr: a file that exists (the agent made it, owned by `user`), opened
-    /// for appending without following a link.
-    pub output: PathBuf,
     /// Its working directory, entered as `user`.
     pub cwd: PathBuf,
     /// Its whole environment.
@@ -43,11 +43,11 @@ pub struct Detached {
 }
 
 impl Detached {
-    /// A command of `user`'s writing to `output`, in `/`, with its account's environment.
-    pub fn new(user: RunAs, output: PathBuf) -> Detached {
+    /// A command of `user`'s, in `/`, with its account's environment.
+    pub fn new(user: RunAs) -> Detached {
         let env = account_env(user.uid);
         let no_new_privs = user.uid != 0;
-        Detached { user, output, cwd: PathBuf::from("/"), env, no_new_privs }
+        Detached { user, cwd: PathBuf::from("/"), env, no_new_privs }
     }
 }
 

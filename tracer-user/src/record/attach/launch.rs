@@ -19,7 +19,7 @@ use std::{
     ffi::{CString, OsString},
     os::{
         fd::{AsRawFd as _, OwnedFd},
-        unix::{ffi::OsStrExt as _, fs::OpenOptionsExt as _},
+        unix::ffi::OsStrExt as _,
     },
     path::{Path, PathBuf},
 };
@@ -37,8 +37,8 @@ pub enum LaunchError {
     Start { path: PathBuf, source: std::io::Error },
     #[error("command argument contains a NUL byte")]
     NulInArgument,
-    #[error("cannot open the command's output file {path}")]
-    Output { path: PathBuf, source: std::io::Error },
+    #[error("cannot set up the command's stdin, stdout and stderr")]
+    Output { source: std::io::Error },
     #[error("uid {uid} cannot enter the working directory {dir}")]
     WorkingDirectory { dir: PathBuf, uid: u32, source: std::io::Error },
     #[error("cannot start {path}: {step} failed")]
@@ -56,10 +56,19 @@ pub enum Start {
     Detached(Detached),
 }
 
+/// The read ends of a detached command's stdout and stderr (non-blocking, close-on-exec).
+#[derive(Debug)]
+pub struct OutputPipes {
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
 /// A forked child that has not exec'd yet.
 pub struct StoppedChild {
     pid: u32,
     path: PathBuf,
+    /// A detached child's stdout and stderr, until taken.
+    output: Option<OutputPipes>,
     /// The working directory and user of a detached child, for the message if it cannot enter it.
     cwd: Option<(PathBuf, u32)>,
     go: Option<OwnedFd>,
@@ -137,7 +146,9 @@ impl Step {
 /// What a detached child needs, prepared before fork.
 struct DetachedPrepared {
     stdin: OwnedFd,
-    output: OwnedFd,
+    /// The write ends of its stdout and stderr pipes.
+    stdout: OwnedFd,
+    stderr: OwnedFd,
     cwd: CString,
     /// Keeps the strings `envp` points to.
     _env: Vec<CString>,
@@ -146,31 +157,36 @@ struct DetachedPrepared {
     no_new_privs: bool,
 }
 
-fn prepare_detached(d: &Detached) -> Result<DetachedPrepared, LaunchError> {
-    let output_error = |source| LaunchError::Output { path: d.output.clone(), source };
+fn prepare_detached(d: &Detached) -> Result<(DetachedPrepared, OutputPipes), LaunchError> {
+    let output_error = |source| LaunchError::Output { source };
     let stdin = std::fs::File::open("/dev/null").map_err(output_error)?.into();
-    // O_NOFOLLOW: the agent made the file in a directory only root can write; should a link be
-    // there all the same, it is not followed. O_APPEND: a reader may truncate it under us.
-    let output = std::fs::OpenOptions::new()
-        .append(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&d.output)
-        .map_err(output_error)?
-        .into();
+    // Pipes, not a file: the agent reads them as they fill, so that it can stream them. The read
+    // ends are non-blocking (the agent's one thread never waits on them); the command's ends
+    // stay blocking, as a pipe a shell gives it is.
+    let pipe = || -> Result<(OwnedFd, OwnedFd), LaunchError> {
+        let (read, write) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| output_error(e.into()))?;
+        let flags = nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&read, nix::fcntl::FcntlArg::F_SETFL(flags)).map_err(|e| output_error(e.into()))?;
+        Ok((read, write))
+    };
+    let (stdout_read, stdout) = pipe()?;
+    let (stderr_read, stderr) = pipe()?;
     let cwd = CString::new(d.cwd.as_os_str().as_bytes()).map_err(|_| LaunchError::NulInArgument)?;
     let env: Vec<CString> =
         d.env.iter().map(|(n, v)| env_entry(n, v).ok_or(LaunchError::NulInArgument)).collect::<Result<_, _>>()?;
     let mut envp: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
     envp.push(std::ptr::null());
-    Ok(DetachedPrepared {
+    let prepared = DetachedPrepared {
         stdin,
-        output,
+        stdout,
+        stderr,
         cwd,
         _env: env,
         envp,
         limits: super::detached::default_limits(),
         no_new_privs: d.no_new_privs,
-    })
+    };
+    Ok((prepared, OutputPipes { stdout: stdout_read, stderr: stderr_read }))
 }
 
 /// Closes every descriptor from 3 up but the two in `keep` (both at least 3).
@@ -241,9 +257,12 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString], start: &Start) -> Result<St
         .collect::<Result<_, _>>()?;
     let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
     c_argv.push(std::ptr::null());
-    let detached = match start {
-        Start::Inherit => None,
-        Start::Detached(d) => Some((d, prepare_detached(d)?)),
+    let (detached, output) = match start {
+        Start::Inherit => (None, None),
+        Start::Detached(d) => {
+            let (prepared, pipes) = prepare_detached(d)?;
+            (Some((d, prepared)), Some(pipes))
+        }
     };
 
     let (go_read, go_write) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| start_error(e.into()))?;
@@ -263,13 +282,14 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString], start: &Start) -> Result<St
             let mut status = status_write.as_raw_fd();
             // SAFETY: plain syscalls on valid fds and buffers.
             unsafe {
-                let (mut stdin, mut output) = match &detached {
-                    Some((_, p)) => (p.stdin.as_raw_fd(), p.output.as_raw_fd()),
-                    None => (-1, -1),
+                let (mut stdin, mut stdout, mut stderr) = match &detached {
+                    Some((_, p)) => (p.stdin.as_raw_fd(), p.stdout.as_raw_fd(), p.stderr.as_raw_fd()),
+                    None => (-1, -1, -1),
                 };
                 // Close now what exec would close anyway: while this child waits, it must not hold
-                // other threads' close-on-exec descriptors open (another launch's go pipe, say).
-                let keep = [go, status, stdin, output];
+                // other threads' close-on-exec descriptors open (another launch's go pipe, say, or
+                // the read ends of its own output pipes).
+                let keep = [go, status, stdin, stdout, stderr];
                 for fd in 3..max_fd {
                     let flags = libc::fcntl(fd, libc::F_GETFD);
                     if flags >= 0 && flags & libc::FD_CLOEXEC != 0 && !keep.contains(&fd) {
@@ -300,11 +320,12 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString], start: &Start) -> Result<St
                     if status < 0 {
                         libc::_exit(127);
                     }
-                    (go, stdin, output) = (above_stdio(go), above_stdio(stdin), above_stdio(output));
-                    if go < 0 || stdin < 0 || output < 0 {
+                    (go, stdin) = (above_stdio(go), above_stdio(stdin));
+                    (stdout, stderr) = (above_stdio(stdout), above_stdio(stderr));
+                    if go < 0 || stdin < 0 || stdout < 0 || stderr < 0 {
                         fail(status, Step::Stdio);
                     }
-                    if libc::dup2(stdin, 0) < 0 || libc::dup2(output, 1) < 0 || libc::dup2(output, 2) < 0 {
+                    if libc::dup2(stdin, 0) < 0 || libc::dup2(stdout, 1) < 0 || libc::dup2(stderr, 2) < 0 {
                         fail(status, Step::Stdio);
                     }
                     // Nothing of the agent's but the two pipes to it, which exec closes.
@@ -347,10 +368,13 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString], start: &Start) -> Result<St
         ForkResult::Parent { child } => {
             drop(go_read);
             drop(status_write);
+            // The command's ends of its pipes: with them closed here, the agent reads the end of
+            // its output once the command (and whoever it gave them to) has closed them.
             drop(detached);
             Ok(StoppedChild {
                 pid: child.as_raw() as u32,
                 path: path.to_owned(),
+                output,
                 cwd,
                 go: Some(go_write),
                 exec_status: Some(status_read),
@@ -362,6 +386,11 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString], start: &Start) -> Result<St
 impl StoppedChild {
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The read ends of a detached child's stdout and stderr (once).
+    pub fn take_output(&mut self) -> Option<OutputPipes> {
+        self.output.take()
     }
 
     /// Lets the child exec, and reports whether exec succeeded.
@@ -486,43 +515,47 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// A detached command of nobody's, its output file made as the agent makes it.
-    fn detached_as_nobody(dir: &Path) -> Detached {
-        let output = dir.join("out");
-        std::fs::write(&output, "").unwrap();
-        std::os::unix::fs::chown(&output, Some(65534), Some(65534)).unwrap();
-        Detached::new(RunAs { uid: 65534, gid: 65534, groups: vec![4] }, output)
+    /// A detached command of nobody's.
+    fn detached_as_nobody() -> Detached {
+        Detached::new(RunAs { uid: 65534, gid: 65534, groups: vec![4] })
+    }
+
+    /// Everything a pipe holds now (its writers are gone).
+    fn read_all(fd: OwnedFd) -> String {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(fd), &mut text).unwrap();
+        text
     }
 
     #[test]
     fn the_command_can_run_as_another_user() {
-        let dir = tempfile::tempdir().unwrap();
         let script = "test \"$(id -u):$(id -g):$(id -G)\" = '65534:65534:65534 4'";
-        let start = Start::Detached(detached_as_nobody(dir.path()));
+        let start = Start::Detached(detached_as_nobody());
         let child = spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()], &start).unwrap();
         assert_eq!(wait(child.release().unwrap()), ChildExit::Code(0));
     }
 
-    /// What a detached command has of the tracer's: nothing. It reports on its own output file.
+    /// What a detached command has of the tracer's: nothing. It reports on its own stdout.
     #[test]
     fn a_detached_command_starts_clean() {
-        let dir = tempfile::tempdir().unwrap();
-        let detached = detached_as_nobody(dir.path());
-        let output = detached.output.clone();
+        let detached = detached_as_nobody();
         // Something of the tracer's that a command must not see: a descriptor without
         // close-on-exec, and a raised limit.
         let leaked = std::fs::File::open("/etc/hostname").unwrap();
         let leaked = nix::fcntl::fcntl(&leaked, nix::fcntl::FcntlArg::F_DUPFD(20)).unwrap();
         let script = "ls /proc/self/fd; readlink /proc/self/fd/0; \
                       echo sid=$(($(cut -d' ' -f6 /proc/self/stat) == $$)) tty=$(cut -d' ' -f7 /proc/self/stat); \
-                      grep NoNewPrivs /proc/self/status; ulimit -n; ulimit -c; pwd; env | sort";
-        let child =
+                      grep NoNewPrivs /proc/self/status; ulimit -n; ulimit -c; pwd; env | sort; echo err >&2";
+        let mut child =
             spawn_stopped(Path::new("/bin/sh"), &["sh".into(), "-c".into(), script.into()], &Start::Detached(detached))
                 .unwrap();
+        let pipes = child.take_output().expect("a detached child's pipes");
         assert_eq!(wait(child.release().unwrap()), ChildExit::Code(0));
         // SAFETY: our own descriptor, closed once.
         unsafe { libc::close(leaked) };
-        let text = std::fs::read_to_string(&output).unwrap();
+        // Nonblocking, but the command has exited: all it wrote is there.
+        assert_eq!(read_all(pipes.stderr), "err\n");
+        let text = read_all(pipes.stdout);
         // `ls` itself opens /proc/self/fd as 3.
         let expected = "0\n1\n2\n3\n/dev/null\nsid=1 tty=0\nNoNewPrivs:\t1\n1024\n0\n/\n\
                         HOME=/nonexistent\nLOGNAME=nobody\nPATH=/usr/local/bin:/usr/bin:/bin\nPWD=/\nSHELL=/usr/sbin/nologin\nUSER=nobody\n";
@@ -532,7 +565,7 @@ mod tests {
     #[test]
     fn a_working_directory_the_user_cannot_enter_fails_the_launch() {
         let dir = tempfile::tempdir().unwrap();
-        let mut detached = detached_as_nobody(dir.path());
+        let mut detached = detached_as_nobody();
         let private = dir.path().join("private");
         std::fs::create_dir(&private).unwrap();
         std::fs::set_permissions(&private, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
