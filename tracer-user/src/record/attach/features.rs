@@ -148,7 +148,12 @@ impl KernelFeatures {
 /// Whether the kernel loads a sleepable kprobe-type program (the type of uprobe programs): 6.0
 /// and later do; before, the verifier allowed only fentry/fexit/fmod_ret and LSM programs to sleep.
 fn has_sleepable_uprobes() -> bool {
-    // `r0 = 0; exit`.
+    load_probe_program(0, BPF_F_SLEEPABLE).is_ok()
+}
+
+/// Loads `r0 = 0; exit` as a kprobe-type program with `expected_attach_type` and `prog_flags`:
+/// whether the kernel takes it says whether it has what they ask for.
+fn load_probe_program(expected_attach_type: u32, prog_flags: u32) -> io::Result<OwnedFd> {
     let insns: [u64; 2] = [0x0000_0000_0000_00b7, 0x0000_0000_0000_0095];
     let license = c"GPL";
     // SAFETY: an all-zero `bpf_attr` is the documented "unset" value of every field.
@@ -157,12 +162,13 @@ fn has_sleepable_uprobes() -> bool {
     unsafe {
         let u = &mut attr.__bindgen_anon_3;
         u.prog_type = BPF_PROG_TYPE_KPROBE as u32;
-        u.prog_flags = BPF_F_SLEEPABLE;
+        u.expected_attach_type = expected_attach_type;
+        u.prog_flags = prog_flags;
         u.insns = insns.as_ptr() as u64;
         u.insn_cnt = insns.len() as u32;
         u.license = license.as_ptr() as u64;
     }
-    super::uprobe_multi::sys_bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr).is_ok()
+    super::uprobe_multi::sys_bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
 }
 
 /// The selected mode of `/sys/kernel/security/lockdown` is in brackets: `none [integrity]
@@ -175,21 +181,7 @@ fn lockdown_is_confidentiality(modes: &str) -> bool {
 /// linked to an offset of `/` (a directory), fails with EBADF where the link type exists and
 /// with EINVAL (or the load itself fails) where it does not.
 fn has_uprobe_multi() -> bool {
-    // `r0 = 0; exit`.
-    let insns: [u64; 2] = [0x0000_0000_0000_00b7, 0x0000_0000_0000_0095];
-    let license = c"GPL";
-    // SAFETY: an all-zero `bpf_attr` is the documented "unset" value of every field.
-    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
-    // SAFETY: writing plain integers and pointers (that outlive the call) into BPF_PROG_LOAD.
-    unsafe {
-        let u = &mut attr.__bindgen_anon_3;
-        u.prog_type = BPF_PROG_TYPE_KPROBE as u32;
-        u.expected_attach_type = BPF_TRACE_UPROBE_MULTI as u32;
-        u.insns = insns.as_ptr() as u64;
-        u.insn_cnt = insns.len() as u32;
-        u.license = license.as_ptr() as u64;
-    }
-    let Ok(prog) = super::uprobe_multi::sys_bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr) else { return false };
+    let Ok(prog) = load_probe_program(BPF_TRACE_UPROBE_MULTI as u32, 0) else { return false };
     let path = CString::new("/").expect("no NUL");
     let offset: u64 = 0;
     let link = link_uprobe_multi(&prog, &path, &offset);
