@@ -71,12 +71,12 @@ fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1e3)
 }
 
-/// Nanoseconds per call that tracing added to the traced program's own loop.
-fn per_call_ns(traced: &Sample, base: &Sample) -> f64 {
-    (traced.loop_ns as f64 - base.loop_ns as f64) / CALLS as f64
+/// Nanoseconds per call that tracing added to the traced program's own loop of `calls` calls.
+pub(crate) fn per_call_ns(traced: &Sample, base: &Sample, calls: u64) -> f64 {
+    (traced.loop_ns as f64 - base.loop_ns as f64) / calls as f64
 }
 
-fn has_bpftrace() -> bool {
+pub(crate) fn has_bpftrace() -> bool {
     Command::new("bpftrace")
         .arg("--version")
         .stdout(Stdio::null())
@@ -86,7 +86,7 @@ fn has_bpftrace() -> bool {
 }
 
 /// Reads the lost-event total and event count from a JSON lines trace's last line.
-fn trace_end(path: &Path) -> Result<(u64, u64)> {
+pub(crate) fn trace_end(path: &Path) -> Result<(u64, u64)> {
     let text = std::fs::read_to_string(path)?;
     let last = text.lines().last().context("empty trace")?;
     let end: serde_json::Value = serde_json::from_str(last)?;
@@ -97,8 +97,11 @@ fn trace_end(path: &Path) -> Result<(u64, u64)> {
 /// The parts of the benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
-    /// What tracing costs the traced program (root).
+    /// What tracing costs the traced program (root). In an emulated VM, only the `kernels` rows.
     Overhead,
+    /// What a call costs by attach mechanism on the running kernel (uprobe-multi, perf-event
+    /// uprobes), as ratios to bpftrace; small enough for the emulated VMs (root).
+    Kernels,
     /// How fast the exporters and `tracer report` read a 10-million-event trace.
     Export,
     /// How fast a collector takes events from agents, and merges them (root).
@@ -115,10 +118,24 @@ pub enum Part {
     Otlp,
 }
 
-pub fn run(tracer: &Path, only: Option<Part>) -> Result<()> {
+/// Where the benchmarks run: on this machine, or inside an emulated VM (`bench --kernel`), where
+/// every instruction is 10-50 times slower and only the overhead's kernel-dependent rows run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Machine {
+    Host,
+    Emulated,
+}
+
+pub fn run(tracer: &Path, only: Option<Part>, machine: Machine) -> Result<()> {
     let wanted = |part| only.is_none_or(|o| o == part);
     if wanted(Part::Overhead) {
-        overhead(tracer)?;
+        match machine {
+            Machine::Host => overhead(tracer)?,
+            Machine::Emulated => crate::bench_kernels::run(tracer)?,
+        }
+    }
+    if only == Some(Part::Kernels) {
+        crate::bench_kernels::run(tracer)?;
     }
     if wanted(Part::Export) {
         crate::bench_export::run(tracer)?;
@@ -248,7 +265,7 @@ fn overhead(tracer: &Path) -> Result<()> {
         let base = measure(name, untraced(exe.clone(), CALLS))?;
         let traced_sample = measure(&format!("tracer on {name}"), traced(exe.clone(), CALLS))?;
         let (placed, path) = probe_path(&out)?;
-        let per_call = per_call_ns(&traced_sample, &base);
+        let per_call = per_call_ns(&traced_sample, &base, CALLS);
         println!(
             "| {flags} | {entry} | {placed} | {path} | {:.2} ms | **{} ns** |",
             base.loop_ns as f64 / 1e6,
@@ -266,12 +283,12 @@ fn overhead(tracer: &Path) -> Result<()> {
         c.args(["top", "--json", "-f", "work", "--"]).arg(&bench).arg(CALLS.to_string());
         c
     })?;
-    let top_per_call = per_call_ns(&top, &base);
+    let top_per_call = per_call_ns(&top, &base, CALLS);
     // How kernels before 6.6 attach (a perf-event uprobe per site), on this kernel: the same
     // programs, so the per-call cost should match; what differs is attaching and detaching.
     let perf_event =
         measure("tracer --attach perf_event on bench", traced_with(bench.clone(), CALLS, &["--attach", "perf_event"]))?;
-    let perf_event_per_call = per_call_ns(&perf_event, &base);
+    let perf_event_per_call = per_call_ns(&perf_event, &base, CALLS);
     let perf_event_0 =
         measure("tracer --attach perf_event on bench 0", traced_with(bench.clone(), 0, &["--attach", "perf_event"]))?;
     // Returns probed where they happen (each `ret`, for programs that unwind stacks) against the
@@ -299,7 +316,7 @@ fn overhead(tracer: &Path) -> Result<()> {
         let mut row = Vec::new();
         for how in ["return_address", "exits"] {
             let sample = measure(&format!("tracer --returns {how} on {function}"), returns(function, how))?;
-            row.push(per_call_ns(&sample, base));
+            row.push(per_call_ns(&sample, base, CALLS));
         }
         return_rows.push((function, row[0], row[1]));
     }
@@ -355,9 +372,9 @@ fn overhead(tracer: &Path) -> Result<()> {
                 c
             }
         };
-        let entry = per_call_ns(&measure("bpftrace count() on uprobe", bpftrace("entry"))?, &base);
-        let both = per_call_ns(&measure("bpftrace count() on uprobe + uretprobe", bpftrace("both"))?, &base);
-        let printf = per_call_ns(&measure("bpftrace printf on uprobe + uretprobe", bpftrace("printf"))?, &base);
+        let entry = per_call_ns(&measure("bpftrace count() on uprobe", bpftrace("entry"))?, &base, CALLS);
+        let both = per_call_ns(&measure("bpftrace count() on uprobe + uretprobe", bpftrace("both"))?, &base, CALLS);
+        let printf = per_call_ns(&measure("bpftrace printf on uprobe + uretprobe", bpftrace("printf"))?, &base, CALLS);
         println!("| bpftrace `count()` on uprobe only, per call | {entry:.0} ns |");
         println!("| bpftrace `count()` on uprobe + uretprobe, per call | {both:.0} ns |");
         println!("| bpftrace `printf` of every call and return (recording everything), per call | {printf:.0} ns |");
@@ -381,7 +398,7 @@ fn overhead(tracer: &Path) -> Result<()> {
 
 /// Installs bpftrace when it is missing (so that the ratio rows always appear), and mounts
 /// tracefs, which it reads probe formats from.
-fn ensure_bpftrace() {
+pub(crate) fn ensure_bpftrace() {
     if !Path::new("/sys/kernel/tracing/trace").exists() {
         let _ = Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]).status();
     }

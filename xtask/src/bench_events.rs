@@ -24,7 +24,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    bench::{RUNS, Sample, fixture, measure},
+    bench::{RUNS, fixture, measure, per_call_ns},
     cargo, root, run_checked,
 };
 
@@ -38,10 +38,6 @@ const MODES: [(&str, &str); 4] = [
     ("log", "`log::info!` through `TraceLogger`"),
     ("tracing", "`tracing::info!` (one field) through `TraceLayer`"),
 ];
-
-fn per_call_ns(sample: &Sample, base: &Sample, calls: u64) -> f64 {
-    (sample.loop_ns as f64 - base.loop_ns as f64) / calls as f64
-}
 
 /// Checks the last traced run's trace: a `log` or `usdt` event per call, none lost.
 fn check_records(path: &Path, calls: u64) -> Result<()> {

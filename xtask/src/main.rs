@@ -8,6 +8,7 @@ mod bench;
 mod bench_cluster;
 mod bench_events;
 mod bench_export;
+mod bench_kernels;
 mod bench_native;
 mod bench_otlp;
 mod bench_params;
@@ -115,12 +116,12 @@ fn run(cli: Cli) -> Result<()> {
         Task::Test { filter, kernel } => test(filter.as_deref(), &kernel),
         Task::Bench { only, kernel, built } => {
             if built {
-                return bench::run(&root().join("target/release/tracer"), only);
+                return bench::run(&root().join("target/release/tracer"), only, bench::Machine::Emulated);
             }
             toolchain::setup()?;
             let tracer = build()?;
             if kernel.is_empty() {
-                return bench::run(&tracer, only);
+                return bench::run(&tracer, only, bench::Machine::Host);
             }
             for k in kernel {
                 println!("xtask: ---- benchmarks under Linux {} ----", k.name());
