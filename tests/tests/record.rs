@@ -178,7 +178,7 @@ fn stripped_binaries_use_dynsym() {
 }
 
 #[test]
-fn without_patterns_every_function_of_the_executable_is_probed() {
+fn without_patterns_the_programs_own_functions_are_probed() {
     let dir = temp_dir();
     let (run, t) = record(dir.path(), &["--", fixture("calls").to_str().unwrap(), "run", "0"]);
     assert_eq!(run.code(), 0, "{run:?}");
@@ -186,10 +186,16 @@ fn without_patterns_every_function_of_the_executable_is_probed() {
     assert_eq!(t.calls("fib").len(), 177);
     assert_eq!(t.calls("main").len(), 1);
     assert_eq!(t.calls("thread_main").len(), 1);
-    // The entry point gets an entry probe but no return probe.
-    assert_eq!(t.calls("_start").len(), 1);
-    assert_eq!(t.returns("_start").len(), 0);
-    assert!(t.start["probes"].as_u64().unwrap() >= 9, "{}", t.start);
+    // The C runtime's start-up code is not the program's: left out unless asked for.
+    for startup in ["_start", "_init", "_fini", "frame_dummy", "register_tm_clones", "__do_global_dtors_aux"] {
+        assert_eq!(t.calls(startup).len(), 0, "{startup}");
+    }
+    assert!(t.start["probes"].as_u64().unwrap() >= 6, "{}", t.start);
+    // Asked for, the entry point gets an entry probe but no return probe.
+    let (run, t) =
+        record(dir.path(), &["-f", "_start", "-f", "main", "--", fixture("calls").to_str().unwrap(), "run", "0"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!((t.calls("_start").len(), t.returns("_start").len(), t.calls("main").len()), (1, 0, 1));
     // main returns 0 (the exit code given on the command line).
     assert_eq!(t.returns("main")[0]["retval"], 0);
 }
@@ -227,6 +233,66 @@ fn event_selection() {
     assert_eq!(t.events.len(), 177);
     // Without call events the durations are unknown.
     assert!(t.events.iter().all(|e| e["kind"] == "return" && e["duration_ns"].is_null()));
+}
+
+/// `-o -`: standard output is the trace alone, every line JSON; what the command prints goes
+/// to stderr (`tracer record -o - -- CMD | jq` works).
+#[test]
+fn with_the_trace_on_stdout_the_commands_output_goes_to_stderr() {
+    let run =
+        tracer_tests::tracer(&["record", "-o", "-", "-e", "spawn,exit", "--", "sh", "-c", "echo from-the-command"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let lines: Vec<Value> =
+        run.stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
+    assert_eq!(lines.first().unwrap()["kind"], "trace_start");
+    assert_eq!(lines.last().unwrap()["kind"], "trace_end");
+    assert!(run.stderr.contains("from-the-command\n"), "{}", run.stderr);
+}
+
+/// The CPUs online, as `/sys/devices/system/cpu/online` lists them (`0-1,4`).
+fn online_cpus() -> u32 {
+    let list = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    list.trim()
+        .split(',')
+        .map(|range| match range.split_once('-') {
+            Some((a, b)) => b.parse::<u32>().unwrap() - a.parse::<u32>().unwrap() + 1,
+            None => 1,
+        })
+        .sum()
+}
+
+/// Start-up does only what the trace asks for: process events alone load the three scheduler
+/// programs and no uprobe program, with a ring buffer fitted to them (512 KiB a CPU, at least
+/// 1 MiB); calls add the call programs and a larger ring (4 MiB a CPU); tracer parses the
+/// kernel's BTF once either way (`record -v` says so, and `trace_start.kernel.ring_bytes`).
+#[test]
+fn start_up_loads_what_the_trace_asks_for() {
+    let dir = temp_dir();
+    let cpus = online_cpus();
+    let fitted = |per_cpu: u32| (per_cpu * cpus).next_power_of_two().clamp(1 << 20, 64 << 20);
+    let (run, t) = record(dir.path(), &["-v", "-e", "spawn,exit", "--", "/bin/true"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let exit = t.start["kernel"]["process_exit"].as_str().unwrap();
+    let exit_program = if exit == "group_dead" { "sched_exit" } else { "sched_exit_1arg" };
+    let line = format!("programs loaded: sched_fork, sched_exec, {exit_program}; ");
+    assert!(run.stderr.contains(&line), "{line} in {}", run.stderr);
+    assert!(run.stderr.contains("the kernel's BTF parsed once by tracer"), "{}", run.stderr);
+    assert_eq!(t.start["kernel"]["ring_bytes"], fitted(512 << 10), "{}", t.start);
+    assert!(run.stderr.contains(&format!("ring buffer {} KiB", fitted(512 << 10) >> 10)), "{}", run.stderr);
+
+    let calls = fixture("calls");
+    let (run, t) =
+        record(dir.path(), &["-v", "-e", "call,return", "-f", "fib", "--", calls.to_str().unwrap(), "run", "0"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.calls("fib").len(), 177);
+    let line = format!("programs loaded: sched_fork, sched_exec, {exit_program}, call_entry, call_return; ");
+    assert!(run.stderr.contains(&line), "{line} in {}", run.stderr);
+    assert!(run.stderr.contains("the kernel's BTF parsed once by tracer"), "{}", run.stderr);
+    assert_eq!(t.start["kernel"]["ring_bytes"], fitted(4 << 20), "{}", t.start);
+    // --buffer-size still decides when given.
+    let (run, t) = record(dir.path(), &["--buffer-size", "256K", "-e", "spawn,exit", "--", "/bin/true"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.start["kernel"]["ring_bytes"], 256 << 10);
 }
 
 #[test]

@@ -707,9 +707,12 @@ fn record_writes_no_trace_through_a_planted_link_or_into_another_users_file() {
     ));
     assert_eq!(std::fs::read_to_string(&planted).unwrap(), "", "nothing written into it");
 
-    // A new trace is root's alone; replacing root's own file needs no --force, and leaves nothing
-    // else behind.
+    // A new trace is root's alone; replacing root's own file needs no --force, keeps the previous
+    // one as NAME.old (through a link planted at that name, never into its target), and leaves
+    // nothing else behind.
     let mine = shared.path().join("mine.jsonl");
+    let old = shared.path().join("mine.jsonl.old");
+    as_nobody(&["ln", "-s", victim.to_str().unwrap(), old.to_str().unwrap()]);
     let run = record_to(&mine);
     assert_eq!(run.code(), 0, "{run:?}");
     use std::os::unix::fs::MetadataExt as _;
@@ -720,6 +723,9 @@ fn record_writes_no_trace_through_a_planted_link_or_into_another_users_file() {
     let second = std::fs::metadata(&mine).unwrap();
     assert_ne!(second.ino(), first.ino(), "a new file took the name");
     assert_eq!(second.mode() & 0o777, 0o600);
+    let kept = std::fs::symlink_metadata(&old).unwrap();
+    assert_eq!((kept.ino(), kept.uid(), kept.mode() & 0o777), (first.ino(), 0, 0o600), "the first trace, as it was");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root's own\n");
     tracer_tests::Trace::load(&mine);
     let exported = shared.path().join("e.json");
     let run = tracer(&["export", mine.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
@@ -727,7 +733,7 @@ fn record_writes_no_trace_through_a_planted_link_or_into_another_users_file() {
     assert_eq!(std::fs::metadata(&exported).unwrap().mode() & 0o777, 0o600);
     let run = tracer(&["export", mine.to_str().unwrap(), "-o", chrome.to_str().unwrap()]);
     run.assert_error(&format!("refusing to write the trace to {}: it is a symbolic link", chrome.display()));
-    assert_eq!(names(shared.path()), ["e.json", "mine.jsonl", "p.jsonl", "t.json", "t.jsonl"]);
+    assert_eq!(names(shared.path()), ["e.json", "mine.jsonl", "mine.jsonl.old", "p.jsonl", "t.json", "t.jsonl"]);
 }
 
 /// `sleep 30` as nobody (in group adm), holding `n` connections to `socket` that each sent a

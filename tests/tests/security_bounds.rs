@@ -177,6 +177,7 @@ fn trace_start(ts: u64) -> TraceStart {
             attach: "uprobe_multi".into(),
             process_exit: "group_dead".into(),
             optimized_probes: false,
+            ring_bytes: 8 << 20,
         }),
     }
 }

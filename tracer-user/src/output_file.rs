@@ -54,6 +54,8 @@ pub struct OutputFile {
     /// The temporary name the file has until [`OutputFile::commit`] (none: written in place).
     temp: Option<PathBuf>,
     file: File,
+    /// A regular file at the target is kept as `TARGET.old` by the commit.
+    keep_previous: bool,
 }
 
 /// What is at the target now, as far as writing there goes.
@@ -80,11 +82,11 @@ impl OutputFile {
                     .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                     .open(target)
                     .map_err(io_error)?;
-                Ok(OutputFile { what, target: target.to_owned(), temp: None, file })
+                Ok(OutputFile { what, target: target.to_owned(), temp: None, file, keep_previous: false })
             }
             Existing::Nothing | Existing::OurFile => {
                 let (temp, file) = create_temp(target).map_err(io_error)?;
-                Ok(OutputFile { what, target: target.to_owned(), temp: Some(temp), file })
+                Ok(OutputFile { what, target: target.to_owned(), temp: Some(temp), file, keep_previous: false })
             }
         }
     }
@@ -99,7 +101,7 @@ impl OutputFile {
         }
         // O_EXCL: if anything appeared at the name since, this fails instead of writing into it.
         let file = private_new(target).map_err(io_error)?;
-        Ok(OutputFile { what, target: target.to_owned(), temp: None, file })
+        Ok(OutputFile { what, target: target.to_owned(), temp: None, file, keep_previous: false })
     }
 
     /// A handle to write through (the same open file: writes through it land in this file).
@@ -112,9 +114,28 @@ impl OutputFile {
         self.temp.as_deref().unwrap_or(&self.target)
     }
 
+    /// The commit keeps the regular file it replaces as `TARGET.old` (as `perf record` keeps
+    /// `perf.data.old`): a second `record` does not silently take the first one's trace.
+    pub fn keeping_previous(mut self) -> OutputFile {
+        self.keep_previous = true;
+        self
+    }
+
+    /// The name the replaced file is kept under: `TARGET.old`.
+    pub fn previous_path(target: &Path) -> PathBuf {
+        let mut name = target.as_os_str().to_owned();
+        name.push(".old");
+        PathBuf::from(name)
+    }
+
     /// Puts the complete file in place of the target (every writer must have flushed).
     pub fn commit(mut self) -> Result<(), OutputFileError> {
         let Some(temp) = self.temp.take() else { return Ok(()) };
+        if self.keep_previous && std::fs::symlink_metadata(&self.target).is_ok_and(|m| m.is_file()) {
+            // A rename replaces a file or link at the `.old` name (a link is not followed). Best
+            // effort: what stops it (a directory planted there) must not cost the new trace.
+            let _ = std::fs::rename(&self.target, Self::previous_path(&self.target));
+        }
         std::fs::rename(&temp, &self.target).map_err(|source| self.io_error(source))?;
         // In a directory others can write, someone may have put their own file at the temporary
         // name: the rename then moved theirs into place, and the trace is in no file any more.
@@ -241,6 +262,23 @@ mod tests {
         out.commit().unwrap();
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "new\n");
         assert_eq!(std::fs::metadata(&target).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn the_replaced_file_is_kept_as_old_when_asked() {
+        let d = dir();
+        let target = d.path().join("t.jsonl");
+        for (i, keep) in [(1, true), (2, true), (3, false)] {
+            let mut out = OutputFile::create(&target, "the trace").unwrap();
+            if keep {
+                out = out.keeping_previous();
+            }
+            out.writer().unwrap().write_all(format!("{i}\n").as_bytes()).unwrap();
+            out.commit().unwrap();
+        }
+        assert_eq!(entries(d.path()), ["t.jsonl", "t.jsonl.old"]);
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "3\n");
+        assert_eq!(std::fs::read_to_string(d.path().join("t.jsonl.old")).unwrap(), "1\n", "the third did not keep");
     }
 
     #[test]

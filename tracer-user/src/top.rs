@@ -19,9 +19,9 @@ use tracer_common::{
 use crate::{
     assemble::FunctionTable,
     event::EventKind,
-    record::attach::launch::{ChildExit, Start, spawn_stopped, try_reap},
+    record::attach::launch::{ChildExit, spawn_stopped, try_reap},
     record::attach::loader::{Kernel, LostCounters, raise_fd_limit},
-    record::attach::{features::KernelFeatures, kernel_btf::KernelBtf},
+    record::attach::{features::KernelFeatures, kernel_btf::KernelFacts},
     record::{Plan, RecordError, RecordOptions, any_target_alive, plan},
 };
 
@@ -74,10 +74,10 @@ impl Top {
     pub fn start(plan: Plan, by_process: bool) -> Result<Top, TopError> {
         let Plan { options, processes, binaries, command, probes, functions, .. } = plan;
         let child = match &command {
-            Some(path) => Some(spawn_stopped(path, &options.command, &Start::Inherit).map_err(RecordError::from)?),
+            Some(path) => Some(spawn_stopped(path, &options.command, &options.start).map_err(RecordError::from)?),
             None => None,
         };
-        let btf = KernelBtf::running().map_err(RecordError::from)?;
+        let btf = KernelFacts::running().map_err(RecordError::from)?;
         let config = Config {
             enabled_kinds: 0,
             follow_children: options.follow_children as u32,

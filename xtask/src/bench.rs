@@ -99,6 +99,9 @@ pub(crate) fn trace_end(path: &Path) -> Result<(u64, u64)> {
 pub enum Part {
     /// What tracing costs the traced program (root). In an emulated VM, only the `kernels` rows.
     Overhead,
+    /// Start to exit and peak memory of `record` for 1, 100 and 10,000 probes, against
+    /// bpftrace; the agent's memory idle and during a trace (root).
+    Startup,
     /// What a call costs by attach mechanism on the running kernel (uprobe-multi, perf-event
     /// uprobes), as ratios to bpftrace; small enough for the emulated VMs (root).
     Kernels,
@@ -133,6 +136,9 @@ pub fn run(tracer: &Path, only: Option<Part>, machine: Machine) -> Result<()> {
             Machine::Host => overhead(tracer)?,
             Machine::Emulated => crate::bench_kernels::run(tracer)?,
         }
+    }
+    if wanted(Part::Startup) {
+        crate::bench_startup::run(tracer)?;
     }
     if only == Some(Part::Kernels) {
         crate::bench_kernels::run(tracer)?;

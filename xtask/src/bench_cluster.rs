@@ -124,7 +124,7 @@ fn vm_hwm_mib(pid: u32) -> Option<f64> {
 
 /// Runs `command` to its end; its stderr, whether it succeeded, and its peak resident memory in
 /// MiB (`ru_maxrss` of exactly that child).
-fn run_measured(command: &mut Command) -> Result<Measured> {
+pub(crate) fn run_measured(command: &mut Command) -> Result<Measured> {
     let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().context("run the collector")?;
     let mut stdout = child.stdout.take().context("stdout")?;
     let reading_out = std::thread::spawn(move || {
@@ -158,14 +158,14 @@ fn run_measured(command: &mut Command) -> Result<Measured> {
     })
 }
 
-struct Measured {
-    stdout: String,
-    stderr: String,
-    ok: bool,
+pub(crate) struct Measured {
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    pub(crate) ok: bool,
     /// Peak resident memory, MiB.
-    peak_mib: f64,
+    pub(crate) peak_mib: f64,
     /// CPU time, user + system, seconds.
-    cpu_s: f64,
+    pub(crate) cpu_s: f64,
 }
 
 /// `tracer record` alone on the fixture, [`BIG_CALLS`] calls: the program's event rate, the

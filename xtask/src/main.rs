@@ -12,7 +12,9 @@ mod bench_kernels;
 mod bench_native;
 mod bench_otlp;
 mod bench_params;
+mod bench_startup;
 mod demo;
+mod dist;
 mod toolchain;
 mod vm;
 
@@ -33,10 +35,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what a fresh machine lacks (Debian packages, bpf-linker); skips what is there.
-    Setup,
+    /// Install what a fresh machine lacks to build tracer and run the demo (Debian packages,
+    /// bpf-linker), and with --test what the tests and benchmarks use too; skips what is there.
+    Setup {
+        /// Also what the tests and benchmarks use (compilers for the fixtures, uftrace, chromium,
+        /// tshark, speedscope, an OpenTelemetry collector).
+        #[arg(long)]
+        test: bool,
+    },
     /// Build the eBPF object and the `tracer` binary that embeds it.
     Build,
+    /// Build, then make `target/dist/tracer-VERSION-x86_64-linux.tar.gz`: the binary without its
+    /// debug info (beside it in a `.debug` file), man pages, completions, README and licences.
+    Dist,
     /// Build, then run `tracer` as root with these arguments.
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -107,8 +118,12 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Task::Setup => toolchain::setup(),
+        Task::Setup { test } => toolchain::setup(if test { toolchain::Needs::Tests } else { toolchain::Needs::Build }),
         Task::Build => build().map(|_| ()),
+        Task::Dist => {
+            toolchain::setup(toolchain::Needs::Build)?;
+            dist::run(&build()?)
+        }
         Task::Run { args } => {
             let tracer = build()?;
             run_as_root(&tracer, &args)
@@ -118,7 +133,7 @@ fn run(cli: Cli) -> Result<()> {
             if built {
                 return bench::run(&root().join("target/release/tracer"), only, bench::Machine::Emulated);
             }
-            toolchain::setup()?;
+            toolchain::setup(toolchain::Needs::Tests)?;
             let tracer = build()?;
             if kernel.is_empty() {
                 return bench::run(&tracer, only, bench::Machine::Host);
@@ -141,7 +156,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Task::Demo => {
-            toolchain::setup()?;
+            toolchain::setup(toolchain::Needs::Build)?;
             let tracer = build()?;
             demo::run(&tracer)
         }
@@ -268,7 +283,7 @@ fn test(filter: Option<&str>, kernels: &[vm::Kernel]) -> Result<()> {
     if !is_root() {
         bail!("the integration tests load eBPF programs: run `cargo xtask test` as root");
     }
-    toolchain::setup()?;
+    toolchain::setup(toolchain::Needs::Tests)?;
     let tracer = build()?;
     println!("xtask: cargo fmt --check");
     run_checked(&mut cargo(&["fmt", "--all", "--check"]))?;

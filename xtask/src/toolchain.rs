@@ -9,19 +9,26 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::run_checked;
 
-/// Debian packages a fresh machine needs: Debian's rustc 1.96 with its `core` sources (builds
-/// eBPF with `RUSTC_BOOTSTRAP=1`), LLVM 22 (for bpf-linker), C, C++ and Go compilers (test
-/// fixtures; Debian 12's Go is 1.19), python3-venv (rotel's virtual environment), iproute2 (network namespaces for the multi-host tests),
-/// libc6-dbg (libc's DWARF under /usr/lib/debug/.build-id, which the debuginfo tests find by build
-/// id), systemtap-sdt-dev (`<sys/sdt.h>`, for the USDT fixture; `tracer_events.h` itself needs nothing),
-/// tshark (Wireshark's reader checks the pcapng captures; installed noninteractively, its debconf
-/// question about non-root capture keeps its default, no).
-const PACKAGES: &[&str] = &[
-    "rustc-web",
-    "cargo-web",
-    "rust-web-src",
-    "llvm-22-dev",
-    "gcc",
+/// What a setup installs: what building tracer (and running the demo) needs, or that and what
+/// the tests and benchmarks need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needs {
+    Build,
+    Tests,
+}
+
+/// Debian packages building needs: Debian's rustc 1.96 with its `core` sources (builds eBPF with
+/// `RUSTC_BOOTSTRAP=1`), LLVM 22 (for bpf-linker), and a C compiler (the linker, and the demo's
+/// workload). bpf-linker itself is built with cargo.
+const BUILD_PACKAGES: &[&str] = &["rustc-web", "cargo-web", "rust-web-src", "llvm-22-dev", "gcc"];
+/// What the tests and benchmarks add: C++ and Go compilers (test fixtures; Debian 12's Go is
+/// 1.19), python3-venv (rotel's virtual environment), iproute2 (network namespaces for the
+/// multi-host tests), libc6-dbg (libc's DWARF under /usr/lib/debug/.build-id, which the debuginfo
+/// tests find by build id), systemtap-sdt-dev (`<sys/sdt.h>`, for the USDT fixture;
+/// `tracer_events.h` itself needs nothing), tshark (Wireshark's reader checks the pcapng
+/// captures; installed noninteractively, its debconf question about non-root capture keeps its
+/// default, no); and, besides these, speedscope with npm and rotel with pip.
+const TEST_PACKAGES: &[&str] = &[
     "g++",
     "golang-go",
     "iproute2",
@@ -34,6 +41,8 @@ const PACKAGES: &[&str] = &[
     "chromium",
     "nodejs",
     "tshark",
+    // `man` renders the generated man pages in their test.
+    "man-db",
 ];
 /// The speedscope release (its `dist/release` viewer and `file-format-schema.json`) and the JSON
 /// Schema validator (ajv, draft-07 like the schema) the speedscope export test uses, installed
@@ -83,8 +92,9 @@ pub fn bpf_linker() -> Option<PathBuf> {
     })
 }
 
-pub fn setup() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+pub fn setup(needs: Needs) -> Result<()> {
+    let wanted = BUILD_PACKAGES.iter().chain(if needs == Needs::Tests { TEST_PACKAGES } else { &[] });
+    let missing: Vec<&str> = wanted.copied().filter(|p| !installed(p)).collect();
     if !missing.is_empty() {
         println!("xtask: installing {}", missing.join(" "));
         run_checked(Command::new("apt-get").arg("update").arg("-q"))?;
@@ -95,7 +105,6 @@ pub fn setup() -> Result<()> {
                 .env("DEBIAN_FRONTEND", "noninteractive"),
         )?;
     }
-    setup_speedscope()?;
     if bpf_linker().is_none() {
         println!("xtask: installing bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (takes a few minutes)");
         let path = format!("{LLVM_PREFIX}/bin:{}", std::env::var("PATH").unwrap_or_default());
@@ -108,6 +117,10 @@ pub fn setup() -> Result<()> {
                 .env_remove("RUSTUP_TOOLCHAIN"),
         )?;
     }
+    if needs == Needs::Build {
+        return Ok(());
+    }
+    setup_speedscope()?;
     if rotel_agent().is_none() {
         println!("xtask: installing rotel {ROTEL_VERSION} (an OpenTelemetry collector) into {ROTEL_VENV}");
         run_checked(Command::new("python3").args(["-m", "venv", ROTEL_VENV]))?;

@@ -192,7 +192,8 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
                 usdt: args.trace.usdt.clone(),
                 events: events.clone(),
                 follow_children: !args.trace.no_follow,
-                buffer_size: args.trace.buffer_size,
+                // 0: the agent fits the ring to the trace.
+                buffer_size: args.trace.buffer_size.unwrap_or(0),
                 max_probes: args.trace.max_probes as u32,
                 capture_bytes: args.trace.capture_bytes,
                 string_size: args.trace.string_size,
@@ -302,7 +303,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         command_output: Some(print_output(args.output == std::path::Path::new("-"))),
         ..Default::default()
     };
-    let (out, output_file) = open_output(&args.output)?;
+    let (out, output_file) = open_output(&args.output, super::Previous::Keep)?;
     // One worker per host up to the machine's cores: each host's session decodes its frames and
     // writes its spill file, and one thread for all of them falls behind two busy hosts.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -2,6 +2,7 @@
 //! stderr (warnings, the summary, errors) is written here, never by the library.
 
 mod cluster;
+mod docs;
 pub mod kernel_log;
 mod status;
 pub mod stderr;
@@ -29,7 +30,7 @@ use tracer_user::{
     event::{EndReason, EventKind, TraceEnd, why_lost},
     export::{Format, input, jsonl, otlp},
     output_file::OutputFile,
-    record::{self, RecordOptions},
+    record::{self, RecordOptions, attach::launch::Start},
     sink::Sink,
 };
 
@@ -56,6 +57,9 @@ pub enum Command {
     Agent(cluster::AgentArgs),
     /// Trace on several hosts at once through their agents, and merge into one timeline.
     Collect(cluster::CollectArgs),
+    /// Write the man pages and shell completions into DIR (`cargo xtask dist` does).
+    #[command(hide = true)]
+    Docs { dir: PathBuf },
 }
 
 #[derive(Debug, Args)]
@@ -79,6 +83,10 @@ pub struct RecordArgs {
     /// on stderr, as `tracer: kernel: ...` lines.
     #[arg(long)]
     pub debug_kernel: bool,
+    /// Say on stderr what start-up did: the kernel's mechanisms, the ring buffer's size, the
+    /// programs loaded.
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Attach probes this way instead of the best way the kernel has (to compare the two on one
     /// kernel: tests and benches).
     #[arg(long, value_enum, hide = true)]
@@ -123,9 +131,10 @@ pub struct TraceOptions {
     /// Stop after this many seconds.
     #[arg(short, long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub duration: Option<Duration>,
-    /// Size of the kernel's ring buffer: a power of two, e.g. 32M.
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "64M")]
-    pub buffer_size: u32,
+    /// Size of the kernel's ring buffer: a power of two, e.g. 32M (default: fitted to the trace,
+    /// 4 MiB a CPU with function or USDT probes or IPC events, 512 KiB a CPU without, 1-64 MiB).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub buffer_size: Option<u32>,
     /// Refuse to probe more functions than this without -f.
     #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
     pub max_probes: usize,
@@ -218,7 +227,8 @@ pub struct ExportArgs {
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
-    /// A JSON lines trace written by `tracer record`.
+    /// A trace written by `tracer record` (JSON lines or native).
+    #[arg(default_value = "trace.jsonl")]
     pub input: PathBuf,
     /// One row per process and function.
     #[arg(long)]
@@ -233,7 +243,8 @@ pub struct ReportArgs {
 
 #[derive(Debug, Args)]
 pub struct CallsArgs {
-    /// A JSON lines trace written by `tracer record`.
+    /// A trace written by `tracer record` (JSON lines or native).
+    #[arg(default_value = "trace.jsonl")]
     pub input: PathBuf,
     /// Only this process.
     #[arg(short, long, value_name = "PID")]
@@ -362,7 +373,7 @@ pub(crate) fn still_running_code(reason: EndReason) -> i32 {
 
 /// Runs a parsed command line; returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
-    match cli.command {
+    let result = match cli.command {
         Command::Record(args) => record(args),
         Command::Export(args) => export(args),
         Command::Report(args) => report(args),
@@ -370,6 +381,12 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Top(args) => top::top(args),
         Command::Agent(args) => cluster::agent(args),
         Command::Collect(args) => cluster::collect(args),
+        Command::Docs { dir } => docs::generate(&dir),
+    };
+    match result {
+        // A reader that stopped reading (`tracer report --json | head -1`): not a failure.
+        Err(e) if is_broken_pipe(&e) => Ok(0),
+        other => other,
     }
 }
 
@@ -392,12 +409,23 @@ pub(crate) fn output_format(path: &Path, format: Option<Format>) -> anyhow::Resu
 
 /// Opens the output (before anything is attached, so that an unwritable path costs nothing): the
 /// writer, and the file to [`OutputFile::commit`] once the trace is complete (none: standard output).
-pub(crate) fn open_output(path: &Path) -> anyhow::Result<(Box<dyn Write + Send>, Option<OutputFile>)> {
+pub(crate) fn open_output(path: &Path, keep: Previous) -> anyhow::Result<(Box<dyn Write + Send>, Option<OutputFile>)> {
     if path == Path::new("-") {
         return Ok((Box::new(std::io::stdout()), None));
     }
-    let file = OutputFile::create(path, "the trace")?;
+    let mut file = OutputFile::create(path, "the trace")?;
+    if keep == Previous::Keep {
+        file = file.keeping_previous();
+    }
     Ok((Box::new(file.writer()?), Some(file)))
+}
+
+/// What becomes of a file the output replaces: recordings keep it as `NAME.old`, conversions
+/// replace it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Previous {
+    Keep,
+    Replace,
 }
 
 pub(crate) fn describe_output(path: &Path) -> String {
@@ -425,13 +453,14 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         attach: args.attach,
         return_probes: args.returns,
         no_sleepable: args.no_sleepable,
-        ..RecordOptions::default()
+        // With `-o -`, standard output is the trace: the command's goes to stderr.
+        start: if args.output == Path::new("-") { Start::InheritStdoutToStderr } else { Start::Inherit },
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
         let signals = StopSignals::install()?;
         let plan = record::plan(options)?;
-        let (out, output_file) = open_output(&args.output)?;
+        let (out, output_file) = open_output(&args.output, Previous::Keep)?;
         print_warnings(&plan.warnings);
         if let Some(line) = &plan.probe_summary {
             eprintln!("tracer: {line}");
@@ -446,6 +475,9 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         }
         let recording = plan.start()?;
         print_warnings(&recording.warnings);
+        if args.verbose {
+            eprintln!("tracer: {}", recording.startup_details());
+        }
         eprintln!(
             "tracer: tracing {} function(s){}; writing {} to {}{}",
             recording.trace_start().probes,
@@ -531,7 +563,10 @@ fn open_trace(input: &Path) -> anyhow::Result<Trace> {
 
 /// Replays a recorded trace into a sink, saying on stderr if it was cut short.
 fn replay(input: &Path, trace: Trace, sink: &mut dyn Sink) -> anyhow::Result<jsonl::Replayed> {
-    let replayed = jsonl::replay(trace, sink).with_context(|| format!("{} is not a valid trace", input.display()))?;
+    let replayed = jsonl::replay(trace, sink).map_err(|e| match e {
+        jsonl::ReadError::Write(_) => anyhow::Error::from(e),
+        e => anyhow::Error::from(e).context(format!("{} is not a valid trace", input.display())),
+    })?;
     if replayed.end_missing {
         eprintln!(
             "tracer: warning: {} was cut short (no trace_end{}): read {} events",
@@ -549,7 +584,7 @@ fn export(args: ExportArgs) -> anyhow::Result<i32> {
     let mut sinks: Vec<Box<dyn Sink + Send>> = Vec::new();
     let mut output_file = None;
     if let (Some(output), Some(format)) = (&args.output, format) {
-        let (out, file) = open_output(output)?;
+        let (out, file) = open_output(output, Previous::Replace)?;
         sinks.push(format.sink_with_events(out, args.pcap_events));
         output_file = file;
     }
@@ -566,20 +601,15 @@ fn export(args: ExportArgs) -> anyhow::Result<i32> {
 /// Whether an error is standard output closing early (`tracer report t.jsonl | head`): not a failure.
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|cause| {
-        let io = match cause.downcast_ref::<jsonl::ReadError>() {
-            Some(jsonl::ReadError::Io(io)) => Some(io),
-            _ => cause.downcast_ref::<std::io::Error>(),
+        let kind = match cause.downcast_ref::<jsonl::ReadError>() {
+            Some(jsonl::ReadError::Io(io) | jsonl::ReadError::Write(io)) => Some(io.kind()),
+            _ => cause
+                .downcast_ref::<std::io::Error>()
+                .map(std::io::Error::kind)
+                .or_else(|| cause.downcast_ref::<serde_json::Error>().and_then(serde_json::Error::io_error_kind)),
         };
-        io.is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        kind == Some(std::io::ErrorKind::BrokenPipe)
     })
-}
-
-/// Runs a command that writes to standard output; a reader that stops reading ends it quietly.
-fn to_stdout(run: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<i32> {
-    match run() {
-        Err(e) if !is_broken_pipe(&e) => Err(e),
-        _ => Ok(0),
-    }
 }
 
 fn report(args: ReportArgs) -> anyhow::Result<i32> {
@@ -587,16 +617,14 @@ fn report(args: ReportArgs) -> anyhow::Result<i32> {
     replay(&args.input, open_trace(&args.input)?, &mut builder)?;
     let mut report = builder.into_report().context("the trace has no end")?;
     stats::sort_functions(&mut report.functions, args.sort);
-    to_stdout(|| {
-        let mut out = std::io::stdout().lock();
-        if args.json {
-            serde_json::to_writer_pretty(&mut out, &report)?;
-            writeln!(out)?;
-        } else {
-            stats::write_table(&report, &mut out)?;
-        }
-        Ok(())
-    })
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        stats::write_table(&report, &mut out)?;
+    }
+    Ok(0)
 }
 
 fn calls(args: CallsArgs) -> anyhow::Result<i32> {
@@ -617,7 +645,8 @@ fn calls(args: CallsArgs) -> anyhow::Result<i32> {
     };
     let trace = open_trace(&args.input)?;
     let mut printer = CallPrinter::new(std::io::BufWriter::new(std::io::stdout().lock()), filter);
-    to_stdout(|| replay(&args.input, trace, &mut printer).map(|_| ()))
+    replay(&args.input, trace, &mut printer)?;
+    Ok(0)
 }
 
 #[cfg(test)]
@@ -663,7 +692,7 @@ mod tests {
         assert!(r.trace.no_follow);
         assert_eq!(r.trace.format, Some(Format::Chrome));
         assert_eq!(r.trace.duration, Some(Duration::from_millis(1500)));
-        assert_eq!(r.trace.buffer_size, 64 << 20);
+        assert_eq!(r.trace.buffer_size, Some(64 << 20));
         assert_eq!(r.command, [OsString::from("prog"), OsString::from("--flag")]);
     }
 
@@ -674,7 +703,7 @@ mod tests {
         };
         assert_eq!(r.trace.events.concat(), EventKind::ALL);
         assert_eq!(r.output, PathBuf::from("trace.jsonl"));
-        assert_eq!(r.trace.buffer_size, 64 << 20);
+        assert_eq!(r.trace.buffer_size, None, "fitted to the trace");
         assert!(!r.trace.no_follow);
     }
 

@@ -12,7 +12,7 @@ use clap::Args;
 use super::{parse_seconds, stop_signal};
 use tracer_user::{
     event::EndReason,
-    record::attach::launch::ChildExit,
+    record::attach::launch::{ChildExit, Start},
     record::{self, RecordOptions},
     top::{Snapshot, Top, plan_top},
 };
@@ -71,6 +71,8 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
         follow_children: !args.no_follow,
         duration: args.duration,
         max_probes: args.max_probes,
+        // With --json, standard output is the statistics: the command's goes to stderr.
+        start: if args.json { Start::InheritStdoutToStderr } else { Start::Inherit },
         ..RecordOptions::default()
     };
     let terminal = !args.json && std::io::stdout().is_terminal();

@@ -773,7 +773,7 @@ fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordO
         events: if events.is_empty() { defaults.events.clone() } else { events },
         follow_children: request.follow_children,
         duration: None,
-        buffer_size: if request.buffer_size == 0 { defaults.buffer_size } else { request.buffer_size },
+        buffer_size: (request.buffer_size != 0).then_some(request.buffer_size),
         max_probes: if request.max_probes == 0 { defaults.max_probes } else { request.max_probes as usize },
         string_size: request.string_size,
         capture_bytes: request.capture_bytes,

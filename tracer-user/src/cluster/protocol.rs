@@ -21,8 +21,10 @@ use crate::event::{TraceEnd, TraceStart};
 /// the mechanisms it chose). 8: receives carry `peek` and `discarded` (`MSG_PEEK`, `MSG_TRUNC`);
 /// `trace_start` carries `aliases`; returns carry `unwound` and `tail_call`. 9: the Noise handshake
 /// (`Terms`, `Noise`), and every frame after it encrypted. 10: a launched command's stdout and
-/// stderr are streamed to its collector (`CommandOutput`); `cwd` in a trace request.
-pub const PROTOCOL_VERSION: u32 = 10;
+/// stderr are streamed to its collector (`CommandOutput`); `cwd` in a trace request. 11:
+/// `trace_start.kernel` carries `ring_bytes`; a trace request's `buffer_size` 0 fits the ring
+/// to the trace.
+pub const PROTOCOL_VERSION: u32 = 11;
 /// The largest frame (its message's encoding) either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated
@@ -54,6 +56,7 @@ pub struct TraceRequest {
     #[serde(deserialize_with = "request_limits::event_names")]
     pub events: Vec<String>,
     pub follow_children: bool,
+    /// The ring buffer's size; 0 fits it to the trace.
     pub buffer_size: u32,
     pub max_probes: u32,
     /// `--capture-bytes` (checked by the agent like `record`'s own).

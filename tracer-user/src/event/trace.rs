@@ -57,6 +57,10 @@ pub struct KernelInfo {
     pub process_exit: String,
     /// Whether uprobes on 5-byte nops take the kernel's optimized path (6.18+).
     pub optimized_probes: bool,
+    /// The ring buffer's size in bytes (`--buffer-size`, or fitted to the trace); 0 in traces
+    /// written before it was recorded.
+    #[serde(default)]
+    pub ring_bytes: u32,
 }
 
 /// One host of a merged trace.

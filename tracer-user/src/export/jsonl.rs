@@ -54,6 +54,10 @@ pub enum ReadError {
     Malformed { line: u64, message: String },
     #[error("cannot read the trace")]
     Io(#[from] io::Error),
+    /// The output the trace was replayed into failed (a full disk, a reader that went away):
+    /// not the trace's fault.
+    #[error("cannot write the output")]
+    Write(#[source] io::Error),
     #[error("the trace is empty")]
     Empty,
     #[error("line 1: a trace must start with a trace_start line")]
@@ -78,7 +82,7 @@ pub trait ItemReader: Iterator<Item = Result<TraceItem, ReadError>> {
             match self.next()? {
                 Ok(TraceItem::Event(e)) => {
                     if let Err(e) = each(&e) {
-                        return Some(Err(e.into()));
+                        return Some(Err(ReadError::Write(e)));
                     }
                 }
                 other => return Some(other),
@@ -164,7 +168,7 @@ pub fn replay(reader: impl ItemReader, sink: &mut dyn Sink) -> Result<Replayed, 
         Some(Ok(_)) => return Err(ReadError::NoStart),
         Some(Err(e)) => return Err(e),
     };
-    sink.begin(&start)?;
+    sink.begin(&start).map_err(ReadError::Write)?;
     let mut events = 0;
     let mut last_ts = start.ts;
     let mut each = |e: &Event| {
@@ -174,9 +178,9 @@ pub fn replay(reader: impl ItemReader, sink: &mut dyn Sink) -> Result<Replayed, 
     };
     while let Some(item) = lines.feed_events(&mut each) {
         match item? {
-            TraceItem::Event(e) => each(&e)?,
+            TraceItem::Event(e) => each(&e).map_err(ReadError::Write)?,
             TraceItem::End(end) => {
-                sink.end(&end)?;
+                sink.end(&end).map_err(ReadError::Write)?;
                 return Ok(Replayed { events, end_missing: false, torn: None });
             }
             TraceItem::Start(_) => {
@@ -184,7 +188,7 @@ pub fn replay(reader: impl ItemReader, sink: &mut dyn Sink) -> Result<Replayed, 
             }
         }
     }
-    sink.end(&TraceEnd::new(last_ts, EndReason::InputEnded, events))?;
+    sink.end(&TraceEnd::new(last_ts, EndReason::InputEnded, events)).map_err(ReadError::Write)?;
     Ok(Replayed { events, end_missing: true, torn: lines.torn() })
 }
 

@@ -807,7 +807,7 @@ impl<R: Read> ItemReader for NativeReader<R> {
                         match self.next_event() {
                             Ok(e) => {
                                 if let Err(e) = each(e) {
-                                    return self.fail(e.into());
+                                    return self.fail(ReadError::Write(e));
                                 }
                             }
                             Err(e) => return self.fail(e),

@@ -11,6 +11,7 @@ pub mod drain;
 pub mod kernel_log;
 mod plan;
 pub mod resolve;
+pub mod ring_size;
 mod run;
 
 pub use plan::{Plan, plan};
@@ -34,8 +35,6 @@ use crate::{
 
 /// Default `--max-probes`.
 pub const DEFAULT_MAX_PROBES: usize = 4096;
-/// Default `--buffer-size`: 64 MiB holds about 700,000 call records: a second of a busy target.
-pub const DEFAULT_BUFFER_SIZE: u32 = 64 << 20;
 /// How often liveness of the targets is checked.
 pub(crate) const TICK: Duration = Duration::from_millis(50);
 
@@ -51,7 +50,9 @@ pub struct RecordOptions {
     pub events: BTreeSet<EventKind>,
     pub follow_children: bool,
     pub duration: Option<Duration>,
-    pub buffer_size: u32,
+    /// `--buffer-size`: the kernel ring buffer's size; `None` fits it to the trace
+    /// ([`ring_size`]).
+    pub buffer_size: Option<u32>,
     pub max_probes: usize,
     /// Bytes read of each string parameter or return value at most (`--string-size`).
     pub string_size: u16,
@@ -88,7 +89,7 @@ impl Default for RecordOptions {
             events: EventKind::ALL.into_iter().collect(),
             follow_children: true,
             duration: None,
-            buffer_size: DEFAULT_BUFFER_SIZE,
+            buffer_size: None,
             max_probes: DEFAULT_MAX_PROBES,
             string_size: crate::debuginfo::layout::DEFAULT_STRING_SIZE,
             capture_bytes: 0,
@@ -138,7 +139,7 @@ pub enum RecordError {
     BadBufferSize(u32),
     #[error(
         "--buffer-size {} MiB is more than 1/{} of this host's memory ({:.1} GiB): at most {} MiB here",
-        .size >> 20, plan::BUFFER_SHARE_OF_MEMORY, *.mem_total as f64 / (1u64 << 30) as f64, .max >> 20
+        .size >> 20, ring_size::BUFFER_SHARE_OF_MEMORY, *.mem_total as f64 / (1u64 << 30) as f64, .max >> 20
     )]
     BufferTooLarge { size: u32, mem_total: u64, max: u64 },
     #[error(transparent)]

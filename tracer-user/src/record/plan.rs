@@ -9,13 +9,13 @@ use std::{
 
 use tracer_common::{CAPTURE_BYTES_MAX, cookie};
 
-use super::{RecordError, RecordOptions, check_pid_namespace};
+use super::{RecordError, RecordOptions, check_pid_namespace, ring_size};
 use crate::{
     assemble::{FunctionTable, NativeReturns, ProbedFunction},
     event::host,
     event::{EventKind, ProbePaths},
     record::attach::detached,
-    record::attach::kernel_btf::KernelBtf,
+    record::attach::kernel_btf::KernelFacts,
     record::attach::launch::Start,
     record::attach::loader::ProbeSpec,
     record::resolve::disasm::Exit,
@@ -35,6 +35,8 @@ use crate::{
 /// Everything resolved and checked, nothing attached yet.
 pub struct Plan {
     pub(crate) options: RecordOptions,
+    /// The kernel ring buffer's size: `--buffer-size`, or fitted (see [`ring_size`]).
+    pub(crate) ring_bytes: u32,
     /// `--pid` targets, and processes already running a `--binary`.
     pub(crate) processes: Vec<Process>,
     pub(crate) binaries: Vec<(PathBuf, FileId)>,
@@ -60,11 +62,10 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
     }
     host::check_name(&options.host)?;
     check_pid_namespace()?;
-    let size = options.buffer_size;
-    if !size.is_power_of_two() || size < 4096 {
-        return Err(RecordError::BadBufferSize(size));
+    // Checked before anything is read; the default is fitted once the probes are known.
+    if let Some(size) = options.buffer_size {
+        ring_size::checked(size)?;
     }
-    check_buffer_size(size, mem_total())?;
     if options.capture_bytes as usize > CAPTURE_BYTES_MAX {
         return Err(RecordError::CaptureBytesTooLarge(options.capture_bytes));
     }
@@ -100,7 +101,7 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
     }
     let command = match options.command.first() {
         Some(program) => Some(match &options.start {
-            Start::Inherit => targets::resolve_command(program)?,
+            Start::Inherit | Start::InheritStdoutToStderr => targets::resolve_command(program)?,
             Start::Detached(d) => targets::resolve_command_in(program, detached::CLEAN_PATH, &d.cwd)?,
         }),
         None => None,
@@ -125,7 +126,11 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         Selection::default()
     };
     let usdt = select_usdt(&options, &executables, &processes, &mut warnings)?;
+    let ipc = options.events.contains(&EventKind::Send) || options.events.contains(&EventKind::Recv);
+    let load = ring_size::Load { fast: !probes.is_empty() || !usdt.probes.is_empty() || ipc, cpus: ring_size::cpus() };
+    let ring_bytes = options.buffer_size.unwrap_or_else(|| ring_size::fitted_here(load));
     Ok(Plan {
+        ring_bytes,
         options,
         processes,
         binaries,
@@ -138,34 +143,6 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         probe_summary,
         warnings,
     })
-}
-
-/// The share of the host's memory one ring buffer may take at most (1/16: 1 GiB of 16 GiB): the
-/// kernel locks it in, and a request (from `record` or a collector) must not make a root service
-/// take the host's memory. The default is 64 MiB.
-pub const BUFFER_SHARE_OF_MEMORY: u64 = 16;
-
-/// The host's memory (`MemTotal` of `/proc/meminfo`), in bytes; `u64::MAX` if unreadable (then no
-/// bound is known, and the kernel's own limits decide).
-fn mem_total() -> u64 {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|kb| kb.trim().parse::<u64>().ok())
-        .map_or(u64::MAX, |kb| kb.saturating_mul(1024))
-}
-
-/// Refuses a ring buffer of more than [`BUFFER_SHARE_OF_MEMORY`]th of `mem_total`.
-fn check_buffer_size(size: u32, mem_total: u64) -> Result<(), RecordError> {
-    let bound = mem_total / BUFFER_SHARE_OF_MEMORY;
-    if u64::from(size) <= bound {
-        return Ok(());
-    }
-    // The largest power of two within the bound, what the user can give instead.
-    let max = if bound >= 4096 { 1u64 << bound.ilog2() } else { 0 };
-    Err(RecordError::BufferTooLarge { size, mem_total, max })
 }
 
 /// The USDT sites to attach: every program-event probe of the targets' executables and libraries
@@ -187,14 +164,34 @@ fn select_usdt(
     let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
     let candidates = ModuleCandidates::new(executables, &pids);
     let mut files = ProbeFiles::load(candidates.files())?;
-    let regs = RegisterOffsets::from_btf(KernelBtf::running()?)?;
+    let regs = RegisterOffsets::from_facts(KernelFacts::running()?)?;
     let mut selection = usdt::select::select(&mut files, &candidates, &patterns, &regs, program_events)?;
     warnings.append(&mut selection.warnings);
     Ok(selection)
 }
 
+/// The C runtime's start-up and shutdown code that the toolchain links into every executable:
+/// not the program's own, and left out of the default selection (it would top every report and
+/// flame graph); a pattern still probes it.
+const STARTUP_CODE: &[&str] = &[
+    "_start",
+    "_init",
+    "_fini",
+    "frame_dummy",
+    "register_tm_clones",
+    "deregister_tm_clones",
+    "__do_global_dtors_aux",
+    "__libc_csu_init",
+    "__libc_csu_fini",
+    "_dl_relocate_static_pie",
+];
+
+fn is_startup_code(name: &str) -> bool {
+    STARTUP_CODE.contains(&name)
+}
+
 /// The functions to probe: those matching `--functions`, or every function of the main
-/// executables.
+/// executables but their C runtime start-up code.
 fn select_functions(
     options: &RecordOptions,
     executables: &[PathBuf],
@@ -249,6 +246,9 @@ fn select_functions(
             // functions (schedulers, the garbage collector) would bury it.
             let go = table.go.is_some();
             for (i, f) in table.functions.iter().enumerate() {
+                if f.names().any(is_startup_code) {
+                    continue;
+                }
                 if !go || f.names().any(is_go_program_code) {
                     select(exe, i, &f.name);
                 }
@@ -608,25 +608,5 @@ impl Plan {
     /// Functions to probe.
     pub fn probe_count(&self) -> usize {
         self.functions.len()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_ring_buffer_takes_at_most_a_sixteenth_of_the_memory() {
-        let gib = 1u64 << 30;
-        assert!(check_buffer_size(1 << 30, 16 * gib).is_ok());
-        let err = check_buffer_size(1 << 31, 16 * gib).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "--buffer-size 2048 MiB is more than 1/16 of this host's memory (16.0 GiB): at most 1024 MiB here"
-        );
-        // 23.5 GiB: a sixteenth is 1.47 GiB, the largest power of two within it 1 GiB.
-        let err = check_buffer_size(1 << 31, 47 * gib / 2).unwrap_err();
-        assert!(err.to_string().ends_with("(23.5 GiB): at most 1024 MiB here"), "{err}");
-        assert!(check_buffer_size(1 << 31, u64::MAX).is_ok(), "no bound known");
     }
 }

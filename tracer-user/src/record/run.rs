@@ -24,7 +24,7 @@ use crate::{
     pipeline::order::REORDER_WINDOW_NS,
     record::attach::launch::{ChildExit, OutputPipes, spawn_stopped, try_reap},
     record::attach::loader::{Kernel, LostCounters, raise_fd_limit},
-    record::attach::{features::KernelFeatures, kernel_btf::KernelBtf},
+    record::attach::{features::KernelFeatures, kernel_btf::KernelFacts},
     record::drain::{Batch, RingDrain},
     record::kernel_log::KernelLog,
     record::resolve::targets::{self},
@@ -41,7 +41,19 @@ impl Plan {
     /// Launches the command (stopped), loads and attaches everything, starts tracing the targets,
     /// and lets the command run.
     pub fn start(self) -> Result<Recording, RecordError> {
-        let Plan { options, processes, binaries, command, probes, functions, probe_paths, aliases, usdt, .. } = self;
+        let Plan {
+            options,
+            ring_bytes,
+            processes,
+            binaries,
+            command,
+            probes,
+            functions,
+            probe_paths,
+            aliases,
+            usdt,
+            ..
+        } = self;
         let mut warnings = Vec::new();
         let events = &options.events;
         let mut child = match &command {
@@ -50,7 +62,7 @@ impl Plan {
         };
         let command_output = child.as_mut().and_then(|c| c.take_output());
 
-        let btf = KernelBtf::running()?;
+        let btf = KernelFacts::running()?;
         let mut features = KernelFeatures::probe(btf);
         if let Some(mechanism) = options.attach {
             features = features.with_attach(mechanism)?;
@@ -84,14 +96,14 @@ impl Plan {
             follow_children: options.follow_children as u32,
             has_target_inodes: !binaries.is_empty() as u32,
             top_by_process: 0,
-            wakeup_bytes: wakeup_bytes(options.buffer_size),
+            wakeup_bytes: wakeup_bytes(ring_bytes),
             capture_bytes: options.capture_bytes,
             debug: options.debug_kernel as u32,
             offsets: btf.offsets()?,
         };
         // A perf-event link per probe site where the kernel has no uprobe-multi links.
         raise_fd_limit(1024 + probes.len() as u64 + usdt.probes.len() as u64);
-        let mut kernel = Kernel::load(&config, &features, options.buffer_size, usdt.probes.len())?;
+        let mut kernel = Kernel::load(&config, &features, ring_bytes, usdt.probes.len())?;
         // Started before any program is loaded, and kept for the whole run: its map's fd is in
         // the programs' code.
         let kernel_log = if options.debug_kernel { Some(kernel.start_kernel_log()?) } else { None };
@@ -190,7 +202,7 @@ impl Plan {
             aliases,
             hosts: vec![],
             machine: Some(Machine::read()),
-            kernel: Some(features.info()),
+            kernel: Some(features.info(ring_bytes)),
         };
         let return_probes = options.events.contains(&EventKind::Return);
         let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes)
@@ -275,6 +287,26 @@ pub struct Outcome {
 }
 
 impl Recording {
+    /// What start-up did, for `record -v`: the kernel's mechanisms, the ring buffer's size, the
+    /// programs loaded, and how often the kernel's BTF was parsed.
+    pub fn startup_details(&self) -> String {
+        let kernel = self.start.kernel.as_ref();
+        let parsed = crate::record::attach::kernel_btf::KernelBtf::times_parsed();
+        format!(
+            "Linux {}, probes attached as {}, process ends from {}; ring buffer {} KiB; programs loaded: {}; \
+             the kernel's BTF parsed {} by tracer (and once more by aya's loader)",
+            kernel.map_or("?", |k| k.release.as_str()),
+            kernel.map_or("?", |k| k.attach.as_str()),
+            kernel.map_or("?", |k| k.process_exit.as_str()),
+            kernel.map_or(0, |k| k.ring_bytes >> 10),
+            self.kernel.loaded_programs().join(", "),
+            match parsed {
+                1 => "once".to_string(),
+                n => format!("{n} times"),
+            }
+        )
+    }
+
     pub fn trace_start(&self) -> &TraceStart {
         &self.start
     }

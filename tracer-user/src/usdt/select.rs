@@ -20,7 +20,7 @@ use super::{
     notes::{NoteError, UsdtFile, UsdtNote},
 };
 use crate::{
-    record::attach::kernel_btf::{KernelBtf, KernelBtfError},
+    record::attach::kernel_btf::{KernelBtfError, KernelFacts},
     record::resolve::modules::{ModuleCandidates, ModuleError},
 };
 
@@ -128,15 +128,8 @@ pub struct Selection {
 pub struct RegisterOffsets(BTreeMap<&'static str, u32>);
 
 impl RegisterOffsets {
-    pub fn from_btf(btf: &KernelBtf) -> Result<RegisterOffsets, KernelBtfError> {
-        let mut offsets = BTreeMap::new();
-        for field in ["ax", "bx", "cx", "dx", "si", "di", "bp", "sp", "r8", "r9", "r10", "r11", "r12", "r13", "r14"]
-            .into_iter()
-            .chain(["r15", "ip"])
-        {
-            offsets.insert(field, btf.offset("pt_regs", field)?);
-        }
-        Ok(RegisterOffsets(offsets))
+    pub fn from_facts(facts: &KernelFacts) -> Result<RegisterOffsets, KernelBtfError> {
+        Ok(RegisterOffsets(facts.pt_regs()?.iter().copied().collect()))
     }
 
     fn of(&self, register: Register) -> u32 {
@@ -331,7 +324,7 @@ mod tests {
     use super::*;
 
     fn regs() -> RegisterOffsets {
-        RegisterOffsets::from_btf(&KernelBtf::load().expect("kernel BTF")).expect("pt_regs")
+        RegisterOffsets::from_facts(KernelFacts::running().expect("kernel BTF")).expect("pt_regs")
     }
 
     #[test]

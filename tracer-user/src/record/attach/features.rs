@@ -24,7 +24,7 @@ use aya_obj::generated::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::kernel_btf::KernelBtf;
+use super::kernel_btf::KernelFacts;
 use crate::record::resolve::placement::KernelProbes;
 
 /// How function and USDT probes are attached.
@@ -88,7 +88,7 @@ pub struct KernelFeatures {
 
 impl KernelFeatures {
     /// Probes the running kernel (a few `bpf(2)` calls and a BTF look-up; no version numbers).
-    pub fn probe(btf: &KernelBtf) -> KernelFeatures {
+    pub fn probe(btf: &KernelFacts) -> KernelFeatures {
         let release = nix::sys::utsname::uname()
             .map(|u| u.release().to_string_lossy().into_owned())
             .unwrap_or_else(|_| "unknown".into());
@@ -96,7 +96,7 @@ impl KernelFeatures {
         KernelFeatures {
             release,
             attach,
-            exit_has_group_dead: btf.tracepoint_args("sched_process_exit").is_some_and(|n| n >= 2),
+            exit_has_group_dead: btf.sched_exit_args().is_some_and(|n| n >= 2),
             probes: KernelProbes::current(),
             uprobes: std::path::Path::new(UPROBE_PMU).exists(),
             confidentiality_lockdown: std::fs::read_to_string(LOCKDOWN)
@@ -126,8 +126,10 @@ impl KernelFeatures {
     }
 
     /// What a trace says of this kernel (`trace_start.kernel`).
-    pub fn info(&self) -> crate::event::KernelInfo {
+    /// What the trace records of the kernel and of how it was used (a ring of `ring_bytes`).
+    pub fn info(&self, ring_bytes: u32) -> crate::event::KernelInfo {
         crate::event::KernelInfo {
+            ring_bytes,
             release: self.release.clone(),
             attach: self.attach.name().to_string(),
             process_exit: if self.exit_has_group_dead { "group_dead" } else { "live_threads" }.to_string(),
@@ -207,6 +209,7 @@ fn link_uprobe_multi(prog: &OwnedFd, path: &CString, offset: &u64) -> io::Result
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::attach::kernel_btf::KernelBtf;
 
     /// The running kernel's answer must agree with what its BTF says the attach type is: the
     /// probe cannot be asked to fail here, so it is checked against an independent source.
@@ -221,8 +224,7 @@ mod tests {
     fn what_the_kernel_cannot_do_is_one_sentence_each() {
         assert!(lockdown_is_confidentiality("none integrity [confidentiality]\n"));
         assert!(!lockdown_is_confidentiality("none [integrity] confidentiality\n"));
-        let btf = KernelBtf::load().expect("kernel BTF");
-        let here = KernelFeatures::probe(&btf);
+        let here = KernelFeatures::probe(KernelFacts::running().expect("kernel BTF"));
         // This machine: uprobes, and lockdown at most integrity.
         assert_eq!(here.check(true), Ok(()));
         let locked = KernelFeatures { confidentiality_lockdown: true, ..here.clone() };

@@ -4,13 +4,17 @@
 //! `bpf_probe_read_kernel`. Rust eBPF has no CO-RE relocations, so instead of hard-coding offsets
 //! for one kernel build, user space looks them up in `/sys/kernel/btf/vmlinux` at start-up and
 //! hands them to the programs in their read-only configuration.
+//!
+//! The parsed BTF is large (a 5.5 MB `vmlinux` takes some 35 MiB once indexed), and a trace needs
+//! a few dozen numbers from it: [`KernelFacts::running`] reads them all in one pass, the first
+//! time they are asked for, and keeps only them.
 
 use btf_rs::{Btf, Type};
 use tracer_common::KernelOffsets;
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum KernelBtfError {
     #[error(
         "cannot read the kernel's BTF at {VMLINUX_BTF} (a kernel built with CONFIG_DEBUG_INFO_BTF is required): {0}"
@@ -26,24 +30,61 @@ pub struct KernelBtf {
     btf: Btf,
 }
 
+/// The `struct pt_regs` fields USDT arguments are read from (every general register and `ip`).
+pub const PT_REGS_FIELDS: [&str; 17] =
+    ["ax", "bx", "cx", "dx", "si", "di", "bp", "sp", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15", "ip"];
+
+/// What a trace needs from the running kernel's BTF, read once per process.
+#[derive(Clone, Debug)]
+pub struct KernelFacts {
+    offsets: Result<KernelOffsets, KernelBtfError>,
+    pt_regs: Result<Vec<(&'static str, u32)>, KernelBtfError>,
+    sched_exit_args: Option<usize>,
+}
+
+impl KernelFacts {
+    /// The running kernel's facts: its BTF parsed on first use, read, and dropped.
+    pub fn running() -> Result<&'static KernelFacts, KernelBtfError> {
+        static RUNNING: std::sync::OnceLock<Result<KernelFacts, KernelBtfError>> = std::sync::OnceLock::new();
+        RUNNING.get_or_init(|| KernelBtf::load().map(|btf| KernelFacts::read(&btf))).as_ref().map_err(Clone::clone)
+    }
+
+    /// Everything the tracer reads of `btf`.
+    pub fn read(btf: &KernelBtf) -> KernelFacts {
+        KernelFacts {
+            offsets: btf.offsets(),
+            pt_regs: PT_REGS_FIELDS.into_iter().map(|f| Ok((f, btf.offset("pt_regs", f)?))).collect(),
+            sched_exit_args: btf.tracepoint_args("sched_process_exit"),
+        }
+    }
+
+    /// Every offset the eBPF programs read with.
+    pub fn offsets(&self) -> Result<KernelOffsets, KernelBtfError> {
+        self.offsets.clone()
+    }
+
+    /// The offsets of [`PT_REGS_FIELDS`] in `struct pt_regs`.
+    pub fn pt_regs(&self) -> Result<&[(&'static str, u32)], KernelBtfError> {
+        self.pt_regs.as_deref().map_err(Clone::clone)
+    }
+
+    /// How many arguments `sched_process_exit` passes (see [`KernelBtf::tracepoint_args`]).
+    pub fn sched_exit_args(&self) -> Option<usize> {
+        self.sched_exit_args
+    }
+}
+
 /// How many times this process parsed the kernel's BTF (it is several megabytes: once is enough).
 static PARSED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 impl KernelBtf {
-    /// Parses the running kernel's BTF. Use [`KernelBtf::running`], which does it once.
+    /// Parses the running kernel's BTF. Use [`KernelFacts::running`], which does it once.
     pub fn load() -> Result<KernelBtf, KernelBtfError> {
         PARSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Btf::from_file(VMLINUX_BTF).map(|btf| KernelBtf { btf }).map_err(|e| KernelBtfError::Unavailable(e.to_string()))
-    }
-
-    /// The running kernel's BTF, parsed on first use and kept for the process's life (planning,
-    /// offsets and feature probing all read it).
-    pub fn running() -> Result<&'static KernelBtf, KernelBtfError> {
-        static RUNNING: std::sync::OnceLock<Result<KernelBtf, String>> = std::sync::OnceLock::new();
-        match RUNNING.get_or_init(|| KernelBtf::load().map_err(|e| e.to_string())) {
-            Ok(btf) => Ok(btf),
-            Err(message) => Err(KernelBtfError::Unavailable(message.clone())),
-        }
+        // Read whole, then parsed from memory: parsed from the file, every type's seek was a
+        // system call (126,000 `lseek`s for 6.18's 5.5 MB).
+        let bytes = std::fs::read(VMLINUX_BTF).map_err(|e| KernelBtfError::Unavailable(e.to_string()))?;
+        Btf::from_bytes(&bytes).map(|btf| KernelBtf { btf }).map_err(|e| KernelBtfError::Unavailable(e.to_string()))
     }
 
     /// How many times this process has parsed the kernel's BTF.
@@ -254,8 +295,8 @@ mod tests {
     #[test]
     fn the_running_kernels_btf_is_parsed_once() {
         let before = KernelBtf::times_parsed();
-        let a = KernelBtf::running().expect("kernel BTF") as *const KernelBtf;
-        let b = KernelBtf::running().expect("kernel BTF") as *const KernelBtf;
+        let a = KernelFacts::running().expect("kernel BTF") as *const KernelFacts;
+        let b = KernelFacts::running().expect("kernel BTF") as *const KernelFacts;
         assert_eq!(a, b);
         // Other tests of this binary may have parsed it first; either way, at most once here.
         assert!(KernelBtf::times_parsed() - before <= 1);

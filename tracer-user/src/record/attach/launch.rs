@@ -52,6 +52,9 @@ pub enum Start {
     /// (`tracer record -- CMD`: the user's own command, as its shell would start it).
     #[default]
     Inherit,
+    /// The same, but its stdout is the tracer's stderr: the tracer's stdout carries the trace
+    /// (`tracer record -o - -- CMD | jq`), which the command's output must not get into.
+    InheritStdoutToStderr,
     /// Detached from the tracer (the agent's launches).
     Detached(Detached),
 }
@@ -257,8 +260,9 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString], start: &Start) -> Result<St
         .collect::<Result<_, _>>()?;
     let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
     c_argv.push(std::ptr::null());
+    let stdout_to_stderr = matches!(start, Start::InheritStdoutToStderr);
     let (detached, output) = match start {
-        Start::Inherit => (None, None),
+        Start::Inherit | Start::InheritStdoutToStderr => (None, None),
         Start::Detached(d) => {
             let (prepared, pipes) = prepare_detached(d)?;
             (Some((d, prepared)), Some(pipes))
@@ -343,6 +347,9 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString], start: &Start) -> Result<St
                 }
                 match &detached {
                     None => {
+                        if stdout_to_stderr && libc::dup2(2, 1) < 0 {
+                            fail(status, Step::Stdio);
+                        }
                         libc::execv(c_path.as_ptr(), c_argv.as_ptr());
                     }
                     Some((d, p)) => {

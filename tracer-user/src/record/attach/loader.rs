@@ -84,6 +84,9 @@ pub struct Kernel {
     usdt_links: Vec<OwnedFd>,
     /// The program-event and USDT programs, loaded on first use.
     usdt_programs: Option<(OwnedFd, OwnedFd)>,
+    /// The programs loaded into the kernel (verified) so far, by name, in load order: only what
+    /// the trace asked for is.
+    loaded: Vec<&'static str>,
     ebpf: Ebpf,
 }
 
@@ -143,6 +146,7 @@ impl Kernel {
             sleepable_programs: None,
             usdt_links: Vec::new(),
             usdt_programs: None,
+            loaded: Vec::new(),
             ebpf,
         })
     }
@@ -156,7 +160,7 @@ impl Kernel {
         ])
     }
 
-    fn attach_raw_tracepoints(&mut self, pairs: &[(&str, &str)]) -> Result<(), LoadError> {
+    fn attach_raw_tracepoints(&mut self, pairs: &[(&'static str, &str)]) -> Result<(), LoadError> {
         for &(program, tracepoint) in pairs {
             let attach_error = |e: &dyn std::fmt::Display| LoadError::Attach {
                 what: format!("raw tracepoint {tracepoint}"),
@@ -169,6 +173,7 @@ impl Kernel {
                 .try_into()
                 .map_err(load_error)?;
             prog.load().map_err(load_error)?;
+            self.loaded.push(program);
             prog.attach(tracepoint).map_err(|e| attach_error(&e))?;
         }
         Ok(())
@@ -212,17 +217,12 @@ impl Kernel {
             let loaded = if !self.features.sleepable_uprobes {
                 Err("this kernel has no sleepable uprobe programs (Linux 6.0 and later have them)".to_string())
             } else {
-                uprobe_multi::load_programs(
-                    &self.ebpf,
-                    EBPF_OBJECT,
-                    &[programs::CALL_ENTRY_SLEEPABLE, programs::CALL_RETURN_SLEEPABLE],
-                    self.features.attach,
-                )
-                .map(|mut fds| {
-                    let ret = fds.pop().expect("two programs");
-                    (fds.pop().expect("two programs"), ret)
-                })
-                .map_err(|e| format!("the sleepable uprobe programs could not be loaded: {e}"))
+                self.load_uprobe_programs(&[programs::CALL_ENTRY_SLEEPABLE, programs::CALL_RETURN_SLEEPABLE])
+                    .map(|mut fds| {
+                        let ret = fds.pop().expect("two programs");
+                        (fds.pop().expect("two programs"), ret)
+                    })
+                    .map_err(|e| format!("the sleepable uprobe programs could not be loaded: {e}"))
             };
             self.sleepable_programs = Some(loaded);
         }
@@ -230,6 +230,19 @@ impl Kernel {
             Ok(_) => Ok(()),
             Err(e) => Err(e.clone()),
         }
+    }
+
+    /// Loads the uprobe programs `names` for this kernel's attach mechanism (see
+    /// [`uprobe_multi::load_programs`]).
+    fn load_uprobe_programs(&mut self, names: &[&'static str]) -> Result<Vec<OwnedFd>, String> {
+        let fds = uprobe_multi::load_programs(&self.ebpf, EBPF_OBJECT, names, self.features.attach)?;
+        self.loaded.extend(names);
+        Ok(fds)
+    }
+
+    /// The programs loaded into the kernel so far, by name, in load order.
+    pub fn loaded_programs(&self) -> &[&'static str] {
+        &self.loaded
     }
 
     /// Why probes that read strings run without faulting pages in, if they do: a string in a
@@ -246,15 +259,14 @@ impl Kernel {
     pub fn attach_function_programs(
         &mut self,
         probes: &[ProbeSpec],
-        entry: &str,
-        ret: &str,
+        entry: &'static str,
+        ret: &'static str,
     ) -> Result<Vec<AttachFailure>, LoadError> {
         if probes.is_empty() {
             return Ok(Vec::new());
         }
         if self.function_programs.is_none() {
-            let mut fds = uprobe_multi::load_programs(&self.ebpf, EBPF_OBJECT, &[entry, ret], self.features.attach)
-                .map_err(LoadError::Load)?;
+            let mut fds = self.load_uprobe_programs(&[entry, ret]).map_err(LoadError::Load)?;
             let ret = fds.pop().expect("two programs");
             let entry = fds.pop().expect("two programs");
             self.function_programs = Some((entry, ret));
@@ -308,13 +320,8 @@ impl Kernel {
             }
         }
         if self.usdt_programs.is_none() {
-            let mut fds = uprobe_multi::load_programs(
-                &self.ebpf,
-                EBPF_OBJECT,
-                &[programs::USDT_EVENT, programs::USDT_PROBE],
-                self.features.attach,
-            )
-            .map_err(LoadError::Load)?;
+            let mut fds =
+                self.load_uprobe_programs(&[programs::USDT_EVENT, programs::USDT_PROBE]).map_err(LoadError::Load)?;
             let probe = fds.pop().expect("two programs");
             let event = fds.pop().expect("two programs");
             self.usdt_programs = Some((event, probe));
