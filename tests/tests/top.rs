@@ -11,9 +11,10 @@ fn top(args: &[&str]) -> Vec<Value> {
     let run = tracer(&all);
     assert_eq!(run.code(), 0, "{run:?}");
     assert!(run.stderr.contains("tracer: tracing "), "{run:?}");
+    // Standard output is the statistics alone: the traced command's own output (the bench
+    // fixture prints its loop time) goes to stderr.
     let snapshots: Vec<Value> =
-        // The traced command shares stdout (the bench fixture prints its loop time).
-        run.stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
+        run.stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
     let (last, rest) = snapshots.split_last().unwrap_or_else(|| panic!("no snapshot: {run:?}"));
     assert_eq!(last["final"], true, "{last}");
     assert!(rest.iter().all(|s| s["final"] == false), "{run:?}");
@@ -130,8 +131,10 @@ fn exceptions_through_timed_frames_leave_the_program_whole_and_are_not_timed() {
     let run =
         tracer(&["top", "--json", "-f", "level*", "-f", "leaf", "-f", "tail", "--", unwinds.to_str().unwrap(), "100"]);
     assert_eq!(run.code(), 7, "the command's own exit code: {run:?}");
-    assert!(run.stdout.contains("caught 100 cleanups 100 sum 24950\n"), "{run:?}");
-    let last: Value = serde_json::from_str(run.stdout.lines().rfind(|l| l.starts_with('{')).unwrap()).unwrap();
+    // With --json the statistics alone are on stdout; the command's own output is on stderr.
+    assert!(run.stderr.contains("caught 100 cleanups 100 sum 24950\n"), "{run:?}");
+    assert!(run.stdout.lines().all(|l| l.starts_with('{')), "{run:?}");
+    let last: Value = serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap();
     for (function, calls, returns) in
         [("level1", 100, 0), ("level2", 100, 0), ("level3", 100, 0), ("leaf", 200, 200), ("tail", 100, 100)]
     {

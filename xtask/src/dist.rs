@@ -1,7 +1,7 @@
 //! `cargo xtask dist`: what a user installs. `target/dist/tracer-VERSION-x86_64-linux.tar.gz`
 //! holds the binary (symbols kept, debug info moved out), the man pages and shell completions
-//! (generated from the command line's own definitions by the hidden `tracer docs`), the README
-//! and the licences; the debug info is beside it, `tracer-VERSION.debug`, found by debuggers
+//! (generated from the command line's own definitions by the hidden `tracer docs`), the README,
+//! `docs/` and the licences; the debug info is beside it, `tracer-VERSION.debug`, found by debuggers
 //! through the binary's `.gnu_debuglink`.
 
 use std::{path::Path, process::Command};
@@ -36,6 +36,14 @@ pub fn run(tracer: &Path) -> Result<()> {
     run_checked(Command::new(&binary).arg("docs").arg(&stage))?;
     for file in ["README.md", "LICENSE-MIT", "LICENSE-APACHE"] {
         std::fs::copy(root().join(file), stage.join(file))?;
+    }
+    // The README's links lead into docs/.
+    std::fs::create_dir_all(stage.join("docs"))?;
+    for entry in std::fs::read_dir(root().join("docs"))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "md") {
+            std::fs::copy(&path, stage.join("docs").join(path.file_name().expect("a file")))?;
+        }
     }
     let tarball = dist.join(format!("{name}.tar.gz"));
     run_checked(Command::new("tar").arg("-C").arg(&dist).arg("-czf").arg(&tarball).arg(&name))?;

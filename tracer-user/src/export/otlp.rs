@@ -1,6 +1,6 @@
 //! OTLP export: a trace as OpenTelemetry spans, sent to a collector over OTLP/HTTP (protobuf).
 //!
-//! The mapping (also in the README's "OpenTelemetry" section):
+//! The mapping (also in docs/exports.md, "OpenTelemetry"):
 //! - One resource per traced process (`host.name`, `process.pid`, `process.executable.name`,
 //!   `service.name`: `--service-name`, else the process's comm).
 //! - One trace per process. Ids are made of the events, not drawn (see [`HostIds`]), so that a

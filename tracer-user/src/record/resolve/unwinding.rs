@@ -56,7 +56,7 @@ const UNWINDING: &[&str] = &[
 ];
 // Not `pthread_exit` and `pthread_cancel` (python3 imports the first): glibc's forced unwinding
 // stops at a frame it cannot describe and ends the thread from there, so the thread still ends as
-// asked; only `pthread_cleanup_push` handlers above a traced call are skipped (the README says so).
+// asked; only `pthread_cleanup_push` handlers above a traced call are skipped (docs/record.md says so).
 
 /// The first of `files` (the targets' executables and the libraries they load) that may unwind
 /// a stack, if one does. A file that cannot be read says nothing.
