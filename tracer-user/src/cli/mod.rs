@@ -373,20 +373,22 @@ pub(crate) fn still_running_code(reason: EndReason) -> i32 {
 
 /// Runs a parsed command line; returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
-    let result = match cli.command {
-        Command::Record(args) => record(args),
-        Command::Export(args) => export(args),
-        Command::Report(args) => report(args),
-        Command::Calls(args) => calls(args),
-        Command::Top(args) => top::top(args),
+    // The commands whose standard output is what they make: a reader that stops reading
+    // (`tracer report --json | head -1`) is not a failure. Not the agent's and collector's, whose
+    // broken pipes are their network connections.
+    let writes_stdout = |result: anyhow::Result<i32>| match result {
+        Err(e) if is_broken_pipe(&e) => Ok(0),
+        other => other,
+    };
+    match cli.command {
+        Command::Record(args) => writes_stdout(record(args)),
+        Command::Export(args) => writes_stdout(export(args)),
+        Command::Report(args) => writes_stdout(report(args)),
+        Command::Calls(args) => writes_stdout(calls(args)),
+        Command::Top(args) => writes_stdout(top::top(args)),
         Command::Agent(args) => cluster::agent(args),
         Command::Collect(args) => cluster::collect(args),
         Command::Docs { dir } => docs::generate(&dir),
-    };
-    match result {
-        // A reader that stopped reading (`tracer report --json | head -1`): not a failure.
-        Err(e) if is_broken_pipe(&e) => Ok(0),
-        other => other,
     }
 }
 
