@@ -31,8 +31,9 @@ pub fn fixture(name: &str) -> Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
 }
 
-fn median<T: Ord + Copy>(mut samples: Vec<T>) -> T {
-    samples.sort();
+/// The median of `samples` (the upper one of an even count); every bench reports these.
+pub(crate) fn median<T: PartialOrd + Copy>(mut samples: Vec<T>) -> T {
+    samples.sort_by(|a, b| a.partial_cmp(b).expect("no NaN among the samples"));
     samples[samples.len() / 2]
 }
 

@@ -30,7 +30,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{bench::fixture, root};
+use crate::{
+    bench::{fixture, median},
+    root,
+};
 
 /// Calls per traced program (two events each).
 const CALLS: u64 = 1_000_000;
@@ -285,11 +288,6 @@ impl Drop for Agents {
             let _ = a.wait();
         }
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// A number after `marker` in `text`'s line containing `line`.

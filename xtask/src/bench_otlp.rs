@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{bench_export, root, toolchain};
+use crate::{bench::median, bench_export, root, toolchain};
 
 /// Events in the synthetic trace.
 const EVENTS: u64 = 1_000_000;
@@ -88,11 +88,6 @@ fn expected_spans(trace: &Path) -> Result<u64> {
 /// The number in `tracer: N spans sent to ...`.
 fn spans_sent(stderr: &str) -> Option<u64> {
     stderr.lines().find_map(|l| l.strip_prefix("tracer: ")?.split_once(" spans sent to ")?.0.parse().ok())
-}
-
-fn median<T: Copy + PartialOrd>(mut v: Vec<T>) -> T {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
 }
 
 pub fn run(tracer: &Path) -> Result<()> {

@@ -16,7 +16,7 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 
 use crate::{
-    bench::{RUNS, ensure_bpftrace, has_bpftrace},
+    bench::{RUNS, ensure_bpftrace, has_bpftrace, median},
     bench_cluster::run_measured,
     root,
 };
@@ -58,11 +58,6 @@ fn once(command: &mut Command) -> Result<(Duration, f64)> {
         bail!("{command:?} failed: {}", m.stderr);
     }
     Ok((wall, m.peak_mib))
-}
-
-fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
-    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
-    v[v.len() / 2]
 }
 
 pub fn run(tracer: &Path) -> Result<()> {
