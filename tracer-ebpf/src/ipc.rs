@@ -21,8 +21,8 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use tracer_common::{
-    CAPTURE_BYTES_MAX, ChannelKind, Direction, HEAD_LEN, IpcRecord, IpcSyscall, KernelOffsets, MAX_MMSG, RecordKind,
-    UNIX_PATH_LEN, ipc_flags, lost_slot,
+    CAPTURE_BYTES_MAX, ChannelKind, Direction, HEAD_LEN, IpcRecord, IpcSyscall, KernelOffsets, LostSlot, MAX_MMSG,
+    RecordKind, UNIX_PATH_LEN, ipc_flags,
 };
 
 use crate::maps::{
@@ -306,7 +306,7 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Result<i32, i64> {
         len,
     };
     if INFLIGHT.insert(tid, state, 0).is_err() {
-        count_lost(lost_slot::IPC_INFLIGHT);
+        count_lost(LostSlot::IpcInflight);
     }
     Ok(0)
 }
@@ -341,7 +341,7 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
                 bpf_loop(messages, emit_message as *mut c_void, (&raw mut each).cast(), 0);
             }
             if ret > MAX_MMSG as i64 {
-                count_lost_by(lost_slot::IPC_MMSG_BEYOND_LIMIT, ret as u64 - MAX_MMSG as u64);
+                count_lost_by(LostSlot::IpcMmsgBeyondLimit, ret as u64 - MAX_MMSG as u64);
             }
         }
         IpcSyscall::Sendmsg | IpcSyscall::Recvmsg => emit(&Transfer {
@@ -614,7 +614,7 @@ fn emit(t: &Transfer) {
     // SAFETY: `buffer` holds at least `size` bytes (bounded just above).
     let out = unsafe { core::slice::from_raw_parts(buffer.cast::<u8>(), size as usize) };
     if EVENTS.output::<[u8]>(out, submit_flags()).is_err() {
-        count_lost(RecordKind::Ipc as u32);
+        count_lost(LostSlot::ring_full(RecordKind::Ipc));
     }
 }
 
@@ -633,7 +633,7 @@ fn truncation(r: &mut IpcRecord, state: &InFlight, syscall: IpcSyscall, msghdr: 
 }
 
 /// `--capture-bytes`: copies the first `want` bytes at `buf` in user memory; returns how many were
-/// copied. Memory that cannot be read is counted ([`lost_slot::IPC_PAYLOAD_UNREADABLE`]): the
+/// copied. Memory that cannot be read is counted ([`LostSlot::IpcPayloadUnreadable`]): the
 /// transfer is recorded without its bytes.
 #[inline(always)]
 fn capture(out: &mut [u8; CAPTURE_BYTES_MAX], buf: u64, want: u64, tgid: u32, fd: u64) -> u32 {
@@ -647,7 +647,7 @@ fn capture(out: &mut [u8; CAPTURE_BYTES_MAX], buf: u64, want: u64, tgid: u32, fd
         aya_ebpf::helpers::generated::bpf_probe_read_user(out.as_mut_ptr().cast(), len, buf as *const c_void)
     };
     if buf == 0 || ret != 0 {
-        count_lost(lost_slot::IPC_PAYLOAD_UNREADABLE);
+        count_lost(LostSlot::IpcPayloadUnreadable);
         if config().debug != 0 {
             log_unreadable(tgid, fd, buf, len, ret);
         }

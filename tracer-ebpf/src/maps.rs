@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use tracer_common::{Config, InodeKey, ProbeLayoutBytes, RecordKind, kind_bit, lost_slot, strings::SCRATCH_SIZE};
+use tracer_common::{Config, InodeKey, LostSlot, ProbeLayoutBytes, RecordKind, kind_bit, strings::SCRATCH_SIZE};
 
 /// Set by user space at load time (`EbpfLoader::override_global`); read-only here.
 // SAFETY: `Config` is integers only; all-zero is a valid value (and is replaced before load).
@@ -74,9 +74,9 @@ pub struct Faults {
     pub bytes: [u64; tracer_common::strings::MAX_STRINGS],
 }
 
-/// Per-CPU counts of records that could not be written, indexed by `RecordKind` or `lost_slot`.
+/// Per-CPU counts of records that could not be written, indexed by [`LostSlot`].
 #[map]
-pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost_slot::COUNT, 0);
+pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LostSlot::COUNT, 0);
 
 /// The configuration, read in place (it is a few hundred bytes: too much to copy onto the BPF
 /// stack in every program).
@@ -161,13 +161,13 @@ pub fn untrace(tgid: u32) {
 }
 
 #[inline(always)]
-pub fn count_lost(slot: u32) {
+pub fn count_lost(slot: LostSlot) {
     count_lost_by(slot, 1);
 }
 
 #[inline(always)]
-pub fn count_lost_by(slot: u32, n: u64) {
-    if let Some(counter) = LOST.get_ptr_mut(slot) {
+pub fn count_lost_by(slot: LostSlot, n: u64) {
+    if let Some(counter) = LOST.get_ptr_mut(slot as u32) {
         // SAFETY: a per-CPU slot; programs do not migrate while they run.
         unsafe { *counter += n };
     }

@@ -7,7 +7,7 @@ use aya_ebpf::{
     macros::raw_tracepoint,
     programs::RawTracePointContext,
 };
-use tracer_common::{ExecRecord, ExitRecord, ForkRecord, InodeKey, RecordKind, lost_slot};
+use tracer_common::{ExecRecord, ExitRecord, ForkRecord, InodeKey, LostSlot, RecordKind};
 
 use crate::maps::{
     EVENTS, TARGET_INODES, THREAD_COUNTS, TRACED_PIDS, add_threads, config, count_lost, current_ids, enabled, header,
@@ -40,14 +40,14 @@ fn try_sched_fork(ctx: &RawTracePointContext) -> Result<i32, i64> {
             followed = 1;
             let _ = THREAD_COUNTS.insert(child_pid, 1, 0);
         } else {
-            count_lost(lost_slot::UNTRACKED_CHILD);
+            count_lost(LostSlot::UntrackedChild);
         }
     }
     if !enabled(RecordKind::Fork) {
         return Ok(0);
     }
     let Some(mut entry) = EVENTS.reserve::<ForkRecord>(0) else {
-        count_lost(RecordKind::Fork as u32);
+        count_lost(LostSlot::ring_full(RecordKind::Fork));
         return Ok(0);
     };
     entry.write(ForkRecord {
@@ -79,7 +79,7 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
             return Ok(0);
         }
         if TRACED_PIDS.insert(tgid, 1, 0).is_err() {
-            count_lost(lost_slot::UNTRACKED_CHILD);
+            count_lost(LostSlot::UntrackedChild);
             return Ok(0);
         }
         // Exec leaves one thread.
@@ -91,7 +91,7 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
     let old_tid: u64 = ctx.arg(1);
     let filename: *const u8 = read_kernel(bprm, cfg.offsets.bprm_filename)?;
     let Some(mut entry) = EVENTS.reserve::<ExecRecord>(0) else {
-        count_lost(RecordKind::Exec as u32);
+        count_lost(LostSlot::ring_full(RecordKind::Exec));
         return Ok(0);
     };
     // Fill in place: the record is larger than is wise to build on the 512-byte stack.
@@ -181,7 +181,7 @@ fn try_sched_exit(ctx: &RawTracePointContext, has_group_dead: bool) -> Result<i3
                 });
                 entry.submit(submit_flags());
             }
-            None => count_lost(RecordKind::Exit as u32),
+            None => count_lost(LostSlot::ring_full(RecordKind::Exit)),
         }
     }
     if group_dead {

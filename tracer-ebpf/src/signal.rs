@@ -2,7 +2,7 @@
 //! `signal_generate` and `signal_deliver`.
 
 use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
-use tracer_common::{RecordKind, SignalRecord};
+use tracer_common::{LostSlot, RecordKind, SignalRecord};
 
 use crate::maps::{EVENTS, config, count_lost, current_ids, enabled, header, is_traced, read_kernel, submit_flags};
 
@@ -17,7 +17,7 @@ fn emit(record: SignalRecord) {
             entry.write(record);
             entry.submit(submit_flags());
         }
-        None => count_lost(RecordKind::Signal as u32),
+        None => count_lost(LostSlot::ring_full(RecordKind::Signal)),
     }
 }
 

@@ -20,7 +20,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
-    cookie, lost_slot,
+    LostSlot, cookie,
     top::{self, Frame, Key, MAX_DEPTH, Stack, Stats},
 };
 
@@ -67,7 +67,7 @@ fn stats(tgid: u32, function: u32) -> Option<&'static mut Stats> {
     let zero = TOP_ZERO_STATS.get_ptr(0)?;
     // SAFETY: a per-CPU map value that is never written: all zeros.
     if TOP_BY_PROCESS.insert(&key, unsafe { &*zero }, 0).is_err() {
-        count_lost(lost_slot::TOP_KEYS_FULL);
+        count_lost(LostSlot::TopKeysFull);
         return None;
     }
     // SAFETY: as above.
@@ -96,7 +96,7 @@ fn try_top_entry(ctx: &ProbeContext) -> Result<u32, i64> {
             let Some(zero) = TOP_ZERO_STACK.get_ptr(0) else { return Ok(0) };
             // SAFETY: a per-CPU map value that is never written: all zeros.
             if TOP_STACKS.insert(&tid, unsafe { &*zero }, 0).is_err() {
-                count_lost(lost_slot::TOP_THREADS_FULL);
+                count_lost(LostSlot::TopThreadsFull);
                 return Ok(0);
             }
             match TOP_STACKS.get_ptr_mut(&tid) {
@@ -119,7 +119,7 @@ fn try_top_entry(ctx: &ProbeContext) -> Result<u32, i64> {
     let depth = stack.depth as usize;
     if depth >= MAX_DEPTH {
         // The kernel gives no return probe past its limit either: counted, not timed.
-        count_lost(lost_slot::TOP_TOO_DEEP);
+        count_lost(LostSlot::TopTooDeep);
         return Ok(0);
     }
     // The mask, on a value the compiler cannot see is below MAX_DEPTH already, bounds the very
@@ -210,7 +210,7 @@ fn drop_unwound(stack: &mut Stack, sp: u64) {
         match top_frame(stack) {
             Some(frame) if frame.sp <= sp => {
                 stack.depth -= 1;
-                count_lost(lost_slot::TOP_NO_RETURN);
+                count_lost(LostSlot::TopNoReturn);
             }
             _ => break,
         }

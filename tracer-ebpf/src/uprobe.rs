@@ -34,7 +34,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
-    CallRecord, GoCallRecord, GoReturnRecord, ProbeLayoutBytes, RecordKind, ReturnRecord, cookie,
+    CallRecord, GoCallRecord, GoReturnRecord, LostSlot, ProbeLayoutBytes, RecordKind, ReturnRecord, cookie,
     strings::{self, HEADER, MAX_STRING_SIZE, MAX_STRINGS, SCRATCH_SIZE},
 };
 
@@ -88,7 +88,7 @@ fn try_call_entry<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64>
         entry.write(record);
         entry.submit(submit_flags());
     } else {
-        count_lost(RecordKind::Call as u32);
+        count_lost(LostSlot::ring_full(RecordKind::Call));
     }
     if cookie::is_also_exit(cookie) {
         return ret_site::<SLEEPABLE>(regs, cookie::exit_of(cookie), tgid, tid);
@@ -110,7 +110,7 @@ fn with_strings<T: Copy, const SLEEPABLE: bool>(
     ret: bool,
 ) -> Result<u32, i64> {
     let Some(buf) = SCRATCH.get_ptr_mut(0) else {
-        count_lost(kind as u32);
+        count_lost(LostSlot::ring_full(kind));
         return Ok(0);
     };
     // SAFETY: a per-CPU map value; a program runs with migration disabled, so it stays this
@@ -142,7 +142,7 @@ fn with_strings<T: Copy, const SLEEPABLE: bool>(
         )
     };
     if written < 0 {
-        count_lost(kind as u32);
+        count_lost(LostSlot::ring_full(kind));
     }
     Ok(0)
 }
@@ -311,7 +311,7 @@ fn goroutine(regs: &pt_regs, cookie: u64) -> (u64, u64) {
 fn go_call(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i64> {
     let (goid, stack_depth) = goroutine(regs, cookie);
     let Some(mut entry) = EVENTS.reserve::<GoCallRecord>(0) else {
-        count_lost(RecordKind::GoCall as u32);
+        count_lost(LostSlot::ring_full(RecordKind::GoCall));
         return Ok(0);
     };
     entry.write(GoCallRecord {
@@ -329,7 +329,7 @@ fn go_call(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i64>
 fn go_return(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i64> {
     let (goid, stack_depth) = goroutine(regs, cookie);
     let Some(mut entry) = EVENTS.reserve::<GoReturnRecord>(0) else {
-        count_lost(RecordKind::GoReturn as u32);
+        count_lost(LostSlot::ring_full(RecordKind::GoReturn));
         return Ok(0);
     };
     entry.write(GoReturnRecord {
@@ -373,7 +373,7 @@ fn submit_return<const SLEEPABLE: bool>(record: ReturnRecord, strings: bool) -> 
         return with_strings::<_, SLEEPABLE>(record, RecordKind::Return, record.cookie, &regs, true);
     }
     let Some(mut entry) = EVENTS.reserve::<ReturnRecord>(0) else {
-        count_lost(RecordKind::Return as u32);
+        count_lost(LostSlot::ring_full(RecordKind::Return));
         return Ok(0);
     };
     entry.write(record);

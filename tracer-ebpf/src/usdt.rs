@@ -25,8 +25,8 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use tracer_common::{
-    RecordKind, USDT_MAX_ARGS, USDT_NO_REGISTER, USER_EVENT_PAYLOAD_MAX, UsdtArgKind, UsdtArgSpec, UsdtRecord,
-    UsdtSpec, UserEventRecord, user_event_flags,
+    LostSlot, RecordKind, USDT_MAX_ARGS, USDT_NO_REGISTER, USER_EVENT_PAYLOAD_MAX, UsdtArgKind, UsdtArgSpec,
+    UsdtRecord, UsdtSpec, UserEventRecord, user_event_flags,
 };
 
 use crate::maps::{EVENTS, count_lost, current_ids, enabled, header, is_traced, submit_flags};
@@ -152,7 +152,7 @@ fn try_usdt_event(ctx: &ProbeContext) -> Result<u32, i64> {
     // SAFETY: `buffer` holds at least `size` bytes (bounded just above).
     let bytes = unsafe { core::slice::from_raw_parts((buffer as *const UserEventBuffer).cast::<u8>(), size as usize) };
     if EVENTS.output::<[u8]>(bytes, submit_flags()).is_err() {
-        count_lost(RecordKind::UserEvent as u32);
+        count_lost(LostSlot::ring_full(RecordKind::UserEvent));
     }
     Ok(0)
 }
@@ -180,7 +180,7 @@ fn try_usdt_probe(ctx: &ProbeContext) -> Result<u32, i64> {
         unsafe { bpf_loop(count, evaluate_one as *mut c_void, (&raw mut each).cast(), 0) };
     }
     let Some(mut entry) = EVENTS.reserve::<UsdtRecord>(0) else {
-        count_lost(RecordKind::Usdt as u32);
+        count_lost(LostSlot::ring_full(RecordKind::Usdt));
         return Ok(0);
     };
     entry.write(record);

@@ -12,7 +12,7 @@ use std::{collections::BTreeMap, time::Duration};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use serde::Serialize;
 use tracer_common::{
-    Config, lost_slot, names, programs,
+    Config, LostSlot, names, programs,
     top::{BUCKETS, Key, Stats, bucket_range},
 };
 
@@ -216,11 +216,11 @@ impl Top {
         rows.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(b.calls.cmp(&a.calls)).then(a.function.cmp(&b.function)));
         let counts = self.lost.read();
         let lost = Lost {
-            threads_full: counts[lost_slot::TOP_THREADS_FULL as usize],
-            keys_full: counts[lost_slot::TOP_KEYS_FULL as usize],
-            too_deep: counts[lost_slot::TOP_TOO_DEEP as usize],
-            no_return: counts[lost_slot::TOP_NO_RETURN as usize],
-            untraced_children: counts[lost_slot::UNTRACKED_CHILD as usize],
+            threads_full: counts[LostSlot::TopThreadsFull as usize],
+            keys_full: counts[LostSlot::TopKeysFull as usize],
+            too_deep: counts[LostSlot::TopTooDeep as usize],
+            no_return: counts[LostSlot::TopNoReturn as usize],
+            untraced_children: counts[LostSlot::UntrackedChild as usize],
         };
         Ok(Snapshot {
             kind: "top",

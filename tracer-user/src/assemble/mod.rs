@@ -10,7 +10,7 @@ use crate::event::data;
 use std::sync::Arc;
 
 use tracer_common::{
-    RecordKind, cookie,
+    cookie,
     decode::{Record, c_bytes, decode},
 };
 
@@ -366,30 +366,11 @@ impl EventAssembler {
     }
 }
 
-/// Names of the kernel's lost-event slots, as `trace_end.lost_events` reports them (fork and exec
-/// records are both `spawn` events).
-pub fn lost_slot_name(slot: u32) -> Option<&'static str> {
-    Some(match RecordKind::try_from(slot) {
-        Ok(RecordKind::Call | RecordKind::GoCall) => "call",
-        Ok(RecordKind::Return | RecordKind::GoReturn) => "return",
-        Ok(RecordKind::Fork | RecordKind::Exec) => "spawn",
-        Ok(RecordKind::Exit) => "exit",
-        Ok(RecordKind::Ipc) => "ipc",
-        Ok(RecordKind::Signal) => "signal",
-        Ok(RecordKind::UserEvent) => "log",
-        Ok(RecordKind::Usdt) => "usdt",
-        Err(tracer_common::lost_slot::UNTRACKED_CHILD) => "untraced_children",
-        Err(tracer_common::lost_slot::IPC_INFLIGHT) => "ipc_untracked_syscalls",
-        Err(tracer_common::lost_slot::IPC_MMSG_BEYOND_LIMIT) => "ipc_messages_beyond_limit",
-        Err(tracer_common::lost_slot::IPC_PAYLOAD_UNREADABLE) => "ipc_payload_unreadable",
-        Err(_) => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use tracer_common::{
-        CallRecord, ExecRecord, ExitRecord, ForkRecord, GoCallRecord, GoReturnRecord, RecordHeader, ReturnRecord,
+        CallRecord, ExecRecord, ExitRecord, ForkRecord, GoCallRecord, GoReturnRecord, LostSlot, RecordHeader,
+        RecordKind, ReturnRecord,
     };
 
     use super::*;
@@ -556,8 +537,9 @@ mod tests {
                 tail_call: None,
             })
         );
-        assert_eq!(lost_slot_name(RecordKind::GoCall as u32), Some("call"));
-        assert_eq!(lost_slot_name(RecordKind::GoReturn as u32), Some("return"));
+        // Go's calls and returns are lost under the same names as C's.
+        assert_eq!(LostSlot::ring_full(RecordKind::GoCall).trace_name(), Some("call"));
+        assert_eq!(LostSlot::ring_full(RecordKind::GoReturn).trace_name(), Some("return"));
     }
 
     #[test]
@@ -647,11 +629,13 @@ mod tests {
     }
 
     #[test]
-    fn lost_slots_are_named() {
-        assert_eq!(lost_slot_name(1), Some("call"));
-        assert_eq!(lost_slot_name(RecordKind::UserEvent as u32), Some("log"));
-        assert_eq!(lost_slot_name(RecordKind::Usdt as u32), Some("usdt"));
-        assert_eq!(lost_slot_name(tracer_common::lost_slot::UNTRACKED_CHILD), Some("untraced_children"));
-        assert_eq!(lost_slot_name(0), None);
+    fn every_kind_is_lost_under_a_name_of_its_own_event() {
+        for &kind in RecordKind::ALL {
+            let name = LostSlot::ring_full(kind).trace_name();
+            assert!(name.is_some(), "{kind:?} is lost in a slot trace_end does not report");
+        }
+        assert_eq!(LostSlot::ring_full(RecordKind::UserEvent).trace_name(), Some("log"));
+        assert_eq!(LostSlot::UntrackedChild.trace_name(), Some("untraced_children"));
+        assert_eq!(LostSlot::TopTooDeep.trace_name(), None);
     }
 }

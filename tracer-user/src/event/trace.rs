@@ -296,7 +296,7 @@ mod tests {
     #[test]
     fn every_lost_kind_says_where_it_was_lost() {
         let fallback = why_lost("no such kind");
-        let kernel = (0..tracer_common::lost_slot::COUNT).filter_map(crate::assemble::lost_slot_name);
+        let kernel = tracer_common::LostSlot::ALL.iter().filter_map(|slot| slot.trace_name());
         for kind in kernel.chain(["undecodable", "log_unreadable"]) {
             let why = why_lost(kind);
             assert_ne!(why, fallback, "{kind} has no sentence of its own");

@@ -12,12 +12,12 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use tracer_common::{Config, RecordKind, cookie, kind_bit, lost_slot};
+use tracer_common::{Config, LostSlot, RecordKind, cookie, kind_bit};
 
 use super::{RecordError, TICK, kernel_log, plan::Plan};
 use crate::{
+    assemble::EventAssembler,
     assemble::clock::BootClock,
-    assemble::{EventAssembler, lost_slot_name},
     event::host::Machine,
     event::{EndReason, EventKind, FORMAT_VERSION, TargetInfo, TraceEnd, TraceStart},
     pipeline::EventPipeline,
@@ -441,8 +441,8 @@ impl Recording {
 fn lost_events(lost: &LostCounters, assembler: &EventAssembler) -> BTreeMap<String, u64> {
     let counts = lost.read();
     let mut lost_events: BTreeMap<String, u64> = BTreeMap::new();
-    for slot in 0..lost_slot::COUNT {
-        if let Some(name) = lost_slot_name(slot) {
+    for &slot in LostSlot::ALL {
+        if let Some(name) = slot.trace_name() {
             *lost_events.entry(name.to_string()).or_default() += counts[slot as usize];
         }
     }

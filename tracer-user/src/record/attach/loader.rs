@@ -17,7 +17,7 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::RawTracePoint,
 };
-use tracer_common::{Config, InodeKey, lost_slot, names, programs};
+use tracer_common::{Config, InodeKey, LostSlot, names, programs};
 
 use crate::{
     record::attach::{
@@ -65,7 +65,7 @@ pub struct AttachFailure {
 }
 
 /// Kernel-side counts of what could not be recorded, summed over CPUs, by `LOST` slot.
-pub type LostCounts = [u64; lost_slot::COUNT as usize];
+pub type LostCounts = [u64; LostSlot::COUNT as usize];
 
 /// The loaded programs and their maps.
 pub struct Kernel {
@@ -514,7 +514,7 @@ pub struct LostCounters {
 
 impl LostCounters {
     pub fn read(&self) -> LostCounts {
-        let mut counts = [0u64; lost_slot::COUNT as usize];
+        let mut counts = [0u64; LostSlot::COUNT as usize];
         for (slot, count) in counts.iter_mut().enumerate() {
             if let Ok(values) = self.map.get(&(slot as u32), 0) {
                 *count = values.iter().sum();
