@@ -23,6 +23,7 @@ pub struct TooLarge {
 }
 
 /// A file's bytes, mapped read-only.
+#[derive(Debug)]
 pub struct MappedFile {
     /// `None` for an empty file (which cannot be mapped).
     map: Option<memmap2::Mmap>,

@@ -8,14 +8,16 @@
 //! block the tracer) of at most [`MAX_DEBUG_FILE`] bytes, and is opened without blocking.
 
 use std::{
-    io::Read as _,
     os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
 };
 
 use object::{Object as _, ObjectSection as _};
 
-/// The largest debug file read (Chromium's are about 2 GiB; the tracer reads it whole).
+use crate::mapped_file::MappedFile;
+
+/// The largest debug file read (Chromium's are about 2 GiB; it is mapped, and DWARF reading
+/// touches only the sections it needs).
 pub const MAX_DEBUG_FILE: u64 = 4 << 30;
 
 /// Where to look for separate debug files.
@@ -51,14 +53,15 @@ pub fn has_dwarf(file: &object::File) -> bool {
     file.section_by_name(".debug_info").is_some_and(|s| s.size() > 0)
 }
 
-/// A debug file's contents, or why it cannot be one (`None`: it does not exist).
-fn read_candidate(path: &Path) -> Option<Result<Vec<u8>, String>> {
+/// A debug file's contents, mapped (a debug file is often hundreds of MiB, of which DWARF
+/// reading touches a part), or why it cannot be one (`None`: it does not exist).
+fn read_candidate(path: &Path) -> Option<Result<MappedFile, String>> {
     let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
         Err(e) => return Some(Err(format!("cannot open it: {e}"))),
     };
-    let check = || -> Result<Vec<u8>, String> {
+    let check = || -> Result<MappedFile, String> {
         let meta = file.metadata().map_err(|e| format!("cannot stat it: {e}"))?;
         if !meta.is_file() {
             return Err("not a regular file".into());
@@ -66,18 +69,13 @@ fn read_candidate(path: &Path) -> Option<Result<Vec<u8>, String>> {
         if meta.len() > MAX_DEBUG_FILE {
             return Err(format!("{} bytes, more than the {MAX_DEBUG_FILE} read at most", meta.len()));
         }
-        let mut data = Vec::with_capacity(meta.len() as usize);
-        (&file).take(MAX_DEBUG_FILE + 1).read_to_end(&mut data).map_err(|e| format!("cannot read it: {e}"))?;
-        if data.len() as u64 > MAX_DEBUG_FILE {
-            return Err(format!("more than the {MAX_DEBUG_FILE} bytes read at most"));
-        }
-        Ok(data)
+        MappedFile::of(&file, MAX_DEBUG_FILE).map_err(|e| format!("cannot read it: {e}"))
     };
     Some(check())
 }
 
 /// A candidate's data if it is an ELF file with DWARF, else why not.
-fn usable(data: Vec<u8>, check: impl FnOnce(&object::File) -> Result<(), String>) -> Result<Vec<u8>, String> {
+fn usable(data: MappedFile, check: impl FnOnce(&object::File) -> Result<(), String>) -> Result<MappedFile, String> {
     let file = object::File::parse(&*data).map_err(|e| format!("not an ELF file ({e})"))?;
     check(&file)?;
     if !has_dwarf(&file) {
@@ -103,7 +101,7 @@ pub fn find_separate(
     elf_path: &Path,
     elf: &object::File,
     search: &DebugSearch,
-) -> (Option<(DebugOrigin, Vec<u8>)>, Vec<Rejected>) {
+) -> (Option<(DebugOrigin, MappedFile)>, Vec<Rejected>) {
     let mut rejected = Vec::new();
     if let Ok(Some(id)) = elf.build_id()
         && id.len() >= 2
@@ -142,7 +140,7 @@ pub fn find_separate(
                 continue;
             }
             let Some(read) = read_candidate(&path) else { continue };
-            let same_crc = |data: Vec<u8>| {
+            let same_crc = |data: MappedFile| {
                 let actual = crc32fast::hash(&data);
                 if actual == crc {
                     Ok(data)

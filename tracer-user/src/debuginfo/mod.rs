@@ -41,6 +41,8 @@ use std::{
 
 use object::{Object as _, ObjectSection as _};
 
+use crate::mapped_file::MappedFile;
+
 pub use self::locate::{DebugOrigin, DebugSearch, Rejected};
 use self::{
     abi::{DwarfEntry, Place, Unknown},
@@ -135,7 +137,25 @@ pub struct Found<'a> {
 pub struct DebugInfo<'a> {
     origin: DebugOrigin,
     path: PathBuf,
-    data: Cow<'a, [u8]>,
+    data: Bytes<'a>,
+}
+
+/// An ELF file's bytes: the traced file's own (borrowed), or a separate debug file's (mapped).
+#[derive(Debug)]
+enum Bytes<'a> {
+    Borrowed(&'a [u8]),
+    Mapped(MappedFile),
+}
+
+impl std::ops::Deref for Bytes<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Borrowed(data) => data,
+            Bytes::Mapped(file) => file,
+        }
+    }
 }
 
 impl<'a> DebugInfo<'a> {
@@ -147,7 +167,7 @@ impl<'a> DebugInfo<'a> {
             return Err(DebugInfoError::NotX86_64 { path: path.to_owned() });
         }
         if locate::has_dwarf(&file) {
-            let info = DebugInfo { origin: DebugOrigin::InFile, path: path.to_owned(), data: Cow::Borrowed(data) };
+            let info = DebugInfo { origin: DebugOrigin::InFile, path: path.to_owned(), data: Bytes::Borrowed(data) };
             return Ok(Found { info: Some(info), rejected: Vec::new() });
         }
         let (found, rejected) = locate::find_separate(path, &file, search);
@@ -156,7 +176,7 @@ impl<'a> DebugInfo<'a> {
                 DebugOrigin::BuildId(p) | DebugOrigin::DebugLink(p) => p.clone(),
                 DebugOrigin::InFile => path.to_owned(),
             };
-            DebugInfo { origin, path, data: Cow::Owned(data) }
+            DebugInfo { origin, path, data: Bytes::Mapped(data) }
         });
         Ok(Found { info, rejected })
     }
