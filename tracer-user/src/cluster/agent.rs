@@ -950,6 +950,18 @@ async fn start_trace(
                 let _ = sink.end(&TraceEnd::new(agent.clock.now_unix_ns(), EndReason::Terminated, 0));
             }
         }
+        return_freed_heap();
     });
     Ok(Box::new(start))
+}
+
+/// Gives the pages of the heap that the finished trace freed (its symbol tables and DWARF, its
+/// programs' loader) back to the system. glibc keeps freed memory of an arena for reuse, and an
+/// idle agent would stay at its largest trace's size; what waits in the outbox stays.
+fn return_freed_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks glibc's own arenas; no pointer of ours is involved.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
