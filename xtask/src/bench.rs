@@ -103,6 +103,8 @@ pub enum Part {
     /// Start to exit and peak memory of `record` for 1, 100 and 10,000 probes, against
     /// bpftrace; the agent's memory idle and during a trace (root).
     Startup,
+    /// The agent's rows of `startup` alone: its memory idle, during a trace and after (root).
+    Agent,
     /// What a call costs by attach mechanism on the running kernel (uprobe-multi, perf-event
     /// uprobes), as ratios to bpftrace; small enough for the emulated VMs (root).
     Kernels,
@@ -140,6 +142,9 @@ pub fn run(tracer: &Path, only: Option<Part>, machine: Machine) -> Result<()> {
     }
     if wanted(Part::Startup) {
         crate::bench_startup::run(tracer)?;
+    }
+    if only == Some(Part::Agent) {
+        crate::bench_startup::run_agent(tracer)?;
     }
     if only == Some(Part::Kernels) {
         crate::bench_kernels::run(tracer)?;

@@ -167,6 +167,11 @@ fn status_kib(pid: u32, field: &str) -> Result<u64> {
         .with_context(|| format!("no {field} in /proc/{pid}/status"))
 }
 
+/// `bench --only agent`: the agent's rows alone.
+pub fn run_agent(tracer: &Path) -> Result<()> {
+    agent(tracer, &many_functions()?)
+}
+
 /// The agent's resident memory idle, and at its peak during a trace of 100 functions.
 fn agent(tracer: &Path, exe: &Path) -> Result<()> {
     let dir = root().join("target/bench/startup-agent");
