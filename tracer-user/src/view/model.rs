@@ -260,3 +260,32 @@ impl Sink for SharedSink {
         self.with(|m| m.end(end))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::test_events::{call, end, ret, start};
+
+    #[test]
+    fn a_live_state_counts_the_calls_that_ended_and_the_final_one_all() {
+        let mut m = ViewModel::default();
+        m.begin(&start(0)).unwrap();
+        for e in [call(100, 1, "main"), call(200, 1, "work"), ret(300, 1, "work", Some(100))] {
+            m.event(&e).unwrap();
+        }
+        let live = m.state();
+        assert!(live.live);
+        assert_eq!(live.events, 3);
+        let calls: Vec<(&str, u64)> = live.functions.iter().map(|f| (f.function.as_str(), f.calls)).collect();
+        assert_eq!(calls, [("work", 1)]);
+        assert_eq!(live.flame[0].children[0].name, "main");
+        assert_eq!(live.threads.len(), 1);
+        m.end(&end(1000)).unwrap();
+        let done = m.state();
+        assert!(!done.live);
+        let mut calls: Vec<(&str, u64, u64)> =
+            done.functions.iter().map(|f| (f.function.as_str(), f.calls, f.unfinished)).collect();
+        calls.sort();
+        assert_eq!(calls, [("main", 1, 1), ("work", 1, 0)]);
+    }
+}

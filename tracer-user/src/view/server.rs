@@ -227,19 +227,9 @@ impl Response {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-enum ConnectionError {
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    #[error("timed out")]
-    Timeout,
-}
-
-async fn connection(mut stream: Box<dyn Transport>, app: &App) -> Result<(), ConnectionError> {
-    let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await {
-        Err(_) => return Err(ConnectionError::Timeout),
-        Ok(head) => head?,
-    };
+async fn connection(mut stream: Box<dyn Transport>, app: &App) -> std::io::Result<()> {
+    let timed_out = |_| std::io::Error::from(std::io::ErrorKind::TimedOut);
+    let head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await.map_err(timed_out)??;
     let response = match head {
         Some(head) => respond(&head, app).await,
         None => Response::text(431, "the request's head is too long"),
@@ -249,8 +239,7 @@ async fn connection(mut stream: Box<dyn Transport>, app: &App) -> Result<(), Con
         stream.shutdown().await
     })
     .await
-    .map_err(|_| ConnectionError::Timeout)??;
-    Ok(())
+    .map_err(timed_out)?
 }
 
 /// Reads up to the blank line that ends a request's head; `None` if it is longer than
@@ -360,5 +349,18 @@ async fn calls(query: &str, app: &App) -> Response {
         Ok(Ok(page)) => Response::json(&page),
         Ok(Err(e)) => Response::text(500, &crate::errors::report(&e)),
         Err(e) => Response::text(500, &format!("the call tree's reader failed: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_and_cookie_values_are_found_by_their_whole_name() {
+        assert_eq!(query_value("tid=7&page=2", "page"), Some("2"));
+        assert_eq!(query_value("xtid=7", "tid"), None);
+        assert_eq!(cookie_value("a=b; tracer_token=abc", COOKIE), Some("abc"));
+        assert_eq!(cookie_value("my_tracer_token=abc", COOKIE), None);
     }
 }
