@@ -14,7 +14,8 @@
 //!   and [`output_file`] how its file is made (private, never through another user's link or file).
 //! - [`export`]: file formats and OTLP; [`analysis`]: call slices, flame stacks, reports, call
 //!   listings; [`cluster`]: agents, the collector and the protocol between them; [`top`]: live
-//!   statistics aggregated in the kernel.
+//!   statistics aggregated in the kernel; [`view`]: the trace as a page in the browser, recorded or
+//!   live.
 //!
 //! The library never prints: the `tracer` binary (`src/main.rs`, `src/cli/`) owns the command line
 //! and decides what reaches the terminal.
@@ -33,3 +34,4 @@ pub mod record;
 pub mod sink;
 pub mod top;
 pub mod usdt;
+pub mod view;

@@ -77,6 +77,12 @@ impl StackCollector {
     /// by total time descending (children by name).
     pub fn finish(&mut self, end: &TraceEnd) -> Vec<FlameNode> {
         self.tree.add_all(self.tracker.finish(end.ts));
+        self.snapshot()
+    }
+
+    /// The flame graph roots of the calls that ended so far (for a live view), as [`Self::finish`]
+    /// orders them.
+    pub fn snapshot(&self) -> Vec<FlameNode> {
         let tree = &self.tree;
         let mut roots: Vec<(u32, usize)> =
             tree.roots.iter().filter(|(pid, _)| tree.returned.contains(pid)).map(|(p, n)| (*p, *n)).collect();

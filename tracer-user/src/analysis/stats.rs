@@ -166,7 +166,7 @@ pub struct Report {
     pub usdt: Vec<UsdtCount>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Accumulator {
     calls: u64,
     total: u64,
@@ -259,9 +259,33 @@ impl ReportBuilder {
         self.processes.entry(pid).or_insert_with(|| ProcessStats { pid, start_ns: ts, ..ProcessStats::default() })
     }
 
+    /// The report so far, of the calls that ended (for a live view): lifetimes up to `now_ns`.
+    pub fn snapshot(&self, now_ns: u64) -> Report {
+        self.report_of(
+            self.functions.accumulators.clone(),
+            self.processes.clone(),
+            self.logs.clone(),
+            self.usdt.clone(),
+            now_ns,
+        )
+    }
+
     fn build(&mut self, end: &TraceEnd) -> Report {
-        let mut functions: Vec<FunctionStats> = std::mem::take(&mut self.functions)
-            .accumulators
+        let functions = std::mem::take(&mut self.functions).accumulators;
+        let (processes, logs, usdt) =
+            (std::mem::take(&mut self.processes), std::mem::take(&mut self.logs), std::mem::take(&mut self.usdt));
+        self.report_of(functions, processes, logs, usdt, end.ts)
+    }
+
+    fn report_of(
+        &self,
+        accumulators: Vec<(FunctionKey, Accumulator)>,
+        processes: BTreeMap<u32, ProcessStats>,
+        logs: BTreeMap<LogKey, u64>,
+        usdt: BTreeMap<UsdtKey, u64>,
+        end_ts: u64,
+    ) -> Report {
+        let mut functions: Vec<FunctionStats> = accumulators
             .into_iter()
             .map(|((pid, function), mut acc)| FunctionStats {
                 function: function.to_string(),
@@ -281,21 +305,21 @@ impl ReportBuilder {
             })
             .collect();
         sort_functions(&mut functions, SortColumn::Total);
-        let processes = std::mem::take(&mut self.processes)
+        let processes = processes
             .into_values()
             .map(|mut p| {
                 p.name = self.names.get(p.pid).map(str::to_string);
-                p.lifetime_ns = p.end_ns.unwrap_or(end.ts.max(p.start_ns)).saturating_sub(p.start_ns);
+                p.lifetime_ns = p.end_ns.unwrap_or(end_ts.max(p.start_ns)).saturating_sub(p.start_ns);
                 p
             })
             .collect();
         let process = |pid: Option<u32>| pid.and_then(|p| self.names.get(p).map(str::to_string));
-        let mut logs: Vec<LogCount> = std::mem::take(&mut self.logs)
+        let mut logs: Vec<LogCount> = logs
             .into_iter()
             .map(|((pid, level, source), events)| LogCount { pid, process: process(pid), level, source, events })
             .collect();
         logs.sort_by(|a, b| b.level.cmp(&a.level).then_with(|| (&a.source, a.pid).cmp(&(&b.source, b.pid))));
-        let mut usdt: Vec<UsdtCount> = std::mem::take(&mut self.usdt)
+        let mut usdt: Vec<UsdtCount> = usdt
             .into_iter()
             .map(|((pid, provider, name), events)| UsdtCount {
                 pid,

@@ -8,6 +8,7 @@ mod status;
 pub mod stderr;
 mod top;
 mod values;
+mod view;
 
 use std::{
     collections::BTreeSet,
@@ -15,6 +16,7 @@ use std::{
     fs::File,
     io::{BufReader, Write},
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
@@ -57,6 +59,8 @@ pub enum Command {
     Agent(cluster::AgentArgs),
     /// Trace on several hosts at once through their agents, and merge into one timeline.
     Collect(cluster::CollectArgs),
+    /// Show a trace in the browser: flame graphs, the function table, call trees, processes.
+    View(view::ViewArgs),
     /// Write the man pages and shell completions into DIR (`cargo xtask dist` does).
     #[command(hide = true)]
     Docs { dir: PathBuf },
@@ -99,6 +103,8 @@ pub struct RecordArgs {
     /// (tests and benches).
     #[arg(long, hide = true)]
     pub no_sleepable: bool,
+    #[command(flatten)]
+    pub serve: view::ServeArgs,
     /// The command to launch and trace, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -388,6 +394,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Top(args) => writes_stdout(top::top(args)),
         Command::Agent(args) => cluster::agent(args),
         Command::Collect(args) => cluster::collect(args),
+        Command::View(args) => view::view(args),
         Command::Docs { dir } => docs::generate(&dir),
     }
 }
@@ -477,6 +484,15 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         }
         let recording = plan.start()?;
         print_warnings(&recording.warnings);
+        let served = {
+            let progress = recording.progress();
+            args.serve.start(Arc::new(move || (progress.events_written(), progress.lost())))?
+        };
+        let _viewer = served.map(|(model_sink, viewer)| {
+            let file = std::mem::replace(&mut sink, Box::new(Vec::new()));
+            sink = Box::new(vec![file, Box::new(model_sink) as Box<dyn Sink + Send>]);
+            viewer
+        });
         if args.verbose {
             eprintln!("tracer: {}", recording.startup_details());
         }
@@ -493,8 +509,8 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
                 .as_ref()
                 .map_or(String::new(), |p| format!(" (and, until it is complete, JSON lines to {})", p.display()))
         );
-        let stop = signals.forward_then_stop(recording.command_pid());
         let progress = recording.progress();
+        let stop = signals.forward_then_stop(recording.command_pid());
         let counts = || (progress.events_written(), progress.lost());
         let outcome = match status::with_status("written", counts, recording.run(&mut *sink, stop)).await {
             // A reader that stopped reading (`tracer record -o - | head`): not a failure.

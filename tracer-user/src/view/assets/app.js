@@ -1,0 +1,305 @@
+// tracer's viewer. Every string from the trace reaches the page through textContent or an
+// attribute, never as markup: names, parameters and payloads are text.
+"use strict";
+
+const ROW = 18;           // pixels per flame graph level
+const MIN_WIDTH = 0.002;  // frames narrower than this share of the view are not drawn
+const POLL_MS = 500;      // while recording: the page asks for the state twice a second
+
+let state = null;
+let zoom = null;          // {pid, path: [names]} of the zoomed frame
+let sort = { column: "total_ns", descending: true };
+let callsPage = 0;
+let previous = null;      // {events, at} of the last poll, for the event rate
+
+function el(tag, props, text) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(props || {})) {
+    if (k === "data") Object.assign(e.dataset, v); else e.setAttribute(k, v);
+  }
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  return e;
+}
+
+function ns(v) {
+  if (v >= 1e9) return (v / 1e9).toFixed(2) + " s";
+  if (v >= 1e6) return (v / 1e6).toFixed(2) + " ms";
+  if (v >= 1e3) return (v / 1e3).toFixed(2) + " µs";
+  return v + " ns";
+}
+
+function bytes(v) {
+  if (v >= 1 << 20) return (v / (1 << 20)).toFixed(1) + " MiB";
+  if (v >= 1024) return (v / 1024).toFixed(1) + " KiB";
+  return v + " B";
+}
+
+// --- tabs -------------------------------------------------------------------------------
+
+for (const b of document.querySelectorAll("nav button")) {
+  b.addEventListener("click", () => {
+    for (const o of document.querySelectorAll("nav button, .tab")) o.classList.remove("active");
+    b.classList.add("active");
+    document.getElementById(b.dataset.tab).classList.add("active");
+  });
+}
+
+// --- status -----------------------------------------------------------------------------
+
+function renderStatus() {
+  const s = [];
+  const now = Date.now();
+  s.push(state.live ? "recording" : "recorded");
+  s.push(state.events.toLocaleString("en-US") + " events");
+  if (state.live && previous && now > previous.at) {
+    s.push(Math.round((state.events - previous.events) * 1000 / (now - previous.at)) + " events/s");
+  }
+  previous = { events: state.events, at: now };
+  if (state.written !== null && state.written !== undefined) s.push("written " + state.written);
+  let lost = state.lost;
+  if (state.end) lost = Object.values(state.end.lost_events || {}).reduce((a, b) => a + b, 0);
+  if (lost !== null && lost !== undefined) s.push("lost " + lost);
+  if (state.end) s.push("ended: " + state.end.reason);
+  document.getElementById("status").textContent = s.join(" · ");
+}
+
+// --- flame graph ------------------------------------------------------------------------
+
+function pidOf(label) {
+  const m = /\((\d+)\)$/.exec(label) || /^pid (\d+)$/.exec(label);
+  return m ? Number(m[1]) : null;
+}
+
+function callsOf(pid, name) {
+  const f = state.functions.find(f => f.pid === pid && f.function === name);
+  return f ? f.calls : 0;
+}
+
+function renderFlames() {
+  const box = document.getElementById("flames");
+  box.replaceChildren();
+  const query = document.getElementById("search").value;
+  for (const root of state.flame) {
+    const pid = pidOf(root.name);
+    let top = root, path = [];
+    if (zoom && zoom.pid === pid) {
+      for (const name of zoom.path) {
+        const next = top.children.find(c => c.name === name);
+        if (!next) break;
+        top = next;
+        path.push(name);
+      }
+    }
+    const section = el("div", { class: "process", data: { pid: String(pid) } });
+    section.append(el("h3", {}, root.name + " · " + ns(root.value)));
+    const flame = el("div", { class: "flame" });
+    let depth = 0;
+    const draw = (node, x, width, level, parent, nodePath) => {
+      if (width < MIN_WIDTH) return;
+      depth = Math.max(depth, level + 1);
+      const own = node.value - node.children.reduce((a, c) => a + c.value, 0);
+      const f = el("div", { class: level === 0 && node === root ? "frame root" : "frame",
+                            data: { parent: parent, name: node.name } }, node.name);
+      if (query && node.name.includes(query)) f.classList.add("match");
+      f.style.left = (x * 100) + "%";
+      f.style.width = (width * 100) + "%";
+      f.style.top = (level * ROW) + "px";
+      const calls = node === root ? null : callsOf(pid, node.name);
+      const tip = node.name + "\ntotal " + ns(node.value) + " · self " + ns(own) +
+        (calls === null ? "" : " · calls of " + node.name + ": " + calls);
+      f.title = tip;
+      f.addEventListener("mouseenter", () => { document.getElementById("hover").textContent = tip; });
+      f.addEventListener("click", () => {
+        zoom = node === root ? null : { pid: pid, path: nodePath };
+        renderFlames();
+      });
+      flame.append(f);
+      // Children by time, biggest first.
+      const children = [...node.children].sort((a, b) => b.value - a.value);
+      let cx = x;
+      for (const c of children) {
+        const w = node.value > 0 ? width * c.value / node.value : 0;
+        draw(c, cx, w, level + 1, node.name, nodePath.concat([c.name]));
+        cx += w;
+      }
+    };
+    if (top === root) {
+      draw(root, 0, 1, 0, "", []);
+    } else {
+      draw(top, 0, 1, 0, path.length > 1 ? path[path.length - 2] : root.name, path);
+    }
+    flame.style.height = (depth * ROW) + "px";
+    section.append(flame);
+    box.append(section);
+  }
+  if (state.flame.length === 0) box.append(el("p", {}, "No call has returned yet."));
+}
+
+document.getElementById("search").addEventListener("input", () => state && renderFlames());
+document.getElementById("reset").addEventListener("click", () => { zoom = null; state && renderFlames(); });
+
+// --- function table ---------------------------------------------------------------------
+
+const COLUMNS = [
+  ["function", "function", "text"], ["process", "process", "text"], ["calls", "calls", "count"],
+  ["total_ns", "total", "ns"], ["self_ns", "self", "ns"], ["mean_ns", "mean", "ns"],
+  ["p50_ns", "p50", "ns"], ["p90_ns", "p90", "ns"], ["p99_ns", "p99", "ns"], ["max_ns", "max", "ns"],
+  ["unfinished", "unfinished", "count"],
+];
+
+function hostOf(pid) {
+  const p = state.processes.find(p => p.pid === pid);
+  return p && p.host ? p.host : "";
+}
+
+function renderFunctions() {
+  const select = document.getElementById("process-filter");
+  const chosen = select.value;
+  const pids = [...new Set(state.functions.map(f => f.pid))].sort((a, b) => a - b);
+  select.replaceChildren(el("option", { value: "" }, "all"));
+  for (const pid of pids) {
+    const f = state.functions.find(f => f.pid === pid);
+    const o = el("option", { value: String(pid) }, (f.process || "pid") + " (" + pid + ")" +
+      (hostOf(pid) ? " on " + hostOf(pid) : ""));
+    if (String(pid) === chosen) o.selected = true;
+    select.append(o);
+  }
+  const hosts = new Set(state.processes.map(p => p.host));
+  const table = document.getElementById("function-table");
+  const head = el("tr");
+  const columns = hosts.size > 1 ? [["host", "host", "text"]].concat(COLUMNS) : COLUMNS;
+  for (const [key, title, kind] of columns) {
+    const th = el("th", { class: kind === "text" ? "text" : "" },
+      title + (sort.column === key ? (sort.descending ? " ▼" : " ▲") : ""));
+    th.addEventListener("click", () => {
+      sort = { column: key, descending: sort.column === key ? !sort.descending : kind !== "text" };
+      renderFunctions();
+    });
+    head.append(th);
+  }
+  table.tHead.replaceChildren(head);
+  const rows = state.functions
+    .filter(f => chosen === "" || String(f.pid) === chosen)
+    .map(f => Object.assign({ host: hostOf(f.pid), process: (f.process || "") + " (" + f.pid + ")" }, f, {
+      process: (f.process || "pid") + " (" + f.pid + ")" }));
+  rows.sort((a, b) => {
+    const x = a[sort.column], y = b[sort.column];
+    const c = typeof x === "string" ? x.localeCompare(y) : x - y;
+    return sort.descending ? -c : c;
+  });
+  const body = el("tbody");
+  for (const f of rows) {
+    const tr = el("tr");
+    for (const [key, , kind] of columns) {
+      const v = f[key];
+      tr.append(el("td", { class: kind === "text" ? "text" : "", data: { col: key } },
+        kind === "ns" ? ns(v) : v));
+    }
+    body.append(tr);
+  }
+  table.replaceChild(body, table.tBodies[0]);
+}
+
+document.getElementById("process-filter").addEventListener("change", () => state && renderFunctions());
+
+// --- call tree --------------------------------------------------------------------------
+
+function renderThreads() {
+  const select = document.getElementById("thread");
+  const chosen = select.value;
+  select.replaceChildren();
+  for (const t of state.threads) {
+    const o = el("option", { value: String(t.tid) }, "tid " + t.tid + " (pid " + t.pid + ", " + t.host + ")");
+    if (String(t.tid) === chosen) o.selected = true;
+    select.append(o);
+  }
+  if (state.threads_not_listed > 0) {
+    select.append(el("option", { disabled: "" }, state.threads_not_listed + " more threads not listed"));
+  }
+  if (!chosen && state.threads.length > 0) loadCalls();
+}
+
+async function loadCalls() {
+  const tid = document.getElementById("thread").value;
+  if (!tid) return;
+  const r = await fetch("/api/calls?tid=" + encodeURIComponent(tid) + "&page=" + callsPage);
+  const pre = document.getElementById("call-lines");
+  if (!r.ok) { pre.textContent = await r.text(); return; }
+  const page = await r.json();
+  pre.textContent = page.note ? page.note : page.lines.join("\n");
+  document.getElementById("page").textContent = "page " + (page.page + 1);
+  document.getElementById("prev").disabled = page.page === 0;
+  document.getElementById("next").disabled = !page.has_next;
+}
+
+document.getElementById("thread").addEventListener("change", () => { callsPage = 0; loadCalls(); });
+document.getElementById("prev").addEventListener("click", () => { callsPage = Math.max(0, callsPage - 1); loadCalls(); });
+document.getElementById("next").addEventListener("click", () => { callsPage += 1; loadCalls(); });
+
+// --- processes and messages -------------------------------------------------------------
+
+function renderProcesses() {
+  const byParent = new Map();
+  const known = new Set(state.processes.map(p => p.pid));
+  for (const p of state.processes) {
+    const parent = p.parent !== null && known.has(p.parent) && p.parent !== p.pid ? p.parent : null;
+    if (!byParent.has(parent)) byParent.set(parent, []);
+    byParent.get(parent).push(p);
+  }
+  const item = p => {
+    const how = p.end_ns === null ? "running at the end" :
+      p.signal !== null ? "killed by signal " + p.signal : "exit " + p.exit_code;
+    const li = el("li", { data: { pid: String(p.pid) } },
+      (p.name || "pid") + " (" + p.pid + ")" + (p.host ? " on " + p.host : "") + ": " + how +
+      ", lived " + ns(p.lifetime_ns) + ", " + p.threads + " threads, sent " + bytes(p.bytes_sent) +
+      ", received " + bytes(p.bytes_received));
+    const kids = byParent.get(p.pid) || [];
+    if (kids.length) {
+      const ul = el("ul");
+      for (const k of kids) ul.append(item(k));
+      li.append(ul);
+    }
+    return li;
+  };
+  const tree = document.getElementById("process-tree");
+  tree.replaceChildren(...(byParent.get(null) || []).map(item));
+
+  document.getElementById("message-count").textContent = state.messages_total === 0 ? "No linked message." :
+    state.messages_total + " linked receives" + (state.messages_total > state.messages.length ?
+      ", the first " + state.messages.length + " shown" : "");
+  const table = document.getElementById("message-table");
+  const head = el("tr");
+  for (const h of ["send", "receive", "bytes", "channel", "latency"]) head.append(el("th", { class: "text" }, h));
+  table.tHead.replaceChildren(head);
+  const body = el("tbody");
+  const end = e => e.host + " pid " + e.pid + " tid " + e.tid;
+  for (const m of state.messages) {
+    const tr = el("tr");
+    tr.append(el("td", { class: "text" }, end(m.send)), el("td", { class: "text" }, end(m.recv)),
+      el("td", {}, m.bytes), el("td", { class: "text" }, JSON.stringify(m.channel)), el("td", {}, ns(m.latency_ns)));
+    body.append(tr);
+  }
+  table.replaceChild(body, table.tBodies[0]);
+}
+
+// --- the state --------------------------------------------------------------------------
+
+async function poll() {
+  try {
+    const r = await fetch("/api/state");
+    if (!r.ok) throw new Error(await r.text());
+    state = await r.json();
+    renderStatus();
+    renderFlames();
+    renderFunctions();
+    renderThreads();
+    renderProcesses();
+    document.body.dataset.events = String(state.events);
+    if (state.live) setTimeout(poll, POLL_MS);
+  } catch (e) {
+    document.getElementById("status").textContent = state && state.live ?
+      "the recording ended or the server stopped (" + e.message + ")" : "cannot load the trace: " + e.message;
+  }
+}
+
+poll();

@@ -1,0 +1,85 @@
+//! One page of a thread's call tree, as `tracer calls --tid N` prints it: the trace is read again
+//! from its file for each page (the server keeps no events), and reading stops once the page and
+//! the line after it (which says there is a next page) are in.
+
+use std::{
+    fs::File,
+    io::{self, BufReader, Write},
+    path::Path,
+};
+
+use serde::Serialize;
+
+use crate::{
+    analysis::call_listing::{CallFilter, CallPrinter},
+    export::{input::AnyReader, jsonl},
+};
+
+/// Lines in a page.
+pub const PAGE_LINES: usize = 200;
+
+#[derive(Debug, Serialize)]
+pub struct CallsPage {
+    pub tid: u32,
+    pub page: u64,
+    pub lines: Vec<String>,
+    pub has_next: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CallsPageError {
+    #[error("cannot read {path}")]
+    Open { path: String, source: io::Error },
+    #[error("{path} is not a valid trace")]
+    Read { path: String, source: jsonl::ReadError },
+}
+
+/// Keeps the lines of one page; fails once it has them and the next, which ends the replay.
+struct PageWriter {
+    first: u64,
+    seen: u64,
+    partial: Vec<u8>,
+    lines: Vec<String>,
+    has_next: bool,
+}
+
+impl Write for PageWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        for &b in buf {
+            if b != b'\n' {
+                self.partial.push(b);
+                continue;
+            }
+            let line = String::from_utf8_lossy(&self.partial).into_owned();
+            self.partial.clear();
+            if self.seen >= self.first && self.lines.len() < PAGE_LINES {
+                self.lines.push(line);
+            } else if self.seen >= self.first {
+                self.has_next = true;
+                return Err(io::Error::other("page full"));
+            }
+            self.seen += 1;
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Page `page` (from 0) of thread `tid`'s calls in the trace at `path`.
+pub fn read(path: &Path, tid: u32, page: u64) -> Result<CallsPage, CallsPageError> {
+    let name = || path.display().to_string();
+    let file = File::open(path).map_err(|source| CallsPageError::Open { path: name(), source })?;
+    let trace = AnyReader::detect(BufReader::with_capacity(1 << 20, file))
+        .map_err(|source| CallsPageError::Open { path: name(), source })?;
+    let first = page.saturating_mul(PAGE_LINES as u64);
+    let mut writer = PageWriter { first, seen: 0, partial: Vec::new(), lines: Vec::new(), has_next: false };
+    let mut printer = CallPrinter::new(&mut writer, CallFilter { tid: Some(tid), ..CallFilter::default() });
+    match jsonl::replay(trace, &mut printer) {
+        Ok(_) | Err(jsonl::ReadError::Write(_)) => {}
+        Err(source) => return Err(CallsPageError::Read { path: name(), source }),
+    }
+    drop(printer);
+    Ok(CallsPage { tid, page, lines: writer.lines, has_next: writer.has_next })
+}

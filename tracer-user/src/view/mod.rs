@@ -1,0 +1,11 @@
+//! `tracer view` and `--serve`: the trace as a page in the browser, served by tracer itself.
+//!
+//! The viewer is a sink ([`model::ViewModel`]: the aggregates `report` and the flame graph compute,
+//! never the events) and a reader (a recorded trace is replayed into the model once; a thread's
+//! call tree is read again page by page, [`calls_page`]). [`server`] serves the page
+//! ([`assets`]) and the model's state as JSON; while recording, the page asks for it twice a second.
+
+pub mod assets;
+pub mod calls_page;
+pub mod model;
+pub mod server;

@@ -1,0 +1,366 @@
+//! The viewer's HTTP server: the page and its JSON, to whoever has the token.
+//!
+//! HTTP/1.1, one request a connection (the page asks for little: a few files, then the state twice
+//! a second while live). Requests are parsed by `httparse`; everything before the token is checked
+//! is bounded: the request head's size and time, and the connections open at once (the others are
+//! closed at once, and counted). The token is 256 random bits. It comes in the URL's query once
+//! (`/?token=...`), which answers with a redirect to `/` that sets it as an `HttpOnly`,
+//! `SameSite=Strict` cookie, so that it leaves the address bar and no other site's page can send
+//! it; every request without it, in the cookie or the query, is refused (403). Tokens are compared
+//! in constant time. A non-loopback address is served only over TLS (the agent's certificates).
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use subtle::ConstantTimeEq;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    sync::Semaphore,
+};
+
+use super::{assets, calls_page, model::ViewModel};
+use crate::cluster::tls::{self, TlsError, Transport};
+
+/// Connections served at once; more are closed as they arrive.
+pub const MAX_CONNECTIONS: usize = 64;
+/// A request's head (request line and headers), at most.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Headers in a request, at most.
+const MAX_HEADERS: usize = 64;
+/// Time to send a request's head (and to finish a TLS handshake).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time to take a response.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The highest call-tree page asked for (200 lines each: 200 million lines).
+const MAX_PAGE: u64 = 1_000_000;
+const COOKIE: &str = "tracer_token";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0} is not a loopback address: serving it needs --tls-cert and --tls-key")]
+    NeedsTls(SocketAddr),
+    #[error("cannot listen on {addr}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("cannot make the viewer's token")]
+    Token(#[source] getrandom::Error),
+    #[error("cannot start the viewer")]
+    Start(#[source] std::io::Error),
+}
+
+/// Where and how to serve.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub addr: SocketAddr,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+}
+
+/// A live recording's running figures: events written, events lost.
+pub type Counters = Arc<dyn Fn() -> (u64, u64) + Send + Sync>;
+
+/// What is served.
+pub struct Content {
+    pub model: Arc<Mutex<ViewModel>>,
+    /// The trace's file, read again for the call tree (none while recording: not yet readable).
+    pub trace_file: Option<PathBuf>,
+    pub counters: Option<Counters>,
+}
+
+/// A running server.
+pub struct Viewer {
+    /// The address to open, with the token.
+    pub url: String,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Viewer {
+    /// Serves until the process ends.
+    pub fn wait(self) {
+        let _ = self.thread.join();
+    }
+}
+
+struct App {
+    content: Content,
+    token: String,
+    secure: bool,
+    connections: Arc<Semaphore>,
+    /// Connections closed because [`MAX_CONNECTIONS`] were open.
+    refused: AtomicU64,
+    /// One call-tree page is read at a time (each reads the trace's file).
+    calls: Semaphore,
+}
+
+/// Starts serving `content` on its own thread; returns once it listens.
+pub fn serve(options: &ServeOptions, content: Content) -> Result<Viewer, ServeError> {
+    let acceptor = match (&options.tls_cert, &options.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        _ if !options.addr.ip().is_loopback() => return Err(ServeError::NeedsTls(options.addr)),
+        _ => None,
+    };
+    let listener = std::net::TcpListener::bind(options.addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|source| ServeError::Bind { addr: options.addr, source })?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: options.addr, source })?;
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(ServeError::Token)?;
+    let token: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let scheme = if acceptor.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{addr}/?token={token}");
+    let app = Arc::new(App {
+        content,
+        token,
+        secure: acceptor.is_some(),
+        connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+        refused: AtomicU64::new(0),
+        calls: Semaphore::new(1),
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ServeError::Start)?;
+    let thread = std::thread::Builder::new()
+        .name("viewer".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => return tracing::error!("the viewer cannot listen: {e}"),
+                };
+                accept_loop(listener, acceptor, app).await
+            })
+        })
+        .map_err(ServeError::Start)?;
+    Ok(Viewer { url, thread })
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, acceptor: Option<tokio_rustls::TlsAcceptor>, app: Arc<App>) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of file descriptors and the like: wait for some to be freed.
+                tracing::warn!("the viewer cannot accept a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = app.connections.clone().try_acquire_owned() else {
+            let refused = app.refused.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::warn!(
+                "the viewer closed a connection from {peer}: {MAX_CONNECTIONS} are open ({refused} closed so far)"
+            );
+            continue;
+        };
+        let (app, acceptor) = (app.clone(), acceptor.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let stream: Box<dyn Transport> = match acceptor {
+                None => Box::new(tcp),
+                Some(acceptor) => match tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => Box::new(tls),
+                    _ => return tracing::debug!("the viewer's TLS handshake with {peer} failed"),
+                },
+            };
+            if let Err(e) = connection(stream, &app).await {
+                tracing::debug!("the viewer's connection from {peer}: {e}");
+            }
+        });
+    }
+}
+
+/// A response: status, content type, extra headers, body.
+struct Response {
+    status: u16,
+    content_type: &'static str,
+    headers: Vec<(&'static str, String)>,
+    body: Vec<u8>,
+}
+
+impl Response {
+    fn new(status: u16, content_type: &'static str, body: impl Into<Vec<u8>>) -> Self {
+        Response { status, content_type, headers: Vec::new(), body: body.into() }
+    }
+    fn text(status: u16, text: &str) -> Self {
+        Response::new(status, "text/plain; charset=utf-8", format!("{text}\n"))
+    }
+    fn json(value: &impl serde::Serialize) -> Self {
+        match serde_json::to_vec(value) {
+            Ok(body) => Response::new(200, "application/json", body),
+            Err(e) => Response::text(500, &format!("cannot encode the answer: {e}")),
+        }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let reason = match self.status {
+            200 => "OK",
+            303 => "See Other",
+            400 => "Bad Request",
+            403 => "Forbidden",
+            404 => "Not Found",
+            405 => "Method Not Allowed",
+            431 => "Request Header Fields Too Large",
+            _ => "Internal Server Error",
+        };
+        let mut head = format!(
+            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\
+             Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n\
+             X-Frame-Options: DENY\r\nContent-Security-Policy: default-src 'none'; script-src 'self'; \
+             style-src 'self'; connect-src 'self'; img-src 'self'; frame-ancestors 'none'\r\n",
+            self.status,
+            self.content_type,
+            self.body.len()
+        );
+        for (name, value) in &self.headers {
+            head += &format!("{name}: {value}\r\n");
+        }
+        head += "\r\n";
+        let mut bytes = head.into_bytes();
+        bytes.extend_from_slice(&self.body);
+        bytes
+    }
+}
+
+async fn connection(mut stream: Box<dyn Transport>, app: &App) -> std::io::Result<()> {
+    let timed_out = |_| std::io::Error::from(std::io::ErrorKind::TimedOut);
+    let head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await.map_err(timed_out)??;
+    let response = match head {
+        Some(head) => respond(&head, app).await,
+        None => Response::text(431, "the request's head is too long"),
+    };
+    tokio::time::timeout(WRITE_TIMEOUT, async {
+        stream.write_all(&response.bytes()).await?;
+        stream.shutdown().await
+    })
+    .await
+    .map_err(timed_out)?
+}
+
+/// Reads up to the blank line that ends a request's head; `None` if it is longer than
+/// [`MAX_HEAD_BYTES`].
+async fn read_head(stream: &mut Box<dyn Transport>) -> std::io::Result<Option<Vec<u8>>> {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let searched_from = head.len().saturating_sub(3);
+        head.extend_from_slice(&chunk[..n]);
+        if head[searched_from..].windows(4).any(|w| w == b"\r\n\r\n") {
+            return Ok(Some(head));
+        }
+        if head.len() > MAX_HEAD_BYTES {
+            return Ok(None);
+        }
+    }
+}
+
+/// The value of `name` in a query string (`a=1&b=2`); values here are digits and hex, never encoded.
+fn query_value<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+    query.split('&').find_map(|pair| pair.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| v))
+}
+
+fn cookie_value<'c>(cookie_header: &'c str, name: &str) -> Option<&'c str> {
+    cookie_header.split(';').find_map(|c| c.trim().split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| v))
+}
+
+impl App {
+    fn is_token(&self, candidate: &str) -> bool {
+        candidate.as_bytes().ct_eq(self.token.as_bytes()).into()
+    }
+}
+
+async fn respond(head: &[u8], app: &App) -> Response {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Err(httparse::Error::TooManyHeaders) => return Response::text(431, "too many headers"),
+        _ => return Response::text(400, "not an HTTP request"),
+    }
+    let target = request.path.unwrap_or("/");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let from_query = query_value(query, "token").is_some_and(|t| app.is_token(t));
+    let from_cookie = request
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("cookie"))
+        .filter_map(|h| std::str::from_utf8(h.value).ok())
+        .filter_map(|c| cookie_value(c, COOKIE))
+        .any(|t| app.is_token(t));
+    if !(from_query || from_cookie) {
+        return Response::text(403, "forbidden: open the address tracer printed, with its token");
+    }
+    if request.method != Some("GET") {
+        return Response::text(405, "only GET");
+    }
+    if from_query && path == "/" {
+        let mut r = Response::new(303, "text/plain; charset=utf-8", Vec::new());
+        r.headers.push(("Location", "/".to_string()));
+        let secure = if app.secure { "; Secure" } else { "" };
+        r.headers.push(("Set-Cookie", format!("{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{secure}", app.token)));
+        return r;
+    }
+    match path {
+        "/" | "/index.html" => Response::new(200, "text/html; charset=utf-8", assets::INDEX_HTML),
+        "/app.js" => Response::new(200, "text/javascript; charset=utf-8", assets::APP_JS),
+        "/style.css" => Response::new(200, "text/css; charset=utf-8", assets::STYLE_CSS),
+        "/api/state" => {
+            let mut state = {
+                let model = app.content.model.lock().unwrap_or_else(|p| p.into_inner());
+                model.state()
+            };
+            if let Some(counters) = &app.content.counters {
+                let (written, lost) = counters();
+                state.written = Some(written);
+                state.lost = Some(lost);
+            }
+            Response::json(&state)
+        }
+        "/api/calls" => calls(query, app).await,
+        _ => Response::text(404, "no such page"),
+    }
+}
+
+async fn calls(query: &str, app: &App) -> Response {
+    let number = |name: &str| query_value(query, name).and_then(|v| v.parse::<u64>().ok());
+    let (Some(tid), page) = (number("tid").and_then(|t| u32::try_from(t).ok()), number("page").unwrap_or(0)) else {
+        return Response::text(400, "which thread? (tid=N)");
+    };
+    if page > MAX_PAGE {
+        return Response::text(400, &format!("page {page} is past the last one served ({MAX_PAGE})"));
+    }
+    let Some(path) = app.content.trace_file.clone() else {
+        return Response::json(&serde_json::json!({
+            "tid": tid, "page": page, "lines": [], "has_next": false,
+            "note": "the call tree is shown once the trace is written: tracer view FILE"
+        }));
+    };
+    let Ok(_permit) = app.calls.acquire().await else { return Response::text(500, "the viewer is stopping") };
+    match tokio::task::spawn_blocking(move || calls_page::read(&path, tid, page)).await {
+        Ok(Ok(page)) => Response::json(&page),
+        Ok(Err(e)) => Response::text(500, &crate::errors::report(&e)),
+        Err(e) => Response::text(500, &format!("the call tree's reader failed: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_and_cookie_values_are_found_by_their_whole_name() {
+        assert_eq!(query_value("tid=7&page=2", "page"), Some("2"));
+        assert_eq!(query_value("xtid=7", "tid"), None);
+        assert_eq!(cookie_value("a=b; tracer_token=abc", COOKIE), Some("abc"));
+        assert_eq!(cookie_value("my_tracer_token=abc", COOKIE), None);
+    }
+}
