@@ -245,3 +245,27 @@ fn a_live_recording_s_counts_grow_between_two_reads() {
     let run = wait_with_timeout(child, "tracer");
     assert!(run.code() == 0 || run.code() == 130, "{run:?} {rest}");
 }
+
+/// Another address than loopback is refused without TLS, before anything is traced.
+#[test]
+fn serving_beyond_loopback_needs_tls() {
+    let dir = temp_dir();
+    let marker = dir.path().join("ran");
+    let out = dir.path().join("trace.jsonl");
+    let calls = fixture("calls");
+    let run = tracer(&[
+        "record".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+        "--serve".as_ref(),
+        "0.0.0.0:0".as_ref(),
+        "-f".as_ref(),
+        "tick".as_ref(),
+        "--".as_ref(),
+        calls.as_os_str(),
+        "marker".as_ref(),
+        marker.as_os_str(),
+    ]);
+    run.assert_error("0.0.0.0:0 is not a loopback address: serving it needs --tls-cert and --tls-key");
+    assert!(!marker.exists(), "the command ran");
+}

@@ -443,6 +443,7 @@ pub(crate) fn describe_output(path: &Path) -> String {
 
 fn record(args: RecordArgs) -> anyhow::Result<i32> {
     record::check_root()?;
+    args.serve.check()?;
     let format = output_format(&args.output, args.trace.format)?;
     let options = RecordOptions {
         pids: args.pids,

@@ -43,6 +43,16 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// Refuses a non-loopback address without TLS before anything is traced.
+    pub fn check(&self) -> anyhow::Result<()> {
+        match self.serve {
+            Some(addr) if !addr.ip().is_loopback() && self.tls_cert.is_none() => {
+                Err(server::ServeError::NeedsTls(addr).into())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// With `--serve`: the sink that feeds the page's model, and the server, started.
     pub fn start(&self, counters: Counters) -> anyhow::Result<Option<(SharedSink, Viewer)>> {
         let Some(addr) = self.serve else { return Ok(None) };
