@@ -252,7 +252,7 @@ pub struct Recording {
     ring: RingBuf<MapData>,
     lost: LostCounters,
     /// The predicates' counters, and each filtered function's (index) name and predicate.
-    filter_counters: Option<(FilterCounters, Vec<(u32, String, String)>)>,
+    filter_counters: Option<(FilterCounters, Vec<FilteredFunction>)>,
     /// `--debug-kernel`: the programs' aya-log records.
     kernel_log: Option<KernelLog>,
     assembler: EventAssembler,
@@ -470,8 +470,11 @@ fn lost_events(lost: &LostCounters, assembler: &EventAssembler) -> BTreeMap<Stri
     lost_events
 }
 
+/// A function with a predicate: its index, event name and predicate text.
+type FilteredFunction = (u32, String, String);
+
 /// Each filtered function's counters, by event name.
-fn filter_stats(counters: Option<&(FilterCounters, Vec<(u32, String, String)>)>) -> BTreeMap<String, FilterStats> {
+fn filter_stats(counters: Option<&(FilterCounters, Vec<FilteredFunction>)>) -> BTreeMap<String, FilterStats> {
     let Some((counters, functions)) = counters else { return BTreeMap::new() };
     functions
         .iter()

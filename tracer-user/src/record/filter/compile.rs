@@ -26,8 +26,7 @@ enum Value {
 pub fn compile(expr: &Expr, layout: Option<&FunctionLayout>) -> Result<Program, Spot> {
     let mut c = Compiler { layout, ops: Vec::new(), labels: Vec::new() };
     c.emit(expr, Target::Accept, Target::Reject)?;
-    let mut program = Program::default();
-    program.len = c.ops.len() as u32;
+    let mut program = Program { len: c.ops.len() as u32, ..Program::default() };
     let resolve = |t: Target, labels: &[usize]| match t {
         Target::Accept => ACCEPT,
         Target::Reject => REJECT,
