@@ -88,6 +88,17 @@ fn main() {
     let params_c = src.join("c/params.c");
     let params = out.join("params");
     run(Command::new(&cc).args(["-g", "-O0", "-o"]).arg(&params).arg(&params_c));
+    // Predicates (filters tests): at -O0 (parameters where the ABI puts them), and for the
+    // benchmark at -O2 with 5-byte nop entries (the kernel's fast probe path).
+    let filters = out.join("filters");
+    run(Command::new(&cc).args(["-g", "-O0", "-o"]).arg(&filters).arg(src.join("c/filters.c")));
+    let filters_nop_obj = out.join("filters_nop.o");
+    run(Command::new(&cc)
+        .args(["-c", "-g", "-O2", "-fno-pie", "-pg", "-mfentry", "-mnop-mcount", "-fcf-protection=none", "-o"])
+        .arg(&filters_nop_obj)
+        .arg(src.join("c/filters.c")));
+    let filters_nop = out.join("filters_nop");
+    run(Command::new(&cc).args(["-no-pie", "-o"]).arg(&filters_nop).arg(&filters_nop_obj));
     // Strings in pages of .rodata that the program has not touched (sleepable string reads).
     let cold_strings = out.join("cold_strings");
     run(Command::new(&cc).args(["-g", "-O2", "-o"]).arg(&cold_strings).arg(src.join("c/cold_strings.c")));
@@ -215,6 +226,8 @@ fn main() {
 
     for (name, path) in [
         ("PARAMS", &params),
+        ("FILTERS", &filters),
+        ("FILTERS_NOP", &filters_nop),
         ("PARAMS_O2", &params_o2),
         ("PARAMS_DWARF4", &params_dwarf4),
         ("PARAMS_STRIPPED", &params_stripped),

@@ -50,6 +50,8 @@ pub mod perfetto {
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(match name {
         "params" => env!("FIXTURE_PARAMS"),
+        "filters" => env!("FIXTURE_FILTERS"),
+        "filters_nop" => env!("FIXTURE_FILTERS_NOP"),
         "cold_strings" => env!("FIXTURE_COLD_STRINGS"),
         "params_o2" => env!("FIXTURE_PARAMS_O2"),
         "params_dwarf4" => env!("FIXTURE_PARAMS_DWARF4"),

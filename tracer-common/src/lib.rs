@@ -28,6 +28,10 @@ pub mod names {
     pub const LAYOUTS: &str = "LAYOUTS";
     /// Each traced process's thread count (for `programs::SCHED_EXIT_1ARG`).
     pub const THREAD_COUNTS: &str = "THREAD_COUNTS";
+    /// `-f 'FUNC if EXPR'`: each filtered function's compiled predicate ([`super::filter::Program`]).
+    pub const FILTERS: &str = "FILTERS";
+    /// Per function with a predicate, per CPU: calls seen and calls filtered out.
+    pub const FILTER_COUNTS: &str = "FILTER_COUNTS";
 }
 
 /// Names of the programs in the eBPF object.
@@ -369,6 +373,9 @@ pub mod cookie {
     /// (`TAIL_CALL`, `CONDITIONAL`, `INDIRECT` and theirs): one probe writes the call, then the
     /// return. (Two probes at one address would run in no set order.)
     pub const ALSO_EXIT: u64 = 1 << 39;
+    /// The function has a predicate (`-f 'FUNC if EXPR'`): an entry probe evaluates it and drops
+    /// the call when it fails; a return probe drops the return of a call its entry dropped.
+    pub const FILTERED: u64 = 1 << 44;
     pub const OPERAND_SHIFT: u32 = 40;
     pub const SITE_SHIFT: u32 = 48;
     pub const GOID_OFFSET_SHIFT: u32 = 48;
@@ -470,6 +477,10 @@ pub mod cookie {
 
     pub const fn is_go_return(cookie: u64) -> bool {
         cookie & GO_RETURN != 0
+    }
+
+    pub const fn is_filtered(cookie: u64) -> bool {
+        cookie & FILTERED != 0
     }
 
     pub const fn reads_strings(cookie: u64) -> bool {
@@ -949,6 +960,92 @@ mod pod {
     unsafe impl aya::Pod for super::UsdtSpec {}
     unsafe impl aya::Pod for super::top::Stats {}
     unsafe impl aya::Pod for super::top::Key {}
+    unsafe impl aya::Pod for super::filter::Program {}
+    unsafe impl aya::Pod for super::filter::Counts {}
+}
+
+/// Predicates on calls (`-f 'FUNC if EXPR'`), compiled by user space (`record::filter`) into a
+/// branching program that the entry probe runs before anything is written: each op compares one
+/// argument register with a constant and jumps forward to another op, or ends with
+/// [`filter::ACCEPT`] or [`filter::REJECT`]. Jumps only go forward, so a program ends after at
+/// most [`filter::MAX_OPS`] steps; `&&`, `||` and `!` are jumps, so no stack is needed.
+pub mod filter {
+    /// Ops in one program: a predicate with more comparisons is refused by user space.
+    pub const MAX_OPS: usize = 16;
+    /// Jump targets that end the program.
+    pub const ACCEPT: u8 = 0xfe;
+    pub const REJECT: u8 = 0xff;
+    /// Bytes of a string argument read for a comparison (the last is the read's NUL), so a string
+    /// literal has at most `STRING_BYTES - 2` bytes: a longer argument then differs from it at
+    /// byte `STRING_BYTES - 2`, which the read keeps.
+    pub const STRING_BYTES: usize = 32;
+    pub const STRING_WORDS: usize = STRING_BYTES / 8;
+
+    /// Comparisons ([`Op::kind`]). The integer ones compare the register, cut to its type's
+    /// width and extended by its sign ([`Op::shift`], [`Op::signed`]), with `value[0]`.
+    pub const EQ: u8 = 1;
+    pub const NE: u8 = 2;
+    pub const LT: u8 = 3;
+    pub const LE: u8 = 4;
+    pub const GT: u8 = 5;
+    pub const GE: u8 = 6;
+    /// The register points at a C string: the first [`STRING_BYTES`] bytes read (zeros after its
+    /// NUL), masked word by word with `mask`, equal `value`. Equality masks the literal and its
+    /// NUL, a prefix (`=~ "ab*"`) the literal alone. A read that fails (NULL, unmapped) is false.
+    pub const STR_MATCH: u8 = 7;
+
+    /// One comparison and where to go next.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Op {
+        pub kind: u8,
+        /// The register, numbered as the layouts' (rdi, rsi, rdx, rcx, r8, r9, rax): 0..=6.
+        pub reg: u8,
+        /// 1: compare as signed.
+        pub signed: u8,
+        /// 64 minus the value's width in bits: shifted out and back in (arithmetically when
+        /// signed) to cut the register to the value.
+        pub shift: u8,
+        /// The next op when the comparison holds, or [`ACCEPT`]/[`REJECT`]; always after this one.
+        pub on_true: u8,
+        pub on_false: u8,
+        pub _pad: [u8; 2],
+        pub value: [u64; STRING_WORDS],
+        pub mask: [u64; STRING_WORDS],
+    }
+
+    /// A function's predicate: the value of the `FILTERS` map, keyed by function index.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Program {
+        /// Ops in use (at most [`MAX_OPS`]); the program starts at op 0.
+        pub len: u32,
+        pub _pad: u32,
+        pub ops: [Op; MAX_OPS],
+    }
+
+    /// Per function, per CPU (the `FILTER_COUNTS` array, indexed by function).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Counts {
+        /// Entries the predicate was evaluated on.
+        pub seen: u64,
+        /// Of those, the ones it refused (their returns are dropped too).
+        pub filtered: u64,
+        /// Refused calls whose return could not be remembered for dropping (the per-thread map
+        /// was full): their returns were written, unpaired.
+        pub returns_not_dropped: u64,
+    }
+
+    /// Key of the kernel's set of refused calls still open: the thread and the stack pointer at
+    /// entry (where the return address is), which the return probe sees again.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct OpenKey {
+        pub tid: u32,
+        pub _pad: u32,
+        pub sp: u64,
+    }
 }
 
 /// `tracer top`: per-function statistics kept in the kernel (no records).

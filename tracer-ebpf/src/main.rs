@@ -11,6 +11,7 @@
 #![feature(asm_experimental_arch)]
 #![allow(internal_features)]
 
+mod filter;
 mod ipc;
 mod maps;
 mod sched;

@@ -38,6 +38,7 @@ use tracer_common::{
     strings::{self, HEADER, MAX_STRING_SIZE, MAX_STRINGS, SCRATCH_SIZE},
 };
 
+use crate::filter;
 use crate::maps::{
     EVENTS, FAULTS, Faults, LAYOUTS, SCRATCH, count_lost, current_ids, header, is_traced, opaque, submit_flags,
 };
@@ -75,12 +76,15 @@ fn try_call_entry<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64>
         return ret_site::<SLEEPABLE>(regs, cookie, tgid, tid);
     }
     let arg = |n| ctx.arg::<u64>(n).unwrap_or(0);
-    let record = CallRecord {
-        header: header(RecordKind::Call, tgid, tid),
-        cookie,
-        args: [arg(0), arg(1), arg(2), arg(3), arg(4), arg(5)],
-        sp: regs.rsp,
-    };
+    let args = [arg(0), arg(1), arg(2), arg(3), arg(4), arg(5)];
+    if cookie::is_filtered(cookie) {
+        let regs = [args[0], args[1], args[2], args[3], args[4], args[5], regs.rax];
+        if !filter::passes(cookie::function(cookie), &regs, tid, regs_sp(ctx)) {
+            // Refused: nothing written, and its return (an `ALSO_EXIT` one too) is dropped.
+            return Ok(0);
+        }
+    }
+    let record = CallRecord { header: header(RecordKind::Call, tgid, tid), cookie, args, sp: regs.rsp };
     if cookie::reads_strings(cookie) {
         let regs = [record.args[0], record.args[1], record.args[2], record.args[3], record.args[4], record.args[5], 0];
         with_strings::<_, SLEEPABLE>(record, RecordKind::Call, cookie, &regs, false)?;
@@ -351,6 +355,10 @@ fn ret_site<const SLEEPABLE: bool>(regs: &pt_regs, cookie: u64, tgid: u32, tid: 
     if cookie::is_conditional(cookie) && !cookie::condition_holds(cookie::operand(cookie), regs.eflags) {
         return Ok(0);
     }
+    // At a `ret` (or a tail call's jump) rsp is the entry's.
+    if cookie::is_filtered(cookie) && filter::refused(tid, regs.rsp) {
+        return Ok(0);
+    }
     let mut retval = regs.rax;
     if cookie::is_indirect(cookie) {
         // Where `jmp reg` goes, from the function's start: user space knows the function's extent
@@ -379,6 +387,13 @@ fn submit_return<const SLEEPABLE: bool>(record: ReturnRecord, strings: bool) -> 
     entry.write(record);
     entry.submit(submit_flags());
     Ok(0)
+}
+
+/// rsp at a probe.
+#[inline(always)]
+fn regs_sp(ctx: &ProbeContext) -> u64 {
+    // SAFETY: a uprobe's context is the user registers, readable in place.
+    unsafe { (*ctx.regs).rsp }
 }
 
 /// A general register by its x86 number.
@@ -424,6 +439,10 @@ fn try_call_return<const SLEEPABLE: bool>(ctx: &RetProbeContext) -> Result<u32, 
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     // SAFETY: a uretprobe's context is the user registers, readable in place.
     let (rdx, sp) = unsafe { ((*ctx.regs).rdx, (*ctx.regs).rsp) };
+    // After a uretprobe, rsp is 8 bytes above the entry's (the return address was popped).
+    if cookie::is_filtered(cookie) && filter::refused(tid, sp.wrapping_sub(8)) {
+        return Ok(0);
+    }
     let record =
         ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval: ctx.ret::<u64>(), rdx, sp };
     submit_return::<SLEEPABLE>(record, cookie::reads_strings(cookie))

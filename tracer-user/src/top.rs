@@ -64,6 +64,10 @@ pub enum TopError {
     Record(#[from] RecordError),
     #[error("tracer top cannot time Go functions yet ({0}); use tracer record")]
     Go(String),
+    #[error(
+        "tracer top does not evaluate predicates (-f '{0} if ...') yet: its kernel programs time every call; use tracer record with the predicate, then tracer report"
+    )]
+    Predicate(String),
     #[error("reading the kernel's statistics failed: {0}")]
     Read(String),
 }
@@ -72,7 +76,10 @@ impl Top {
     /// Launches the command (stopped), loads and attaches the `top` programs at the plan's probe
     /// points, starts tracing the targets and lets the command run.
     pub fn start(plan: Plan, by_process: bool) -> Result<Top, TopError> {
-        let Plan { options, processes, binaries, command, probes, functions, .. } = plan;
+        let Plan { options, processes, binaries, command, probes, functions, filters, .. } = plan;
+        if let Some((f, _, _)) = filters.first() {
+            return Err(TopError::Predicate(functions[*f as usize].name.to_string()));
+        }
         let child = match &command {
             Some(path) => Some(spawn_stopped(path, &options.command, &options.start).map_err(RecordError::from)?),
             None => None,
@@ -91,8 +98,8 @@ impl Top {
         raise_fd_limit(1024 + probes.len() as u64);
         let features = KernelFeatures::probe(btf);
         features.check(true).map_err(RecordError::from)?;
-        let mut kernel =
-            Kernel::load_sized(&config, &features, RING_BYTES, 0, functions.len() as u32).map_err(RecordError::from)?;
+        let mut kernel = Kernel::load_sized(&config, &features, RING_BYTES, 0, functions.len() as u32, 1)
+            .map_err(RecordError::from)?;
         kernel.attach_sched().map_err(RecordError::from)?;
         let failures = kernel
             .attach_function_programs(&probes, programs::TOP_ENTRY, programs::TOP_RETURN)

@@ -122,6 +122,8 @@ pub enum Part {
     Params,
     /// `tracer export --otlp` to rotel-agent (blackhole exporter) against `export` to JSON lines.
     Otlp,
+    /// What a predicate evaluated in the kernel costs a call, against recording every call (root).
+    Filters,
 }
 
 /// Where the benchmarks run: on this machine, or inside an emulated VM (`bench --kernel`), where
@@ -169,6 +171,9 @@ pub fn run(tracer: &Path, only: Option<Part>, machine: Machine) -> Result<()> {
     }
     if wanted(Part::Otlp) {
         crate::bench_otlp::run(tracer)?;
+    }
+    if wanted(Part::Filters) {
+        crate::bench_filters::run(tracer)?;
     }
     Ok(())
 }

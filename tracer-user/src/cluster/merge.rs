@@ -315,9 +315,30 @@ pub fn merge_into(
         command_exit_code,
         ipc: matcher.stats.clone(),
         hosts: host_ends,
+        filters: merged_filters(hosts.iter().filter_map(|t| t.end.as_ref())),
     };
     sink.end(&end)?;
     Ok((start, end))
+}
+
+/// The hosts' predicate counters, summed by function name (the same program on several hosts).
+fn merged_filters<'a>(
+    ends: impl Iterator<Item = &'a TraceEnd>,
+) -> std::collections::BTreeMap<String, crate::event::FilterStats> {
+    let mut out: std::collections::BTreeMap<String, crate::event::FilterStats> = Default::default();
+    for end in ends {
+        for (name, s) in &end.filters {
+            let m = out.entry(name.clone()).or_default();
+            if m.predicate.is_empty() {
+                m.predicate = s.predicate.clone();
+            }
+            m.seen += s.seen;
+            m.written += s.written;
+            m.filtered_out += s.filtered_out;
+            m.returns_not_dropped += s.returns_not_dropped;
+        }
+    }
+    out
 }
 
 /// One host's stream in the k-way merge: the event on the heap, the rest, and the flow id its

@@ -36,6 +36,7 @@ pub const OMITTED_WHEN_EMPTY: &[&str] = &[
     "probe_paths",
     "moved",
     "aliases",
+    "filters",
     "hosts",
     "lost",
     "machine",

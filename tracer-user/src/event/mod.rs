@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 
 pub use data::{ArgValue, Args, Channel, Level, LogType, MAX_ARGS, SignalId, SpawnHow, Syscall};
 pub use trace::{
-    ClockInfo, EndReason, HostEnd, HostInfo, HostLoss, IpcStats, KernelInfo, LossCause, TargetInfo, TraceEnd,
-    TraceStart, why_lost,
+    ClockInfo, EndReason, FilterStats, HostEnd, HostInfo, HostLoss, IpcStats, KernelInfo, LossCause, TargetInfo,
+    TraceEnd, TraceStart, why_lost,
 };
 
 pub use crate::record::resolve::placement::ProbePaths;
@@ -574,6 +574,7 @@ mod tests {
             command_exit_code: Some(0),
             ipc: IpcStats::default(),
             hosts: Vec::new(),
+            filters: Default::default(),
         };
         let line = serde_json::to_string(&json::Line::End(&end)).unwrap();
         assert!(line.starts_with(r#"{"kind":"trace_end","ts":5,"reason":"command_exited""#), "{line}");

@@ -135,6 +135,26 @@ pub struct TraceEnd {
     /// what was lost and why.
     #[serde(default)]
     pub hosts: Vec<HostEnd>,
+    /// Functions with a predicate (`-f 'FUNC if EXPR'`), by event name: what the kernel decided.
+    #[serde(default)]
+    pub filters: BTreeMap<String, FilterStats>,
+}
+
+/// What one function's predicate did, counted in the kernel.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterStats {
+    /// The expression, as written after `if`.
+    pub predicate: String,
+    /// Calls the predicate was evaluated on.
+    pub seen: u64,
+    /// Calls it passed, written to the ring buffer (one the ring had no room for is counted in
+    /// `lost_events` too).
+    pub written: u64,
+    /// Calls it refused: neither they nor their returns were written.
+    pub filtered_out: u64,
+    /// Refused calls whose return could not be remembered (the kernel's map of open refused
+    /// calls was full): their returns were written without their calls.
+    pub returns_not_dropped: u64,
 }
 
 /// How one host's part of a collected trace ended.
@@ -209,6 +229,7 @@ impl TraceEnd {
             command_exit_code: None,
             ipc: IpcStats::default(),
             hosts: Vec::new(),
+            filters: BTreeMap::new(),
         }
     }
 

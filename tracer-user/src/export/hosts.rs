@@ -175,6 +175,7 @@ mod tests {
                 command_exit_code: None,
                 ipc: Default::default(),
                 hosts: Vec::new(),
+                filters: Default::default(),
             })
             .unwrap();
         }

@@ -237,6 +237,7 @@ mod tests {
             command_exit_code: None,
             ipc: Default::default(),
             hosts: Vec::new(),
+            filters: Default::default(),
         };
         let bytes = write_trace(&[call(2), call(3)], Some(&end));
         let text = String::from_utf8(bytes.clone()).unwrap();

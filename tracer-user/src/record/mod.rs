@@ -8,6 +8,7 @@
 
 pub mod attach;
 pub mod drain;
+pub mod filter;
 pub mod kernel_log;
 mod plan;
 pub mod resolve;
@@ -129,6 +130,10 @@ pub enum RecordError {
     TooManyProbes { count: usize, max: usize },
     #[error("no function of {modules} is defined in a source file matching '{glob}': {available}")]
     NoSourceMatch { glob: String, modules: String, available: String },
+    #[error("bad predicate in -f")]
+    Filter(#[from] filter::FilterError),
+    #[error("-f '... if ...': {0} is a Go function; predicates are evaluated on native (C, C++, Rust) functions only")]
+    FilterOnGo(String),
     #[error("--functions needs call or return events, but --events has neither")]
     FunctionsWithoutCallEvents,
     #[error("--capture-bytes is at most {CAPTURE_BYTES_MAX}, got {0}")]

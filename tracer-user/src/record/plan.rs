@@ -9,7 +9,11 @@ use std::{
 
 use tracer_common::{CAPTURE_BYTES_MAX, cookie};
 
-use super::{RecordError, RecordOptions, check_pid_namespace, ring_size};
+use super::{
+    RecordError, RecordOptions, check_pid_namespace,
+    filter::{self, Predicate},
+    ring_size,
+};
 use crate::{
     assemble::{FunctionTable, NativeReturns, ProbedFunction},
     event::host,
@@ -52,6 +56,8 @@ pub struct Plan {
     pub probe_summary: Option<String>,
     /// Things the user should know that do not stop the trace.
     pub warnings: Vec<String>,
+    /// Each filtered function's (index) compiled predicate (`-f 'FUNC if EXPR'`) and its text.
+    pub(crate) filters: Vec<(u32, tracer_common::filter::Program, String)>,
 }
 
 /// Resolves targets and functions. Fails, before anything is attached or launched, on anything
@@ -120,7 +126,7 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         }
     }
 
-    let Selection { probes, functions, probe_paths, aliases, probe_summary } = if want_calls {
+    let Selection { probes, functions, probe_paths, aliases, probe_summary, filters } = if want_calls {
         select_functions(&options, &executables, &processes, &mut warnings)?
     } else {
         Selection::default()
@@ -142,6 +148,7 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         usdt,
         probe_summary,
         warnings,
+        filters,
     })
 }
 
@@ -221,7 +228,9 @@ fn select_functions(
     let mut selected: Vec<(PathBuf, usize)> = Vec::new();
     let mut chosen: HashMap<PathBuf, HashSet<usize>> = HashMap::new();
     let mut event_names: HashMap<(PathBuf, usize), String> = HashMap::new();
-    let mut select = |module: &PathBuf, index: usize, name: &str| {
+    // The predicate of the pattern that chose each function, if it has one.
+    let mut predicates: HashMap<(PathBuf, usize), Predicate> = HashMap::new();
+    let mut select = |module: &PathBuf, index: usize, name: &str, predicate: Option<&Predicate>| {
         let fresh = match chosen.get_mut(module) {
             Some(indexes) => indexes.insert(index),
             None => chosen.insert(module.clone(), HashSet::from([index])).is_none(),
@@ -229,6 +238,9 @@ fn select_functions(
         if fresh {
             selected.push((module.clone(), index));
             event_names.insert((module.clone(), index), name.to_string());
+            if let Some(p) = predicate {
+                predicates.insert((module.clone(), index), p.clone());
+            }
         }
     };
     if options.functions.is_empty() {
@@ -250,7 +262,7 @@ fn select_functions(
                     continue;
                 }
                 if !go || f.names().any(is_go_program_code) {
-                    select(exe, i, &f.name);
+                    select(exe, i, &f.name, None);
                 }
             }
         }
@@ -258,7 +270,8 @@ fn select_functions(
         // The file each function is defined in, per module, read only for source file patterns.
         let mut source_files: BTreeMap<PathBuf, SourceFiles> = BTreeMap::new();
         for text in &options.functions {
-            let pattern = FunctionPattern::parse(text)?;
+            let (pattern_text, predicate) = filter::split(text)?;
+            let pattern = FunctionPattern::parse(pattern_text)?;
             let modules = match &pattern.module {
                 None => executables.to_vec(),
                 Some(spec) => {
@@ -277,7 +290,7 @@ fn select_functions(
                     found.retain(|&(i, _)| files.file_of(table.functions[i].address).is_some_and(|f| glob.matches(f)));
                 }
                 for (i, name) in found {
-                    select(module, i, name);
+                    select(module, i, name, predicate.as_ref());
                     matched += 1;
                 }
             }
@@ -334,6 +347,7 @@ fn select_functions(
     let mut refused: Vec<(String, String)> = Vec::new();
     let mut probe_paths = ProbePaths::default();
     let mut aliases = BTreeMap::new();
+    let mut filters = Vec::new();
     // The Go functions probed, by event name: the fast-path advice differs for them.
     let mut go_functions: HashSet<String> = HashSet::new();
     for (module, index) in selected {
@@ -348,8 +362,18 @@ fn select_functions(
         };
         let strings = |ret: bool| if reads(ret) { cookie::STRINGS } else { 0 };
         let mut returns = NativeReturns::None;
+        let predicate = predicates.remove(&(module.clone(), index));
+        if let Some(p) = &predicate {
+            if matches!(f.placement, Placement::Go { .. }) {
+                return Err(RecordError::FilterOnGo(name));
+            }
+            let layout = source.as_ref().and_then(|s| s.layout.as_ref());
+            filters.push((function, p.compile(&name, layout)?, p.text.clone()));
+        }
+        // Every probe of a filtered function evaluates or honours its predicate.
+        let filtered = if predicate.is_some() { cookie::FILTERED } else { 0 };
         let mut probe = |file_offset: u64, cookie: u64, ret: bool| {
-            probes.push(ProbeSpec { path: module.clone(), file_offset, cookie, ret });
+            probes.push(ProbeSpec { path: module.clone(), file_offset, cookie: cookie | filtered, ret });
         };
         match &f.placement {
             Placement::Native { entry: point, exits } => {
@@ -473,7 +497,7 @@ fn select_functions(
             plural(exit_sites, "ret and tail-jump site")
         ));
     }
-    Ok(Selection { probes, functions, probe_paths, aliases, probe_summary })
+    Ok(Selection { probes, functions, probe_paths, aliases, probe_summary, filters })
 }
 
 /// The probes on `f`'s exits (file offset, cookie, whether the return value is there to read),
@@ -602,6 +626,8 @@ struct Selection {
     probe_paths: ProbePaths,
     aliases: BTreeMap<String, Vec<String>>,
     probe_summary: Option<String>,
+    /// Each filtered function's (index) compiled predicate.
+    filters: Vec<(u32, tracer_common::filter::Program, String)>,
 }
 
 impl Plan {

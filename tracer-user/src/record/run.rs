@@ -19,11 +19,11 @@ use crate::{
     assemble::EventAssembler,
     assemble::clock::BootClock,
     event::host::Machine,
-    event::{EndReason, EventKind, FORMAT_VERSION, TargetInfo, TraceEnd, TraceStart},
+    event::{EndReason, EventKind, FORMAT_VERSION, FilterStats, TargetInfo, TraceEnd, TraceStart},
     pipeline::EventPipeline,
     pipeline::order::REORDER_WINDOW_NS,
     record::attach::launch::{ChildExit, OutputPipes, spawn_stopped, try_reap},
-    record::attach::loader::{Kernel, LostCounters, raise_fd_limit},
+    record::attach::loader::{FilterCounters, Kernel, LostCounters, raise_fd_limit},
     record::attach::{features::KernelFeatures, kernel_btf::KernelFacts},
     record::drain::{Batch, RingDrain},
     record::kernel_log::KernelLog,
@@ -52,6 +52,7 @@ impl Plan {
             probe_paths,
             aliases,
             usdt,
+            filters,
             ..
         } = self;
         let mut warnings = Vec::new();
@@ -103,7 +104,8 @@ impl Plan {
         };
         // A perf-event link per probe site where the kernel has no uprobe-multi links.
         raise_fd_limit(1024 + probes.len() as u64 + usdt.probes.len() as u64);
-        let mut kernel = Kernel::load(&config, &features, ring_bytes, usdt.probes.len())?;
+        let filtered_functions = filters.iter().map(|(f, _, _)| f + 1).max().unwrap_or(1);
+        let mut kernel = Kernel::load_sized(&config, &features, ring_bytes, usdt.probes.len(), 1, filtered_functions)?;
         // Started before any program is loaded, and kept for the whole run: its map's fd is in
         // the programs' code.
         let kernel_log = if options.debug_kernel { Some(kernel.start_kernel_log()?) } else { None };
@@ -113,6 +115,9 @@ impl Plan {
         }
         if events.contains(&EventKind::Signal) {
             kernel.attach_signals()?;
+        }
+        for (function, program, _) in &filters {
+            kernel.set_filter(*function, *program)?;
         }
         for (i, f) in functions.iter().enumerate() {
             if let Some(layout) = f.source.as_ref().and_then(|s| s.layout.as_ref())
@@ -162,6 +167,15 @@ impl Plan {
         }
         let ring = kernel.take_ring()?;
         let lost = kernel.take_lost_counters()?;
+        let filter_counters = if filters.is_empty() {
+            None
+        } else {
+            let named = filters
+                .iter()
+                .map(|(f, _, text)| (*f, functions[*f as usize].name.to_string(), text.clone()))
+                .collect();
+            Some((kernel.take_filter_counters()?, named))
+        };
 
         // Probes are in place: only now do the targets become traced, so every call they make
         // from here on is seen whole.
@@ -215,6 +229,7 @@ impl Plan {
             kernel,
             ring,
             lost,
+            filter_counters,
             kernel_log,
             assembler,
             clock,
@@ -236,6 +251,8 @@ pub struct Recording {
     kernel: Kernel,
     ring: RingBuf<MapData>,
     lost: LostCounters,
+    /// The predicates' counters, and each filtered function's (index) name and predicate.
+    filter_counters: Option<(FilterCounters, Vec<FilteredFunction>)>,
     /// `--debug-kernel`: the programs' aya-log records.
     kernel_log: Option<KernelLog>,
     assembler: EventAssembler,
@@ -334,6 +351,7 @@ impl Recording {
             mut kernel,
             ring,
             lost,
+            filter_counters,
             kernel_log,
             mut assembler,
             clock,
@@ -429,6 +447,7 @@ impl Recording {
             command_exit_code: command_exit.map(ChildExit::shell_code),
             ipc: pipeline.ipc_stats(),
             hosts: Vec::new(),
+            filters: filter_stats(filter_counters.as_ref()),
         };
         sink.end(&end)?;
         let command_still_running = child_pid.filter(|_| command_exit.is_none());
@@ -449,6 +468,28 @@ fn lost_events(lost: &LostCounters, assembler: &EventAssembler) -> BTreeMap<Stri
     lost_events.insert("undecodable".to_string(), assembler.undecodable);
     lost_events.insert("log_unreadable".to_string(), assembler.unreadable_logs);
     lost_events
+}
+
+/// A function with a predicate: its index, event name and predicate text.
+type FilteredFunction = (u32, String, String);
+
+/// Each filtered function's counters, by event name.
+fn filter_stats(counters: Option<&(FilterCounters, Vec<FilteredFunction>)>) -> BTreeMap<String, FilterStats> {
+    let Some((counters, functions)) = counters else { return BTreeMap::new() };
+    functions
+        .iter()
+        .map(|(function, name, predicate)| {
+            let c = counters.read(*function);
+            let stats = FilterStats {
+                predicate: predicate.clone(),
+                seen: c.seen,
+                written: c.seen.saturating_sub(c.filtered),
+                filtered_out: c.filtered,
+                returns_not_dropped: c.returns_not_dropped,
+            };
+            (name.clone(), stats)
+        })
+        .collect()
 }
 
 /// How full the ring may get before a record wakes the drain (which otherwise polls every few

@@ -117,16 +117,18 @@ impl Kernel {
         ring_bytes: u32,
         usdt_probes: usize,
     ) -> Result<Kernel, LoadError> {
-        Self::load_sized(config, features, ring_bytes, usdt_probes, 1)
+        Self::load_sized(config, features, ring_bytes, usdt_probes, 1, 1)
     }
 
-    /// As [`Kernel::load`], with room for `top_functions` functions' statistics (`tracer top`).
+    /// As [`Kernel::load`], with room for `top_functions` functions' statistics (`tracer top`)
+    /// and the counters of predicates on functions numbered below `filtered_functions`.
     pub fn load_sized(
         config: &Config,
         features: &KernelFeatures,
         ring_bytes: u32,
         usdt_probes: usize,
         top_functions: u32,
+        filtered_functions: u32,
     ) -> Result<Kernel, LoadError> {
         if EBPF_OBJECT.is_empty() {
             return Err(LoadError::NoObject);
@@ -136,6 +138,7 @@ impl Kernel {
             .map_max_entries(names::EVENTS, ring_bytes)
             .map_max_entries(names::USDT_SPECS, usdt_probes.max(1) as u32)
             .map_max_entries(names::TOP_FUNCTIONS, top_functions.max(1))
+            .map_max_entries(names::FILTER_COUNTS, filtered_functions.max(1))
             .load(EBPF_OBJECT)
             .map_err(load_error)?;
         Ok(Kernel {
@@ -450,6 +453,21 @@ impl Kernel {
     }
 
     /// Takes the lost-event counters, to be read after the programs are detached.
+    /// Hands the kernel a function's predicate, before its probes are attached with
+    /// `cookie::FILTERED`.
+    pub fn set_filter(&mut self, function: u32, program: tracer_common::filter::Program) -> Result<(), LoadError> {
+        let map = self.ebpf.map_mut(names::FILTERS).ok_or_else(|| load_error("FILTERS map is missing"))?;
+        let mut map: BpfHashMap<&mut MapData, u32, tracer_common::filter::Program> =
+            BpfHashMap::try_from(map).map_err(load_error)?;
+        map.insert(function, program, 0).map_err(|e| LoadError::Map { map: names::FILTERS, reason: e.to_string() })
+    }
+
+    /// The predicates' per-function counters, readable after the programs are gone.
+    pub fn take_filter_counters(&mut self) -> Result<FilterCounters, LoadError> {
+        let map = self.ebpf.take_map(names::FILTER_COUNTS).ok_or_else(|| load_error("FILTER_COUNTS map is missing"))?;
+        Ok(FilterCounters { map: PerCpuArray::try_from(map).map_err(load_error)? })
+    }
+
     pub fn take_lost_counters(&mut self) -> Result<LostCounters, LoadError> {
         let map = self.ebpf.take_map(names::LOST).ok_or_else(|| load_error("LOST map is missing"))?;
         Ok(LostCounters { map: PerCpuArray::try_from(map).map_err(load_error)? })
@@ -504,6 +522,26 @@ fn attach_batch(
             attach_batch(mechanism, prog, path, left, ret, kind, links, failures);
             attach_batch(mechanism, prog, path, right, ret, kind, links, failures);
         }
+    }
+}
+
+/// The kernel's per-CPU counters of each filtered function.
+pub struct FilterCounters {
+    map: PerCpuArray<MapData, tracer_common::filter::Counts>,
+}
+
+impl FilterCounters {
+    /// One function's counts, summed over the CPUs.
+    pub fn read(&self, function: u32) -> tracer_common::filter::Counts {
+        let mut total = tracer_common::filter::Counts::default();
+        if let Ok(values) = self.map.get(&function, 0) {
+            for c in values.iter() {
+                total.seen += c.seen;
+                total.filtered += c.filtered;
+                total.returns_not_dropped += c.returns_not_dropped;
+            }
+        }
+        total
     }
 }
 
