@@ -56,6 +56,8 @@ pub mod programs {
     pub const USDT_EVENT: &str = "usdt_event";
     /// Any other USDT probe: its arguments, evaluated from the probe's argument spec.
     pub const USDT_PROBE: &str = "usdt_probe";
+    /// A hardware watchpoint fired (a `perf_event` program on `PERF_TYPE_BREAKPOINT` events).
+    pub const WATCH_HIT: &str = "watch_hit";
 
     /// Kernel raw tracepoints (`TP_PROTO` arguments, no tracefs needed) that the sched programs attach to.
     pub const SCHED_FORK_TP: &str = "sched_process_fork";
@@ -120,34 +122,39 @@ numbered_enum! {
         UserEvent = 10,
         /// The arguments of a USDT probe ([`UsdtRecord`]).
         Usdt = 11,
+        /// A breakpoint (`-B FILE:LINE`) was reached: the locals in scope, evaluated as a USDT
+        /// probe's arguments are ([`BreakRecord`]).
+        Break = 12,
+        /// A hardware watchpoint (`-w VARIABLE`) fired ([`WatchRecord`]).
+        Watch = 13,
     }
 }
 
-/// Slots of the `LOST` per-CPU array. Slots 1..=11 count ring-buffer reserve failures per
-/// [`RecordKind`] (whose numbers stay below 12); the others count things the kernel side had to
+/// Slots of the `LOST` per-CPU array. Slots 1..=13 count ring-buffer reserve failures per
+/// [`RecordKind`] (whose numbers stay below 14); the others count things the kernel side had to
 /// give up on.
 pub mod lost_slot {
     /// A traced process forked, but the traced-pid map was full: the child is not traced.
-    pub const UNTRACKED_CHILD: u32 = 12;
+    pub const UNTRACKED_CHILD: u32 = 14;
     /// A traced IPC syscall could not be remembered between entry and exit (map full).
-    pub const IPC_INFLIGHT: u32 = 13;
+    pub const IPC_INFLIGHT: u32 = 15;
     /// Messages of a `sendmmsg`/`recvmmsg` beyond the first [`super::MAX_MMSG`] (not recorded).
-    pub const IPC_MMSG_BEYOND_LIMIT: u32 = 14;
+    pub const IPC_MMSG_BEYOND_LIMIT: u32 = 16;
     /// `tracer top`: a traced thread's call stack could not be kept (its map was full): its calls
     /// are not counted.
-    pub const TOP_THREADS_FULL: u32 = 15;
+    pub const TOP_THREADS_FULL: u32 = 17;
     /// `tracer top --by-process`: a (process, function) pair found its map full: not counted.
-    pub const TOP_KEYS_FULL: u32 = 16;
+    pub const TOP_KEYS_FULL: u32 = 18;
     /// `tracer top`: calls nested deeper than [`super::top::MAX_DEPTH`] (the kernel gives them no
     /// return probe), counted but not timed.
-    pub const TOP_TOO_DEEP: u32 = 17;
+    pub const TOP_TOO_DEEP: u32 = 19;
     /// `tracer top`: calls whose return never came (left by `longjmp` or an exception).
-    pub const TOP_NO_RETURN: u32 = 18;
+    pub const TOP_NO_RETURN: u32 = 20;
     /// `--capture-bytes`: a transfer's payload could not be read from the process's memory (the
     /// transfer is recorded, without its bytes).
-    pub const IPC_PAYLOAD_UNREADABLE: u32 = 19;
+    pub const IPC_PAYLOAD_UNREADABLE: u32 = 21;
     /// Number of slots in the `LOST` map.
-    pub const COUNT: u32 = 20;
+    pub const COUNT: u32 = 22;
 }
 
 /// Bits of [`Config::enabled_kinds`]: `1 << RecordKind as u32`.
@@ -768,8 +775,42 @@ pub struct UsdtArgSpec {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UsdtSpec {
     pub arg_count: u32,
-    pub _pad: u32,
+    /// The [`RecordKind`] the probe writes: `Usdt`, or `Break` for a breakpoint (whose
+    /// "arguments" are the locals in scope, located by DWARF). 0 means `Usdt`.
+    pub record_kind: u32,
     pub args: [UsdtArgSpec; USDT_MAX_ARGS],
+}
+
+/// A breakpoint's record: the locals in scope at its address, each evaluated from its spec as a
+/// USDT argument is (the `usdt_probe` program writes both).
+pub type BreakRecord = UsdtRecord;
+
+/// Most watchpoints at once: x86-64 has four debug address registers per thread.
+pub const MAX_WATCHPOINTS: usize = 4;
+
+/// Bits of [`WatchRecord::flags`].
+pub mod watch_flags {
+    /// The watched bytes could not be read after the access (`value` is 0).
+    pub const READ_FAILED: u32 = 1;
+}
+
+/// A hardware watchpoint fired: a traced thread accessed a watched variable.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchRecord {
+    pub header: RecordHeader,
+    /// The watched address (the perf event's `bp_addr`): which watchpoint fired.
+    pub address: u64,
+    /// The instruction pointer when the debug trap was taken: x86 data breakpoints trap after
+    /// the access, so this is the instruction after the one that accessed the variable. Always
+    /// the program's own: accesses the kernel makes (exec clearing `.bss`, a system call filling
+    /// the variable) are not recorded.
+    pub ip: u64,
+    /// The eight bytes at `address` read after the access (user space keeps the variable's size).
+    pub value: u64,
+    /// [`watch_flags`].
+    pub flags: u32,
+    pub _pad: u32,
 }
 
 /// Key of the `TARGET_INODES` map: a process that exec's a file with this device and inode

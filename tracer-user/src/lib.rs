@@ -21,6 +21,7 @@
 
 pub mod analysis;
 pub mod assemble;
+pub mod breakpoints;
 pub mod cluster;
 pub mod debuginfo;
 pub mod errors;

@@ -23,8 +23,8 @@ use crate::event::{TraceEnd, TraceStart};
 /// (`Terms`, `Noise`), and every frame after it encrypted. 10: a launched command's stdout and
 /// stderr are streamed to its collector (`CommandOutput`); `cwd` in a trace request. 11:
 /// `trace_start.kernel` carries `ring_bytes`; a trace request's `buffer_size` 0 fits the ring
-/// to the trace.
-pub const PROTOCOL_VERSION: u32 = 11;
+/// to the trace. 12: `break` and `watch` events.
+pub const PROTOCOL_VERSION: u32 = 12;
 /// The largest frame (its message's encoding) either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated
