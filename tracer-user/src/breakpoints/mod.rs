@@ -40,8 +40,9 @@ pub enum BreakpointError {
     NoExecutable,
     #[error("-B and -w look lines and variables up in DWARF, and {0} has none (build it with -g)")]
     NoDebugInfo(PathBuf),
+    /// The line's own sentence (no source: it would say it twice).
     #[error("-B: {0}")]
-    Line(#[from] LineError),
+    Line(LineError),
     #[error("-B: no function named '{name}' in {path}")]
     NoFunction { name: String, path: PathBuf },
     #[error("-w: no global or static variable named '{name}' in the DWARF of {path}")]

@@ -228,7 +228,7 @@ pub fn select(
     for b in breaks {
         match b {
             BreakSpec::Line { file: wanted, line } => {
-                for address in source_map.addresses_of(wanted, *line)? {
+                for address in source_map.addresses_of(wanted, *line).map_err(BreakpointError::Line)? {
                     let file = source_map.line_at(address).map_or_else(|| Arc::from(wanted.as_str()), |(f, _)| f);
                     addresses.push((address, file, *line));
                 }
