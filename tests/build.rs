@@ -69,6 +69,14 @@ fn main() {
         work_builds.push((name.to_uppercase(), exe));
     }
 
+    // Breakpoints and watchpoints: locals in memory (-O0) and in registers (-O1).
+    let mut breakpoint_builds = Vec::new();
+    for (name, opt) in [("breakpoints_o0", "-O0"), ("breakpoints_o1", "-O1")] {
+        let exe = out.join(name);
+        run(Command::new(&cc).args(["-g", opt, "-pthread", "-o"]).arg(&exe).arg(src.join("c/breakpoints.c")));
+        breakpoint_builds.push((name.to_uppercase(), exe));
+    }
+
     let demo = out.join("client_server_demo");
     run(Command::new(&cc).args(["-O0", "-pthread", "-o"]).arg(&demo).arg(src.join("c/client_server_demo.c")));
 
@@ -263,7 +271,7 @@ fn main() {
     ] {
         println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
     }
-    for (name, path) in &work_builds {
+    for (name, path) in work_builds.iter().chain(&breakpoint_builds) {
         println!("cargo::rustc-env=FIXTURE_{name}={}", path.display());
     }
 

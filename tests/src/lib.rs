@@ -87,6 +87,8 @@ pub fn fixture(name: &str) -> PathBuf {
         "gofixture_stripped_pie" => env!("FIXTURE_GOFIXTURE_STRIPPED_PIE"),
         "debian_gofmt" => env!("FIXTURE_DEBIAN_GOFMT"),
         "gofmt_symbols" => env!("FIXTURE_GOFMT_SYMBOLS"),
+        "breakpoints_o0" => env!("FIXTURE_BREAKPOINTS_O0"),
+        "breakpoints_o1" => env!("FIXTURE_BREAKPOINTS_O1"),
         other => panic!("no fixture named {other}"),
     })
 }

@@ -5,7 +5,7 @@ use core::{fmt, mem::size_of};
 use crate::{
     CAPTURE_BYTES_MAX, CallRecord, ExecRecord, ExitRecord, ForkRecord, GoCallRecord, GoReturnRecord, IpcRecord,
     RecordHeader, RecordKind, ReturnRecord, SignalRecord, USDT_MAX_ARGS, USER_EVENT_PAYLOAD_MAX, UsdtRecord,
-    UserEventRecord,
+    UserEventRecord, WatchRecord,
 };
 
 /// One record, copied out of the ring buffer (a program event's payload stays where it was read).
@@ -26,6 +26,9 @@ pub enum Record<'a> {
     /// The record and the payload bytes that followed it (`copied_len` of them).
     UserEvent(UserEventRecord, &'a [u8]),
     Usdt(UsdtRecord),
+    /// A breakpoint's locals, in a USDT record's layout.
+    Break(UsdtRecord),
+    Watch(WatchRecord),
 }
 
 impl Record<'_> {
@@ -42,6 +45,8 @@ impl Record<'_> {
             Record::GoReturn(r) => &r.header,
             Record::UserEvent(r, _) => &r.header,
             Record::Usdt(r) => &r.header,
+            Record::Break(r) => &r.header,
+            Record::Watch(r) => &r.header,
         }
     }
 }
@@ -144,6 +149,14 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
             }
             Record::Usdt(record)
         }
+        RecordKind::Break => {
+            let record: UsdtRecord = read(kind, bytes)?;
+            if record.arg_count as usize > USDT_MAX_ARGS {
+                return Err(DecodeError::BadArgCount { arg_count: record.arg_count });
+            }
+            Record::Break(record)
+        }
+        RecordKind::Watch => Record::Watch(read(kind, bytes)?),
     })
 }
 

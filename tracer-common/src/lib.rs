@@ -60,6 +60,8 @@ pub mod programs {
     pub const USDT_EVENT: &str = "usdt_event";
     /// Any other USDT probe: its arguments, evaluated from the probe's argument spec.
     pub const USDT_PROBE: &str = "usdt_probe";
+    /// A hardware watchpoint fired (a `perf_event` program on `PERF_TYPE_BREAKPOINT` events).
+    pub const WATCH_HIT: &str = "watch_hit";
 
     /// Kernel raw tracepoints (`TP_PROTO` arguments, no tracefs needed) that the sched programs attach to.
     pub const SCHED_FORK_TP: &str = "sched_process_fork";
@@ -128,6 +130,11 @@ numbered_enum! {
         UserEvent = 10,
         /// The arguments of a USDT probe ([`UsdtRecord`]).
         Usdt = 11,
+        /// A breakpoint (`-B FILE:LINE`) was reached: the locals in scope, evaluated as a USDT
+        /// probe's arguments are ([`BreakRecord`]).
+        Break = 12,
+        /// A hardware watchpoint (`-w VARIABLE`) fired ([`WatchRecord`]).
+        Watch = 13,
     }
 }
 
@@ -169,6 +176,10 @@ numbered_enum! {
         TopTooDeep = 14,
         /// `tracer top`: calls whose return never came (left by `longjmp` or an exception).
         TopNoReturn = 15,
+        /// The ring buffer was full at a breakpoint (`-B`).
+        Break = 16,
+        /// The ring buffer was full at a watchpoint hit (`-w`).
+        Watch = 17,
     }
 }
 
@@ -187,6 +198,8 @@ impl LostSlot {
             RecordKind::Signal => LostSlot::Signal,
             RecordKind::UserEvent => LostSlot::Log,
             RecordKind::Usdt => LostSlot::Usdt,
+            RecordKind::Break => LostSlot::Break,
+            RecordKind::Watch => LostSlot::Watch,
         }
     }
 
@@ -202,6 +215,8 @@ impl LostSlot {
             LostSlot::Signal => "signal",
             LostSlot::Log => "log",
             LostSlot::Usdt => "usdt",
+            LostSlot::Break => "break",
+            LostSlot::Watch => "watch",
             LostSlot::UntrackedChild => "untraced_children",
             LostSlot::IpcInflight => "ipc_untracked_syscalls",
             LostSlot::IpcMmsgBeyondLimit => "ipc_messages_beyond_limit",
@@ -847,8 +862,42 @@ pub struct UsdtArgSpec {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UsdtSpec {
     pub arg_count: u32,
-    pub _pad: u32,
+    /// The [`RecordKind`] the probe writes: `Usdt`, or `Break` for a breakpoint (whose
+    /// "arguments" are the locals in scope, located by DWARF). 0 means `Usdt`.
+    pub record_kind: u32,
     pub args: [UsdtArgSpec; USDT_MAX_ARGS],
+}
+
+/// A breakpoint's record: the locals in scope at its address, each evaluated from its spec as a
+/// USDT argument is (the `usdt_probe` program writes both).
+pub type BreakRecord = UsdtRecord;
+
+/// Most watchpoints at once: x86-64 has four debug address registers per thread.
+pub const MAX_WATCHPOINTS: usize = 4;
+
+/// Bits of [`WatchRecord::flags`].
+pub mod watch_flags {
+    /// The watched bytes could not be read after the access (`value` is 0).
+    pub const READ_FAILED: u32 = 1;
+}
+
+/// A hardware watchpoint fired: a traced thread accessed a watched variable.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchRecord {
+    pub header: RecordHeader,
+    /// The watched address (the perf event's `bp_addr`): which watchpoint fired.
+    pub address: u64,
+    /// The instruction pointer when the debug trap was taken: x86 data breakpoints trap after
+    /// the access, so this is the instruction after the one that accessed the variable. Always
+    /// the program's own: accesses the kernel makes (exec clearing `.bss`, a system call filling
+    /// the variable) are not recorded.
+    pub ip: u64,
+    /// The eight bytes at `address` read after the access (user space keeps the variable's size).
+    pub value: u64,
+    /// [`watch_flags`].
+    pub flags: u32,
+    pub _pad: u32,
 }
 
 /// Key of the `TARGET_INODES` map: a process that exec's a file with this device and inode

@@ -19,6 +19,7 @@ mod signal;
 mod top;
 mod uprobe;
 mod usdt;
+mod watch;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -12,7 +12,8 @@
 //!   bytes (a longer one is cut and flagged), through a per-CPU scratch record so that the ring
 //!   holds only the bytes there are.
 //! - `usdt_probe`: every other probe: up to `USDT_MAX_ARGS` arguments, evaluated and
-//!   sign- or zero-extended as their specs say.
+//!   sign- or zero-extended as their specs say. Breakpoints (`-B FILE:LINE`) use it too: their
+//!   spec's `record_kind` is `Break` and their arguments are the locals DWARF locates there.
 
 use core::ffi::c_void;
 
@@ -164,13 +165,19 @@ pub fn usdt_probe(ctx: ProbeContext) -> u32 {
 
 fn try_usdt_probe(ctx: &ProbeContext) -> Result<u32, i64> {
     let (tgid, tid) = current_ids();
-    if !enabled(RecordKind::Usdt) || !is_traced(tgid) {
+    let cookie = cookie(ctx);
+    let spec = USDT_SPECS.get(cookie as u32);
+    // A breakpoint is a USDT probe whose arguments are the locals in scope: its spec says so.
+    let kind = match spec {
+        Some(spec) if spec.record_kind == RecordKind::Break as u32 => RecordKind::Break,
+        _ => RecordKind::Usdt,
+    };
+    if !enabled(kind) || !is_traced(tgid) {
         return Ok(0);
     }
-    let header = header(RecordKind::Usdt, tgid, tid);
-    let cookie = cookie(ctx);
+    let header = header(kind, tgid, tid);
     let mut record = UsdtRecord { header, cookie, arg_count: 0, failed_args: 0, args: [0; USDT_MAX_ARGS] };
-    if let Some(spec) = USDT_SPECS.get(cookie as u32) {
+    if let Some(spec) = spec {
         let count = if spec.arg_count as usize > USDT_MAX_ARGS { USDT_MAX_ARGS as u32 } else { spec.arg_count };
         record.arg_count = count;
         // A `bpf_loop` callback is verified once; an unrolled loop over twelve arguments, each
@@ -180,7 +187,7 @@ fn try_usdt_probe(ctx: &ProbeContext) -> Result<u32, i64> {
         unsafe { bpf_loop(count, evaluate_one as *mut c_void, (&raw mut each).cast(), 0) };
     }
     let Some(mut entry) = EVENTS.reserve::<UsdtRecord>(0) else {
-        count_lost(LostSlot::ring_full(RecordKind::Usdt));
+        count_lost(LostSlot::ring_full(kind));
         return Ok(0);
     };
     entry.write(record);

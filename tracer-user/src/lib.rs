@@ -22,6 +22,7 @@
 
 pub mod analysis;
 pub mod assemble;
+pub mod breakpoints;
 pub mod cluster;
 pub mod debuginfo;
 pub mod errors;

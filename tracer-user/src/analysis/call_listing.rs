@@ -58,8 +58,9 @@ enum What {
     Said(String),
 }
 
-/// A program's event in one line: `log info [source] message {data}`, `usdt provider:name(args)`;
-/// `None` for events that are not what a program said.
+/// A program's event in one line: `log info [source] message {data}`, `usdt provider:name(args)`,
+/// `break fixture.c:12 {i = 3}`, `watch counter = 6 by bump (fixture.c:12)`; `None` for events
+/// that are not what a program said or did at a source line.
 fn said(data: &EventData) -> Option<String> {
     match data {
         EventData::Log(log) => {
@@ -74,6 +75,8 @@ fn said(data: &EventData) -> Option<String> {
             Some(text)
         }
         EventData::Usdt(u) => Some(format!("usdt {}:{}({})", u.provider, u.name, u.args_text())),
+        EventData::Break(b) => Some(format!("{} {{{}}}", b.title(), b.locals_text())),
+        EventData::Watch(w) => Some(format!("{} by {}", w.title(), w.place_text())),
         _ => None,
     }
 }

@@ -18,6 +18,7 @@ use crate::{
     assemble::clock::BootClock,
     assemble::pairing::{CallStacks, GoroutineStacks, NativeStacks, Unwound},
     assemble::{channels::ChannelResolver, signals::signal_event},
+    breakpoints::decode::{BreakTable, WatchTable},
     debuginfo::{
         SourceFunction, format,
         layout::{FunctionLayout, Registers, Source, parse_strings},
@@ -105,6 +106,9 @@ pub struct EventAssembler {
     channels: ChannelResolver,
     /// USDT probe sites by cookie: what their records are decoded with.
     usdt: ProbeTable,
+    /// Breakpoint sites by cookie, and watchpoints by address.
+    breaks: BreakTable,
+    watches: WatchTable,
     /// Records that could not be decoded or named (counted as lost, reported in `trace_end`).
     pub undecodable: u64,
     /// Program events whose payload the kernel could not read or that do not decode (counted as
@@ -136,6 +140,8 @@ impl EventAssembler {
             unwound_at: (0, 0),
             channels: ChannelResolver::default(),
             usdt: ProbeTable::new(),
+            breaks: BreakTable::default(),
+            watches: WatchTable::default(),
             undecodable: 0,
             unreadable_logs: 0,
         }
@@ -144,6 +150,11 @@ impl EventAssembler {
     /// The USDT probe sites attached, by cookie.
     pub fn with_usdt(self, usdt: ProbeTable) -> Self {
         EventAssembler { usdt, ..self }
+    }
+
+    /// The breakpoint sites attached (by cookie) and the watchpoints opened (by address).
+    pub fn with_breakpoints(self, breaks: BreakTable, watches: WatchTable) -> Self {
+        EventAssembler { breaks, watches, ..self }
     }
 
     pub fn calls_without_return_probe(&self) -> u64 {
@@ -361,6 +372,20 @@ impl EventAssembler {
                     args: probe_args(&r, probe),
                 })
             }
+            Record::Break(r) => match self.breaks.event(&r) {
+                Some(b) => EventData::Break(b),
+                None => {
+                    self.undecodable += 1;
+                    return None;
+                }
+            },
+            Record::Watch(r) => match self.watches.event(&r) {
+                Some(w) => EventData::Watch(w),
+                None => {
+                    self.undecodable += 1;
+                    return None;
+                }
+            },
         };
         Some(Event { ts, host: self.host.clone(), pid: h.pid, tid: h.tid, data })
     }

@@ -28,6 +28,10 @@ use tracer_user::{
         call_listing::{CallFilter, CallPrinter},
         stats::{self, ReportBuilder, SortColumn},
     },
+    breakpoints::{
+        BreakpointError,
+        spec::{BreakSpec, WatchSpec},
+    },
     event::host,
     event::{EndReason, EventKind, TraceEnd, why_lost},
     export::{Format, input, jsonl, otlp},
@@ -76,6 +80,16 @@ pub struct RecordArgs {
     pub binaries: Vec<PathBuf>,
     #[command(flatten)]
     pub trace: TraceOptions,
+    /// A breakpoint (repeatable): FILE:LINE or FUNCTION+OFFSET in the traced executable, found
+    /// through its DWARF; every time a thread gets there, a `break` event with the parameters
+    /// and locals in scope.
+    #[arg(short = 'B', long = "break", value_name = "FILE:LINE", value_parser = parse_break)]
+    pub breaks: Vec<BreakSpec>,
+    /// Watch a global or static variable (repeatable, at most 4): VARIABLE, VARIABLE:rw (reads
+    /// too) or ADDRESS:LENGTH; every write is a `watch` event with the value written and the
+    /// function and line that wrote it (hardware breakpoints).
+    #[arg(short = 'w', long = "watch", value_name = "VARIABLE", value_parser = parse_watch)]
+    pub watches: Vec<WatchSpec>,
     /// Output file ('-' for standard output); the format comes from --format or the extension.
     #[arg(short, long, value_name = "PATH", default_value = "trace.jsonl")]
     pub output: PathBuf,
@@ -123,9 +137,10 @@ pub struct TraceOptions {
     /// their libraries, e.g. 'libc:setjmp', 'libstdc++.so.6:libstdcxx:throw'.
     #[arg(short, long = "usdt", value_name = "PATTERN")]
     pub usdt: Vec<String>,
-    /// Comma list of call,return,spawn,exit,ipc,log,usdt (ipc: send,recv,signal; log: what the
-    /// targets say through tracer-events; usdt: the -u probes).
-    #[arg(short, long, value_name = "LIST", value_delimiter = ',', default_value = "call,return,spawn,exit,ipc,log,usdt", value_parser = EventKind::parse_list_item)]
+    /// Comma list of call,return,spawn,exit,ipc,log,usdt,break,watch (ipc: send,recv,signal; log:
+    /// what the targets say through tracer-events; usdt: the -u probes; break, watch: the -B
+    /// breakpoints and -w watchpoints of `record`).
+    #[arg(short, long, value_name = "LIST", value_delimiter = ',', default_value = "call,return,spawn,exit,ipc,log,usdt,break,watch", value_parser = EventKind::parse_list_item)]
     pub events: Vec<Vec<EventKind>>,
     /// Do not follow children (following forks and execs is the default).
     #[arg(long)]
@@ -286,6 +301,14 @@ fn parse_duration_ns(s: &str) -> Result<u64, String> {
 pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {
     let secs: f64 = s.parse().map_err(|_| format!("'{s}' is not a number of seconds"))?;
     Duration::try_from_secs_f64(secs).map_err(|_| format!("'{s}' is not a positive number of seconds"))
+}
+
+fn parse_break(s: &str) -> Result<BreakSpec, BreakpointError> {
+    BreakSpec::parse(s)
+}
+
+fn parse_watch(s: &str) -> Result<WatchSpec, BreakpointError> {
+    WatchSpec::parse(s)
 }
 
 fn parse_host_name(s: &str) -> Result<String, host::NameError> {
@@ -452,6 +475,8 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         events: args.trace.event_kinds(),
         functions: args.trace.functions,
         usdt: args.trace.usdt,
+        breaks: args.breaks,
+        watches: args.watches,
         follow_children: !args.trace.no_follow,
         duration: args.trace.duration,
         buffer_size: args.trace.buffer_size,

@@ -770,6 +770,9 @@ fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordO
         command: request.command.into_iter().map(OsString::from).collect(),
         functions: request.functions,
         usdt: request.usdt,
+        // Breakpoints and watchpoints are `record`'s alone (their events still travel).
+        breaks: Vec::new(),
+        watches: Vec::new(),
         events: if events.is_empty() { defaults.events.clone() } else { events },
         follow_children: request.follow_children,
         duration: None,

@@ -23,7 +23,8 @@ use crate::event::{TraceEnd, TraceStart};
 /// (`Terms`, `Noise`), and every frame after it encrypted. 10: a launched command's stdout and
 /// stderr are streamed to its collector (`CommandOutput`); `cwd` in a trace request. 11:
 /// `trace_start.kernel` carries `ring_bytes`; a trace request's `buffer_size` 0 fits the ring
-/// to the trace. 12: `trace_end` carries `filters` (each predicate's counters).
+/// to the trace. 12: `trace_end` carries `filters` (each predicate's counters); `break` and
+/// `watch` events.
 pub const PROTOCOL_VERSION: u32 = 12;
 /// The largest frame (its message's encoding) either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;

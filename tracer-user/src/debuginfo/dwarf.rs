@@ -25,15 +25,15 @@ use super::{
 };
 
 pub(crate) type Slice<'a> = EndianSlice<'a, LittleEndian>;
-type Unit<'a> = gimli::Unit<Slice<'a>>;
-type Die<'a> = gimli::DebuggingInformationEntry<Slice<'a>>;
+pub(super) type Unit<'a> = gimli::Unit<Slice<'a>>;
+pub(super) type Die<'a> = gimli::DebuggingInformationEntry<Slice<'a>>;
 
 /// Typedef, cv-qualifier and member nesting followed at most.
 const MAX_TYPE_DEPTH: u32 = 64;
 /// `DW_AT_abstract_origin` / `DW_AT_specification` hops followed at most.
 const MAX_ORIGIN_HOPS: usize = 8;
-const MAX_OPS: usize = 64;
-const MAX_LOCATION_ENTRIES: usize = 100_000;
+pub(super) const MAX_OPS: usize = 64;
+pub(super) const MAX_LOCATION_ENTRIES: usize = 100_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FrameBase {
@@ -136,7 +136,26 @@ impl<'d, 'a> Reader<'d, 'a> {
         Ok(found)
     }
 
-    fn unit(&mut self, header: gimli::UnitHeader<Slice<'a>>) -> Result<Arc<Unit<'a>>, gimli::Error> {
+    /// Every unit, in order (and the offsets that cross-unit references are resolved with).
+    pub(super) fn all_units(&mut self) -> Result<Vec<Arc<Unit<'a>>>, gimli::Error> {
+        let mut headers = Vec::new();
+        let mut iter = self.dwarf.units();
+        while let Some(header) = iter.next()? {
+            if let Some(o) = header.debug_info_offset() {
+                self.unit_offsets.push(o.0);
+            }
+            headers.push(header);
+        }
+        self.unit_offsets.sort_unstable();
+        self.unit_offsets.dedup();
+        headers.into_iter().map(|h| self.unit(h)).collect()
+    }
+
+    pub(super) fn dwarf(&self) -> &'d gimli::Dwarf<Slice<'a>> {
+        self.dwarf
+    }
+
+    pub(super) fn unit(&mut self, header: gimli::UnitHeader<Slice<'a>>) -> Result<Arc<Unit<'a>>, gimli::Error> {
         let key = header.debug_info_offset().map_or(usize::MAX, |o| o.0);
         if let Some(u) = self.units.get(&key) {
             return Ok(u.clone());
@@ -239,7 +258,7 @@ impl<'d, 'a> Reader<'d, 'a> {
     }
 
     /// The DIE a reference attribute points to, in whichever unit it is.
-    fn resolve(
+    pub(super) fn resolve(
         &mut self,
         unit: &Arc<Unit<'a>>,
         value: AttributeValue<Slice<'a>>,
@@ -255,17 +274,17 @@ impl<'d, 'a> Reader<'d, 'a> {
         }
     }
 
-    fn string(&self, unit: &Unit<'a>, value: AttributeValue<Slice<'a>>) -> Option<String> {
+    pub(super) fn string(&self, unit: &Unit<'a>, value: AttributeValue<Slice<'a>>) -> Option<String> {
         self.dwarf.attr_string(unit, value).ok().map(|s| s.to_string_lossy().into_owned())
     }
 
-    fn name(&self, unit: &Unit<'a>, entry: &Die<'a>) -> Option<String> {
+    pub(super) fn name(&self, unit: &Unit<'a>, entry: &Die<'a>) -> Option<String> {
         self.string(unit, entry.attr_value(DW_AT_name)?)
     }
 
     /// A DIE and the DIEs it continues (`DW_AT_abstract_origin`, `DW_AT_specification`), nearest
     /// first.
-    fn origin_chain(&mut self, unit: &Arc<Unit<'a>>, offset: UnitOffset) -> Vec<(Arc<Unit<'a>>, Die<'a>)> {
+    pub(super) fn origin_chain(&mut self, unit: &Arc<Unit<'a>>, offset: UnitOffset) -> Vec<(Arc<Unit<'a>>, Die<'a>)> {
         let mut chain = Vec::new();
         let mut next = Some((unit.clone(), offset));
         while let Some((u, o)) = next.take() {
@@ -280,7 +299,7 @@ impl<'d, 'a> Reader<'d, 'a> {
         chain
     }
 
-    fn file_path(&self, unit: &Unit<'a>, index: u64) -> Option<PathBuf> {
+    pub(super) fn file_path(&self, unit: &Unit<'a>, index: u64) -> Option<PathBuf> {
         let program = unit.line_program.as_ref()?;
         let header = program.header();
         let file = header.file(index)?;
@@ -403,7 +422,7 @@ impl<'d, 'a> Reader<'d, 'a> {
     }
 
     /// The type a `DW_AT_type` attribute refers to.
-    fn type_ref(&mut self, unit: &Arc<Unit<'a>>, value: AttributeValue<Slice<'a>>) -> Arc<Type> {
+    pub(super) fn type_ref(&mut self, unit: &Arc<Unit<'a>>, value: AttributeValue<Slice<'a>>) -> Arc<Type> {
         match self.resolve(unit, value) {
             Some((u, o)) => self.type_at(&u, o, 0),
             None => Arc::new(Type::unknown("?", 0, "a type in a type unit (not supported)")),

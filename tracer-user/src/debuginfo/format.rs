@@ -71,7 +71,8 @@ fn number(v: i128) -> Value {
     }
 }
 
-fn scalar(ty: &Type, bits: u64) -> Value {
+/// A scalar value (integer, bool, char, enum, pointer) of `ty` from the low bytes of `bits`.
+pub fn scalar(ty: &Type, bits: u64) -> Value {
     match &ty.kind {
         Kind::Int { signed } => number(int_bits(bits, ty.size, *signed)),
         Kind::Bool => match bits & 0xff {

@@ -6,7 +6,9 @@
 //! - [`dwarf`]: reading functions, parameters and types (gimli), all wanted functions in one pass;
 //! - [`types`]: the type model; [`abi`]: where values are at entry and return;
 //! - [`layout`]: the compact per-function layout for the kernel and the raw capture format;
-//! - [`format`]: raw captures to JSON values.
+//! - [`format`]: raw captures to JSON values;
+//! - [`source_map`]: line tables, globals and the locals in scope at an address (breakpoints,
+//!   watchpoints).
 //!
 //! ```no_run
 //! use tracer_user::debuginfo::{DebugInfo, DebugSearch, layout::{FunctionLayout, DEFAULT_STRING_SIZE}};
@@ -30,6 +32,7 @@ pub mod dwarf;
 pub mod format;
 pub mod layout;
 pub mod locate;
+pub mod source_map;
 pub mod types;
 
 use std::{
@@ -193,6 +196,35 @@ impl<'a> DebugInfo<'a> {
     /// What the DWARF says of the functions at these addresses (their symbols' addresses), all
     /// in one pass; addresses it does not describe are left out.
     pub fn functions(&self, addresses: &[u64]) -> Result<BTreeMap<u64, FunctionInfo>, DebugInfoError> {
+        let wanted: BTreeSet<u64> = addresses.iter().copied().collect();
+        self.read(|reader| reader.functions(&wanted))
+    }
+
+    /// The line table and the functions' address ranges.
+    pub fn source_map(&self) -> Result<source_map::SourceMap, DebugInfoError> {
+        self.read(|reader| reader.source_map())
+    }
+
+    /// A global or static variable by name, if DWARF gives it a fixed address.
+    pub fn global(&self, name: &str) -> Result<Option<source_map::Global>, DebugInfoError> {
+        self.read(|reader| reader.global(name))
+    }
+
+    /// The parameters and locals in scope at each of `pcs` (`None` where no function's DWARF
+    /// covers it), CFAs from `frames` (the executable's `.eh_frame`).
+    pub fn locals_at(
+        &self,
+        pcs: &[u64],
+        frames: Option<&source_map::CallFrames<'_>>,
+    ) -> Result<Vec<Option<Vec<source_map::Local>>>, DebugInfoError> {
+        self.read(|reader| pcs.iter().map(|&pc| reader.locals_at(pc, frames)).collect())
+    }
+
+    /// Runs `f` over this file's DWARF sections.
+    fn read<T>(
+        &self,
+        f: impl for<'d, 'b> FnOnce(&mut dwarf::Reader<'d, 'b>) -> Result<T, gimli::Error>,
+    ) -> Result<T, DebugInfoError> {
         let path = &self.path;
         let file = object::File::parse(&*self.data)
             .map_err(|e| DebugInfoError::NotElf { path: path.clone(), reason: e.to_string() })?;
@@ -217,10 +249,7 @@ impl<'a> DebugInfo<'a> {
             compressed.decompress().map_err(|e| fail(e.to_string()))
         })?;
         let dwarf = sections.borrow(|s| gimli::EndianSlice::new(s, gimli::LittleEndian));
-        let wanted: BTreeSet<u64> = addresses.iter().copied().collect();
-        dwarf::Reader::new(&dwarf)
-            .functions(&wanted)
-            .map_err(|source| DebugInfoError::Dwarf { path: path.clone(), source })
+        f(&mut dwarf::Reader::new(&dwarf)).map_err(|source| DebugInfoError::Dwarf { path: path.clone(), source })
     }
 }
 

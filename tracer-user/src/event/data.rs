@@ -531,6 +531,69 @@ impl<N> Usdt<N> {
     }
 }
 
+/// A breakpoint was reached (`-B FILE:LINE`, `-B FUNC+OFFSET`): the parameters and locals in
+/// scope there, typed by DWARF and formatted as a call's parameters are.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Break {
+    /// The function the breakpoint is in (the inlined one's caller for an inlined copy).
+    pub function: Option<Arc<str>>,
+    pub file: Arc<str>,
+    pub line: u32,
+    pub module: Arc<str>,
+    /// By name, outermost scope first; `"optimized_out"` where DWARF gives no location, and
+    /// `{"unreadable": why}` where the tracer cannot read one.
+    pub locals: Params,
+}
+
+/// A watched variable was accessed (`-w VARIABLE`): its value just after, and the instruction
+/// that made the access.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watch {
+    pub variable: Arc<str>,
+    /// Its address in the process.
+    pub address: u64,
+    /// Typed by DWARF, read just after the access.
+    pub value: SourceValue,
+    /// The function, file and line of the instruction that made the access (`None` outside the
+    /// executable's code, or in a system call).
+    #[serde(default)]
+    pub function: Option<Arc<str>>,
+    #[serde(default)]
+    pub file: Option<Arc<str>>,
+    #[serde(default)]
+    pub line: Option<u32>,
+}
+
+impl Break {
+    /// How exports name it: `break fixture.c:12` (the file's last component).
+    pub fn title(&self) -> String {
+        let file = self.file.rsplit('/').next().unwrap_or(&self.file);
+        format!("break {file}:{}", self.line)
+    }
+
+    /// The locals as people read them: `i = 1, s = "x"`.
+    pub fn locals_text(&self) -> String {
+        let locals: Vec<String> = self.locals.0.iter().map(|(name, value)| format!("{name} = {}", value.0)).collect();
+        locals.join(", ")
+    }
+}
+
+impl Watch {
+    /// How exports name it: `watch counter = 4`.
+    pub fn title(&self) -> String {
+        format!("watch {} = {}", self.variable, self.value.0)
+    }
+
+    /// Where the access was made, as people read it: `bump (fixture.c:12)`.
+    pub fn place_text(&self) -> String {
+        let function = self.function.as_deref().unwrap_or("?");
+        match (&self.file, self.line) {
+            (Some(file), Some(line)) => format!("{function} ({}:{line})", file.rsplit('/').next().unwrap_or(file)),
+            _ => function.to_string(),
+        }
+    }
+}
+
 /// A USDT argument, signed or not as its spec says: a bare number in JSON.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ArgValue {

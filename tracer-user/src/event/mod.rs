@@ -67,6 +67,8 @@ pub enum EventData<N = Arc<str>> {
     Signal(data::Signal),
     Log(data::Log),
     Usdt(data::Usdt<N>),
+    Break(data::Break),
+    Watch(data::Watch),
 }
 
 /// One item of a trace: its start, an event, or its end (as a channel delivers it, or a line of a
@@ -91,10 +93,12 @@ pub enum EventKind {
     Signal,
     Log,
     Usdt,
+    Break,
+    Watch,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 9] = [
+    pub const ALL: [EventKind; 11] = [
         EventKind::Call,
         EventKind::Return,
         EventKind::Spawn,
@@ -104,6 +108,8 @@ impl EventKind {
         EventKind::Signal,
         EventKind::Log,
         EventKind::Usdt,
+        EventKind::Break,
+        EventKind::Watch,
     ];
     /// What `--events ipc` stands for.
     pub const IPC: [EventKind; 3] = [EventKind::Send, EventKind::Recv, EventKind::Signal];
@@ -119,6 +125,8 @@ impl EventKind {
             EventKind::Signal => "signal",
             EventKind::Log => "log",
             EventKind::Usdt => "usdt",
+            EventKind::Break => "break",
+            EventKind::Watch => "watch",
         }
     }
 
@@ -192,6 +200,8 @@ impl<N> EventData<N> {
             EventData::Signal(_) => EventKind::Signal,
             EventData::Log(_) => EventKind::Log,
             EventData::Usdt(_) => EventKind::Usdt,
+            EventData::Break(_) => EventKind::Break,
+            EventData::Watch(_) => EventKind::Watch,
         }
     }
 
@@ -229,6 +239,8 @@ impl<N> EventData<N> {
                 module: f(u.module)?,
                 args: u.args,
             }),
+            EventData::Break(b) => EventData::Break(b),
+            EventData::Watch(w) => EventData::Watch(w),
         })
     }
 
@@ -244,7 +256,9 @@ impl<N> EventData<N> {
             | EventData::Spawn(_)
             | EventData::Exit(_)
             | EventData::Log(_)
-            | EventData::Usdt(_) => {}
+            | EventData::Usdt(_)
+            | EventData::Break(_)
+            | EventData::Watch(_) => {}
         }
     }
 }

@@ -243,7 +243,7 @@ impl TraceEnd {
 /// some.
 pub fn why_lost(kind: &str) -> &'static str {
     match kind {
-        "call" | "return" | "spawn" | "exit" | "ipc" | "signal" | "log" | "usdt" => {
+        "call" | "return" | "spawn" | "exit" | "ipc" | "signal" | "log" | "usdt" | "break" | "watch" => {
             "lost in the kernel: the ring buffer was full; try a larger --buffer-size"
         }
         "untraced_children" => {
@@ -322,7 +322,8 @@ mod tests {
             let why = why_lost(kind);
             assert_ne!(why, fallback, "{kind} has no sentence of its own");
             // Only what the ring buffer dropped is helped by a larger one.
-            let ring = ["call", "return", "spawn", "exit", "ipc", "signal", "log", "usdt"].contains(&kind);
+            let ring =
+                ["call", "return", "spawn", "exit", "ipc", "signal", "log", "usdt", "break", "watch"].contains(&kind);
             assert_eq!(why.contains("--buffer-size"), ring, "{kind}: {why}");
         }
     }

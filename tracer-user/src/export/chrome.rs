@@ -379,6 +379,14 @@ impl<W: Write> Output<W> {
                 let args = serde_json::to_value(usdt).map_err(io::Error::other)?;
                 self.instant(e, &format!("{}:{}", usdt.provider, usdt.name), args)?;
             }
+            EventData::Break(b) => {
+                let args = serde_json::to_value(b).map_err(io::Error::other)?;
+                self.instant(e, &b.title(), args)?;
+            }
+            EventData::Watch(w) => {
+                let args = serde_json::to_value(w).map_err(io::Error::other)?;
+                self.instant(e, &w.title(), args)?;
+            }
         }
         Ok(())
     }

@@ -815,6 +815,35 @@ impl Spans {
                 let attrs = vec![string("tracer.module", u.module.to_string()), string("tracer.args", u.args_text())];
                 self.process_event(e, e.pid, format!("usdt {}:{}", u.provider, u.name), attrs);
             }
+            EventData::Break(b) => {
+                let mut attrs = vec![
+                    string("code.file.path", b.file.to_string()),
+                    int("code.line.number", b.line as i64),
+                    string("tracer.module", b.module.to_string()),
+                    string("tracer.locals", b.locals_text()),
+                ];
+                if let Some(function) = &b.function {
+                    attrs.push(string("code.function", function.to_string()));
+                }
+                self.process_event(e, e.pid, b.title(), attrs);
+            }
+            EventData::Watch(w) => {
+                let mut attrs = vec![
+                    string("tracer.variable", w.variable.to_string()),
+                    int("tracer.address", w.address as i64),
+                    string("tracer.value", w.value.0.to_string()),
+                ];
+                if let Some(function) = &w.function {
+                    attrs.push(string("code.function", function.to_string()));
+                }
+                if let Some(file) = &w.file {
+                    attrs.push(string("code.file.path", file.to_string()));
+                }
+                if let Some(line) = w.line {
+                    attrs.push(int("code.line.number", line as i64));
+                }
+                self.process_event(e, e.pid, w.title(), attrs);
+            }
         }
     }
 

@@ -705,6 +705,31 @@ impl<W: Write> Output<W> {
                 let mark = Mark { name, category: "usdt", args, ..Mark::default() };
                 self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
             }
+            EventData::Break(b) => {
+                let args = vec![
+                    ("function", Arg::Str(b.function.as_deref().unwrap_or_default().to_string())),
+                    ("file", Arg::Str(b.file.to_string())),
+                    ("line", Arg::Uint(b.line.into())),
+                    ("module", Arg::Str(b.module.to_string())),
+                    ("locals", serde_arg(&b.locals)),
+                ];
+                let mark = Mark { name: Some(b.title()), category: "break", args, ..Mark::default() };
+                self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
+            }
+            EventData::Watch(w) => {
+                let mut args = vec![
+                    ("variable", Arg::Str(w.variable.to_string())),
+                    ("address", Arg::Str(format!("{:#x}", w.address))),
+                    ("value", Arg::Value(w.value.0.to_string())),
+                    ("function", Arg::Str(w.function.as_deref().unwrap_or_default().to_string())),
+                    ("file", Arg::Str(w.file.as_deref().unwrap_or_default().to_string())),
+                ];
+                if let Some(line) = w.line {
+                    args.push(("line", Arg::Uint(line.into())));
+                }
+                let mark = Mark { name: Some(w.title()), category: "watch", args, ..Mark::default() };
+                self.track_event((e.pid, e.tid), e.ts, track_event::Type::Instant, mark)
+            }
         }
     }
 }

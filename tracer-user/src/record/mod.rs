@@ -48,6 +48,10 @@ pub struct RecordOptions {
     pub functions: Vec<String>,
     /// `-u [MODULE:]PROVIDER:NAME` patterns: USDT probes to trace besides the program events.
     pub usdt: Vec<String>,
+    /// `-B FILE:LINE` / `-B FUNCTION+OFFSET` breakpoints.
+    pub breaks: Vec<crate::breakpoints::spec::BreakSpec>,
+    /// `-w VARIABLE[:r|w|rw]` / `-w ADDRESS:LENGTH` watchpoints.
+    pub watches: Vec<crate::breakpoints::spec::WatchSpec>,
     pub events: BTreeSet<EventKind>,
     pub follow_children: bool,
     pub duration: Option<Duration>,
@@ -87,6 +91,8 @@ impl Default for RecordOptions {
             command: Vec::new(),
             functions: Vec::new(),
             usdt: Vec::new(),
+            breaks: Vec::new(),
+            watches: Vec::new(),
             events: EventKind::ALL.into_iter().collect(),
             follow_children: true,
             duration: None,
@@ -159,6 +165,12 @@ pub enum RecordError {
     NoProbeAttached(String),
     #[error(transparent)]
     Usdt(#[from] crate::usdt::select::SelectError),
+    #[error(transparent)]
+    Breakpoint(#[from] crate::breakpoints::BreakpointError),
+    #[error("-B needs break events and -w watch events, but --events does not have them")]
+    BreakpointsWithoutEvents,
+    #[error("-w cannot watch on this machine: {0}")]
+    NoHardwareBreakpoints(String),
     #[error("--usdt needs usdt events, but --events does not have them")]
     UsdtWithoutUsdtEvents,
     #[error("cannot probe the Go functions of {0}")]

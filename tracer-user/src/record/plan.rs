@@ -16,6 +16,7 @@ use super::{
 };
 use crate::{
     assemble::{FunctionTable, NativeReturns, ProbedFunction},
+    breakpoints,
     event::host,
     event::{EventKind, ProbePaths},
     record::attach::detached,
@@ -52,6 +53,8 @@ pub struct Plan {
     pub(crate) aliases: BTreeMap<String, Vec<String>>,
     /// The USDT probe sites: program events and `-u` probes.
     pub(crate) usdt: UsdtSelection,
+    /// `-B` breakpoints and `-w` watchpoints, resolved in the executable.
+    pub(crate) breakpoints: breakpoints::select::Selection,
     /// One line on the paths the probes take (see [`ProbePaths::summary`]).
     pub probe_summary: Option<String>,
     /// Things the user should know that do not stop the trace.
@@ -132,6 +135,8 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         Selection::default()
     };
     let usdt = select_usdt(&options, &executables, &processes, &mut warnings)?;
+    let mut breakpoints = select_breakpoints(&options, &executables)?;
+    warnings.append(&mut breakpoints.warnings);
     let ipc = options.events.contains(&EventKind::Send) || options.events.contains(&EventKind::Recv);
     let load = ring_size::Load { fast: !probes.is_empty() || !usdt.probes.is_empty() || ipc, cpus: ring_size::cpus() };
     let ring_bytes = options.buffer_size.unwrap_or_else(|| ring_size::fitted_here(load));
@@ -146,10 +151,38 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         probe_paths,
         aliases,
         usdt,
+        breakpoints,
         probe_summary,
         warnings,
         filters,
     })
+}
+
+/// The `-B` breakpoints and `-w` watchpoints, in the first executable (the command's, or the
+/// first process's): checked before anything is attached.
+fn select_breakpoints(
+    options: &RecordOptions,
+    executables: &[PathBuf],
+) -> Result<breakpoints::select::Selection, RecordError> {
+    if options.breaks.is_empty() && options.watches.is_empty() {
+        return Ok(breakpoints::select::Selection::default());
+    }
+    if options.watches.len() > tracer_common::MAX_WATCHPOINTS {
+        return Err(breakpoints::BreakpointError::TooManyWatches(options.watches.len()).into());
+    }
+    if (!options.breaks.is_empty() && !options.events.contains(&EventKind::Break))
+        || (!options.watches.is_empty() && !options.events.contains(&EventKind::Watch))
+    {
+        return Err(RecordError::BreakpointsWithoutEvents);
+    }
+    if !options.watches.is_empty()
+        && let Some(why) = breakpoints::hardware::unavailable()
+    {
+        return Err(RecordError::NoHardwareBreakpoints(why));
+    }
+    let exe = executables.first().ok_or(breakpoints::BreakpointError::NoExecutable)?;
+    let regs = RegisterOffsets::from_facts(KernelFacts::running()?)?;
+    Ok(breakpoints::select::select(exe, &options.breaks, &options.watches, &regs)?)
 }
 
 /// The USDT sites to attach: every program-event probe of the targets' executables and libraries

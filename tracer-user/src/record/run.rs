@@ -18,6 +18,10 @@ use super::{RecordError, TICK, kernel_log, plan::Plan};
 use crate::{
     assemble::EventAssembler,
     assemble::clock::BootClock,
+    breakpoints::{
+        decode::{BreakTable, WatchEntry, WatchTable},
+        hardware::{self, Watchpoint},
+    },
     event::host::Machine,
     event::{EndReason, EventKind, FORMAT_VERSION, FilterStats, TargetInfo, TraceEnd, TraceStart},
     pipeline::EventPipeline,
@@ -29,7 +33,25 @@ use crate::{
     record::kernel_log::KernelLog,
     record::resolve::targets::{self},
     sink::Sink,
+    usdt::select::{UsdtProbe, UsdtProgram},
 };
+
+/// Runs `f` (which forks) with address-space randomization off for the children it makes; the
+/// tracer's own setting is restored after.
+fn without_randomization<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: `personality` only reads or sets this thread's execution domain flags.
+    let previous = unsafe { libc::personality(0xffff_ffff) };
+    if previous >= 0 {
+        // SAFETY: as above.
+        unsafe { libc::personality((previous as libc::c_ulong) | libc::ADDR_NO_RANDOMIZE as libc::c_ulong) };
+    }
+    let result = f();
+    if previous >= 0 {
+        // SAFETY: as above.
+        unsafe { libc::personality(previous as libc::c_ulong) };
+    }
+    result
+}
 
 /// How often the sink is flushed: with the reorder window, an event is in the file (safe from a
 /// `kill -9` of the tracer) about half a second after it happened.
@@ -53,11 +75,19 @@ impl Plan {
             aliases,
             usdt,
             filters,
+            breakpoints,
             ..
         } = self;
         let mut warnings = Vec::new();
         let events = &options.events;
+        // A launched command's watchpoints are opened before it execs, at addresses that must be
+        // known then: a position-independent one starts with randomization off (see
+        // `breakpoints::hardware`).
+        let fixed_layout = !breakpoints.watches.is_empty() && breakpoints.layout.pie;
         let mut child = match &command {
+            Some(path) if fixed_layout => {
+                Some(without_randomization(|| spawn_stopped(path, &options.command, &options.start))?)
+            }
             Some(path) => Some(spawn_stopped(path, &options.command, &options.start)?),
             None => None,
         };
@@ -92,6 +122,12 @@ impl Plan {
         if events.contains(&EventKind::Usdt) {
             enabled_kinds |= kind_bit(RecordKind::Usdt);
         }
+        if events.contains(&EventKind::Break) {
+            enabled_kinds |= kind_bit(RecordKind::Break);
+        }
+        if events.contains(&EventKind::Watch) {
+            enabled_kinds |= kind_bit(RecordKind::Watch);
+        }
         let config = Config {
             enabled_kinds,
             follow_children: options.follow_children as u32,
@@ -103,9 +139,25 @@ impl Plan {
             offsets: btf.offsets()?,
         };
         // A perf-event link per probe site where the kernel has no uprobe-multi links.
-        raise_fd_limit(1024 + probes.len() as u64 + usdt.probes.len() as u64);
+        // Breakpoints share the USDT programs and specs, with cookies after the USDT probes'.
+        let first_break_cookie = usdt.probes.iter().map(|p| p.cookie + 1).max().unwrap_or(0);
+        let break_probes: Vec<UsdtProbe> = breakpoints
+            .break_probes
+            .iter()
+            .enumerate()
+            .map(|(i, b)| UsdtProbe {
+                path: b.path.clone(),
+                file_offset: b.file_offset,
+                semaphore_offset: 0,
+                cookie: first_break_cookie + i as u64,
+                program: UsdtProgram::Probe,
+                spec: b.spec,
+            })
+            .collect();
+        let spec_slots = first_break_cookie as usize + break_probes.len();
+        raise_fd_limit(1024 + probes.len() as u64 + usdt.probes.len() as u64 + break_probes.len() as u64);
         let filtered_functions = filters.iter().map(|(f, _, _)| f + 1).max().unwrap_or(1);
-        let mut kernel = Kernel::load_sized(&config, &features, ring_bytes, usdt.probes.len(), 1, filtered_functions)?;
+        let mut kernel = Kernel::load_sized(&config, &features, ring_bytes, spec_slots, 1, filtered_functions)?;
         // Started before any program is loaded, and kept for the whole run: its map's fd is in
         // the programs' code.
         let kernel_log = if options.debug_kernel { Some(kernel.start_kernel_log()?) } else { None };
@@ -165,6 +217,46 @@ impl Plan {
                 first.reason
             ));
         }
+        let break_failures = kernel.attach_usdt(&break_probes)?;
+        if let Some(first) = break_failures.first() {
+            let site = &breakpoints.break_sites[(first.cookie - first_break_cookie) as usize];
+            warnings.push(format!(
+                "{} of {} breakpoint sites could not be attached (first: {}:{}: {})",
+                break_failures.len(),
+                break_probes.len(),
+                site.file,
+                site.line,
+                first.reason
+            ));
+        }
+        let mut watch_table = WatchTable { by_address: Default::default(), source_map: breakpoints.source_map.clone() };
+        let mut watchpoints = Vec::new();
+        let mut watched = |pid: u32, bias: u64, watchpoints: &mut Vec<Watchpoint>| {
+            for w in &breakpoints.watches {
+                let address = w.address_with(bias);
+                let entry = WatchEntry { variable: w.name.clone(), ty: w.ty.clone(), bias };
+                watch_table.by_address.insert(address, entry);
+                for tid in hardware::threads(pid) {
+                    watchpoints.push(Watchpoint { tid, address, len: w.len, access: w.access });
+                }
+            }
+        };
+        if !breakpoints.watches.is_empty() {
+            for p in &processes {
+                match breakpoints.layout.bias_in(p.pid, &breakpoints.exe) {
+                    Some(bias) => watched(p.pid, bias, &mut watchpoints),
+                    None => warnings.push(format!(
+                        "process {} does not run {}: its variables are not watched",
+                        p.pid,
+                        breakpoints.exe.display()
+                    )),
+                }
+            }
+            if let Some(child) = &child {
+                watched(child.pid(), breakpoints.layout.bias_without_randomization(), &mut watchpoints);
+            }
+        }
+        kernel.attach_watchpoints(&watchpoints)?;
         let ring = kernel.take_ring()?;
         let lost = kernel.take_lost_counters()?;
         let filter_counters = if filters.is_empty() {
@@ -220,7 +312,11 @@ impl Plan {
         };
         let return_probes = options.events.contains(&EventKind::Return);
         let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes)
-            .with_usdt(usdt.table);
+            .with_usdt(usdt.table)
+            .with_breakpoints(
+                BreakTable { first_cookie: first_break_cookie, sites: breakpoints.break_sites },
+                watch_table,
+            );
         let child_pid = match child {
             Some(child) => Some(child.release()?),
             None => None,
@@ -240,6 +336,8 @@ impl Plan {
             duration: options.duration,
             kinds: options.events.clone(),
             usdt_sites: usdt.probes.len() - usdt_failures.len(),
+            break_sites: break_probes.len() - break_failures.len(),
+            watchpoints: watchpoints.len(),
             progress: Arc::default(),
             warnings,
         })
@@ -268,6 +366,10 @@ pub struct Recording {
     kinds: BTreeSet<EventKind>,
     /// USDT probe sites attached (program events and `-u` probes).
     pub usdt_sites: usize,
+    /// Breakpoint sites attached (`-B`).
+    pub break_sites: usize,
+    /// Hardware watchpoints opened (`-w`): one per variable and thread.
+    pub watchpoints: usize,
     progress: Arc<Progress>,
     /// Things found while attaching that do not stop the trace (the plan's are in [`Plan::warnings`]).
     pub warnings: Vec<String>,

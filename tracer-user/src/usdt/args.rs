@@ -53,6 +53,31 @@ impl Register {
         }
     }
 
+    /// The register of a DWARF register number (x86-64 psABI), if a general one or rip (16, the
+    /// return address column, is the probed instruction's address at a probe).
+    pub fn from_dwarf(number: u16) -> Option<Register> {
+        Some(match number {
+            0 => Register::Ax,
+            1 => Register::Dx,
+            2 => Register::Cx,
+            3 => Register::Bx,
+            4 => Register::Si,
+            5 => Register::Di,
+            6 => Register::Bp,
+            7 => Register::Sp,
+            8 => Register::R8,
+            9 => Register::R9,
+            10 => Register::R10,
+            11 => Register::R11,
+            12 => Register::R12,
+            13 => Register::R13,
+            14 => Register::R14,
+            15 => Register::R15,
+            16 => Register::Ip,
+            _ => return None,
+        })
+    }
+
     /// The register an AT&T name (without `%`) means. The high-byte registers (`%ah`..`%dh`) are
     /// not supported: they are not the low bytes of their register.
     fn parse(name: &str) -> Option<Register> {

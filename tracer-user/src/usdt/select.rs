@@ -132,13 +132,13 @@ impl RegisterOffsets {
         Ok(RegisterOffsets(facts.pt_regs()?.iter().copied().collect()))
     }
 
-    fn of(&self, register: Register) -> u32 {
+    pub(crate) fn of(&self, register: Register) -> u32 {
         self.0[register.pt_regs_field()]
     }
 }
 
 /// The kernel's spec of one argument.
-fn arg_spec(arg: &ArgSpec, regs: &RegisterOffsets) -> UsdtArgSpec {
+pub(crate) fn arg_spec(arg: &ArgSpec, regs: &RegisterOffsets) -> UsdtArgSpec {
     let mut spec = UsdtArgSpec {
         kind: UsdtArgKind::Const as u32,
         size: arg.size as u32,

@@ -19,6 +19,8 @@ use aya::{
 };
 use tracer_common::{Config, InodeKey, LostSlot, names, programs};
 
+use crate::breakpoints::{hardware::Watchpoint, spec::Access};
+
 use crate::{
     record::attach::{
         features::{AttachMechanism, KernelFeatures},
@@ -41,6 +43,8 @@ pub enum LoadError {
     Attach { what: String, reason: String },
     #[error("cannot update the {map} map: {reason}")]
     Map { map: &'static str, reason: String },
+    #[error("cannot open a hardware watchpoint at {address:#x} in thread {tid}: {reason}")]
+    Watchpoint { address: u64, tid: u32, reason: String },
 }
 
 /// One probe: a uprobe, or a uretprobe, at an offset of a file. A function has one or more (a Go
@@ -347,6 +351,46 @@ impl Kernel {
             attach_batch(self.features.attach, prog, path, &sites, false, "USDT", &mut self.usdt_links, &mut failures);
         }
         Ok(failures)
+    }
+
+    /// Opens a hardware watchpoint on each of `points` (inherited by the threads and children
+    /// the thread creates after it) with the `watch_hit` program attached.
+    pub fn attach_watchpoints(&mut self, points: &[Watchpoint]) -> Result<(), LoadError> {
+        use aya::programs::perf_event::{
+            BreakpointConfig, PerfBreakpointLength, PerfBreakpointType, PerfEvent, PerfEventConfig, PerfEventScope,
+            SamplePolicy,
+        };
+        if points.is_empty() {
+            return Ok(());
+        }
+        let program: &mut PerfEvent = self
+            .ebpf
+            .program_mut(programs::WATCH_HIT)
+            .ok_or_else(|| load_error("the watch_hit program is missing"))?
+            .try_into()
+            .map_err(load_error)?;
+        if !self.loaded.contains(&programs::WATCH_HIT) {
+            program.load().map_err(|e| LoadError::Load(format!("{}: {e:#}", programs::WATCH_HIT)))?;
+            self.loaded.push(programs::WATCH_HIT);
+        }
+        for p in points {
+            let length = match p.len {
+                1 => PerfBreakpointLength::Len1,
+                2 => PerfBreakpointLength::Len2,
+                4 => PerfBreakpointLength::Len4,
+                _ => PerfBreakpointLength::Len8,
+            };
+            let r#type = match p.access {
+                Access::Write => PerfBreakpointType::Write,
+                // x86 debug registers have no read-only mode: reads are caught with writes.
+                Access::Read | Access::ReadWrite => PerfBreakpointType::ReadWrite,
+            };
+            let config = PerfEventConfig::Breakpoint(BreakpointConfig::Data { r#type, address: p.address, length });
+            program
+                .attach(config, PerfEventScope::OneProcess { pid: p.tid, cpu: None }, SamplePolicy::Period(1), true)
+                .map_err(|e| LoadError::Watchpoint { address: p.address, tid: p.tid, reason: format!("{e:#}") })?;
+        }
+        Ok(())
     }
 
     /// What this kernel offers, as probed at start-up.

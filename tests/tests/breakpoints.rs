@@ -1,0 +1,217 @@
+//! Breakpoints (`-B`) and hardware watchpoints (`-w`) in the real kernel, through `tracer
+//! record`, on `breakpoints.c`: `bump(i)` writes `counter = i * 2` on the line marked
+//! `BUMP_LINE` for i = 1..50, then a thread writes 7 into `shared` and a forked child 9. Values,
+//! functions, lines and counts are checked exactly, at -O0 (locals in the frame) and -O1 (in
+//! registers).
+
+use std::{ffi::OsStr, path::Path};
+
+use serde_json::{Value, json};
+use tracer_tests::{Run, Trace, fixture, temp_dir, tracer, u64_field};
+
+const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/c/breakpoints.c");
+
+/// The line of the fixture that writes `counter`.
+fn bump_line() -> u64 {
+    let text = std::fs::read_to_string(SOURCE).unwrap();
+    text.lines().position(|l| l.contains("/* BUMP_LINE */")).expect("the marker") as u64 + 1
+}
+
+/// Why this machine cannot run the watchpoint tests, if it cannot (they then say so and stop).
+fn no_hardware_breakpoints() -> Option<&'static str> {
+    (!Path::new("/sys/bus/event_source/devices/breakpoint").exists())
+        .then_some("this kernel has no hardware breakpoints (/sys/bus/event_source/devices/breakpoint is missing)")
+}
+
+macro_rules! require_hardware_breakpoints {
+    () => {
+        if let Some(why) = no_hardware_breakpoints() {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+}
+
+/// `tracer record -o DIR/trace.jsonl ARGS`, which must succeed and lose nothing.
+fn record<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> (Run, Trace) {
+    let (run, trace) = tracer_tests::record(dir, args);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(trace.lost(), 0, "nothing lost: {}", trace.end);
+    (run, trace)
+}
+
+fn file_name(e: &Value) -> &str {
+    e["file"].as_str().unwrap_or_default().rsplit('/').next().unwrap()
+}
+
+#[test]
+fn every_write_of_a_watched_variable_is_seen_with_its_value_and_line() {
+    require_hardware_breakpoints!();
+    for build in ["breakpoints_o0", "breakpoints_o1"] {
+        let dir = temp_dir();
+        let exe = fixture(build);
+        let (_, trace) = record(
+            dir.path(),
+            &["-e".as_ref(), "watch".as_ref(), "-w".as_ref(), "counter".as_ref(), "--".as_ref(), exe.as_os_str()],
+        );
+        let watches: Vec<&Value> = trace.of_kind("watch").collect();
+        assert_eq!(watches.len(), 50, "{build}: one event per write: {:#?}", trace.events);
+        let values: Vec<u64> = watches.iter().map(|w| u64_field(w, "value")).collect();
+        assert_eq!(values, (1..=50).map(|i| i * 2).collect::<Vec<_>>(), "{build}");
+        for w in &watches {
+            assert_eq!(w["variable"], "counter");
+            assert_eq!(w["function"], "bump", "{build}: {w}");
+            assert_eq!(file_name(w), "breakpoints.c", "{build}: {w}");
+            assert_eq!(u64_field(w, "line"), bump_line(), "{build}: {w}");
+        }
+    }
+}
+
+#[test]
+fn a_watchpoint_follows_threads_and_children_created_later() {
+    require_hardware_breakpoints!();
+    let dir = temp_dir();
+    let exe = fixture("breakpoints_o0");
+    let (_, trace) = record(
+        dir.path(),
+        &["-e".as_ref(), "watch".as_ref(), "-w".as_ref(), "shared".as_ref(), "--".as_ref(), exe.as_os_str()],
+    );
+    let command = u64_field(&trace.start["targets"][0], "pid");
+    let watches: Vec<&Value> = trace.of_kind("watch").collect();
+    assert_eq!(watches.len(), 2, "the thread's write and the child's: {:#?}", trace.events);
+    let thread = watches.iter().find(|w| w["value"] == 7).expect("the thread's write");
+    assert_eq!(u64_field(thread, "pid"), command, "{thread}");
+    assert_ne!(u64_field(thread, "tid"), command, "a thread other than the main one: {thread}");
+    assert_eq!(thread["function"], "writer");
+    let child = watches.iter().find(|w| w["value"] == 9).expect("the child's write");
+    assert_ne!(u64_field(child, "pid"), command, "the forked child: {child}");
+    assert_eq!(child["function"], "main");
+    assert_eq!(thread["address"], child["address"], "the same variable, at the same address after fork");
+}
+
+#[test]
+fn more_variables_than_debug_registers_are_refused() {
+    let dir = temp_dir();
+    let out = dir.path().join("trace.jsonl");
+    let exe = fixture("breakpoints_o0");
+    let mut args: Vec<&OsStr> = vec!["record".as_ref(), "-o".as_ref(), out.as_os_str()];
+    for v in ["w1", "w2", "w3", "w4", "w5"] {
+        args.extend(["-w".as_ref(), OsStr::new(v)]);
+    }
+    args.extend(["--".as_ref(), exe.as_os_str()]);
+    tracer(&args).assert_error("5 variables to watch: x86-64 has 4 debug registers per thread");
+}
+
+#[test]
+fn a_breakpoint_gives_the_locals_in_scope_at_o0_and_o1() {
+    let line = bump_line();
+    for build in ["breakpoints_o0", "breakpoints_o1"] {
+        let dir = temp_dir();
+        let exe = fixture(build);
+        let at = format!("breakpoints.c:{line}");
+        let (_, trace) = record(
+            dir.path(),
+            &["-e".as_ref(), "break".as_ref(), "-B".as_ref(), at.as_ref(), "--".as_ref(), exe.as_os_str()],
+        );
+        let breaks: Vec<&Value> = trace.of_kind("break").collect();
+        assert_eq!(breaks.len(), 50, "{build}: {:#?}", trace.events);
+        for (n, b) in breaks.iter().enumerate() {
+            assert_eq!(b["locals"], json!({"i": n + 1}), "{build}: {b}");
+            assert_eq!(b["function"], "bump");
+            assert_eq!(u64_field(b, "line"), line);
+            assert_eq!(file_name(b), "breakpoints.c");
+        }
+    }
+}
+
+#[test]
+fn a_line_without_code_names_the_nearest_lines_with_code() {
+    // The blank line after `bump`'s closing brace; its brace and `writer`'s opening line have code.
+    let blank = bump_line() + 2;
+    let dir = temp_dir();
+    let out = dir.path().join("trace.jsonl");
+    let exe = fixture("breakpoints_o0");
+    let at = format!("breakpoints.c:{blank}");
+    let run = tracer(&[
+        "record".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+        "-B".as_ref(),
+        at.as_ref(),
+        "--".as_ref(),
+        exe.as_os_str(),
+    ]);
+    run.assert_error(&format!(
+        "-B: line {blank} of breakpoints.c has no code; the nearest lines with code are {} and {}",
+        blank - 1,
+        blank + 1
+    ));
+}
+
+/// Both kinds in every format: Chrome and Perfetto instant events on the thread, the native
+/// format and back, `tracer calls` inline.
+#[test]
+fn break_and_watch_events_reach_every_format() {
+    require_hardware_breakpoints!();
+    let dir = temp_dir();
+    let exe = fixture("breakpoints_o0");
+    let at = format!("breakpoints.c:{}", bump_line());
+    let (_, trace) = record(
+        dir.path(),
+        &[
+            "-e".as_ref(),
+            "break,watch".as_ref(),
+            "-B".as_ref(),
+            at.as_ref(),
+            "-w".as_ref(),
+            "counter".as_ref(),
+            "--".as_ref(),
+            exe.as_os_str(),
+        ],
+    );
+    assert_eq!(trace.of_kind("break").count(), 50);
+    assert_eq!(trace.of_kind("watch").count(), 50);
+    let jsonl = dir.path().join("trace.jsonl");
+    let export = |name: &str| {
+        let out = dir.path().join(name);
+        let run = tracer(&["export".as_ref(), jsonl.as_os_str(), "-o".as_ref(), out.as_os_str()]);
+        assert_eq!(run.code(), 0, "{run:?}");
+        out
+    };
+
+    let chrome: Value = serde_json::from_str(&std::fs::read_to_string(export("trace.json")).unwrap()).unwrap();
+    let instants: Vec<&Value> = chrome["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "i").collect();
+    let named = |name: &str| instants.iter().filter(|e| e["name"] == name).count();
+    assert_eq!(named("watch counter = 2"), 1, "{instants:#?}");
+    assert_eq!(named(&format!("break breakpoints.c:{}", bump_line())), 50);
+    let first_watch = instants.iter().find(|e| e["cat"] == "watch").unwrap();
+    assert_eq!(first_watch["tid"], trace.of_kind("watch").next().unwrap()["tid"], "on the thread's track");
+
+    let packets = tracer_tests::perfetto::read(&export("trace.pftrace"));
+    let names: Vec<String> = packets
+        .iter()
+        .filter_map(|p| match &p.data {
+            Some(tracer_tests::perfetto::trace_packet::Data::TrackEvent(t)) => match &t.name_field {
+                Some(tracer_tests::perfetto::track_event::NameField::Name(n)) => Some(n.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names.iter().filter(|n| n.starts_with("watch counter = ")).count(), 50);
+    assert_eq!(names.iter().filter(|n| n.starts_with("break breakpoints.c:")).count(), 50);
+
+    // Native and back: the same events.
+    let native = export("trace.trc");
+    let back = dir.path().join("back.jsonl");
+    let run = tracer(&["export".as_ref(), native.as_os_str(), "-o".as_ref(), back.as_os_str()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let again = Trace::load(&back);
+    assert_eq!(again.events, trace.events);
+
+    let run = tracer(&["calls".as_ref(), jsonl.as_os_str()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let line = bump_line();
+    assert!(run.stdout.contains(&format!("watch counter = 100 by bump (breakpoints.c:{line})")), "{}", run.stdout);
+    assert!(run.stdout.contains(&format!("break breakpoints.c:{line} {{i = 50}}")), "{}", run.stdout);
+}
