@@ -4,6 +4,7 @@
 mod cluster;
 mod docs;
 pub mod kernel_log;
+mod list;
 mod status;
 pub mod stderr;
 mod top;
@@ -45,6 +46,9 @@ pub struct Cli {
 pub enum Command {
     /// Trace processes (running ones, every run of a binary, or a command to launch).
     Record(RecordArgs),
+    /// What `record` could probe in some executables or processes: functions (with their source
+    /// and parameters) and USDT probes.
+    List(list::ListArgs),
     /// Convert a recorded JSON lines trace to another format.
     Export(ExportArgs),
     /// Time per function (calls, total, self, percentiles) and what each process did.
@@ -382,6 +386,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
     };
     match cli.command {
         Command::Record(args) => writes_stdout(record(args)),
+        Command::List(args) => writes_stdout(list::list(args)),
         Command::Export(args) => writes_stdout(export(args)),
         Command::Report(args) => writes_stdout(report(args)),
         Command::Calls(args) => writes_stdout(calls(args)),
