@@ -564,8 +564,13 @@ type Trace = input::AnyReader<BufReader<File>>;
 /// Opens a recorded trace (before any output is created, so that a wrong path costs nothing).
 fn open_trace(input: &Path) -> anyhow::Result<Trace> {
     let file = File::open(input).with_context(|| format!("cannot read {}", input.display()))?;
-    input::AnyReader::detect(BufReader::with_capacity(1 << 20, file))
-        .with_context(|| format!("cannot read {}", input.display()))
+    input::AnyReader::detect(BufReader::with_capacity(1 << 20, file)).map_err(|e| match e {
+        input::OpenError::NotATrace(what) => anyhow::anyhow!(
+            "{} is {what}, not a trace: report, calls and export read the JSON lines (.jsonl) and native (.trc) traces that tracer record writes",
+            input.display()
+        ),
+        e => anyhow::Error::from(e).context(format!("cannot read {}", input.display())),
+    })
 }
 
 /// Replays a recorded trace into a sink, saying on stderr if it was cut short.
@@ -595,15 +600,26 @@ fn export(args: ExportArgs) -> anyhow::Result<i32> {
         sinks.push(format.sink_with_events(out, args.pcap_events));
         output_file = file;
     }
-    sinks.extend(args.otlp.sink(false));
+    let mut otlp_counters = None;
+    if let Some(config) = args.otlp.config(false) {
+        // The URL was checked when parsed.
+        let sink = otlp::OtlpSink::new(config).expect("a URL parse_otlp_url accepted");
+        otlp_counters = Some(sink.counters());
+        sinks.push(Box::new(sink));
+    }
     let replayed = replay(&args.input, trace, &mut sinks)?;
     drop(sinks);
     output_file.map(OutputFile::commit).transpose()?;
     if let Some(output) = &args.output {
         eprintln!("tracer: {} events written to {}", replayed.events, describe_output(output));
     }
-    Ok(0)
+    // The OTLP sink has said on stderr how many were lost, and why: the exit code says it to scripts.
+    Ok(if otlp_counters.is_some_and(|c| c.lost() > 0) { EXIT_OTLP_LOST } else { 0 })
 }
+
+/// `export --otlp`'s exit code when spans or log records were lost on the way to the collector
+/// (an error is 1).
+pub(crate) const EXIT_OTLP_LOST: i32 = 3;
 
 /// Whether an error is standard output closing early (`tracer report t.jsonl | head`): not a failure.
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -653,6 +669,9 @@ fn calls(args: CallsArgs) -> anyhow::Result<i32> {
     let trace = open_trace(&args.input)?;
     let mut printer = CallPrinter::new(std::io::BufWriter::new(std::io::stdout().lock()), filter);
     replay(&args.input, trace, &mut printer)?;
+    if let Some(missing) = printer.not_in_trace() {
+        bail!("{}: {missing}", args.input.display());
+    }
     Ok(0)
 }
 
