@@ -199,6 +199,35 @@ fn flame_graph_report_calls_and_folded_stacks_match_the_fixture() {
     assert_eq!(names, ["recurse", "  recurse"], "{}", run.stdout);
 }
 
+/// fib(10) under main (the calls fixture): 177 calls of fib, 176 of them inside another call of
+/// fib. Its total counts the outermost call only, so it is not more than main's, which holds it;
+/// the table says so.
+#[test]
+fn report_counts_a_recursive_function_once() {
+    let dir = temp_dir();
+    let calls = fixture("calls").display().to_string();
+    let (run, t) = record(dir.path(), &["-f", "fib", "-f", "main", "--no-follow", "--", &calls, "run", "0"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.calls("fib").len(), 177);
+    let trace = dir.path().join("trace.jsonl");
+    let run = tracer(&["report".as_ref(), trace.as_os_str(), "--json".as_ref()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    let function =
+        |name: &str| report["functions"].as_array().unwrap().iter().find(|f| f["function"] == name).unwrap().clone();
+    let (fib, main) = (function("fib"), function("main"));
+    assert_eq!((u64_field(&fib, "calls"), u64_field(&fib, "recursive_calls")), (177, 176), "{fib}");
+    assert!(u64_field(&fib, "total_ns") <= u64_field(&main, "total_ns"), "fib {fib}\nmain {main}");
+    assert!(u64_field(&fib, "self_ns") <= u64_field(&fib, "total_ns"), "{fib}");
+    assert!(main.get("recursive_calls").is_none(), "{main}");
+    let run = tracer(&["report".as_ref(), trace.as_os_str()]);
+    assert!(
+        run.stdout.contains("note: total is the time in the outermost calls of a recursive function (fib)"),
+        "{}",
+        run.stdout
+    );
+}
+
 /// The frames of an inferno SVG: each frame is a `<g>` with a `<title>` and a `<rect>`.
 fn svg_frames(svg: &str) -> Vec<String> {
     let options = roxmltree::ParsingOptions { allow_dtd: true, ..roxmltree::ParsingOptions::default() };

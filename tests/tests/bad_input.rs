@@ -48,6 +48,14 @@ fn missing_pid() {
     tracer(&record_args(dir.path(), &["-p", "4999999"], &[])).assert_error("no process with pid 4999999 exists");
 }
 
+/// pid 2 is kthreadd, the kernel's thread of threads: it runs no user code.
+#[test]
+fn kernel_thread() {
+    let dir = temp_dir();
+    tracer(&record_args(dir.path(), &["-p", "2"], &[]))
+        .assert_error("pid 2 is a kernel thread (kthreadd): it runs no user code to trace");
+}
+
 #[test]
 fn nothing_to_trace() {
     let dir = temp_dir();
@@ -144,7 +152,72 @@ fn malformed_trace_files() {
     let out = dir.path().join("out.json");
     let run = tracer(&["export", bad.to_str().unwrap(), "-o", out.to_str().unwrap()]);
     run.assert_error(&format!("{} is not a valid trace: line 1: missing field", bad.display()));
-    std::fs::write(&bad, "garbage\n").unwrap();
+    std::fs::write(&bad, "{garbage\n").unwrap();
     let run = tracer(&["export", bad.to_str().unwrap(), "-o", out.to_str().unwrap()]);
-    run.assert_error(&format!("{} is not a valid trace: line 1: expected value", bad.display()));
+    run.assert_error(&format!("{} is not a valid trace: line 1: key must be a string", bad.display()));
+}
+
+/// A file of another kind given to a reader: one sentence that names the file, says what it is, and
+/// which formats are read, from report, calls and export alike.
+#[test]
+fn files_that_are_not_traces_say_what_they_are() {
+    let dir = temp_dir();
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/golden/demo.jsonl");
+    let chrome = dir.path().join("demo.json");
+    let perfetto = dir.path().join("demo.pftrace");
+    for out in [&chrome, &perfetto] {
+        let run = tracer(&["export".as_ref(), demo.as_os_str(), "-o".as_ref(), out.as_os_str()]);
+        assert_eq!(run.code(), 0, "{run:?}");
+    }
+    let pcapng = dir.path().join("capture.pcapng");
+    // A section header block: type, length, byte-order magic.
+    std::fs::write(&pcapng, [0x0A, 0x0D, 0x0D, 0x0A, 0x1C, 0, 0, 0, 0x4D, 0x3C, 0x2B, 0x1A]).unwrap();
+    let garbage = dir.path().join("notes.txt");
+    std::fs::write(&garbage, "garbage\n").unwrap();
+    let out = dir.path().join("out.json");
+    for (file, what) in [
+        (&chrome, "a Chrome trace (JSON)"),
+        (&perfetto, "a Perfetto protobuf trace"),
+        (&pcapng, "a pcapng packet capture"),
+        (&garbage, "text that is not JSON lines (its first line is not a JSON object)"),
+    ] {
+        let file = file.to_str().unwrap();
+        for args in [vec!["report", file], vec!["calls", file], vec!["export", file, "-o", out.to_str().unwrap()]] {
+            let run = tracer(&args);
+            run.assert_error(&format!(
+                "{file} is {what}, not a trace: report, calls and export read the JSON lines (.jsonl) and native (.trc) traces that tracer record writes"
+            ));
+            assert_eq!(run.code(), 1, "{args:?}");
+        }
+    }
+    assert!(!out.exists(), "nothing is written");
+}
+
+/// `calls -p` or `-t` of a process or thread the trace does not have: said, with the ones it has,
+/// and a non-zero exit (not an empty listing and 0).
+#[test]
+fn calls_of_a_pid_not_in_the_trace() {
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/golden/demo.jsonl");
+    let demo = demo.to_str().unwrap();
+    let run = tracer(&["calls", demo, "-p", "424242"]);
+    run.assert_error(&format!("{demo}: pid 424242 is not in the trace (its processes are 27352, "));
+    assert_eq!(run.stdout, "");
+    let run = tracer(&["calls", demo, "-t", "424242"]);
+    run.assert_error(&format!("{demo}: thread 424242 is not in the trace (its threads are 27352, "));
+    let run = tracer(&["calls", demo, "-p", "27352"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+}
+
+/// `export --otlp` to a collector that is not there: every span is lost, said on stderr, and the
+/// exit code is 3, so that a script can tell a partial export from a whole one.
+#[test]
+fn export_otlp_loss_exits_3() {
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/golden/demo.jsonl");
+    // A port nobody listens on: a connection refused, retried, then the batch is dropped.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let run = tracer(&["export", demo.to_str().unwrap(), "--otlp", &url]);
+    assert_eq!(run.code(), 3, "{run:?}");
+    assert!(run.stderr.contains("spans were lost in OTLP export"), "{run:?}");
 }

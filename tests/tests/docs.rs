@@ -11,6 +11,7 @@ fn man_pages_render_and_completions_name_every_subcommand() {
     for page in [
         "tracer",
         "tracer-record",
+        "tracer-list",
         "tracer-export",
         "tracer-report",
         "tracer-calls",
@@ -38,7 +39,7 @@ fn man_pages_render_and_completions_name_every_subcommand() {
     // Test-only flags are hidden from --help, and so from the page.
     assert!(!text.contains("no-sleepable"), "{text}");
     let bash = std::fs::read_to_string(dir.path().join("completions/tracer.bash")).unwrap();
-    for sub in ["record", "export", "report", "calls", "top", "agent", "collect"] {
+    for sub in ["record", "list", "export", "report", "calls", "top", "agent", "collect"] {
         assert!(bash.contains(sub), "{sub} in the bash completion");
     }
     assert!(dir.path().join("completions/_tracer").is_file() && dir.path().join("completions/tracer.fish").is_file());

@@ -72,3 +72,95 @@ fn readers_default_to_trace_jsonl_and_end_quietly_when_the_pipe_closes() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.starts_with("tracer: error: cannot read trace.jsonl"), "{stderr}");
 }
+
+/// `tracer list` shows what `record -f` would probe, as its DWARF declares it: `greet` of the
+/// params fixture with its typed parameter, return type, source line and probe path, in text and
+/// JSON alike.
+#[test]
+fn list_shows_functions_with_their_parameters() {
+    let params = tracer_tests::fixture("params");
+    let out = Command::new(tracer_bin()).arg("list").arg("-f").arg("greet").arg(&params).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let line = stdout.lines().find(|l| l.trim_start().starts_with("greet(")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.contains("greet(who: name_t) -> const char *"), "{line}");
+    assert!(line.contains("params.c:48"), "{line}");
+    // One function asked for, one listed, and no USDT section without -u.
+    assert!(stdout.contains("1 function(s)"), "{stdout}");
+    assert!(!stdout.contains("USDT"), "{stdout}");
+
+    let out = Command::new(tracer_bin())
+        .args(["list", "--json", "--function", "greet", "--function", "text", "-b"])
+        .arg(&params)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let listing: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let functions = listing["functions"].as_array().unwrap();
+    assert_eq!(functions.len(), 2, "{listing}");
+    let greet = functions.iter().find(|f| f["name"] == "greet").unwrap();
+    assert_eq!(greet["params"], serde_json::json!([{"name": "who", "type": "name_t"}]));
+    assert_eq!(greet["returns"], "const char *");
+    assert_eq!(greet["line"], 48);
+    assert!(greet["file"].as_str().unwrap().ends_with("params.c"), "{greet}");
+    assert_eq!(greet["module"], std::fs::canonicalize(&params).unwrap().to_str().unwrap());
+    assert!(["optimized", "emulated", "trap"].contains(&greet["probe"].as_str().unwrap()), "{greet}");
+    let text = functions.iter().find(|f| f["name"] == "text").unwrap();
+    let names: Vec<&str> = text["params"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["c", "name", "buf", "bytes", "col", "lv", "p"]);
+    assert_eq!(text["params"][1]["type"], "const char *");
+
+    // Without -f, what record probes by default: the fixture's functions, not its start-up code.
+    let out = Command::new(tracer_bin()).args(["list", "--json"]).arg(&params).output().unwrap();
+    let listing: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> =
+        listing["functions"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"greet") && names.contains(&"main"), "{names:?}");
+    assert!(!names.contains(&"_start"), "{names:?}");
+
+    // A pattern that matches nothing is record's sentence, and a non-zero exit.
+    let out = Command::new(tracer_bin()).args(["list", "-f", "no_such_function"]).arg(&params).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("tracer: error: function pattern 'no_such_function' matches nothing"), "{stderr}");
+    let out = Command::new(tracer_bin()).arg("list").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to list"), "{out:?}");
+}
+
+/// `tracer list -u` shows python3.11's USDT probes (the interpreter Debian ships is built with
+/// them) with their argument counts and semaphores, as `readelf -n` lists them.
+#[test]
+fn list_shows_usdt_probes_with_arguments_and_semaphores() {
+    let python = std::fs::canonicalize("/usr/bin/python3.11").expect("python3.11 is installed");
+    // A command after `--` (not run), by its path: PATH may lead to a pyenv shim, a script.
+    let out =
+        Command::new(tracer_bin()).args(["list", "--json", "-u", "python:*", "--"]).arg(&python).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let listing: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listing["functions"], serde_json::json!([]), "-u alone lists no functions");
+    let probes: Vec<(String, u64, bool)> = listing["usdt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .inspect(|p| assert_eq!(p["module"], python.to_str().unwrap()))
+        .map(|p| (p["name"].as_str().unwrap().to_string(), p["args"].as_u64().unwrap(), p["semaphore"] == true))
+        .collect();
+    let expected = [
+        ("audit", 2),
+        ("function__entry", 3),
+        ("function__return", 3),
+        ("gc__done", 1),
+        ("gc__start", 1),
+        ("import__find__load__done", 2),
+        ("import__find__load__start", 1),
+        ("line", 3),
+    ];
+    let expected: Vec<(String, u64, bool)> = expected.iter().map(|&(n, a)| (n.to_string(), a, true)).collect();
+    assert_eq!(probes, expected);
+    let out = Command::new(tracer_bin()).args(["list", "-u", "python:gc__*"]).arg(&python).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("python:gc__start (1 args, semaphore)"), "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("  python:")).count(), 2, "{stdout}");
+}

@@ -17,6 +17,7 @@ use tracer_common::{
 };
 
 use crate::{
+    analysis::stats::human_ns,
     assemble::FunctionTable,
     event::EventKind,
     record::attach::launch::{ChildExit, spawn_stopped, try_reap},
@@ -337,27 +338,6 @@ pub fn percentile(histogram: &[u64; BUCKETS], q: f64) -> Option<u64> {
     None
 }
 
-/// A duration as `top` shows it: three significant digits.
-pub fn human_ns(ns: u64) -> String {
-    let v = ns as f64;
-    let (value, unit) = if v < 1e3 {
-        (v, "ns")
-    } else if v < 1e6 {
-        (v / 1e3, "µs")
-    } else if v < 1e9 {
-        (v / 1e6, "ms")
-    } else {
-        (v / 1e9, "s")
-    };
-    if value >= 100.0 || unit == "ns" {
-        format!("{value:.0} {unit}")
-    } else if value >= 10.0 {
-        format!("{value:.1} {unit}")
-    } else {
-        format!("{value:.2} {unit}")
-    }
-}
-
 impl Snapshot {
     /// The table a terminal shows, like `top`'s.
     pub fn table(&self, max_rows: usize) -> String {
@@ -425,13 +405,5 @@ mod tests {
         let mut small = [0u64; BUCKETS];
         small[7] = 1;
         assert_eq!(percentile(&small, 0.99), Some(7));
-    }
-
-    #[test]
-    fn durations_read_like_top() {
-        assert_eq!(human_ns(512), "512 ns");
-        assert_eq!(human_ns(1_234), "1.23 µs");
-        assert_eq!(human_ns(56_700_000), "56.7 ms");
-        assert_eq!(human_ns(2_000_000_000), "2.00 s");
     }
 }

@@ -10,7 +10,7 @@
 //! thread's calls, not a goroutine's.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     io::{self, Write},
     sync::Arc,
 };
@@ -96,6 +96,30 @@ fn source_level(frame: &slices::Frame) -> Arc<str> {
 pub struct CallPrinter<W: Write> {
     tracker: CallTracker,
     printer: Printer<W>,
+    /// The processes and threads the trace has events of, to tell a `--pid` or `--tid` that is
+    /// not in it (the last one remembered, so that a run of one thread's events costs no lookup).
+    pids: BTreeSet<u32>,
+    tids: BTreeSet<u32>,
+    last: Option<(u32, u32)>,
+}
+
+/// A `--pid` or `--tid` of [`CallFilter`] that no event of the trace has.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotInTrace {
+    #[error("pid {pid} is not in the trace (its processes are {})", listing(.present))]
+    Pid { pid: u32, present: Vec<u32> },
+    #[error("thread {tid} is not in the trace (its threads are {})", listing(.present))]
+    Tid { tid: u32, present: Vec<u32> },
+}
+
+/// At most ten ids, then how many more.
+fn listing(ids: &[u32]) -> String {
+    let shown: Vec<String> = ids.iter().take(10).map(u32::to_string).collect();
+    match ids.len() {
+        0 => "none".to_string(),
+        n if n > 10 => format!("{} and {} more", shown.join(", "), n - 10),
+        _ => shown.join(", "),
+    }
 }
 
 /// What the call trees are written with: everything but the open calls.
@@ -121,7 +145,19 @@ impl<W: Write> CallPrinter<W> {
                 pending: HashMap::new(),
                 last_thread: None,
             },
+            pids: BTreeSet::new(),
+            tids: BTreeSet::new(),
+            last: None,
         }
+    }
+
+    /// Once the trace is read: the `--pid` or `--tid` asked for that the trace has no event of.
+    pub fn not_in_trace(&self) -> Option<NotInTrace> {
+        if let Some(pid) = self.printer.filter.pid.filter(|p| !self.pids.contains(p)) {
+            return Some(NotInTrace::Pid { pid, present: self.pids.iter().copied().collect() });
+        }
+        let tid = self.printer.filter.tid.filter(|t| !self.tids.contains(t))?;
+        Some(NotInTrace::Tid { tid, present: self.tids.iter().copied().collect() })
     }
 }
 
@@ -242,6 +278,11 @@ impl<W: Write> Sink for CallPrinter<W> {
     }
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
+        if self.last != Some((e.pid, e.tid)) {
+            self.pids.insert(e.pid);
+            self.tids.insert(e.tid);
+            self.last = Some((e.pid, e.tid));
+        }
         self.printer.names.event(e);
         match said(&e.data) {
             Some(text) => self.printer.said(e, text, self.tracker.open_calls(e.pid, Track::Thread(e.tid))),
@@ -274,6 +315,26 @@ mod tests {
         p.end(&end(10_000)).unwrap();
         drop(p);
         String::from_utf8(out).unwrap()
+    }
+
+    /// A `--pid` or `--tid` that no event has is told, with the ones there are.
+    #[test]
+    fn a_pid_or_thread_not_in_the_trace_is_told() {
+        let seen = |filter: CallFilter| {
+            let mut p = CallPrinter::new(Vec::new(), filter);
+            p.begin(&start(1_000)).unwrap();
+            for e in trace() {
+                p.event(&e).unwrap();
+            }
+            p.end(&end(10_000)).unwrap();
+            p.not_in_trace()
+        };
+        assert_eq!(seen(CallFilter { pid: Some(1), tid: Some(2), ..CallFilter::default() }), None);
+        let missing = seen(CallFilter { pid: Some(424242), ..CallFilter::default() }).unwrap();
+        assert_eq!(missing.to_string(), "pid 424242 is not in the trace (its processes are 1)");
+        let missing = seen(CallFilter { tid: Some(3), ..CallFilter::default() }).unwrap();
+        assert_eq!(missing.to_string(), "thread 3 is not in the trace (its threads are 1, 2)");
+        assert_eq!(listing(&(1..=12).collect::<Vec<_>>()), "1, 2, 3, 4, 5, 6, 7, 8, 9, 10 and 2 more");
     }
 
     fn trace() -> Vec<Event> {

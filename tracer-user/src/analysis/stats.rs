@@ -3,7 +3,9 @@
 //! Per function (or per process and function): calls, total (inclusive) time, self time (total
 //! minus the time in traced callees), mean, min, percentiles and max of the calls' durations, and
 //! how many of the calls did not return (they are counted up to when they ended: see
-//! [`super::slices`]). A recursive function's total counts each level, as profilers do.
+//! [`super::slices`]). A recursive function's total counts its outermost calls only (a call made
+//! while another call of it is on the thread's stack is inside that one's time already), as uftrace
+//! and profilers count it; its self time, mean and percentiles are per call, every level.
 //! Per process: lifetime, how it ended, children forked, threads started, IPC bytes.
 //! What the programs said: `log` events per level and source, `usdt` events per probe (per
 //! process too with `--by-process`); shown only when the trace has some.
@@ -92,8 +94,10 @@ pub struct FunctionStats {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub process: Option<String>,
     pub calls: u64,
+    /// The time in its outermost calls: a recursive call's time is counted once.
     pub total_ns: u64,
     pub self_ns: u64,
+    /// Of every call's duration, nested ones too.
     pub mean_ns: u64,
     pub min_ns: u64,
     pub p50_ns: u64,
@@ -102,6 +106,10 @@ pub struct FunctionStats {
     pub max_ns: u64,
     /// Calls that did not return (ended by their caller's return, an exit, an exec or the stop).
     pub unfinished: u64,
+    /// Calls made while another call of the same function was on the thread's stack: counted
+    /// in `calls` and `self_ns`, but not in `total_ns`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub recursive_calls: u64,
     /// Whether the percentiles are exact (else within 1%, see `analysis::percentile`).
     pub exact_percentiles: bool,
 }
@@ -166,10 +174,18 @@ pub struct Report {
     pub usdt: Vec<UsdtCount>,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 #[derive(Clone, Debug, Default)]
 struct Accumulator {
     calls: u64,
+    /// Of the outermost calls.
     total: u64,
+    /// Of every call, for the mean.
+    sum: u64,
+    recursive: u64,
     self_ns: u64,
     min: u64,
     max: u64,
@@ -294,13 +310,14 @@ impl ReportBuilder {
                 calls: acc.calls,
                 total_ns: acc.total,
                 self_ns: acc.self_ns,
-                mean_ns: acc.total / acc.calls.max(1),
+                mean_ns: acc.sum / acc.calls.max(1),
                 min_ns: acc.min,
                 p50_ns: acc.durations.quantile(0.50).unwrap_or(0),
                 p90_ns: acc.durations.quantile(0.90).unwrap_or(0),
                 p99_ns: acc.durations.quantile(0.99).unwrap_or(0),
                 max_ns: acc.max,
                 unfinished: acc.unfinished,
+                recursive_calls: acc.recursive,
                 exact_percentiles: acc.durations.is_exact(),
             })
             .collect();
@@ -345,7 +362,15 @@ fn count_calls(mut calls: Calls, functions: &mut Functions, by_process: bool) {
         acc.min = if acc.calls == 0 { duration } else { acc.min.min(duration) };
         acc.max = acc.max.max(duration);
         acc.calls += 1;
-        acc.total += duration;
+        acc.sum += duration;
+        // The callers are the thread's stack under this call: the names are shared `Arc`s, so
+        // the pointer comparison nearly always decides.
+        let name = &slice.frame.function;
+        if slice.callers.iter().any(|c| Arc::ptr_eq(&c.function, name) || c.function == *name) {
+            acc.recursive += 1;
+        } else {
+            acc.total += duration;
+        }
         acc.self_ns += slice.self_ns();
         acc.durations.add(duration);
         if !matches!(slice.ending, Ending::Returned { .. }) {
@@ -480,6 +505,21 @@ pub fn write_table(report: &Report, out: &mut dyn Write) -> io::Result<()> {
         .collect();
     writeln!(out, "Functions")?;
     write_aligned(&header, &rows, if by_process { 2 } else { 1 }, out)?;
+    let mut recursive: Vec<&str> = Vec::new();
+    for f in report.functions.iter().filter(|f| f.recursive_calls > 0) {
+        if !recursive.contains(&f.function.as_str()) {
+            recursive.push(&f.function);
+        }
+    }
+    if !recursive.is_empty() {
+        let names: Vec<&str> = recursive.iter().take(5).copied().collect();
+        let more = if recursive.len() > 5 { ", ..." } else { "" };
+        writeln!(
+            out,
+            "note: total is the time in the outermost calls of a recursive function ({}{more}): nested calls are inside it already; self, mean and percentiles are per call",
+            names.join(", ")
+        )?;
+    }
 
     let header = ["pid", "process", "lifetime", "ended", "children", "threads", "bytes sent", "bytes received"];
     let rows: Vec<Vec<String>> = report
@@ -706,6 +746,42 @@ mod tests {
         assert_eq!(r.functions, vec![main, work, open]);
     }
 
+    /// fib(2) calls fib(1) and fib(0) under main: fib's total is its outermost call's 600 ns,
+    /// not the 800 ns of its three calls, and so not more than main's; self is per call.
+    #[test]
+    fn a_recursive_function_total_counts_its_outermost_calls_once() {
+        let r = report(
+            false,
+            &[
+                call(100, 1, "main"),
+                call(200, 1, "fib"),
+                call(300, 1, "fib"),
+                ret(400, 1, "fib", Some(100)),
+                call(500, 1, "fib"),
+                ret(600, 1, "fib", Some(100)),
+                ret(800, 1, "fib", Some(600)),
+                ret(900, 1, "main", Some(800)),
+            ],
+            1000,
+        );
+        let fib = r.functions.iter().find(|f| f.function == "fib").unwrap();
+        let main = r.functions.iter().find(|f| f.function == "main").unwrap();
+        assert_eq!((fib.calls, fib.recursive_calls, fib.total_ns, fib.self_ns), (3, 2, 600, 600));
+        assert_eq!(fib.mean_ns, 800 / 3, "the mean is of every call");
+        assert_eq!((main.total_ns, main.self_ns, main.recursive_calls), (800, 200, 0));
+        let mut text = Vec::new();
+        write_table(&r, &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(
+            text.contains("\nnote: total is the time in the outermost calls of a recursive function (fib)"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["functions"][0]["function"], "main");
+        assert!(json["functions"][0].get("recursive_calls").is_none(), "{json}");
+        assert_eq!(json["functions"][1]["recursive_calls"], 2);
+    }
+
     #[test]
     fn by_process_and_sorting() {
         let mut r = report(
@@ -830,6 +906,7 @@ mod tests {
         assert_eq!(human_ns(999), "999 ns");
         assert_eq!(human_ns(1_234), "1.23 µs");
         assert_eq!(human_ns(12_345_678), "12.3 ms");
+        assert_eq!(human_ns(2_000_000_000), "2.00 s");
         assert_eq!(human_ns(123_456_789_000), "123 s");
     }
 }

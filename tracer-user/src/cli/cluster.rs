@@ -6,8 +6,8 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 
 use super::{
-    TraceOptions, describe_output, open_output, output_format, parse_bytes, parse_seconds, print_summary,
-    still_running_code, stop_signal,
+    TraceOptions, describe_output, open_output, output_format, parse_bytes, print_summary, still_running_code,
+    stop_signal, values,
 };
 use tracer_user::{
     cluster::{
@@ -63,7 +63,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "PATH", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// Stop a trace (and detach its probes) after this long without a word from its collector.
-    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, default_value = "30")]
+    #[arg(long, value_name = "DURATION", value_parser = values::duration, default_value = "30")]
     pub orphan_timeout: Duration,
     /// Events kept for a collector that is away (kept encoded, a call in about 20 bytes, at most
     /// --buffer-bytes of them); older ones are dropped and counted as lost.
@@ -114,7 +114,7 @@ pub struct CollectArgs {
     pub tls_server_name: Option<String>,
     /// How long to keep trying to reach an agent whose connection dropped, before its part of the
     /// trace is given up as incomplete.
-    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, default_value = "60")]
+    #[arg(long, value_name = "DURATION", value_parser = values::duration, default_value = "60")]
     pub reconnect_for: Duration,
 }
 

@@ -4,6 +4,7 @@
 mod cluster;
 mod docs;
 pub mod kernel_log;
+mod list;
 mod status;
 pub mod stderr;
 mod top;
@@ -51,6 +52,9 @@ pub struct Cli {
 pub enum Command {
     /// Trace processes (running ones, every run of a binary, or a command to launch).
     Record(RecordArgs),
+    /// What `record` could probe in some executables or processes: functions (with their source
+    /// and parameters) and USDT probes.
+    List(list::ListArgs),
     /// Convert a recorded JSON lines trace to another format.
     Export(ExportArgs),
     /// Time per function (calls, total, self, percentiles) and what each process did.
@@ -72,8 +76,8 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Trace this running process (repeatable).
-    #[arg(short, long = "pid", value_name = "PID")]
+    /// Trace this running process (repeatable, or a comma list: -p 1,2).
+    #[arg(short, long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
     /// Trace every process that runs this executable, now or later (repeatable).
     #[arg(short, long = "binary", value_name = "PATH")]
@@ -149,8 +153,8 @@ pub struct TraceOptions {
     /// .svg, .pftrace, .speedscope.json, .trc, .pcapng).
     #[arg(long, value_parser = values::format(), value_name = "FMT")]
     pub format: Option<Format>,
-    /// Stop after this many seconds.
-    #[arg(short, long, value_name = "SECONDS", value_parser = parse_seconds)]
+    /// Stop after this long: 1.5 (seconds), 250ms, 2m.
+    #[arg(short, long, value_name = "DURATION", value_parser = values::duration)]
     pub duration: Option<Duration>,
     /// Size of the kernel's ring buffer: a power of two, e.g. 32M (default: fitted to the trace,
     /// 4 MiB a CPU with function or USDT probes or IPC events, 512 KiB a CPU without, 1-64 MiB).
@@ -276,31 +280,12 @@ pub struct CallsArgs {
     /// Only calls of functions matching this glob, with their callees.
     #[arg(short, long = "function", value_name = "PATTERN")]
     pub function: Option<String>,
-    /// Hide calls shorter than this, e.g. 500ns, 20us, 1.5ms, 2s (a bare number is nanoseconds).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_ns, default_value = "0")]
-    pub min_duration: u64,
+    /// Hide calls shorter than this, e.g. 500ns, 20us, 1.5ms, 2s (a bare number is seconds).
+    #[arg(long, value_name = "DURATION", value_parser = values::duration, default_value = "0")]
+    pub min_duration: Duration,
     /// Show calls at most this many levels below the outermost call shown (0: only those).
     #[arg(long, value_name = "N")]
     pub max_depth: Option<usize>,
-}
-
-fn parse_duration_ns(s: &str) -> Result<u64, String> {
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let scale = match unit.trim() {
-        "" | "ns" => 1.0,
-        "us" | "µs" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        other => return Err(format!("'{other}' is not a unit of time (ns, us, ms, s)")),
-    };
-    let value: f64 = number.parse().map_err(|_| format!("'{s}' is not a duration"))?;
-    Ok((value * scale).round() as u64)
-}
-
-pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s.parse().map_err(|_| format!("'{s}' is not a number of seconds"))?;
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("'{s}' is not a positive number of seconds"))
 }
 
 fn parse_break(s: &str) -> Result<BreakSpec, BreakpointError> {
@@ -411,6 +396,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
     };
     match cli.command {
         Command::Record(args) => writes_stdout(record(args)),
+        Command::List(args) => writes_stdout(list::list(args)),
         Command::Export(args) => writes_stdout(export(args)),
         Command::Report(args) => writes_stdout(report(args)),
         Command::Calls(args) => writes_stdout(calls(args)),
@@ -601,8 +587,13 @@ type Trace = input::AnyReader<BufReader<File>>;
 /// Opens a recorded trace (before any output is created, so that a wrong path costs nothing).
 fn open_trace(input: &Path) -> anyhow::Result<Trace> {
     let file = File::open(input).with_context(|| format!("cannot read {}", input.display()))?;
-    input::AnyReader::detect(BufReader::with_capacity(1 << 20, file))
-        .with_context(|| format!("cannot read {}", input.display()))
+    input::AnyReader::detect(BufReader::with_capacity(1 << 20, file)).map_err(|e| match e {
+        input::OpenError::NotATrace(what) => anyhow::anyhow!(
+            "{} is {what}, not a trace: report, calls and export read the JSON lines (.jsonl) and native (.trc) traces that tracer record writes",
+            input.display()
+        ),
+        e => anyhow::Error::from(e).context(format!("cannot read {}", input.display())),
+    })
 }
 
 /// Replays a recorded trace into a sink, saying on stderr if it was cut short.
@@ -632,15 +623,26 @@ fn export(args: ExportArgs) -> anyhow::Result<i32> {
         sinks.push(format.sink_with_events(out, args.pcap_events));
         output_file = file;
     }
-    sinks.extend(args.otlp.sink(false));
+    let mut otlp_counters = None;
+    if let Some(config) = args.otlp.config(false) {
+        // The URL was checked when parsed.
+        let sink = otlp::OtlpSink::new(config).expect("a URL parse_otlp_url accepted");
+        otlp_counters = Some(sink.counters());
+        sinks.push(Box::new(sink));
+    }
     let replayed = replay(&args.input, trace, &mut sinks)?;
     drop(sinks);
     output_file.map(OutputFile::commit).transpose()?;
     if let Some(output) = &args.output {
         eprintln!("tracer: {} events written to {}", replayed.events, describe_output(output));
     }
-    Ok(0)
+    // The OTLP sink has said on stderr how many were lost, and why: the exit code says it to scripts.
+    Ok(if otlp_counters.is_some_and(|c| c.lost() > 0) { EXIT_OTLP_LOST } else { 0 })
 }
+
+/// `export --otlp`'s exit code when spans or log records were lost on the way to the collector
+/// (an error is 1).
+pub(crate) const EXIT_OTLP_LOST: i32 = 3;
 
 /// Whether an error is standard output closing early (`tracer report t.jsonl | head`): not a failure.
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -684,12 +686,15 @@ fn calls(args: CallsArgs) -> anyhow::Result<i32> {
         pid: args.pid,
         tid: args.tid,
         function,
-        min_duration_ns: args.min_duration,
+        min_duration_ns: u64::try_from(args.min_duration.as_nanos()).unwrap_or(u64::MAX),
         max_depth: args.max_depth,
     };
     let trace = open_trace(&args.input)?;
     let mut printer = CallPrinter::new(std::io::BufWriter::new(std::io::stdout().lock()), filter);
     replay(&args.input, trace, &mut printer)?;
+    if let Some(missing) = printer.not_in_trace() {
+        bail!("{}: {missing}", args.input.display());
+    }
     Ok(0)
 }
 
@@ -738,6 +743,32 @@ mod tests {
         assert_eq!(r.trace.duration, Some(Duration::from_millis(1500)));
         assert_eq!(r.trace.buffer_size, Some(64 << 20));
         assert_eq!(r.command, [OsString::from("prog"), OsString::from("--flag")]);
+    }
+
+    /// Comma lists of pids, and one duration syntax, in every subcommand.
+    #[test]
+    fn comma_lists_and_durations() {
+        let Command::Record(r) =
+            Cli::try_parse_from(["tracer", "record", "-p", "1,2", "-p", "3", "-d", "250ms"]).unwrap().command
+        else {
+            panic!("record")
+        };
+        assert_eq!(r.pids, [1, 2, 3]);
+        assert_eq!(r.trace.duration, Some(Duration::from_millis(250)));
+        let Command::Calls(c) = Cli::try_parse_from(["tracer", "calls", "--min-duration", "1.5ms"]).unwrap().command
+        else {
+            panic!("calls")
+        };
+        assert_eq!(c.min_duration, Duration::from_micros(1500));
+        let Command::Top(t) =
+            Cli::try_parse_from(["tracer", "top", "-p", "4,5", "-i", "0.5", "-d", "1m"]).unwrap().command
+        else {
+            panic!("top")
+        };
+        assert_eq!(
+            (t.pids, t.interval, t.duration),
+            (vec![4, 5], Duration::from_millis(500), Some(Duration::from_secs(60)))
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::{
 
 use clap::Args;
 
-use super::{parse_seconds, stop_signal};
+use super::{stop_signal, values};
 use tracer_user::{
     event::EndReason,
     record::attach::launch::{ChildExit, Start},
@@ -24,8 +24,8 @@ const TERMINAL_ROWS: usize = 40;
 
 #[derive(Debug, Args)]
 pub struct TopArgs {
-    /// Trace this running process (repeatable).
-    #[arg(short, long = "pid", value_name = "PID")]
+    /// Trace this running process (repeatable, or a comma list: -p 1,2).
+    #[arg(short, long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
     /// Trace every process that runs this executable, now or later (repeatable).
     #[arg(short, long = "binary", value_name = "PATH")]
@@ -34,11 +34,11 @@ pub struct TopArgs {
     /// executable.
     #[arg(short, long = "functions", value_name = "PATTERN")]
     pub functions: Vec<String>,
-    /// Seconds between updates.
-    #[arg(short, long, value_name = "SECONDS", value_parser = parse_seconds, default_value = "1")]
+    /// Time between updates: 1.5 (seconds), 500ms.
+    #[arg(short, long, value_name = "DURATION", value_parser = values::duration, default_value = "1")]
     pub interval: Duration,
-    /// Stop after this many seconds.
-    #[arg(short, long, value_name = "SECONDS", value_parser = parse_seconds)]
+    /// Stop after this long: 1.5 (seconds), 250ms, 2m.
+    #[arg(short, long, value_name = "DURATION", value_parser = values::duration)]
     pub duration: Option<Duration>,
     /// One row per process and function.
     #[arg(long)]

@@ -1,5 +1,7 @@
 //! Reading a recorded trace in whichever format it was written, told by its first bytes (not by
-//! its name): JSON lines, or the native format.
+//! its name): JSON lines, or the native format. A file that is neither is told apart by its first
+//! bytes too, so that the user hears what it is (a packet capture, a Perfetto or Chrome trace)
+//! rather than a parser's complaint about its first byte.
 
 use std::io::{self, BufRead};
 
@@ -15,10 +17,71 @@ pub enum AnyReader<R: BufRead> {
     Native(NativeReader<R>),
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// What the file is instead, as [`not_a_trace`] tells it.
+    #[error("{0}, not a trace")]
+    NotATrace(&'static str),
+}
+
+/// What a file is when its first bytes show it is not a trace `tracer record` wrote (JSON lines or
+/// native); `None` when it may be one (the readers then say what is wrong with it, and where).
+pub fn not_a_trace(head: &[u8]) -> Option<&'static str> {
+    if head.is_empty() || native::is_native(head) {
+        return None;
+    }
+    match head {
+        [0x0A, 0x0D, 0x0D, 0x0A, ..] => return Some("a pcapng packet capture"),
+        [0xD4, 0xC3, 0xB2, 0xA1, ..]
+        | [0xA1, 0xB2, 0xC3, 0xD4, ..]
+        | [0x4D, 0x3C, 0xB2, 0xA1, ..]
+        | [0xA1, 0xB2, 0x3C, 0x4D, ..] => return Some("a pcap packet capture"),
+        [0x1F, 0x8B, ..] => return Some("gzip-compressed"),
+        [0x28, 0xB5, 0x2F, 0xFD, ..] => return Some("zstd-compressed"),
+        [0x7F, b'E', b'L', b'F', ..] => return Some("an ELF file (a program or library)"),
+        _ => {}
+    }
+    // Text: valid UTF-8 (but for a character cut at the end of `head`) without control bytes
+    // other than whitespace.
+    let text = match std::str::from_utf8(head) {
+        Ok(text) => text,
+        Err(e) if e.error_len().is_none() => std::str::from_utf8(&head[..e.valid_up_to()]).unwrap_or_default(),
+        Err(_) => "",
+    };
+    let is_text = text.len() + 4 > head.len() && !text.bytes().any(|b| b < 0x20 && !b"\n\r\t".contains(&b));
+    if !is_text {
+        // A Perfetto trace is a `Trace` message: its packets are field 1, length-delimited (0x0A).
+        return Some(if head[0] == 0x0A {
+            "a Perfetto protobuf trace"
+        } else {
+            "binary data of no format tracer reads"
+        });
+    }
+    let first_line = text.trim_start().lines().next().unwrap_or_default();
+    if first_line.starts_with('[') {
+        return Some("a JSON array (a Chrome trace or a flame graph)");
+    }
+    if first_line.starts_with('{') {
+        return if first_line.contains("\"traceEvents\"") {
+            Some("a Chrome trace (JSON)")
+        } else if first_line.contains("speedscope") {
+            Some("a speedscope profile")
+        } else {
+            None
+        };
+    }
+    Some("text that is not JSON lines (its first line is not a JSON object)")
+}
+
 impl<R: BufRead> AnyReader<R> {
     /// Looks at the input's first bytes to tell its format.
-    pub fn detect(mut input: R) -> io::Result<AnyReader<R>> {
+    pub fn detect(mut input: R) -> Result<AnyReader<R>, OpenError> {
         let head = input.fill_buf()?;
+        if let Some(what) = not_a_trace(head) {
+            return Err(OpenError::NotATrace(what));
+        }
         Ok(if native::is_native(head) {
             AnyReader::Native(NativeReader::new(input))
         } else {
@@ -59,5 +122,32 @@ impl<R: BufRead> ItemReader for AnyReader<R> {
             AnyReader::Jsonl(r) => r.feed_events(each),
             AnyReader::Native(r) => r.feed_events(each),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_that_are_not_traces_are_named() {
+        assert_eq!(not_a_trace(&[0x0A, 0x0D, 0x0D, 0x0A, 0x1C, 0, 0, 0]), Some("a pcapng packet capture"));
+        assert_eq!(not_a_trace(&[0xD4, 0xC3, 0xB2, 0xA1, 2, 0]), Some("a pcap packet capture"));
+        assert_eq!(not_a_trace(&[0x0A, 0x85, 0x01, 0xE2, 0x03, 0x00, 0x10]), Some("a Perfetto protobuf trace"));
+        assert_eq!(not_a_trace(b"{\"traceEvents\":[{\"name\":\"fib\"}]}"), Some("a Chrome trace (JSON)"));
+        assert_eq!(
+            not_a_trace(b"[{\"name\":\"fib\",\"ph\":\"X\"}]"),
+            Some("a JSON array (a Chrome trace or a flame graph)")
+        );
+        assert_eq!(
+            not_a_trace(b"garbage\n"),
+            Some("text that is not JSON lines (its first line is not a JSON object)")
+        );
+        assert_eq!(not_a_trace(&[0x00, 0xFF, 0x13, 0x37]), Some("binary data of no format tracer reads"));
+        assert_eq!(not_a_trace(b"\x7fELF\x02\x01"), Some("an ELF file (a program or library)"));
+        // What may be a trace is left to the readers, which say where it is wrong.
+        assert_eq!(not_a_trace(b"{\"kind\":\"trace_start\"}\n"), None);
+        assert_eq!(not_a_trace(b"{\"kind\":\"trace_start\",\"host\":\"h\xC3"), None, "a character cut at the end");
+        assert_eq!(not_a_trace(b""), None);
     }
 }

@@ -155,6 +155,19 @@ enum Signal {
 }
 
 impl Counters {
+    /// Spans and log records lost, whatever the reason.
+    pub fn lost(&self) -> u64 {
+        [
+            &self.spans_dropped_queue_full,
+            &self.spans_dropped_export_failed,
+            &self.log_records_dropped_queue_full,
+            &self.log_records_dropped_export_failed,
+        ]
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .sum()
+    }
+
     fn sent(&self, signal: Signal) -> &AtomicU64 {
         match signal {
             Signal::Traces => &self.spans_sent,

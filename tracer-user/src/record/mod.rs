@@ -10,6 +10,7 @@ pub mod attach;
 pub mod drain;
 pub mod filter;
 pub mod kernel_log;
+pub mod list;
 mod plan;
 pub mod resolve;
 pub mod ring_size;

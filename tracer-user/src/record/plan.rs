@@ -46,6 +46,8 @@ pub struct Plan {
     pub(crate) processes: Vec<Process>,
     pub(crate) binaries: Vec<(PathBuf, FileId)>,
     pub(crate) command: Option<PathBuf>,
+    /// The main executables of the targets, each once: whose functions are probed by default.
+    pub(crate) executables: Vec<PathBuf>,
     pub(crate) probes: Vec<ProbeSpec>,
     pub(crate) functions: FunctionTable,
     pub(crate) probe_paths: ProbePaths,
@@ -146,6 +148,7 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         processes,
         binaries,
         command,
+        executables,
         probes,
         functions,
         probe_paths,

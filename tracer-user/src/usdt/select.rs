@@ -224,35 +224,15 @@ impl ProbeFiles {
     }
 }
 
-/// Picks the sites: every valid program-event probe of `files` (with `program_events`), and every probe a pattern
-/// matches (in its module, or in all of `files`). A pattern that matches nothing is an error
-/// that lists the probes there are.
-pub fn select(
+/// The probes the patterns match (in a pattern's module, or in all of `files`), each site once,
+/// by (file, file offset). A pattern that matches nothing is an error that lists the probes
+/// there are. `record` attaches these; `list` shows them.
+pub fn matching(
     files: &mut ProbeFiles,
     candidates: &ModuleCandidates,
     patterns: &[UsdtPattern],
-    regs: &RegisterOffsets,
-    program_events: bool,
-) -> Result<Selection, SelectError> {
-    // (path, file offset) -> the note, each site once, in a stable order.
-    let mut chosen: BTreeMap<(PathBuf, u64), UsdtNote> = BTreeMap::new();
-    let mut warnings = Vec::new();
-    for file in files.iter() {
-        for skipped in &file.skipped {
-            warnings.push(format!("{}: {skipped}", file.path.display()));
-        }
-        for note in file.notes.iter().filter(|n| program_events && is_event_probe(n)) {
-            if event_probe_is_valid(note) {
-                chosen.insert((file.path.clone(), note.file_offset), note.clone());
-            } else {
-                warnings.push(format!(
-                    "{}: ignoring a {EVENT_PROVIDER}:{EVENT_NAME} probe with arguments '{}' (expected an 8-byte address and length)",
-                    file.path.display(),
-                    note.args_text
-                ));
-            }
-        }
-    }
+) -> Result<BTreeMap<(PathBuf, u64), UsdtNote>, SelectError> {
+    let mut chosen = BTreeMap::new();
     for pattern in patterns {
         let modules: Vec<PathBuf> = match &pattern.module {
             Some(module) => vec![candidates.resolve(module)?],
@@ -283,6 +263,39 @@ pub fn select(
             });
         }
     }
+    Ok(chosen)
+}
+
+/// Picks the sites: every valid program-event probe of `files` (with `program_events`), and every probe a pattern
+/// matches (in its module, or in all of `files`). A pattern that matches nothing is an error
+/// that lists the probes there are.
+pub fn select(
+    files: &mut ProbeFiles,
+    candidates: &ModuleCandidates,
+    patterns: &[UsdtPattern],
+    regs: &RegisterOffsets,
+    program_events: bool,
+) -> Result<Selection, SelectError> {
+    // (path, file offset) -> the note, each site once, in a stable order.
+    let mut chosen: BTreeMap<(PathBuf, u64), UsdtNote> = BTreeMap::new();
+    let mut warnings = Vec::new();
+    for file in files.iter() {
+        for skipped in &file.skipped {
+            warnings.push(format!("{}: {skipped}", file.path.display()));
+        }
+        for note in file.notes.iter().filter(|n| program_events && is_event_probe(n)) {
+            if event_probe_is_valid(note) {
+                chosen.insert((file.path.clone(), note.file_offset), note.clone());
+            } else {
+                warnings.push(format!(
+                    "{}: ignoring a {EVENT_PROVIDER}:{EVENT_NAME} probe with arguments '{}' (expected an 8-byte address and length)",
+                    file.path.display(),
+                    note.args_text
+                ));
+            }
+        }
+    }
+    chosen.extend(matching(files, candidates, patterns)?);
 
     let mut selection = Selection { warnings, ..Selection::default() };
     let mut unreadable: BTreeSet<String> = BTreeSet::new();
