@@ -119,6 +119,9 @@ pub fn list(options: ListOptions) -> Result<Listing, RecordError> {
         functions: options.functions,
         // USDT probes are listed below, all of them without patterns.
         usdt: Vec::new(),
+        // Breakpoints and watchpoints are not listed.
+        breaks: Vec::new(),
+        watches: Vec::new(),
         events,
         follow_children: true,
         duration: None,

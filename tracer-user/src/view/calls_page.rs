@@ -30,6 +30,8 @@ pub struct CallsPage {
 pub enum CallsPageError {
     #[error("cannot read {path}")]
     Open { path: String, source: io::Error },
+    #[error("cannot read {path}")]
+    Detect { path: String, source: crate::export::input::OpenError },
     #[error("{path} is not a valid trace")]
     Read { path: String, source: jsonl::ReadError },
 }
@@ -72,7 +74,7 @@ pub fn read(path: &Path, tid: u32, page: u64) -> Result<CallsPage, CallsPageErro
     let name = || path.display().to_string();
     let file = File::open(path).map_err(|source| CallsPageError::Open { path: name(), source })?;
     let trace = AnyReader::detect(BufReader::with_capacity(1 << 20, file))
-        .map_err(|source| CallsPageError::Open { path: name(), source })?;
+        .map_err(|source| CallsPageError::Detect { path: name(), source })?;
     let first = page.saturating_mul(PAGE_LINES as u64);
     let mut writer = PageWriter { first, seen: 0, partial: Vec::new(), lines: Vec::new(), has_next: false };
     let mut printer = CallPrinter::new(&mut writer, CallFilter { tid: Some(tid), ..CallFilter::default() });
