@@ -115,6 +115,23 @@ pub static IPC_SCRATCH: PerCpuArray<IpcBuffer> = PerCpuArray::with_max_entries(1
 #[map]
 pub static INFLIGHT: HashMap<u32, InFlight> = HashMap::with_max_entries(16384, 0);
 
+/// `--debug-kernel`: the first payload read that failed during this CPU's current syscall exit,
+/// logged once the exit's records are out (see `log_pending_unreadable`).
+#[map]
+static UNREADABLE: PerCpuArray<Unreadable> = PerCpuArray::with_max_entries(1, 0);
+
+/// A failed payload read waiting to be logged (`pending` non-zero).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Unreadable {
+    pending: u64,
+    tgid: u64,
+    fd: u64,
+    buf: u64,
+    len: u64,
+    err: i64,
+}
+
 #[map]
 pub static STREAMS: LruHashMap<u64, StreamPos> = LruHashMap::with_max_entries(65536, 0);
 
@@ -355,6 +372,9 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
             msghdr: state.data,
         }),
         _ => emit(&Transfer { state: &state, syscall, tgid, tid, exit_ts, bytes: ret as u64, index: 0, msghdr: 0 }),
+    }
+    if config().debug != 0 {
+        log_pending_unreadable();
     }
     Ok(0)
 }
@@ -649,11 +669,40 @@ fn capture(out: &mut [u8; CAPTURE_BYTES_MAX], buf: u64, want: u64, tgid: u32, fd
     if buf == 0 || ret != 0 {
         count_lost(LostSlot::IpcPayloadUnreadable);
         if config().debug != 0 {
-            log_unreadable(tgid, fd, buf, len, ret);
+            note_unreadable(tgid, fd, buf, len, ret);
         }
         return 0;
     }
     len
+}
+
+/// `--debug-kernel`: keeps the first failed payload read of this syscall exit for
+/// `log_pending_unreadable`. Logging right here, on every path through `emit` (three callers, each
+/// channel kind), made the verifier walk aya-log's code once per path: over its million
+/// instructions. Later failures of the same exit (a `sendmmsg`'s other messages) are counted, not
+/// logged.
+#[inline(always)]
+fn note_unreadable(tgid: u32, fd: u64, buf: u64, len: u32, err: i64) {
+    if let Some(slot) = UNREADABLE.get_ptr_mut(0) {
+        // SAFETY: a per-CPU map value; programs do not migrate while they run.
+        let slot = unsafe { &mut *slot };
+        if slot.pending == 0 {
+            *slot = Unreadable { pending: 1, tgid: tgid as u64, fd, buf, len: len as u64, err };
+        }
+    }
+}
+
+/// `--debug-kernel`: logs the failed payload read `note_unreadable` kept, if any, and clears it.
+#[inline(never)]
+fn log_pending_unreadable() {
+    let Some(slot) = UNREADABLE.get_ptr_mut(0) else { return };
+    // SAFETY: as in `note_unreadable`.
+    let slot = unsafe { &mut *slot };
+    if slot.pending == 0 {
+        return;
+    }
+    slot.pending = 0;
+    log_unreadable(slot.tgid as u32, slot.fd, slot.buf, slot.len as u32, slot.err);
 }
 
 /// `--debug-kernel`: says which payload read failed. Out of line, so the path without the flag
