@@ -230,6 +230,7 @@ impl Response {
 async fn connection(mut stream: Box<dyn Transport>, app: &App) -> std::io::Result<()> {
     let timed_out = |_| std::io::Error::from(std::io::ErrorKind::TimedOut);
     let head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await.map_err(timed_out)??;
+    let oversized = head.is_none();
     let response = match head {
         Some(head) => respond(&head, app).await,
         None => Response::text(431, "the request's head is too long"),
@@ -239,8 +240,29 @@ async fn connection(mut stream: Box<dyn Transport>, app: &App) -> std::io::Resul
         stream.shutdown().await
     })
     .await
-    .map_err(timed_out)?
+    .map_err(timed_out)??;
+    if oversized {
+        // The rest of the head is still unread: closing now would answer it with a reset, which
+        // can reach the client before the 431 and discard it. Read it away first, bounded.
+        let mut sink = [0u8; 4096];
+        let _ = tokio::time::timeout(LINGER_TIME, async {
+            let mut drained = 0;
+            while drained < LINGER_BYTES {
+                match stream.read(&mut sink).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => drained += n,
+                }
+            }
+        })
+        .await;
+    }
+    Ok(())
 }
+
+/// After refusing an oversized head: how long, and how many of its bytes, are read away before
+/// the connection closes.
+const LINGER_TIME: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 1 << 20;
 
 /// Reads up to the blank line that ends a request's head; `None` if it is longer than
 /// [`MAX_HEAD_BYTES`].
