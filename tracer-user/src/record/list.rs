@@ -14,8 +14,7 @@ use serde::Serialize;
 
 use super::{RecordError, RecordOptions, plan};
 use crate::{
-    event::{EventKind, host},
-    record::attach::launch::Start,
+    event::EventKind,
     record::resolve::{modules::ModuleCandidates, placement::ProbePath},
     usdt::{
         notes::UsdtNote,
@@ -119,23 +118,11 @@ pub fn list(options: ListOptions) -> Result<Listing, RecordError> {
         functions: options.functions,
         // USDT probes are listed below, all of them without patterns.
         usdt: Vec::new(),
-        // Breakpoints and watchpoints are not listed.
-        breaks: Vec::new(),
-        watches: Vec::new(),
         events,
-        follow_children: true,
-        duration: None,
-        buffer_size: None,
         // Listing costs no probe.
         max_probes: usize::MAX,
-        string_size: crate::debuginfo::layout::DEFAULT_STRING_SIZE,
-        capture_bytes: 0,
-        host: host::default_name(),
-        start: Start::Inherit,
-        debug_kernel: false,
-        attach: None,
-        return_probes: None,
-        no_sleepable: false,
+        // The rest as `record` has them by default (no breakpoints or watchpoints among them).
+        ..RecordOptions::default()
     })?;
     let mut listing = Listing { warnings: plan.warnings.clone(), ..Listing::default() };
 
