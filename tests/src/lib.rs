@@ -158,7 +158,27 @@ pub fn tracer<S: AsRef<OsStr>>(args: &[S]) -> Run {
     wait_with_timeout(child, "tracer")
 }
 
-/// A trace file read back: its first line, events, last line.
+/// `docs/schema/event.schema.json`, the JSON Schema of a JSON lines trace, compiled once.
+fn event_schema() -> &'static jsonschema::Validator {
+    static SCHEMA: std::sync::OnceLock<jsonschema::Validator> = std::sync::OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/schema/event.schema.json");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let schema: Value = serde_json::from_str(&text).expect("the schema is JSON");
+        jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{} is not a valid schema: {e}", path.display()))
+    })
+}
+
+/// Checks one line of a JSON lines trace against the published schema: `Err` names what does not
+/// match, and where.
+pub fn check_schema(line: &Value) -> Result<(), String> {
+    let errors: Vec<String> =
+        event_schema().iter_errors(line).map(|e| format!("{} at {}", e, e.instance_path())).take(5).collect();
+    if errors.is_empty() { Ok(()) } else { Err(format!("does not match the schema: {}: {line}", errors.join("; "))) }
+}
+
+/// A trace file read back: its first line, events, last line. Every line is checked against the
+/// schema users are given (`docs/schema/event.schema.json`).
 #[derive(Debug)]
 pub struct Trace {
     pub start: Value,
@@ -177,6 +197,9 @@ impl Trace {
         assert!(lines.len() >= 2, "a trace has at least a start and an end line: {text}");
         let end = lines.pop().unwrap();
         let start = lines.remove(0);
+        for (i, line) in lines.iter().enumerate() {
+            check_schema(line).unwrap_or_else(|e| panic!("{} line {}: {e}", path.display(), i + 1));
+        }
         assert_eq!(start["kind"], "trace_start", "first line: {start}");
         assert_eq!(end["kind"], "trace_end", "last line: {end}");
         for e in &lines {

@@ -33,7 +33,9 @@ fn man_pages_render_and_completions_name_every_subcommand() {
     let text = String::from_utf8_lossy(&man.stdout);
     assert!(man.status.success(), "{}", String::from_utf8_lossy(&man.stderr));
     // Not on a terminal, man-db renders plain text.
-    for expected in ["tracer-record", "--buffer-size", "--functions", "--verbose"] {
+    for expected in
+        ["tracer-record", "--buffer-size", "--functions", "--verbose", "EXAMPLES", "tracer record -- ./server"]
+    {
         assert!(text.contains(expected), "{expected} in\n{text}");
     }
     // Test-only flags are hidden from --help, and so from the page.
@@ -43,4 +45,14 @@ fn man_pages_render_and_completions_name_every_subcommand() {
         assert!(bash.contains(sub), "{sub} in the bash completion");
     }
     assert!(dir.path().join("completions/_tracer").is_file() && dir.path().join("completions/tracer.fish").is_file());
+}
+
+#[test]
+fn every_subcommand_help_ends_with_examples() {
+    for sub in ["record", "list", "export", "report", "calls", "top", "agent", "collect", "view"] {
+        let run = tracer(&[sub, "--help"]);
+        assert_eq!(run.code(), 0, "{run:?}");
+        let examples = run.stdout.split_once("EXAMPLES:").unwrap_or_else(|| panic!("{sub} --help has no EXAMPLES")).1;
+        assert!(examples.contains(&format!("tracer {sub}")), "{sub}'s examples:\n{examples}");
+    }
 }

@@ -3,6 +3,7 @@
 
 mod cluster;
 mod docs;
+mod examples;
 pub mod kernel_log;
 mod list;
 mod status;
@@ -51,23 +52,32 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Trace processes (running ones, every run of a binary, or a command to launch).
+    #[command(after_help = examples::RECORD)]
     Record(RecordArgs),
     /// What `record` could probe in some executables or processes: functions (with their source
     /// and parameters) and USDT probes.
+    #[command(after_help = examples::LIST)]
     List(list::ListArgs),
     /// Convert a recorded JSON lines trace to another format.
+    #[command(after_help = examples::EXPORT)]
     Export(ExportArgs),
     /// Time per function (calls, total, self, percentiles) and what each process did.
+    #[command(after_help = examples::REPORT)]
     Report(ReportArgs),
     /// Each thread's calls in order, as an indented tree with start times and durations.
+    #[command(after_help = examples::CALLS)]
     Calls(CallsArgs),
     /// Live per-function statistics (calls, time, percentiles) aggregated in the kernel.
+    #[command(after_help = examples::TOP)]
     Top(top::TopArgs),
     /// Wait for a collector and trace for it on this host.
+    #[command(after_help = examples::AGENT)]
     Agent(cluster::AgentArgs),
     /// Trace on several hosts at once through their agents, and merge into one timeline.
+    #[command(after_help = examples::COLLECT)]
     Collect(cluster::CollectArgs),
     /// Show a trace in the browser: flame graphs, the function table, call trees, processes.
+    #[command(after_help = examples::VIEW)]
     View(view::ViewArgs),
     /// Write the man pages and shell completions into DIR (`cargo xtask dist` does).
     #[command(hide = true)]
