@@ -1,8 +1,8 @@
 //! The JSON line of a plain call or return, written straight into a buffer.
 //!
 //! Calls and returns are nearly every line of a trace, and `tracer record` writes them while the
-//! traced program runs: through serde, a line costs a dozen field calls, each checked against
-//! [`super::json::OMITTED_WHEN_EMPTY`] and probed for emptiness, and a dozen small writes
+//! traced program runs: through serde, a line costs a dozen field calls, each probed for an
+//! [`super::json::omit_when_empty`] mark and for emptiness, and a dozen small writes
 //! (profiled: escaping and copying were a third of the tracer's CPU time). Here a call or return
 //! without source-level fields (`params`, `file`, `line`, `ret`) is written in one pass with
 //! constant keys. The bytes are exactly [`super::json::Line`]'s (a test compares them on every
@@ -73,7 +73,7 @@ fn head(out: &mut Vec<u8>, kind: &[u8], event: &Event) {
     number(out, event.tid as u64);
 }
 
-/// A Go call's or return's goroutine; left out when there is none (as `OMITTED_WHEN_EMPTY` says).
+/// A Go call's or return's goroutine; left out when there is none (its field is `omit_when_empty`).
 fn goid(out: &mut Vec<u8>, goid: Option<u64>) {
     if let Some(g) = goid {
         out.extend_from_slice(b",\"goid\":");

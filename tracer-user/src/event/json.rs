@@ -7,8 +7,8 @@
 //! - Enums with fields (a channel, a target) are objects tagged by a `type` field that comes
 //!   first, where the model (and postcard, which cannot read internally tagged enums) has serde's
 //!   external tagging.
-//! - The fields of [`OMITTED_WHEN_EMPTY`] are left out when empty (postcard cannot read skipped
-//!   fields, so the model never skips one), and read back as empty when absent.
+//! - Fields marked [`omit_when_empty`] by their struct are left out when empty (postcard cannot
+//!   read skipped fields, so the model never skips one), and read back as empty when absent.
 //! - A `recv` line also has `flow_id`, the first of its `flow_ids` (or null), before them.
 //!
 //! Reading is one pass over a line, names borrowed from it and interned, for speed: a line whose
@@ -25,32 +25,20 @@ use serde::{
 
 use super::{Event, EventData, Interner, TraceEnd, TraceItem, TraceStart};
 
-/// Fields left out of a line when empty (none, an empty list or map, or an object whose fields are
-/// all empty): a Go call's `goid`, a trace's `probe_paths` (and their `moved`), a merged trace's
-/// `hosts`, a host's `lost`, a `machine` that could not be read, a call's `params`, `file`,
-/// `line` and a return's `ret` (calls at source level) when the function has no DWARF, a return's
-/// `unwound` and `tail_call` unless set, a message's `payload` and `payload_truncated` when
-/// payloads are not captured, and a receive's `peek` (when false) and `discarded`.
-pub const OMITTED_WHEN_EMPTY: &[&str] = &[
-    "goid",
-    "probe_paths",
-    "moved",
-    "aliases",
-    "filters",
-    "hosts",
-    "lost",
-    "machine",
-    "params",
-    "file",
-    "line",
-    "ret",
-    "unwound",
-    "tail_call",
-    "payload",
-    "payload_truncated",
-    "peek",
-    "discarded",
-];
+/// The name a field's value is wrapped in by [`omit_when_empty`]: a serde newtype struct, which
+/// postcard (the wire, the native format) writes as the bare value and JSON recognizes.
+const OMIT_WHEN_EMPTY: &str = "$tracer::omit_when_empty";
+
+/// For `#[serde(serialize_with = "…::omit_when_empty")]` on a field of the model: JSON leaves the
+/// field out when it is empty (none, an empty list or map, `false`, or an object whose fields are
+/// all empty), and the struct reads it back as empty with `#[serde(default)]`.
+///
+/// Not `skip_serializing_if`: that would skip the field in postcard too, which writes fields
+/// without names and so cannot read a struct with one missing. The mark is a newtype struct of a
+/// reserved name, which postcard writes as the bare value (the wire and `.trc` are unchanged).
+pub fn omit_when_empty<T: Serialize + ?Sized, S: Serializer>(value: &T, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_newtype_struct(OMIT_WHEN_EMPTY, value)
+}
 
 /// The field that tags a line.
 const KIND: &str = "kind";
@@ -75,8 +63,8 @@ impl TraceItem {
     }
 }
 
-/// Any value of the model in its JSON encoding (its enums tagged by `type`, empty fields of
-/// [`OMITTED_WHEN_EMPTY`] left out), e.g. to embed a channel in another format's arguments.
+/// Any value of the model in its JSON encoding (its enums tagged by `type`, empty fields marked
+/// [`omit_when_empty`] left out), e.g. to embed a channel in another format's arguments.
 pub struct Json<'a, T: ?Sized>(pub &'a T);
 
 impl<T: Serialize + ?Sized> Serialize for Json<'_, T> {
@@ -656,7 +644,7 @@ impl<S: ser::SerializeStruct> ser::SerializeStruct for Fields<'_, S> {
         {
             self.out.serialize_field("flow_id", &first)?;
         }
-        if OMITTED_WHEN_EMPTY.contains(&key) && is_empty(value) {
+        if omitted(value) {
             return self.out.skip_field(key);
         }
         self.out.serialize_field(key, &Json(value))
@@ -667,8 +655,8 @@ impl<S: ser::SerializeStruct> ser::SerializeStruct for Fields<'_, S> {
     }
 }
 
-/// Serializes the model as JSON: enums with fields tagged by `type` first, fields of
-/// [`OMITTED_WHEN_EMPTY`] left out when empty.
+/// Serializes the model as JSON: enums with fields tagged by `type` first, fields marked
+/// [`omit_when_empty`] left out when empty.
 struct TagInside<S>(S);
 
 /// A compound value of [`TagInside`], whose elements are written the same way.
@@ -827,7 +815,7 @@ impl<C: ser::SerializeStruct> ser::SerializeStruct for Compound<C> {
     type Ok = C::Ok;
     type Error = C::Error;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), C::Error> {
-        if OMITTED_WHEN_EMPTY.contains(&key) && is_empty(value) {
+        if omitted(value) {
             return self.0.skip_field(key);
         }
         self.0.serialize_field(key, &Json(value))
@@ -849,6 +837,99 @@ impl<C: ser::SerializeStruct> ser::SerializeStructVariant for Compound<C> {
 }
 
 // ---- Whether a value is empty ----
+
+/// Whether a field's value is marked [`omit_when_empty`] and is empty.
+fn omitted<T: Serialize + ?Sized>(value: &T) -> bool {
+    value.serialize(MarkProbe).unwrap_or(false)
+}
+
+/// Answers "is it marked, and empty?": any value but the mark ends the probe as an error.
+struct MarkProbe;
+
+macro_rules! not_marked {
+    ($($method:ident: $ty:ty)*) => {
+        $(fn $method(self, _: $ty) -> Result<bool, NotEmpty> {
+            Err(NotEmpty)
+        })*
+    };
+}
+
+impl Serializer for MarkProbe {
+    type Ok = bool;
+    type Error = NotEmpty;
+    type SerializeSeq = ser::Impossible<bool, NotEmpty>;
+    type SerializeTuple = ser::Impossible<bool, NotEmpty>;
+    type SerializeTupleStruct = ser::Impossible<bool, NotEmpty>;
+    type SerializeTupleVariant = ser::Impossible<bool, NotEmpty>;
+    type SerializeMap = ser::Impossible<bool, NotEmpty>;
+    type SerializeStruct = ser::Impossible<bool, NotEmpty>;
+    type SerializeStructVariant = ser::Impossible<bool, NotEmpty>;
+
+    not_marked! {
+        serialize_bool: bool serialize_i8: i8 serialize_i16: i16 serialize_i32: i32 serialize_i64: i64
+        serialize_u8: u8 serialize_u16: u16 serialize_u32: u32 serialize_u64: u64 serialize_f32: f32
+        serialize_f64: f64 serialize_char: char serialize_str: &str serialize_bytes: &[u8]
+        serialize_unit_struct: &'static str
+    }
+
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, name: &'static str, value: &T) -> Result<bool, NotEmpty> {
+        Ok(name == OMIT_WHEN_EMPTY && is_empty(value))
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, NotEmpty> {
+        Err(NotEmpty)
+    }
+    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, NotEmpty> {
+        Err(NotEmpty)
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, NotEmpty> {
+        Err(NotEmpty)
+    }
+    fn serialize_none(self) -> Result<bool, NotEmpty> {
+        Err(NotEmpty)
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<bool, NotEmpty> {
+        Err(NotEmpty)
+    }
+    fn serialize_unit(self) -> Result<bool, NotEmpty> {
+        Err(NotEmpty)
+    }
+    fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Result<bool, NotEmpty> {
+        Err(NotEmpty)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: &T,
+    ) -> Result<bool, NotEmpty> {
+        Err(NotEmpty)
+    }
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeTupleStruct, NotEmpty> {
+        Err(NotEmpty)
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleVariant, NotEmpty> {
+        Err(NotEmpty)
+    }
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, NotEmpty> {
+        Err(NotEmpty)
+    }
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStructVariant, NotEmpty> {
+        Err(NotEmpty)
+    }
+}
 
 /// Whether a value serializes as nothing: none, an empty list or map, or a struct of such.
 fn is_empty<T: Serialize + ?Sized>(value: &T) -> bool {

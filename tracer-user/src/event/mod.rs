@@ -372,9 +372,30 @@ mod tests {
         }));
         assert_eq!(
             to_line(&e),
-            r#"{"kind":"log","ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"type":"trace","level":"info","source":null,"message":"hi","function":"run","file":"a.c","line":7,"spans":[],"data":{"n":5},"truncated":false}"#
+            r#"{"kind":"log","ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"type":"trace","level":"info","message":"hi","function":"run","file":"a.c","line":7,"spans":[],"data":{"n":5},"truncated":false}"#
         );
         assert_eq!(round_trip(&e), e);
+        // Without a source, function, file or line (a `print` from a program built without
+        // them), a line has none of the four, and the wire still carries all four.
+        let bare = event(EventData::Log(data::Log {
+            log_type: LogType::Log,
+            level: Level::Warn,
+            source: None,
+            message: "bare".into(),
+            function: None,
+            file: None,
+            line: None,
+            spans: vec![],
+            data: serde_json::Value::Null,
+            truncated: false,
+        }));
+        assert_eq!(
+            to_line(&bare),
+            r#"{"kind":"log","ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"type":"log","level":"warn","message":"bare","spans":[],"data":null,"truncated":false}"#
+        );
+        assert_eq!(round_trip(&bare), bare);
+        let wire = postcard::to_stdvec(&bare.data).unwrap();
+        assert_eq!(postcard::from_bytes::<EventData>(&wire).unwrap(), bare.data);
         let u = event(EventData::Usdt(data::Usdt {
             provider: "p".into(),
             name: "n".into(),

@@ -24,7 +24,7 @@
 use iced_x86::{Code as Opcode, Instruction, Mnemonic, OpKind};
 use serde::{Deserialize, Serialize};
 
-use crate::record::resolve::disasm::FunctionCode;
+use crate::{event::json::omit_when_empty, record::resolve::disasm::FunctionCode};
 
 /// The path a probe's hit takes in the kernel, fastest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -214,7 +214,7 @@ pub struct ProbePaths {
     #[serde(default)]
     pub trap: Vec<String>,
     /// Functions whose probes are not at their symbol, and how many bytes after it they are.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub moved: std::collections::BTreeMap<String, u64>,
 }
 
