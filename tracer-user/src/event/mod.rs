@@ -205,6 +205,32 @@ impl<N> EventData<N> {
         }
     }
 
+    /// A call or return with nothing but what the registers and the clock gave: no value from
+    /// DWARF (parameters, file, line, typed return) and no `unwound` or `tail_call` mark. Nearly
+    /// every event of a trace is one; the JSON line writer ([`fast_line`]) and the native
+    /// format's compact layout take only these, and leave the rest to serde and postcard.
+    ///
+    /// Every field is named (no `..`): a field added to `Call` or `Return` does not compile here
+    /// until it is decided whether a plain call may carry it.
+    pub fn is_plain_call(&self) -> bool {
+        match self {
+            EventData::Call(data::Call { function: _, module: _, args: _, goid: _, params, file, line }) => {
+                params.is_empty() && file.is_none() && line.is_none()
+            }
+            EventData::Return(data::Return {
+                function: _,
+                module: _,
+                retval: _,
+                duration_ns: _,
+                goid: _,
+                ret,
+                unwound,
+                tail_call,
+            }) => ret.is_none() && unwound.is_none() && tail_call.is_none(),
+            _ => false,
+        }
+    }
+
     /// The one place that knows which fields are names.
     pub fn map_names<M, E>(self, mut f: impl FnMut(N) -> Result<M, E>) -> Result<EventData<M>, E> {
         Ok(match self {
