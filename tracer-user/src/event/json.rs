@@ -840,104 +840,20 @@ impl<C: ser::SerializeStruct> ser::SerializeStructVariant for Compound<C> {
 
 /// Whether a field's value is marked [`omit_when_empty`] and is empty.
 fn omitted<T: Serialize + ?Sized>(value: &T) -> bool {
-    value.serialize(MarkProbe).unwrap_or(false)
-}
-
-/// Answers "is it marked, and empty?": any value but the mark ends the probe as an error.
-struct MarkProbe;
-
-macro_rules! not_marked {
-    ($($method:ident: $ty:ty)*) => {
-        $(fn $method(self, _: $ty) -> Result<bool, NotEmpty> {
-            Err(NotEmpty)
-        })*
-    };
-}
-
-impl Serializer for MarkProbe {
-    type Ok = bool;
-    type Error = NotEmpty;
-    type SerializeSeq = ser::Impossible<bool, NotEmpty>;
-    type SerializeTuple = ser::Impossible<bool, NotEmpty>;
-    type SerializeTupleStruct = ser::Impossible<bool, NotEmpty>;
-    type SerializeTupleVariant = ser::Impossible<bool, NotEmpty>;
-    type SerializeMap = ser::Impossible<bool, NotEmpty>;
-    type SerializeStruct = ser::Impossible<bool, NotEmpty>;
-    type SerializeStructVariant = ser::Impossible<bool, NotEmpty>;
-
-    not_marked! {
-        serialize_bool: bool serialize_i8: i8 serialize_i16: i16 serialize_i32: i32 serialize_i64: i64
-        serialize_u8: u8 serialize_u16: u16 serialize_u32: u32 serialize_u64: u64 serialize_f32: f32
-        serialize_f64: f64 serialize_char: char serialize_str: &str serialize_bytes: &[u8]
-        serialize_unit_struct: &'static str
-    }
-
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, name: &'static str, value: &T) -> Result<bool, NotEmpty> {
-        Ok(name == OMIT_WHEN_EMPTY && is_empty(value))
-    }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, NotEmpty> {
-        Err(NotEmpty)
-    }
-    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, NotEmpty> {
-        Err(NotEmpty)
-    }
-    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, NotEmpty> {
-        Err(NotEmpty)
-    }
-    fn serialize_none(self) -> Result<bool, NotEmpty> {
-        Err(NotEmpty)
-    }
-    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<bool, NotEmpty> {
-        Err(NotEmpty)
-    }
-    fn serialize_unit(self) -> Result<bool, NotEmpty> {
-        Err(NotEmpty)
-    }
-    fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Result<bool, NotEmpty> {
-        Err(NotEmpty)
-    }
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: &T,
-    ) -> Result<bool, NotEmpty> {
-        Err(NotEmpty)
-    }
-    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeTupleStruct, NotEmpty> {
-        Err(NotEmpty)
-    }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleVariant, NotEmpty> {
-        Err(NotEmpty)
-    }
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, NotEmpty> {
-        Err(NotEmpty)
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStructVariant, NotEmpty> {
-        Err(NotEmpty)
-    }
+    value.serialize(EmptyProbe { marked: true }).unwrap_or(false)
 }
 
 /// Whether a value serializes as nothing: none, an empty list or map, or a struct of such.
 fn is_empty<T: Serialize + ?Sized>(value: &T) -> bool {
-    value.serialize(EmptyProbe).unwrap_or(false)
+    value.serialize(EmptyProbe { marked: false }).unwrap_or(false)
 }
 
 /// Answers "is it empty?" by serializing; any value with content ends the probe as an error.
-struct EmptyProbe;
+/// `marked`: only a value marked [`omit_when_empty`] may be empty (the question a field asks).
+#[derive(Clone, Copy)]
+struct EmptyProbe {
+    marked: bool,
+}
 
 #[derive(Debug)]
 struct NotEmpty;
@@ -977,7 +893,7 @@ impl Serializer for EmptyProbe {
 
     /// `false` is empty: a flag is written only when set.
     fn serialize_bool(self, v: bool) -> Result<bool, NotEmpty> {
-        if v { Err(NotEmpty) } else { Ok(true) }
+        if v || self.marked { Err(NotEmpty) } else { Ok(true) }
     }
 
     has_content! {
@@ -988,19 +904,25 @@ impl Serializer for EmptyProbe {
     }
 
     fn serialize_none(self) -> Result<bool, NotEmpty> {
-        Ok(true)
+        self.unmarked(true)
     }
     fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<bool, NotEmpty> {
         Err(NotEmpty)
     }
     fn serialize_unit(self) -> Result<bool, NotEmpty> {
-        Ok(true)
+        self.unmarked(true)
     }
     fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Result<bool, NotEmpty> {
         Err(NotEmpty)
     }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Result<bool, NotEmpty> {
-        value.serialize(self)
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, name: &'static str, value: &T) -> Result<bool, NotEmpty> {
+        if !self.marked {
+            value.serialize(self)
+        } else if name == OMIT_WHEN_EMPTY {
+            Ok(is_empty(value))
+        } else {
+            Err(NotEmpty)
+        }
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
         self,
@@ -1012,7 +934,7 @@ impl Serializer for EmptyProbe {
         Err(NotEmpty)
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, NotEmpty> {
-        Ok(NoElement)
+        self.unmarked(NoElement)
     }
     fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, NotEmpty> {
         Err(NotEmpty)
@@ -1030,10 +952,10 @@ impl Serializer for EmptyProbe {
         Err(NotEmpty)
     }
     fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, NotEmpty> {
-        Ok(NoElement)
+        self.unmarked(NoElement)
     }
     fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, NotEmpty> {
-        Ok(self)
+        self.unmarked(self)
     }
     fn serialize_struct_variant(
         self,
@@ -1043,6 +965,13 @@ impl Serializer for EmptyProbe {
         _: usize,
     ) -> Result<Self::SerializeStructVariant, NotEmpty> {
         Err(NotEmpty)
+    }
+}
+
+impl EmptyProbe {
+    /// `empty` for a value that may be empty unmarked; a marked-only probe refuses it.
+    fn unmarked<T>(self, empty: T) -> Result<T, NotEmpty> {
+        if self.marked { Err(NotEmpty) } else { Ok(empty) }
     }
 }
 
