@@ -10,6 +10,7 @@ pub mod data;
 pub mod fast_line;
 pub mod host;
 pub mod json;
+mod probe_paths;
 #[cfg(test)]
 pub(crate) mod test_events;
 mod trace;
@@ -24,7 +25,7 @@ pub use trace::{
     TraceEnd, TraceStart, why_lost,
 };
 
-pub use crate::record::resolve::placement::ProbePaths;
+pub use probe_paths::{ProbePath, ProbePaths};
 
 /// Sets `slot` to `value` unless it already holds that very string: a reader hands out one `Arc`
 /// per distinct name, so a name slot that is reused event after event (a decoder's, a call

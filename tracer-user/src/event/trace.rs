@@ -4,8 +4,7 @@ use std::{collections::BTreeMap, fmt};
 
 use serde::{Deserialize, Serialize};
 
-use super::{EventKind, json::omit_when_empty};
-use crate::{event::host::Machine, record::resolve::placement::ProbePaths};
+use super::{EventKind, ProbePaths, host::Machine, json::omit_when_empty};
 
 /// What a trace's first line says about it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
