@@ -1,7 +1,7 @@
 //! Golden outputs: three fixed traces (recorded once from the demo, the `ipc signals` fixture, and
 //! the program-event fixtures with calls, `log` and `usdt` events) go
-//! through every exporter, `report` and `calls`, and each output must match the committed file byte
-//! for byte. A change that alters any output on purpose regenerates them with
+//! through every exporter (the native `.trc` too, which must also read back as the same JSON lines),
+//! `report` and `calls`, and each output must match the committed file byte for byte. A change that alters any output on purpose regenerates them with
 //! `TRACER_UPDATE_GOLDEN=1 cargo xtask test --filter golden` and shows the difference in review.
 
 use std::path::{Path, PathBuf};
@@ -21,6 +21,9 @@ const OUTPUTS: &[(&str, &[&str])] = &[
     ("trace.flame.json", &["export", "{in}", "-o", "{out}"]),
     ("trace.folded", &["export", "{in}", "-o", "{out}"]),
     ("trace.svg", &["export", "{in}", "-o", "{out}"]),
+    ("trace.speedscope.json", &["export", "{in}", "-o", "{out}"]),
+    ("trace.pcapng", &["export", "{in}", "-o", "{out}"]),
+    ("trace.trc", &["export", "{in}", "-o", "{out}"]),
     ("report.txt", &["report", "{in}"]),
     ("report-by-process.json", &["report", "{in}", "--by-process", "--json"]),
     ("calls.txt", &["calls", "{in}"]),
@@ -54,6 +57,13 @@ fn check(input: &str) {
             std::fs::write(&kept, &produced).unwrap();
             differ.push(format!("{name} ({} bytes, expected {})", produced.len(), expected.len()));
         }
+    }
+    // The native file read back holds every event as JSON lines say it.
+    let (trc, back) = (dir.path().join("trace.trc"), dir.path().join("trace.trc.jsonl"));
+    let run = tracer(&["export", trc.to_str().unwrap(), "-o", back.to_str().unwrap()]);
+    assert_eq!(run.code(), 0, "export of the native file: {run:?}");
+    if std::fs::read(&back).unwrap() != std::fs::read(dir.path().join("trace.jsonl")).unwrap() {
+        differ.push("trace.trc read back (differs from trace.jsonl)".to_string());
     }
     if !differ.is_empty() {
         let kept = dir.keep();

@@ -1,4 +1,6 @@
-//! What a process is called: the trace's targets, then what spawns, execs and exits say.
+//! What a process is called: the trace's targets, then what spawns, execs and exits say. Every
+//! output that names processes (report, calls, Chrome, Perfetto, speedscope, pcapng, OTLP) names
+//! them with [`target_name`] and [`named_by`], so one process has one name everywhere.
 
 use crate::event::data;
 use std::collections::HashMap;
@@ -13,35 +15,16 @@ pub struct ProcessNames {
 
 impl ProcessNames {
     pub fn begin(&mut self, start: &TraceStart) {
-        for target in &start.targets {
-            match target {
-                TargetInfo::Process { pid, comm, .. } => {
-                    self.names.insert(*pid, comm.clone());
-                }
-                TargetInfo::Command { pid, exe, .. } => {
-                    // The kernel's comm is the executable's name, cut to 15 bytes.
-                    let name = exe.rsplit('/').next().unwrap_or(exe);
-                    let cut = name.char_indices().take_while(|(i, c)| i + c.len_utf8() <= 15).count();
-                    self.names.insert(*pid, name.chars().take(cut).collect());
-                }
-                TargetInfo::Binary { .. } => {}
-            }
-        }
+        self.names.extend(start.targets.iter().filter_map(target_name));
     }
 
     /// Learns from a spawn or exit; returns whether a process's name changed.
     pub fn event(&mut self, e: &Event) -> Option<u32> {
-        let (pid, comm) = match &e.data {
-            // A forked child starts with its parent's name; an exec renames the process.
-            EventData::Spawn(data::Spawn { child_pid, how: SpawnHow::Fork, comm, .. }) => (*child_pid, comm),
-            EventData::Spawn(data::Spawn { how: SpawnHow::Exec, comm, .. }) => (e.pid, comm),
-            EventData::Exit(data::Exit { thread: false, comm, .. }) => (e.pid, comm),
-            _ => return None,
-        };
-        if comm.is_empty() || self.names.get(&pid) == Some(comm) {
+        let (pid, comm) = named_by(e)?;
+        if self.names.get(&pid).map(String::as_str) == Some(comm) {
             return None;
         }
-        self.names.insert(pid, comm.clone());
+        self.names.insert(pid, comm.to_string());
         Some(pid)
     }
 
@@ -58,6 +41,34 @@ impl ProcessNames {
     }
 }
 
+/// A target process and its name: a process's own `comm`, or for the command the tracer launched
+/// what the kernel will call it (the executable's file name cut to 15 bytes, at a character
+/// boundary); `None` for a binary, which is no process.
+pub fn target_name(target: &TargetInfo) -> Option<(u32, String)> {
+    match target {
+        TargetInfo::Process { pid, comm, .. } => Some((*pid, comm.clone())),
+        TargetInfo::Command { pid, exe, .. } => {
+            let name = exe.rsplit('/').next().unwrap_or(exe);
+            let cut = name.char_indices().map(|(i, c)| i + c.len_utf8()).take_while(|&end| end <= 15).last();
+            Some((*pid, name[..cut.unwrap_or(0)].to_string()))
+        }
+        TargetInfo::Binary { .. } => None,
+    }
+}
+
+/// The process an event names, and its name: a forked child starts with its parent's name, an
+/// exec renames the process, and a process's exit says its last name (it may have renamed
+/// itself). A thread's spawn or exit names the thread, not the process.
+pub fn named_by(e: &Event) -> Option<(u32, &str)> {
+    let (pid, comm) = match &e.data {
+        EventData::Spawn(data::Spawn { child_pid, how: SpawnHow::Fork, comm, .. }) => (*child_pid, comm),
+        EventData::Spawn(data::Spawn { how: SpawnHow::Exec, comm, .. }) => (e.pid, comm),
+        EventData::Exit(data::Exit { thread: false, comm, .. }) => (e.pid, comm),
+        _ => return None,
+    };
+    (!comm.is_empty()).then_some((pid, comm.as_str()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +82,12 @@ mod tests {
             vec![TargetInfo::Command { pid: 1, argv: vec![], exe: "/usr/bin/a_very_long_program_name".into() }];
         names.begin(&start);
         assert_eq!(names.label(1), "a_very_long_pro (1)");
+        // Cut at 15 bytes, not characters, and never inside a character.
+        let exe = |exe: &str| TargetInfo::Command { pid: 4, argv: vec!["argv0".into()], exe: exe.into() };
+        assert_eq!(target_name(&exe("/opt/ééééééééé")), Some((4, "ééééééé".to_string())));
+        assert_eq!(target_name(&exe("/opt/aaaaaaaaaaaaaaé")), Some((4, "aaaaaaaaaaaaaa".to_string())));
+        assert_eq!(target_name(&exe("x")), Some((4, "x".to_string())));
+        assert_eq!(target_name(&TargetInfo::Binary { path: "/bin/x".into() }), None);
         let fork = EventData::Spawn(data::Spawn {
             parent_pid: 1,
             child_pid: 2,

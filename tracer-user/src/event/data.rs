@@ -7,6 +7,8 @@ use std::{fmt, sync::Arc};
 
 use serde::{Deserialize, Serialize, Serializer};
 
+use super::json::omit_when_empty;
+
 /// Most argument registers a call records: Go's nine (rax, rbx, rcx, rdi, rsi, r8-r11).
 pub const MAX_ARGS: usize = 9;
 
@@ -144,16 +146,16 @@ pub struct Call<N = Arc<str>> {
     pub module: N,
     pub args: Args,
     /// The goroutine that made the call (Go functions only).
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub goid: Option<u64>,
     /// The parameters by name, in declaration order, typed by the function's DWARF (empty
     /// without it).
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub params: Params,
     /// Where the function is defined (from its DWARF).
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub file: Option<Arc<str>>,
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub line: Option<u32>,
 }
 
@@ -166,20 +168,20 @@ pub struct Return<N = Arc<str>> {
     /// `None` when the call was not seen (it began before tracing did, or its record was lost).
     pub duration_ns: Option<u64>,
     /// The goroutine that returned (Go functions only).
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub goid: Option<u64>,
     /// The return value typed by the function's DWARF (`None` without it, or for `void`).
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub ret: Option<SourceValue>,
     /// `Some(true)`: the call's frame was left without a return of its own (an exception, a
     /// panic or `longjmp` unwound past it, or its thread ended or replaced its program), as the
     /// next event at its stack position or above showed; `retval` is 0 and `ts` is when that was
     /// seen. Only for returns probed where they happen (`record::resolve::unwinding`).
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub unwound: Option<bool>,
     /// `Some(true)`: the function ended by jumping to another (a tail call), whose return value
     /// it passes on unseen: `retval` is 0.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub tail_call: Option<bool>,
 }
 
@@ -307,10 +309,10 @@ pub struct Send {
     pub digest: Option<u64>,
     /// `--capture-bytes`: the first bytes transferred (vectored syscalls: of the first buffer);
     /// `None` when capture is off.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub payload: Option<Payload>,
     /// With `payload`: true when fewer bytes were captured than transferred.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub payload_truncated: Option<bool>,
 }
 
@@ -333,18 +335,18 @@ pub struct Recv {
     #[serde(default)]
     pub digest: Option<u64>,
     /// As in [`Send::payload`].
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub payload: Option<Payload>,
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub payload_truncated: Option<bool>,
     /// A `MSG_PEEK` receive: the bytes were copied but stay queued for a later receive, so a peek
     /// counts in no byte total and is linked to no send.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub peek: bool,
     /// A datagram receive with `MSG_TRUNC` whose message was longer than the buffer: the bytes
     /// of the message beyond the buffer, which the kernel discarded (`bytes` is what the program
     /// got; `bytes + discarded` what the syscall returned).
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub discarded: Option<u64>,
 }
 
@@ -468,11 +470,15 @@ pub struct Log {
     pub log_type: LogType,
     pub level: Level,
     /// The logger's name (`tracing`'s target, `log`'s target).
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub source: Option<String>,
     pub message: String,
     /// The C function, or the Rust module path.
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub function: Option<String>,
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub file: Option<String>,
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub line: Option<u32>,
     /// The current spans' names, outermost first (`tracing`).
     #[serde(default)]
@@ -558,9 +564,9 @@ pub struct Watch {
     /// executable's code, or in a system call).
     #[serde(default)]
     pub function: Option<Arc<str>>,
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub file: Option<Arc<str>>,
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub line: Option<u32>,
 }
 

@@ -1,25 +1,27 @@
 //! The JSON line of a plain call or return, written straight into a buffer.
 //!
 //! Calls and returns are nearly every line of a trace, and `tracer record` writes them while the
-//! traced program runs: through serde, a line costs a dozen field calls, each checked against
-//! [`super::json::OMITTED_WHEN_EMPTY`] and probed for emptiness, and a dozen small writes
-//! (profiled: escaping and copying were a third of the tracer's CPU time). Here a call or return
-//! without source-level fields (`params`, `file`, `line`, `ret`) is written in one pass with
-//! constant keys. The bytes are exactly [`super::json::Line`]'s (a test compares them on every
+//! traced program runs: through serde, a line costs a dozen field calls, each probed for an
+//! [`super::json::omit_when_empty`] mark and for emptiness, and a dozen small writes (profiled:
+//! escaping and copying were a third of the tracer's CPU time). Here a plain call or return
+//! ([`EventData::is_plain_call`]: no source-level fields) is written in one pass with constant
+//! keys. The bytes are exactly [`super::json::Line`]'s (a test compares them on every
 //! shape of call and return); strings are escaped by serde_json itself unless they need no
 //! escaping, the common case for function names, paths and host names.
 
 use super::{Event, EventData, data};
 
 /// Appends `event`'s line (without the newline) to `out` and returns true, or returns false
-/// without writing when `event` is not a plain call or return (the caller serializes it).
+/// without writing when `event` is not a plain call or return ([`EventData::is_plain_call`]; the
+/// caller serializes it).
 pub fn write(event: &Event, out: &mut Vec<u8>) -> bool {
+    if !event.data.is_plain_call() {
+        return false;
+    }
     match &event.data {
         // Every field is named (no `..`): a field added to the model does not compile here until
-        // this writer writes it or leaves the event to serde.
-        EventData::Call(data::Call { function, module, args, goid: call_goid, params, file, line })
-            if params.is_empty() && file.is_none() && line.is_none() =>
-        {
+        // this writer writes it or `EventData::is_plain_call` leaves such events to serde.
+        EventData::Call(data::Call { function, module, args, goid: call_goid, params: _, file: _, line: _ }) => {
             head(out, b"{\"kind\":\"call\"", event);
             name(out, b",\"function\":", function);
             name(out, b",\"module\":", module);
@@ -39,9 +41,9 @@ pub fn write(event: &Event, out: &mut Vec<u8>) -> bool {
             retval,
             duration_ns,
             goid: ret_goid,
-            ret: None,
-            unwound: None,
-            tail_call: None,
+            ret: _,
+            unwound: _,
+            tail_call: _,
         }) => {
             head(out, b"{\"kind\":\"return\"", event);
             name(out, b",\"function\":", function);
@@ -73,7 +75,7 @@ fn head(out: &mut Vec<u8>, kind: &[u8], event: &Event) {
     number(out, event.tid as u64);
 }
 
-/// A Go call's or return's goroutine; left out when there is none (as `OMITTED_WHEN_EMPTY` says).
+/// A Go call's or return's goroutine; left out when there is none (its field is `omit_when_empty`).
 fn goid(out: &mut Vec<u8>, goid: Option<u64>) {
     if let Some(g) = goid {
         out.extend_from_slice(b",\"goid\":");

@@ -7,8 +7,8 @@
 //! - Enums with fields (a channel, a target) are objects tagged by a `type` field that comes
 //!   first, where the model (and postcard, which cannot read internally tagged enums) has serde's
 //!   external tagging.
-//! - The fields of [`OMITTED_WHEN_EMPTY`] are left out when empty (postcard cannot read skipped
-//!   fields, so the model never skips one), and read back as empty when absent.
+//! - Fields marked [`omit_when_empty`] by their struct are left out when empty (postcard cannot
+//!   read skipped fields, so the model never skips one), and read back as empty when absent.
 //! - A `recv` line also has `flow_id`, the first of its `flow_ids` (or null), before them.
 //!
 //! Reading is one pass over a line, names borrowed from it and interned, for speed: a line whose
@@ -25,32 +25,20 @@ use serde::{
 
 use super::{Event, EventData, Interner, TraceEnd, TraceItem, TraceStart};
 
-/// Fields left out of a line when empty (none, an empty list or map, or an object whose fields are
-/// all empty): a Go call's `goid`, a trace's `probe_paths` (and their `moved`), a merged trace's
-/// `hosts`, a host's `lost`, a `machine` that could not be read, a call's `params`, `file`,
-/// `line` and a return's `ret` (calls at source level) when the function has no DWARF, a return's
-/// `unwound` and `tail_call` unless set, a message's `payload` and `payload_truncated` when
-/// payloads are not captured, and a receive's `peek` (when false) and `discarded`.
-pub const OMITTED_WHEN_EMPTY: &[&str] = &[
-    "goid",
-    "probe_paths",
-    "moved",
-    "aliases",
-    "filters",
-    "hosts",
-    "lost",
-    "machine",
-    "params",
-    "file",
-    "line",
-    "ret",
-    "unwound",
-    "tail_call",
-    "payload",
-    "payload_truncated",
-    "peek",
-    "discarded",
-];
+/// The name a field's value is wrapped in by [`omit_when_empty`]: a serde newtype struct, which
+/// postcard (the wire, the native format) writes as the bare value and JSON recognizes.
+const OMIT_WHEN_EMPTY: &str = "$tracer::omit_when_empty";
+
+/// For `#[serde(serialize_with = "…::omit_when_empty")]` on a field of the model: JSON leaves the
+/// field out when it is empty (none, an empty list or map, `false`, or an object whose fields are
+/// all empty), and the struct reads it back as empty with `#[serde(default)]`.
+///
+/// Not `skip_serializing_if`: that would skip the field in postcard too, which writes fields
+/// without names and so cannot read a struct with one missing. The mark is a newtype struct of a
+/// reserved name, which postcard writes as the bare value (the wire and `.trc` are unchanged).
+pub fn omit_when_empty<T: Serialize + ?Sized, S: Serializer>(value: &T, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_newtype_struct(OMIT_WHEN_EMPTY, value)
+}
 
 /// The field that tags a line.
 const KIND: &str = "kind";
@@ -75,8 +63,8 @@ impl TraceItem {
     }
 }
 
-/// Any value of the model in its JSON encoding (its enums tagged by `type`, empty fields of
-/// [`OMITTED_WHEN_EMPTY`] left out), e.g. to embed a channel in another format's arguments.
+/// Any value of the model in its JSON encoding (its enums tagged by `type`, empty fields marked
+/// [`omit_when_empty`] left out), e.g. to embed a channel in another format's arguments.
 pub struct Json<'a, T: ?Sized>(pub &'a T);
 
 impl<T: Serialize + ?Sized> Serialize for Json<'_, T> {
@@ -656,7 +644,7 @@ impl<S: ser::SerializeStruct> ser::SerializeStruct for Fields<'_, S> {
         {
             self.out.serialize_field("flow_id", &first)?;
         }
-        if OMITTED_WHEN_EMPTY.contains(&key) && is_empty(value) {
+        if omitted(value) {
             return self.out.skip_field(key);
         }
         self.out.serialize_field(key, &Json(value))
@@ -667,8 +655,8 @@ impl<S: ser::SerializeStruct> ser::SerializeStruct for Fields<'_, S> {
     }
 }
 
-/// Serializes the model as JSON: enums with fields tagged by `type` first, fields of
-/// [`OMITTED_WHEN_EMPTY`] left out when empty.
+/// Serializes the model as JSON: enums with fields tagged by `type` first, fields marked
+/// [`omit_when_empty`] left out when empty.
 struct TagInside<S>(S);
 
 /// A compound value of [`TagInside`], whose elements are written the same way.
@@ -827,7 +815,7 @@ impl<C: ser::SerializeStruct> ser::SerializeStruct for Compound<C> {
     type Ok = C::Ok;
     type Error = C::Error;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), C::Error> {
-        if OMITTED_WHEN_EMPTY.contains(&key) && is_empty(value) {
+        if omitted(value) {
             return self.0.skip_field(key);
         }
         self.0.serialize_field(key, &Json(value))
@@ -850,13 +838,22 @@ impl<C: ser::SerializeStruct> ser::SerializeStructVariant for Compound<C> {
 
 // ---- Whether a value is empty ----
 
+/// Whether a field's value is marked [`omit_when_empty`] and is empty.
+fn omitted<T: Serialize + ?Sized>(value: &T) -> bool {
+    value.serialize(EmptyProbe { marked: true }).unwrap_or(false)
+}
+
 /// Whether a value serializes as nothing: none, an empty list or map, or a struct of such.
 fn is_empty<T: Serialize + ?Sized>(value: &T) -> bool {
-    value.serialize(EmptyProbe).unwrap_or(false)
+    value.serialize(EmptyProbe { marked: false }).unwrap_or(false)
 }
 
 /// Answers "is it empty?" by serializing; any value with content ends the probe as an error.
-struct EmptyProbe;
+/// `marked`: only a value marked [`omit_when_empty`] may be empty (the question a field asks).
+#[derive(Clone, Copy)]
+struct EmptyProbe {
+    marked: bool,
+}
 
 #[derive(Debug)]
 struct NotEmpty;
@@ -896,7 +893,7 @@ impl Serializer for EmptyProbe {
 
     /// `false` is empty: a flag is written only when set.
     fn serialize_bool(self, v: bool) -> Result<bool, NotEmpty> {
-        if v { Err(NotEmpty) } else { Ok(true) }
+        if v || self.marked { Err(NotEmpty) } else { Ok(true) }
     }
 
     has_content! {
@@ -907,19 +904,25 @@ impl Serializer for EmptyProbe {
     }
 
     fn serialize_none(self) -> Result<bool, NotEmpty> {
-        Ok(true)
+        self.unmarked(true)
     }
     fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<bool, NotEmpty> {
         Err(NotEmpty)
     }
     fn serialize_unit(self) -> Result<bool, NotEmpty> {
-        Ok(true)
+        self.unmarked(true)
     }
     fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Result<bool, NotEmpty> {
         Err(NotEmpty)
     }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Result<bool, NotEmpty> {
-        value.serialize(self)
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, name: &'static str, value: &T) -> Result<bool, NotEmpty> {
+        if !self.marked {
+            value.serialize(self)
+        } else if name == OMIT_WHEN_EMPTY {
+            Ok(is_empty(value))
+        } else {
+            Err(NotEmpty)
+        }
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
         self,
@@ -931,7 +934,7 @@ impl Serializer for EmptyProbe {
         Err(NotEmpty)
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, NotEmpty> {
-        Ok(NoElement)
+        self.unmarked(NoElement)
     }
     fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, NotEmpty> {
         Err(NotEmpty)
@@ -949,10 +952,10 @@ impl Serializer for EmptyProbe {
         Err(NotEmpty)
     }
     fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, NotEmpty> {
-        Ok(NoElement)
+        self.unmarked(NoElement)
     }
     fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, NotEmpty> {
-        Ok(self)
+        self.unmarked(self)
     }
     fn serialize_struct_variant(
         self,
@@ -962,6 +965,13 @@ impl Serializer for EmptyProbe {
         _: usize,
     ) -> Result<Self::SerializeStructVariant, NotEmpty> {
         Err(NotEmpty)
+    }
+}
+
+impl EmptyProbe {
+    /// `empty` for a value that may be empty unmarked; a marked-only probe refuses it.
+    fn unmarked<T>(self, empty: T) -> Result<T, NotEmpty> {
+        if self.marked { Err(NotEmpty) } else { Ok(empty) }
     }
 }
 

@@ -10,6 +10,7 @@ pub mod data;
 pub mod fast_line;
 pub mod host;
 pub mod json;
+mod probe_paths;
 #[cfg(test)]
 pub(crate) mod test_events;
 mod trace;
@@ -24,7 +25,7 @@ pub use trace::{
     TraceEnd, TraceStart, why_lost,
 };
 
-pub use crate::record::resolve::placement::ProbePaths;
+pub use probe_paths::{ProbePath, ProbePaths};
 
 /// Sets `slot` to `value` unless it already holds that very string: a reader hands out one `Arc`
 /// per distinct name, so a name slot that is reused event after event (a decoder's, a call
@@ -205,6 +206,32 @@ impl<N> EventData<N> {
         }
     }
 
+    /// A call or return with nothing but what the registers and the clock gave: no value from
+    /// DWARF (parameters, file, line, typed return) and no `unwound` or `tail_call` mark. Nearly
+    /// every event of a trace is one; the JSON line writer ([`fast_line`]) and the native
+    /// format's compact layout take only these, and leave the rest to serde and postcard.
+    ///
+    /// Every field is named (no `..`): a field added to `Call` or `Return` does not compile here
+    /// until it is decided whether a plain call may carry it.
+    pub fn is_plain_call(&self) -> bool {
+        match self {
+            EventData::Call(data::Call { function: _, module: _, args: _, goid: _, params, file, line }) => {
+                params.is_empty() && file.is_none() && line.is_none()
+            }
+            EventData::Return(data::Return {
+                function: _,
+                module: _,
+                retval: _,
+                duration_ns: _,
+                goid: _,
+                ret,
+                unwound,
+                tail_call,
+            }) => ret.is_none() && unwound.is_none() && tail_call.is_none(),
+            _ => false,
+        }
+    }
+
     /// The one place that knows which fields are names.
     pub fn map_names<M, E>(self, mut f: impl FnMut(N) -> Result<M, E>) -> Result<EventData<M>, E> {
         Ok(match self {
@@ -372,9 +399,30 @@ mod tests {
         }));
         assert_eq!(
             to_line(&e),
-            r#"{"kind":"log","ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"type":"trace","level":"info","source":null,"message":"hi","function":"run","file":"a.c","line":7,"spans":[],"data":{"n":5},"truncated":false}"#
+            r#"{"kind":"log","ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"type":"trace","level":"info","message":"hi","function":"run","file":"a.c","line":7,"spans":[],"data":{"n":5},"truncated":false}"#
         );
         assert_eq!(round_trip(&e), e);
+        // Without a source, function, file or line (a `print` from a program built without
+        // them), a line has none of the four, and the wire still carries all four.
+        let bare = event(EventData::Log(data::Log {
+            log_type: LogType::Log,
+            level: Level::Warn,
+            source: None,
+            message: "bare".into(),
+            function: None,
+            file: None,
+            line: None,
+            spans: vec![],
+            data: serde_json::Value::Null,
+            truncated: false,
+        }));
+        assert_eq!(
+            to_line(&bare),
+            r#"{"kind":"log","ts":1700000000000000123,"host":"h1","pid":10,"tid":11,"type":"log","level":"warn","message":"bare","spans":[],"data":null,"truncated":false}"#
+        );
+        assert_eq!(round_trip(&bare), bare);
+        let wire = postcard::to_stdvec(&bare.data).unwrap();
+        assert_eq!(postcard::from_bytes::<EventData>(&wire).unwrap(), bare.data);
         let u = event(EventData::Usdt(data::Usdt {
             provider: "p".into(),
             name: "n".into(),

@@ -4,8 +4,7 @@ use std::{collections::BTreeMap, fmt};
 
 use serde::{Deserialize, Serialize};
 
-use super::EventKind;
-use crate::{event::host::Machine, record::resolve::placement::ProbePaths};
+use super::{EventKind, ProbePaths, host::Machine, json::omit_when_empty};
 
 /// What a trace's first line says about it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -25,18 +24,18 @@ pub struct TraceStart {
     pub follow_children: bool,
     /// The probed functions by the path their probes take in this kernel (optimized, emulated,
     /// trap; see `placement`), and those whose probes moved off the symbol.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub probe_paths: ProbePaths,
     /// The probed functions that have other names (aliases: symbols at the same address), by the
     /// name their events carry (the one the user's pattern matched): `open64: [open, __open64]`.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub aliases: BTreeMap<String, Vec<String>>,
     /// A trace merged from several hosts: each host, its clock correction and its targets.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub hosts: Vec<HostInfo>,
     /// The machine that recorded (or, merged, collected) the trace, as it says itself; `host` is
     /// the name the user gave it.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub machine: Option<Machine>,
     /// The kernel that recorded the trace and the mechanisms its features chose; `null` in a
     /// merged trace (each host has its own) and in traces of older versions. Always written:
@@ -69,7 +68,7 @@ pub struct HostInfo {
     /// The name the user gave the host (`--agent NAME=ADDR`): every event of the host carries it.
     pub name: String,
     /// The machine's own identity (host name, boot id, machine id), as its agent read it.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub machine: Option<Machine>,
     /// Subtracted from the host's timestamps (its clock minus the collector's), nanoseconds.
     pub offset_ns: i64,
@@ -133,10 +132,10 @@ pub struct TraceEnd {
     pub ipc: IpcStats,
     /// A trace collected from several hosts: per host, whether its part is complete, and if not
     /// what was lost and why.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub hosts: Vec<HostEnd>,
     /// Functions with a predicate (`-f 'FUNC if EXPR'`), by event name: what the kernel decided.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub filters: BTreeMap<String, FilterStats>,
 }
 
@@ -170,7 +169,7 @@ pub struct HostEnd {
     /// Exit code of the command it launched (128 + signal when killed).
     pub command_exit_code: Option<i32>,
     /// What makes it incomplete; empty when complete.
-    #[serde(default)]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub lost: Vec<HostLoss>,
 }
 

@@ -27,9 +27,12 @@ use serde_json::{Value, json};
 
 use super::{MAX_REMEMBERED_SENDS, lifecycle_name};
 use crate::{
-    analysis::slices::{CallEvent, CallTracker, Calls, Ending, Slice, Track},
+    analysis::{
+        processes,
+        slices::{CallEvent, CallTracker, Calls, Ending, Slice, Track},
+    },
     event::{
-        Event, EventData, SpawnHow, TargetInfo, TraceEnd, TraceStart,
+        Event, EventData, SpawnHow, TraceEnd, TraceStart,
         json::{Json, Line},
     },
     sink::Sink,
@@ -276,38 +279,26 @@ impl<W: Write> Output<W> {
 
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
         self.origin_ns = start.ts;
-        for target in &start.targets {
-            match target {
-                TargetInfo::Process { pid, comm, .. } => {
-                    self.process_names.insert(*pid, comm.clone());
-                    self.thread_names.insert((*pid, *pid), comm.clone());
-                }
-                TargetInfo::Command { pid, exe, .. } => {
-                    let name = exe.rsplit('/').next().unwrap_or(exe).to_string();
-                    self.process_names.insert(*pid, name.clone());
-                    self.thread_names.insert((*pid, *pid), name);
-                }
-                TargetInfo::Binary { .. } => {}
-            }
+        for (pid, name) in start.targets.iter().filter_map(processes::target_name) {
+            self.process_names.insert(pid, name.clone());
+            self.thread_names.insert((pid, pid), name);
         }
         self.start = Some(start.clone());
         self.out.write_all(b"{\"traceEvents\":[\n")
     }
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
+        if let Some((pid, name)) = processes::named_by(e) {
+            self.process_names.insert(pid, name.to_string());
+        }
         match &e.data {
             EventData::Call(data::Call { .. }) | EventData::Return(data::Return { .. }) => {}
             EventData::Spawn(data::Spawn { parent_pid, child_pid, child_tid, how, comm, filename }) => {
                 match how {
-                    SpawnHow::Fork => {
-                        self.process_names.insert(*child_pid, comm.clone());
-                        self.thread_names.insert((*child_pid, *child_tid), comm.clone());
-                    }
-                    SpawnHow::Thread => {
+                    SpawnHow::Fork | SpawnHow::Thread => {
                         self.thread_names.insert((*child_pid, *child_tid), comm.clone());
                     }
                     SpawnHow::Exec => {
-                        self.process_names.insert(e.pid, comm.clone());
                         self.thread_names.insert((e.pid, e.tid), comm.clone());
                     }
                 }
@@ -321,9 +312,6 @@ impl<W: Write> Output<W> {
             EventData::Exit(data::Exit { exit_code, signal, thread, comm }) => {
                 if !comm.is_empty() {
                     self.thread_names.entry((e.pid, e.tid)).or_insert_with(|| comm.clone());
-                    if !thread {
-                        self.process_names.entry(e.pid).or_insert_with(|| comm.clone());
-                    }
                 }
                 let name = lifecycle_name(&e.data).unwrap_or_default();
                 let args = json!({ "exit_code": exit_code, "signal": signal, "thread": thread });

@@ -229,27 +229,24 @@ impl<W: Write> NativeWriter<W> {
     }
 
     fn encode(&mut self, e: &Event) -> io::Result<()> {
-        let compact = !takes_general_encoding(&e.data);
-        let mut tag = match &e.data {
-            EventData::Call(_) if compact => KIND_CALL,
-            EventData::Return(_) if compact => KIND_RETURN,
-            _ => KIND_OTHER,
+        let compact = Compact::of(&e.data);
+        let mut tag = match compact {
+            Some(Compact::Call { .. }) => KIND_CALL,
+            Some(Compact::Return { .. }) => KIND_RETURN,
+            None => KIND_OTHER,
         };
         let host = self.number(&e.host)?;
-        let names = match &e.data {
-            EventData::Call(data::Call { function, module, .. })
-            | EventData::Return(data::Return { function, module, .. })
-                if compact =>
-            {
+        let names = match compact {
+            Some(Compact::Call { function, module, .. } | Compact::Return { function, module, .. }) => {
                 Some((self.number(function)?, self.number(module)?))
             }
-            _ => None,
+            None => None,
         };
         // The other kinds, and calls and returns with source-level values: postcard, as on the
         // wire.
-        let other = match &e.data {
-            EventData::Call(_) | EventData::Return(_) if compact => None,
-            data => Some(data.clone().map_names(|name| self.number(&name))?),
+        let other = match compact {
+            Some(_) => None,
+            None => Some(e.data.clone().map_names(|name| self.number(&name))?),
         };
         let new_host = self.context.host != Some(host);
         if new_host {
@@ -263,17 +260,14 @@ impl<W: Write> NativeWriter<W> {
         if same_names {
             tag |= SAME_NAMES;
         }
-        let goid = match &e.data {
-            EventData::Call(c) if compact => c.goid,
-            EventData::Return(r) if compact => r.goid,
-            _ => None,
+        let goid = match compact {
+            Some(Compact::Call { goid, .. } | Compact::Return { goid, .. }) => goid,
+            None => None,
         };
         if goid.is_some() {
             tag |= GOID;
         }
-        if let EventData::Return(data::Return { duration_ns: Some(_), .. }) = &e.data
-            && compact
-        {
+        if let Some(Compact::Return { duration_ns: Some(_), .. }) = compact {
             tag |= DURATION;
         }
         let out = &mut self.events;
@@ -290,10 +284,10 @@ impl<W: Write> NativeWriter<W> {
             put_varint(out, function as u64);
             put_varint(out, module as u64);
         }
-        match &e.data {
-            EventData::Call(c) if compact => {
+        match compact {
+            Some(Compact::Call { args, .. }) => {
                 let prev = self.context.args.of(e.tid);
-                let args = c.args.as_slice();
+                let args = args.as_slice();
                 let mut mask = 0u64;
                 for (i, (&v, p)) in args.iter().zip(prev.iter()).enumerate() {
                     if v != *p {
@@ -308,13 +302,13 @@ impl<W: Write> NativeWriter<W> {
                     }
                 }
             }
-            EventData::Return(r) if compact => {
-                put_varint(out, zigzag(r.retval as i64));
-                if let Some(d) = r.duration_ns {
+            Some(Compact::Return { retval, duration_ns, .. }) => {
+                put_varint(out, zigzag(retval as i64));
+                if let Some(d) = duration_ns {
                     put_varint(out, d);
                 }
             }
-            _ => {}
+            None => {}
         }
         if let Some(g) = goid {
             put_varint(out, g);
@@ -333,14 +327,40 @@ impl<W: Write> NativeWriter<W> {
     }
 }
 
-/// A call or return with values from DWARF (parameters, file, line, typed return), or a return
-/// marked `unwound` or `tail_call`: rare next to the register-only stream the compact layout is
-/// for, so these take the general encoding.
-fn takes_general_encoding<N>(data: &EventData<N>) -> bool {
-    match data {
-        EventData::Call(c) => !c.params.is_empty() || c.file.is_some() || c.line.is_some(),
-        EventData::Return(r) => r.ret.is_some() || r.unwound.is_some() || r.tail_call.is_some(),
-        _ => false,
+/// What the compact layout writes of a plain call or return ([`EventData::is_plain_call`]); a
+/// call or return with values from DWARF (parameters, file, line, typed return), or marked
+/// `unwound` or `tail_call`, is rare next to the register-only stream this layout is for, and
+/// takes the general encoding.
+#[derive(Clone, Copy)]
+enum Compact<'a> {
+    Call { function: &'a Arc<str>, module: &'a Arc<str>, args: &'a Args, goid: Option<u64> },
+    Return { function: &'a Arc<str>, module: &'a Arc<str>, retval: u64, duration_ns: Option<u64>, goid: Option<u64> },
+}
+
+impl<'a> Compact<'a> {
+    fn of(event: &'a EventData) -> Option<Compact<'a>> {
+        if !event.is_plain_call() {
+            return None;
+        }
+        // Every field is named (no `..`): a field added to `Call` or `Return` does not compile
+        // here until this layout writes it (and the reader reads it) or `is_plain_call` sends
+        // events that carry it to the general encoding.
+        match event {
+            EventData::Call(data::Call { function, module, args, goid, params: _, file: _, line: _ }) => {
+                Some(Compact::Call { function, module, args, goid: *goid })
+            }
+            EventData::Return(data::Return {
+                function,
+                module,
+                retval,
+                duration_ns,
+                goid,
+                ret: _,
+                unwound: _,
+                tail_call: _,
+            }) => Some(Compact::Return { function, module, retval: *retval, duration_ns: *duration_ns, goid: *goid }),
+            _ => None,
+        }
     }
 }
 
@@ -744,11 +764,23 @@ fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) 
                 return Err("a call with a duration".into());
             }
             let event = &mut batch.call;
-            let EventData::Call(call) = &mut event.data else { unreachable!("the call slot holds a call") };
-            set_name(&mut call.function, function);
-            set_name(&mut call.module, module);
-            call.args = Args::new(&prev[..len]);
-            call.goid = goid;
+            // Every field is named: the slot's others stay empty (a plain call's).
+            let EventData::Call(data::Call {
+                function: slot_function,
+                module: slot_module,
+                args: slot_args,
+                goid: slot_goid,
+                params: _,
+                file: _,
+                line: _,
+            }) = &mut event.data
+            else {
+                unreachable!("the call slot holds a call")
+            };
+            set_name(slot_function, function);
+            set_name(slot_module, module);
+            *slot_args = Args::new(&prev[..len]);
+            *slot_goid = goid;
             event
         }
         KIND_RETURN => {
@@ -757,12 +789,25 @@ fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) 
             let duration_ns = if tag & DURATION != 0 { Some(c.varint()?) } else { None };
             let goid = if tag & GOID != 0 { Some(c.varint()?) } else { None };
             let event = &mut batch.ret;
-            let EventData::Return(ret) = &mut event.data else { unreachable!("the return slot holds a return") };
-            set_name(&mut ret.function, function);
-            set_name(&mut ret.module, module);
-            ret.retval = retval;
-            ret.duration_ns = duration_ns;
-            ret.goid = goid;
+            // Every field is named: the slot's others stay empty (a plain return's).
+            let EventData::Return(data::Return {
+                function: slot_function,
+                module: slot_module,
+                retval: slot_retval,
+                duration_ns: slot_duration,
+                goid: slot_goid,
+                ret: _,
+                unwound: _,
+                tail_call: _,
+            }) = &mut event.data
+            else {
+                unreachable!("the return slot holds a return")
+            };
+            set_name(slot_function, function);
+            set_name(slot_module, module);
+            *slot_retval = retval;
+            *slot_duration = duration_ns;
+            *slot_goid = goid;
             event
         }
         KIND_OTHER => {
@@ -770,7 +815,7 @@ fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) 
                 .map_err(|e| format!("an event does not decode: {e}"))?;
             c.pos = c.bytes.len() - rest.len();
             let data = wire.map_names(|n| string(strings, n))?;
-            if matches!(data, EventData::Call(_) | EventData::Return(_)) && !takes_general_encoding(&data) {
+            if data.is_plain_call() {
                 return Err("a call or return encoded as another kind".into());
             }
             batch.other = Some(Event { ts, host: host.clone(), pid, tid, data });

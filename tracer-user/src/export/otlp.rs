@@ -45,8 +45,11 @@ use prost::Message as _;
 use siphasher::sip128::Hasher128 as _;
 
 use crate::{
-    analysis::slices::{CallEvent, CallTracker, Calls, Ending},
-    event::{Event, EventData, TargetInfo, TraceEnd, TraceStart, Track, data},
+    analysis::{
+        processes,
+        slices::{CallEvent, CallTracker, Calls, Ending},
+    },
+    event::{Event, EventData, TraceEnd, TraceStart, Track, data},
     export::lifecycle_name,
     sink::Sink,
 };
@@ -764,33 +767,27 @@ impl Spans {
         });
         let targets: Vec<_> = own.chain(hosts).collect();
         for (host, target) in targets {
-            let (pid, comm) = match target {
-                TargetInfo::Process { pid, comm, .. } => (*pid, comm.clone()),
-                TargetInfo::Command { pid, argv, .. } => {
-                    (*pid, argv.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string()).unwrap_or_default())
-                }
-                TargetInfo::Binary { .. } => continue,
-            };
-            let p = self.process(&host, pid, start.ts);
-            p.comm = Arc::from(comm.chars().take(15).collect::<String>());
+            if let Some((pid, comm)) = processes::target_name(target) {
+                self.process(&host, pid, start.ts).comm = Arc::from(comm);
+            }
         }
     }
 
     fn event(&mut self, e: &Event) {
+        if let EventData::Spawn(s) = &e.data
+            && s.how == data::SpawnHow::Fork
+        {
+            // The child's own trace starts here.
+            self.process(&e.host, s.child_pid, e.ts);
+        }
+        if let Some((pid, comm)) = processes::named_by(e) {
+            self.process(&e.host, pid, e.ts).comm = Arc::from(comm);
+        }
         match &e.data {
             EventData::Call(_) | EventData::Return(_) => {}
             EventData::Send(_) | EventData::Recv(_) => self.ipc_span(e),
             EventData::Spawn(s) => {
                 let name = lifecycle_name(&e.data).unwrap_or_default();
-                if s.how == data::SpawnHow::Fork {
-                    // The child's own trace starts here.
-                    let comm = Arc::from(s.comm.as_str());
-                    self.process(&e.host, s.child_pid, e.ts).comm = comm;
-                }
-                if s.how == data::SpawnHow::Exec {
-                    let comm = Arc::from(s.comm.as_str());
-                    self.process(&e.host, e.pid, e.ts).comm = comm;
-                }
                 let attrs = vec![int("tracer.child_pid", s.child_pid as i64)];
                 self.process_event(e, e.pid, name, attrs);
             }
@@ -802,10 +799,6 @@ impl Spans {
                 }
                 if let Some(sig) = x.signal {
                     attrs.push(int("tracer.signal", sig as i64));
-                }
-                if !x.comm.is_empty() {
-                    let comm = Arc::from(x.comm.as_str());
-                    self.process(&e.host, e.pid, e.ts).comm = comm;
                 }
                 self.process_event(e, e.pid, name, attrs);
                 if !x.thread {

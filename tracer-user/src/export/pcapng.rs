@@ -45,8 +45,9 @@ use pcap_file::{
 };
 
 use crate::{
+    analysis::processes,
     event::{
-        Event, EventData, TargetInfo, TraceEnd, TraceStart, data,
+        Event, EventData, TraceEnd, TraceStart, data,
         json::{Json, Line},
     },
     sink::Sink,
@@ -161,6 +162,9 @@ impl<W: Write> PcapngWriter<W> {
 
     /// Remembers what the comments need: each process's name, each thread's innermost call.
     fn follow(&mut self, e: &Event) {
+        if let Some((pid, comm)) = processes::named_by(e) {
+            self.comms.insert((e.host.clone(), pid), comm.to_string());
+        }
         match &e.data {
             EventData::Call(c) => self.stacks.entry((e.host.clone(), e.tid)).or_default().push(c.function.clone()),
             EventData::Return(r) => {
@@ -169,9 +173,6 @@ impl<W: Write> PcapngWriter<W> {
                 {
                     stack.truncate(at);
                 }
-            }
-            EventData::Spawn(s) => {
-                self.comms.insert((e.host.clone(), s.child_pid), s.comm.clone());
             }
             EventData::Exit(_) => {
                 self.stacks.remove(&(e.host.clone(), e.tid));
@@ -342,16 +343,7 @@ fn pcap_error(e: pcap_file::PcapError) -> io::Error {
 impl<W: Write> Sink for PcapngWriter<W> {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
         let host: Arc<str> = start.host.as_str().into();
-        for target in &start.targets {
-            let (pid, comm) = match target {
-                TargetInfo::Process { pid, comm, .. } => (*pid, comm.clone()),
-                TargetInfo::Command { pid, exe, .. } => {
-                    let name = exe.rsplit('/').next().unwrap_or(exe);
-                    // The kernel's `comm`: the first 15 bytes of the executable's name.
-                    (*pid, name.chars().take(15).collect())
-                }
-                TargetInfo::Binary { .. } => continue,
-            };
+        for (pid, comm) in start.targets.iter().filter_map(processes::target_name) {
             self.comms.insert((host.clone(), pid), comm);
         }
         self.writer()?;
