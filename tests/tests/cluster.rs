@@ -259,6 +259,11 @@ fn a_dropped_link_is_resumed_without_loss_or_duplicates() {
     .map(|s| s.to_string())
     .collect();
     let collector = TracerRun::spawn(&args, out.clone());
+    // Cut the link once both commands run and the client has had time to connect (a fixed
+    // delay from the collector's start was too short on a loaded machine: the cut came before the
+    // connection, the client gave up and the server waited for it for ever).
+    _a.wait_for_log("started");
+    _b.wait_for_log("started");
     std::thread::sleep(Duration::from_millis(500));
     net.set_link(0, false);
     // Longer than the collector waits for a silent agent (3 s).
