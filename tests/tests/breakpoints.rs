@@ -170,7 +170,11 @@ fn break_and_watch_events_reach_every_format() {
         ],
     );
     assert_eq!(trace.of_kind("break").count(), 50);
-    assert_eq!(trace.of_kind("watch").count(), 50);
+    // Each write once: the uprobe's single-step after a write does not report it again (QEMU's
+    // emulated CPU does, see docs/breakpoints.md).
+    let watches: Vec<(u64, &str)> =
+        trace.of_kind("watch").map(|w| (u64_field(w, "value"), w["function"].as_str().unwrap_or("?"))).collect();
+    assert_eq!(watches, (1..=50).map(|i| (i * 2, "bump")).collect::<Vec<_>>());
     let jsonl = dir.path().join("trace.jsonl");
     let export = |name: &str| {
         let out = dir.path().join(name);

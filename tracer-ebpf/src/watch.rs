@@ -2,8 +2,21 @@
 //! each traced thread (inherited by the threads and children it creates) and attaches this
 //! program to it. x86 data breakpoints trap after the access, so the program reads the value the
 //! access left, and the instruction pointer it sees is the instruction after the one that made it.
+//!
+//! A hit during a single-step that repeats the thread's last report is left out: QEMU's emulated
+//! CPU (TCG, the test VMs) recomputes DR6 at every single-step trap from a per-watchpoint "hit"
+//! flag that stays set after the access that raised it (`helper_single_step` calls
+//! `check_hw_breakpoints(env, true)`), so the single-step of a uprobe's displaced instruction
+//! (a `-B` breakpoint, a `-f` function's entry) reports the earlier access again, with the same
+//! value and an instruction pointer in the uprobe area. Real CPUs set a DR6 breakpoint bit at a
+//! single-step only when the stepped instruction made the access.
 
-use aya_ebpf::{helpers::generated::bpf_probe_read_user, macros::perf_event, programs::PerfEventContext};
+use aya_ebpf::{
+    helpers::generated::bpf_probe_read_user,
+    macros::{map, perf_event},
+    maps::LruHashMap,
+    programs::PerfEventContext,
+};
 use tracer_common::{LostSlot, RecordKind, WatchRecord, watch_flags};
 
 use crate::maps::{EVENTS, count_lost, current_ids, enabled, header, is_traced, submit_flags};
@@ -12,6 +25,22 @@ use crate::maps::{EVENTS, count_lost, current_ids, enabled, header, is_traced, s
 /// mode: the kernel accessed the variable on the program's behalf (exec clearing `.bss` byte by
 /// byte, a system call filling it). Those are not the program's accesses and are left out.
 const KERNEL_START: u64 = 0xffff_8000_0000_0000;
+
+/// The trap flag in RFLAGS: set in the registers of a trap taken while single-stepping.
+const EFLAGS_TF: u64 = 1 << 8;
+
+/// A thread and a watched address.
+#[repr(C)]
+struct WatchKey {
+    tid: u32,
+    _pad: u32,
+    address: u64,
+}
+
+/// The value each thread's last reported hit of each watched address found. Least recently used
+/// entries go first: a forgotten one can only let an emulator's repeat through, never hide a hit.
+#[map]
+static LAST_HIT: LruHashMap<WatchKey, u64> = LruHashMap::with_max_entries(16384, 0);
 
 #[perf_event]
 pub fn watch_hit(ctx: PerfEventContext) -> u32 {
@@ -36,7 +65,7 @@ fn try_watch_hit(ctx: &PerfEventContext) -> Result<u32, i64> {
     // SAFETY: `ctx.ctx` is the kernel's `bpf_perf_event_data` for this event; the verifier turns
     // these field loads into reads of the sample (`addr` is the breakpoint's address) and of the
     // registers at the trap.
-    let (address, ip) = unsafe { ((*ctx.ctx).addr, (*ctx.ctx).regs.rip) };
+    let (address, ip, eflags) = unsafe { ((*ctx.ctx).addr, (*ctx.ctx).regs.rip, (*ctx.ctx).regs.eflags) };
     if ip >= KERNEL_START {
         return Ok(0);
     }
@@ -49,6 +78,15 @@ fn try_watch_hit(ctx: &PerfEventContext) -> Result<u32, i64> {
         Some(value) => (value, 0),
         None => (0, watch_flags::READ_FAILED),
     };
+    let key = WatchKey { tid, _pad: 0, address };
+    // SAFETY: the value is a plain u64 copied out at once.
+    let repeat = eflags & EFLAGS_TF != 0 && unsafe { LAST_HIT.get(&key) } == Some(&value);
+    if repeat {
+        return Ok(0);
+    }
+    // A full map evicts its least recently used entry; an insert fails only under memory pressure,
+    // which at worst lets a repeat through.
+    let _ = LAST_HIT.insert(&key, &value, 0);
     let record = WatchRecord { header: header(RecordKind::Watch, tgid, tid), address, ip, value, flags, _pad: 0 };
     let Some(mut entry) = EVENTS.reserve::<WatchRecord>(0) else {
         count_lost(LostSlot::ring_full(RecordKind::Watch));

@@ -32,14 +32,87 @@ pub(super) type Die<'a> = gimli::DebuggingInformationEntry<Slice<'a>>;
 const MAX_TYPE_DEPTH: u32 = 64;
 /// `DW_AT_abstract_origin` / `DW_AT_specification` hops followed at most.
 const MAX_ORIGIN_HOPS: usize = 8;
-pub(super) const MAX_OPS: usize = 64;
-pub(super) const MAX_LOCATION_ENTRIES: usize = 100_000;
+const MAX_OPS: usize = 64;
+const MAX_LOCATION_ENTRIES: usize = 100_000;
+/// Scopes nested deeper than this in one unit are not looked into.
+const MAX_SCOPE_DEPTH: usize = 256;
 
+/// A subprogram's frame base, as `DW_OP_fbreg` offsets are taken from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FrameBase {
+pub(super) enum FrameBase {
+    /// `DW_OP_call_frame_cfa` (gcc).
     Cfa,
-    Rsp,
-    Other,
+    /// A register plus an offset (clang's `DW_OP_reg6`, i.e. rbp; `DW_OP_reg7`, rsp).
+    Register(u16, i64),
+    Unknown,
+}
+
+/// The frame base of a subprogram's DIE.
+pub(super) fn frame_base(unit: &Unit, die: &Die) -> FrameBase {
+    let Some(AttributeValue::Exprloc(expr)) = die.attr_value(DW_AT_frame_base) else {
+        return FrameBase::Unknown;
+    };
+    match operations(expr, unit.encoding()).as_deref() {
+        Some([Operation::CallFrameCFA]) => FrameBase::Cfa,
+        Some([Operation::Register { register }]) => FrameBase::Register(register.0, 0),
+        Some([Operation::RegisterOffset { register, offset, .. }]) => FrameBase::Register(register.0, *offset),
+        _ => FrameBase::Unknown,
+    }
+}
+
+/// The operations of a location expression, at most [`MAX_OPS`]; `None` if it is malformed or
+/// longer.
+pub(super) fn operations<'a>(
+    expr: gimli::Expression<Slice<'a>>,
+    encoding: gimli::Encoding,
+) -> Option<Vec<Operation<Slice<'a>>>> {
+    let mut ops = Vec::new();
+    let mut iter = expr.operations(encoding);
+    loop {
+        match iter.next() {
+            Ok(Some(op)) if ops.len() < MAX_OPS => ops.push(op),
+            Ok(None) => return Some(ops),
+            _ => return None,
+        }
+    }
+}
+
+/// Where a variable or parameter is at one pc, as its `DW_AT_location` says.
+pub(super) enum LocationAt<'a> {
+    /// This expression; `in_list`: from a location list (registers have their values at the pc).
+    Here { expr: gimli::Expression<Slice<'a>>, in_list: bool },
+    /// No `DW_AT_location` at all.
+    Absent,
+    /// A location list with no entry covering the pc.
+    NotHere,
+    /// A location of a form gimli cannot read as a list.
+    UnknownForm,
+    /// A malformed location list.
+    Malformed,
+}
+
+/// Every DIE of a unit in depth-first order, with the value the DIE's parent opened: `visit`
+/// returns `Some(value)` to open a scope that its children see as their parent's, `None` to
+/// open none (they then see `None`). Scopes are nested at most [`MAX_SCOPE_DEPTH`] deep.
+pub(super) fn walk_scopes<'a, T: Copy>(
+    unit: &Unit<'a>,
+    mut visit: impl FnMut(&Die<'a>, isize, Option<T>) -> Result<Option<T>, gimli::Error>,
+) -> Result<(), gimli::Error> {
+    let mut open: Vec<(isize, T)> = Vec::new();
+    let mut cursor = unit.entries();
+    while let Some(entry) = cursor.next_dfs()? {
+        let depth = entry.depth();
+        while open.last().is_some_and(|(d, _)| *d >= depth) {
+            open.pop();
+        }
+        let parent = open.last().filter(|(d, _)| *d == depth - 1).map(|(_, v)| *v);
+        if let Some(value) = visit(entry, depth, parent)?
+            && open.len() < MAX_SCOPE_DEPTH
+        {
+            open.push((depth, value));
+        }
+    }
+    Ok(())
 }
 
 /// A function found in the DIE walk, read once the walk of its unit is done.
@@ -109,21 +182,11 @@ impl<'d, 'a> Reader<'d, 'a> {
 
     /// The functions at these addresses that the DWARF describes (others are left out).
     pub(crate) fn functions(&mut self, wanted: &BTreeSet<u64>) -> Result<BTreeMap<u64, FunctionInfo>, gimli::Error> {
-        let mut headers = Vec::new();
-        let mut iter = self.dwarf.units();
-        while let Some(header) = iter.next()? {
-            if let Some(o) = header.debug_info_offset() {
-                self.unit_offsets.push(o.0);
-            }
-            headers.push(header);
-        }
-        self.unit_offsets.sort_unstable();
         let mut found = BTreeMap::new();
-        for header in headers {
+        for unit in self.all_units()? {
             if found.len() == wanted.len() {
                 break;
             }
-            let unit = self.unit(header)?;
             if !self.unit_holds_any(&unit, wanted)? {
                 continue;
             }
@@ -151,10 +214,6 @@ impl<'d, 'a> Reader<'d, 'a> {
         headers.into_iter().map(|h| self.unit(h)).collect()
     }
 
-    pub(super) fn dwarf(&self) -> &'d gimli::Dwarf<Slice<'a>> {
-        self.dwarf
-    }
-
     pub(super) fn unit(&mut self, header: gimli::UnitHeader<Slice<'a>>) -> Result<Arc<Unit<'a>>, gimli::Error> {
         let key = header.debug_info_offset().map_or(usize::MAX, |o| o.0);
         if let Some(u) = self.units.get(&key) {
@@ -175,7 +234,7 @@ impl<'d, 'a> Reader<'d, 'a> {
         self.languages.get(&unit_key(unit)).copied().unwrap_or(Language::Other(0))
     }
 
-    fn unit_holds_any(&self, unit: &Unit<'a>, wanted: &BTreeSet<u64>) -> Result<bool, gimli::Error> {
+    pub(super) fn unit_holds_any(&self, unit: &Unit<'a>, wanted: &BTreeSet<u64>) -> Result<bool, gimli::Error> {
         let mut ranges = self.dwarf.unit_ranges(unit)?;
         while let Some(r) = ranges.next()? {
             if wanted.range(r.begin..r.end).next().is_some() {
@@ -194,18 +253,12 @@ impl<'d, 'a> Reader<'d, 'a> {
         found: &BTreeMap<u64, FunctionInfo>,
     ) -> Result<(Vec<Candidate>, bool), gimli::Error> {
         let mut candidates: Vec<Candidate> = Vec::new();
-        let mut open: Vec<(usize, isize)> = Vec::new();
         let mut has_types = false;
-        let mut cursor = unit.entries();
-        while let Some(entry) = cursor.next_dfs()? {
-            let depth = entry.depth();
-            while open.last().is_some_and(|(_, d)| *d >= depth) {
-                open.pop();
-            }
-            let parent = open.last().filter(|(_, d)| *d == depth - 1).map(|(i, _)| *i);
+        // A wanted subprogram opens a scope: its index in `candidates`.
+        walk_scopes(unit, |entry, _, parent: Option<usize>| {
             match entry.tag() {
                 DW_TAG_subprogram => {
-                    let Some(address) = self.entry_address(unit, entry)? else { continue };
+                    let Some(address) = self.entry_address(unit, entry)? else { return Ok(None) };
                     if wanted.contains(&address)
                         && !found.contains_key(&address)
                         && !candidates.iter().any(|c| c.address == address)
@@ -216,7 +269,7 @@ impl<'d, 'a> Reader<'d, 'a> {
                             params: Vec::new(),
                             variadic: false,
                         });
-                        open.push((candidates.len() - 1, depth));
+                        return Ok(Some(candidates.len() - 1));
                     }
                 }
                 DW_TAG_formal_parameter => {
@@ -231,7 +284,8 @@ impl<'d, 'a> Reader<'d, 'a> {
                 }
                 tag => has_types |= is_type_tag(tag),
             }
-        }
+            Ok(None)
+        })?;
         Ok((candidates, has_types))
     }
 
@@ -350,27 +404,14 @@ impl<'d, 'a> Reader<'d, 'a> {
             .iter()
             .find_map(|(u, e)| e.attr_value(DW_AT_type).map(|v| (u.clone(), v)))
             .map(|(u, v)| self.type_ref(&u, v));
-        let frame_base = match chain.first().and_then(|(_, e)| e.attr_value(DW_AT_frame_base)) {
-            Some(AttributeValue::Exprloc(expr)) => {
-                let mut ops = expr.operations(unit.encoding());
-                match (ops.next(), ops.next()) {
-                    (Ok(Some(Operation::CallFrameCFA)), Ok(None)) => FrameBase::Cfa,
-                    (Ok(Some(Operation::Register { register })), Ok(None)) if register.0 == 7 => FrameBase::Rsp,
-                    _ => FrameBase::Other,
-                }
-            }
-            _ => FrameBase::Other,
-        };
+        let frame_base = chain.first().map_or(FrameBase::Unknown, |(u, e)| frame_base(u, e));
         let mut raw = Vec::with_capacity(c.params.len());
         for &offset in &c.params {
             let pchain = self.origin_chain(unit, offset);
             let find = |name: DwAt| pchain.iter().find_map(|(u, e)| e.attr_value(name).map(|v| (u.clone(), v)));
             let name = find(DW_AT_name).and_then(|(u, v)| self.string(&u, v));
             let artificial = matches!(find(DW_AT_artificial), Some((_, AttributeValue::Flag(true))));
-            let ty = match find(DW_AT_type) {
-                Some((u, v)) => self.type_ref(&u, v),
-                None => Arc::new(Type::unknown("?", 0, "a parameter without a type")),
-            };
+            let ty = self.chain_type(&pchain, "a parameter without a type");
             let dwarf = match pchain.first() {
                 Some((u, e)) => self.dwarf_entry(u, e, c.address, frame_base, meaningful_bytes(&ty)),
                 None => DwarfEntry::Absent,
@@ -402,23 +443,55 @@ impl<'d, 'a> Reader<'d, 'a> {
         frame_base: FrameBase,
         needed: u64,
     ) -> DwarfEntry {
-        let Some(value) = param.attr_value(DW_AT_location) else { return DwarfEntry::Absent };
-        let evaluate = |expr, in_list| evaluate(expr, unit.encoding(), frame_base, in_list, needed);
-        if let AttributeValue::Exprloc(expr) = value {
-            return evaluate(expr, false);
+        match self.location_at(unit, param, entry_pc) {
+            LocationAt::Here { expr, in_list } => evaluate(expr, unit.encoding(), frame_base, in_list, needed),
+            LocationAt::Absent => DwarfEntry::Absent,
+            LocationAt::NotHere => DwarfEntry::NotAtEntry,
+            LocationAt::UnknownForm | LocationAt::Malformed => DwarfEntry::Expression,
         }
-        let Ok(Some(mut list)) = self.dwarf.attr_locations(unit, value) else { return DwarfEntry::Expression };
+    }
+
+    /// Where `die`'s `DW_AT_location` puts it at `pc`: its expression, or the entry of its
+    /// location list that covers `pc` (at most [`MAX_LOCATION_ENTRIES`] entries looked at).
+    pub(super) fn location_at(&self, unit: &Unit<'a>, die: &Die<'a>, pc: u64) -> LocationAt<'a> {
+        let Some(value) = die.attr_value(DW_AT_location) else { return LocationAt::Absent };
+        if let AttributeValue::Exprloc(expr) = value {
+            return LocationAt::Here { expr, in_list: false };
+        }
+        let Ok(Some(mut list)) = self.dwarf.attr_locations(unit, value) else { return LocationAt::UnknownForm };
         for _ in 0..MAX_LOCATION_ENTRIES {
             match list.next() {
-                Ok(Some(e)) if e.range.begin <= entry_pc && entry_pc < e.range.end => {
-                    return evaluate(e.data, true);
+                Ok(Some(e)) if e.range.begin <= pc && pc < e.range.end => {
+                    return LocationAt::Here { expr: e.data, in_list: true };
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => break,
-                Err(_) => return DwarfEntry::Expression,
+                Err(_) => return LocationAt::Malformed,
             }
         }
-        DwarfEntry::NotAtEntry
+        LocationAt::NotHere
+    }
+
+    /// The type of the first DIE of an origin chain that has one; `missing` says why not.
+    pub(super) fn chain_type(&mut self, chain: &[(Arc<Unit<'a>>, Die<'a>)], missing: &str) -> Arc<Type> {
+        match chain.iter().find_map(|(u, e)| e.attr_value(DW_AT_type).map(|v| (u.clone(), v))) {
+            Some((u, v)) => self.type_ref(&u, v),
+            None => Arc::new(Type::unknown("?", 0, missing)),
+        }
+    }
+
+    /// The address ranges of a DIE (none if it has no code).
+    pub(super) fn ranges(&self, unit: &Unit<'a>, offset: UnitOffset) -> Vec<(u64, u64)> {
+        let Ok(entry) = unit.entry(offset) else { return Vec::new() };
+        let mut out = Vec::new();
+        if let Ok(mut ranges) = self.dwarf.die_ranges(unit, &entry) {
+            while let Ok(Some(r)) = ranges.next() {
+                if r.begin < r.end && out.len() < MAX_LOCATION_ENTRIES {
+                    out.push((r.begin, r.end));
+                }
+            }
+        }
+        out
     }
 
     /// The type a `DW_AT_type` attribute refers to.
@@ -881,7 +954,7 @@ fn part(ops: &[Operation<Slice>], encoding: gimli::Encoding, frame_base: FrameBa
         }
         [Operation::FrameOffset { offset }] => match frame_base {
             FrameBase::Cfa if *offset >= 0 => Part::Stack(*offset as u64),
-            FrameBase::Rsp if in_list && *offset >= 8 => Part::Stack(*offset as u64 - 8),
+            FrameBase::Register(7, 0) if in_list && *offset >= 8 => Part::Stack(*offset as u64 - 8),
             _ => Part::FrameSlot,
         },
         [Operation::FrameOffset { .. }, Operation::Deref { .. }] => Part::FrameSlot,
@@ -909,15 +982,7 @@ fn evaluate(
     in_list: bool,
     needed: u64,
 ) -> DwarfEntry {
-    let mut ops = Vec::new();
-    let mut iter = expr.operations(encoding);
-    loop {
-        match iter.next() {
-            Ok(Some(op)) if ops.len() < MAX_OPS => ops.push(op),
-            Ok(None) => break,
-            _ => return DwarfEntry::Expression,
-        }
-    }
+    let Some(ops) = operations(expr, encoding) else { return DwarfEntry::Expression };
     let mut pieces = Vec::new();
     let mut covered = 0u64;
     let mut start = 0;

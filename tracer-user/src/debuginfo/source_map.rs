@@ -20,12 +20,9 @@ use std::{collections::BTreeMap, path::Path, sync::Arc};
 use gimli::{AttributeValue, Operation, UnitOffset, UnwindSection as _, constants::*};
 
 use super::{
-    dwarf::{MAX_LOCATION_ENTRIES, MAX_OPS, Reader, Slice, Unit},
+    dwarf::{FrameBase, LocationAt, Reader, Slice, Unit, frame_base as frame_base_of, operations, walk_scopes},
     types::Type,
 };
-
-/// Scopes nested deeper than this in one unit are not looked into.
-const MAX_SCOPE_DEPTH: usize = 256;
 
 /// One row of the line table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,16 +198,6 @@ impl<'a> CallFrames<'a> {
     }
 }
 
-/// A subprogram's frame base, as `DW_OP_fbreg` offsets are taken from.
-#[derive(Clone, Copy, Debug)]
-enum FrameBase {
-    /// `DW_OP_call_frame_cfa` (gcc).
-    Cfa,
-    /// A register plus an offset (clang's `DW_OP_reg6`, i.e. rbp).
-    Register(u16, i64),
-    Unknown,
-}
-
 impl<'d, 'a> Reader<'d, 'a> {
     /// The line table and function ranges of every unit.
     pub(crate) fn source_map(&mut self) -> Result<SourceMap, gimli::Error> {
@@ -245,12 +232,14 @@ impl<'d, 'a> Reader<'d, 'a> {
                     map.rows.push(Row { address: row.address(), file, line, is_stmt: row.is_stmt() });
                 }
             }
-            let mut cursor = unit.entries();
-            while let Some(entry) = cursor.next_dfs()? {
-                if entry.tag() != DW_TAG_subprogram {
-                    continue;
+            let mut subprograms = Vec::new();
+            walk_scopes(&unit, |entry, _, _: Option<()>| {
+                if entry.tag() == DW_TAG_subprogram {
+                    subprograms.push(entry.offset());
                 }
-                let offset = entry.offset();
+                Ok(None)
+            })?;
+            for offset in subprograms {
                 let ranges = self.ranges(&unit, offset);
                 if ranges.is_empty() {
                     continue;
@@ -271,43 +260,24 @@ impl<'d, 'a> Reader<'d, 'a> {
         Ok(map)
     }
 
-    /// The address ranges of a DIE (none if it has no code).
-    fn ranges(&self, unit: &Unit<'a>, offset: UnitOffset) -> Vec<(u64, u64)> {
-        let Ok(entry) = unit.entry(offset) else { return Vec::new() };
-        let mut out = Vec::new();
-        if let Ok(mut ranges) = self.dwarf().die_ranges(unit, &entry) {
-            while let Ok(Some(r)) = ranges.next() {
-                if r.begin < r.end && out.len() < MAX_LOCATION_ENTRIES {
-                    out.push((r.begin, r.end));
-                }
-            }
-        }
-        out
-    }
-
     /// A global or static variable named `name` whose location is a fixed address.
     pub(crate) fn global(&mut self, name: &str) -> Result<Option<Global>, gimli::Error> {
         for unit in self.all_units()? {
             let mut found = None;
-            let mut cursor = unit.entries();
-            while let Some(entry) = cursor.next_dfs()? {
-                if entry.tag() != DW_TAG_variable || self.name(&unit, entry).as_deref() != Some(name) {
-                    continue;
+            walk_scopes(&unit, |entry, _, _: Option<()>| {
+                if found.is_none()
+                    && entry.tag() == DW_TAG_variable
+                    && self.name(&unit, entry).as_deref() == Some(name)
+                    && let Some(AttributeValue::Exprloc(expr)) = entry.attr_value(DW_AT_location)
+                    && let Some([Operation::Address { address }]) = operations(expr, unit.encoding()).as_deref()
+                {
+                    found = Some((*address, entry.offset()));
                 }
-                let Some(AttributeValue::Exprloc(expr)) = entry.attr_value(DW_AT_location) else { continue };
-                let mut ops = expr.operations(unit.encoding());
-                if let (Ok(Some(Operation::Address { address })), Ok(None)) = (ops.next(), ops.next()) {
-                    found = Some((address, entry.offset()));
-                    break;
-                }
-            }
+                Ok(None)
+            })?;
             if let Some((address, offset)) = found {
                 let chain = self.origin_chain(&unit, offset);
-                let ty = chain.iter().find_map(|(u, e)| e.attr_value(DW_AT_type).map(|v| (u.clone(), v)));
-                let ty = match ty {
-                    Some((u, v)) => self.type_ref(&u, v),
-                    None => Arc::new(Type::unknown("?", 0, "no type")),
-                };
+                let ty = self.chain_type(&chain, "no type");
                 return Ok(Some(Global { address, ty }));
             }
         }
@@ -321,28 +291,18 @@ impl<'d, 'a> Reader<'d, 'a> {
         pc: u64,
         frames: Option<&CallFrames<'_>>,
     ) -> Result<Option<Vec<Local>>, gimli::Error> {
+        let wanted = std::collections::BTreeSet::from([pc]);
         for unit in self.all_units()? {
-            let mut holds = false;
-            let mut ranges = self.dwarf().unit_ranges(&unit)?;
-            while let Some(r) = ranges.next()? {
-                holds |= r.begin <= pc && pc < r.end;
-            }
-            if !holds {
+            if !self.unit_holds_any(&unit, &wanted)? {
                 continue;
             }
-            // The DIEs in scope: each open DIE's depth and whether pc is inside it (a scope that
-            // holds pc, under scopes that do).
-            let mut open: Vec<(isize, bool)> = Vec::new();
+            // Each DIE opens a scope: whether pc is inside it (a scope that holds pc, under
+            // scopes that do).
             let mut in_function = false;
             let mut frame_base = FrameBase::Unknown;
             let mut found: Vec<UnitOffset> = Vec::new();
-            let mut cursor = unit.entries();
-            while let Some(entry) = cursor.next_dfs()? {
-                let depth = entry.depth();
-                while open.last().is_some_and(|(d, _)| *d >= depth) {
-                    open.pop();
-                }
-                let parent_holds = open.last().is_none_or(|(d, inside)| *d == depth - 1 && *inside);
+            walk_scopes(&unit, |entry, depth, parent: Option<bool>| {
+                let parent_holds = parent.unwrap_or(depth == 0);
                 let tag = entry.tag();
                 let inside = match tag {
                     DW_TAG_compile_unit | DW_TAG_partial_unit => true,
@@ -352,22 +312,20 @@ impl<'d, 'a> Reader<'d, 'a> {
                             && self.ranges(&unit, offset).iter().any(|&(low, high)| low <= pc && pc < high);
                         if here && tag == DW_TAG_subprogram {
                             in_function = true;
-                            frame_base = self.frame_base(&unit, offset);
+                            frame_base = frame_base_of(&unit, entry);
                         }
                         here
                     }
                     DW_TAG_formal_parameter | DW_TAG_variable => {
-                        if parent_holds && in_function && open.len() >= 2 {
+                        if parent_holds && in_function && depth >= 2 {
                             found.push(entry.offset());
                         }
                         false
                     }
                     _ => false,
                 };
-                if open.len() < MAX_SCOPE_DEPTH {
-                    open.push((depth, inside));
-                }
-            }
+                Ok(Some(inside))
+            })?;
             if !in_function {
                 continue;
             }
@@ -375,22 +333,6 @@ impl<'d, 'a> Reader<'d, 'a> {
             return Ok(Some(locals));
         }
         Ok(None)
-    }
-
-    fn frame_base(&self, unit: &Unit<'a>, offset: UnitOffset) -> FrameBase {
-        let Ok(entry) = unit.entry(offset) else { return FrameBase::Unknown };
-        let Some(AttributeValue::Exprloc(expr)) = entry.attr_value(DW_AT_frame_base) else {
-            return FrameBase::Unknown;
-        };
-        let mut ops = expr.operations(unit.encoding());
-        match (ops.next(), ops.next()) {
-            (Ok(Some(Operation::CallFrameCFA)), Ok(None)) => FrameBase::Cfa,
-            (Ok(Some(Operation::Register { register })), Ok(None)) => FrameBase::Register(register.0, 0),
-            (Ok(Some(Operation::RegisterOffset { register, offset, .. })), Ok(None)) => {
-                FrameBase::Register(register.0, offset)
-            }
-            _ => FrameBase::Unknown,
-        }
     }
 
     /// One parameter or variable at `pc` (`None` for one without a name: nothing to show it by).
@@ -404,41 +346,20 @@ impl<'d, 'a> Reader<'d, 'a> {
     ) -> Option<Local> {
         let chain = self.origin_chain(unit, offset);
         let name = chain.iter().find_map(|(u, e)| self.name(u, e))?;
-        let ty = match chain.iter().find_map(|(u, e)| e.attr_value(DW_AT_type).map(|v| (u.clone(), v))) {
-            Some((u, v)) => self.type_ref(&u, v),
-            None => Arc::new(Type::unknown("?", 0, "no type")),
-        };
+        let ty = self.chain_type(&chain, "no type");
         let (_, die) = chain.first()?;
-        let place = match die.attr_value(DW_AT_location) {
-            None => match die.attr_value(DW_AT_const_value) {
+        let place = match self.location_at(unit, die, pc) {
+            LocationAt::Absent => match die.attr_value(DW_AT_const_value) {
                 Some(v) => match v.sdata_value().or_else(|| v.udata_value().map(|u| u as i64)) {
                     Some(c) => LocalPlace::Const(c),
                     None => LocalPlace::Unsupported("a constant that is not an integer".into()),
                 },
                 None => LocalPlace::OptimizedOut,
             },
-            Some(AttributeValue::Exprloc(expr)) => place(expr, unit.encoding(), pc, frame_base, frames),
-            Some(value) => match self.dwarf().attr_locations(unit, value) {
-                Ok(Some(mut list)) => {
-                    let mut place_here = LocalPlace::OptimizedOut;
-                    for _ in 0..MAX_LOCATION_ENTRIES {
-                        match list.next() {
-                            Ok(Some(e)) if e.range.begin <= pc && pc < e.range.end => {
-                                place_here = place(e.data, unit.encoding(), pc, frame_base, frames);
-                                break;
-                            }
-                            Ok(Some(_)) => {}
-                            Ok(None) => break,
-                            Err(_) => {
-                                place_here = LocalPlace::Unsupported("a malformed location list".into());
-                                break;
-                            }
-                        }
-                    }
-                    place_here
-                }
-                _ => LocalPlace::Unsupported("a location of an unknown form".into()),
-            },
+            LocationAt::Here { expr, .. } => place(expr, unit.encoding(), pc, frame_base, frames),
+            LocationAt::NotHere => LocalPlace::OptimizedOut,
+            LocationAt::Malformed => LocalPlace::Unsupported("a malformed location list".into()),
+            LocationAt::UnknownForm => LocalPlace::Unsupported("a location of an unknown form".into()),
         };
         Some(Local { name, ty, place })
     }
@@ -452,15 +373,9 @@ fn place(
     frame_base: FrameBase,
     frames: Option<&CallFrames<'_>>,
 ) -> LocalPlace {
-    let mut ops = Vec::new();
-    let mut iter = expr.operations(encoding);
-    loop {
-        match iter.next() {
-            Ok(Some(op)) if ops.len() < MAX_OPS => ops.push(op),
-            Ok(None) => break,
-            _ => return LocalPlace::Unsupported("a malformed or too long location expression".into()),
-        }
-    }
+    let Some(ops) = operations(expr, encoding) else {
+        return LocalPlace::Unsupported("a malformed or too long location expression".into());
+    };
     match ops.as_slice() {
         [] => LocalPlace::OptimizedOut,
         [Operation::Register { register }] => LocalPlace::Register(register.0),
