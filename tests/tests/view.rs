@@ -1,7 +1,7 @@
-//! `tracer view` and `record --serve` in a real headless Chromium (Debian's `chromium`,
-//! `--dump-dom`: the page as its scripts left it): the flame graph and the function table of a
-//! recorded fixture, a live recording whose counts grow, the token, and trace content that must
-//! stay text.
+//! `tracer view`, `record --serve` and `collect --serve` in a real headless Chromium (Debian's
+//! `chromium`, `--dump-dom`: the page as its scripts left it): the flame graph and the function
+//! table of a recorded fixture, a live recording whose counts grow, a live collection of two
+//! hosts, the token, and trace content that must stay text.
 
 use std::{
     ffi::OsStr,
@@ -12,7 +12,9 @@ use std::{
     time::Duration,
 };
 
-use tracer_tests::{fixture, record, start_tracing, temp_dir, tracer, tracer_bin, wait_with_timeout};
+use tracer_tests::{
+    LocalAgent, fixture, gen_secret, record, start_tracing, temp_dir, tracer, tracer_bin, wait_with_timeout,
+};
 
 /// `tracer view --no-open TRACE`, running; killed when dropped.
 struct Viewer {
@@ -74,7 +76,12 @@ fn dom(url: &str, budget_ms: u32) -> String {
 
 /// The function table's row of `function` in a dumped page (its cells, `data-col` to text).
 fn table_row(dom: &str, function: &str) -> Option<Vec<(String, String)>> {
-    let table = dom.split("id=\"function-table\"").nth(1)?;
+    row_in(dom, "function-table", function)
+}
+
+/// The row of `function` in the table with id `table`.
+fn row_in(dom: &str, table: &str, function: &str) -> Option<Vec<(String, String)>> {
+    let table = dom.split(&format!("id=\"{table}\"")).nth(1)?;
     let row = table.split("<tr>").find(|row| row.contains(&format!("data-col=\"function\">{function}</td>")))?;
     Some(
         row.split("data-col=\"")
@@ -90,6 +97,13 @@ fn table_row(dom: &str, function: &str) -> Option<Vec<(String, String)>> {
 
 fn cell<'a>(row: &'a [(String, String)], column: &str) -> &'a str {
     &row.iter().find(|(c, _)| c == column).unwrap_or_else(|| panic!("no {column} in {row:?}")).1
+}
+
+/// The state the page is drawn from, as the browser holding `token` gets it.
+fn state(base: &str, token: &str) -> serde_json::Value {
+    let (head, body) = get(base, "/api/state", &format!("Cookie: tracer_token={token}\r\n"));
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
 /// A raw HTTP GET (no browser): the status line and headers, and the body.
@@ -268,4 +282,116 @@ fn serving_beyond_loopback_needs_tls() {
     ]);
     run.assert_error("0.0.0.0:0 is not a loopback address: serving it needs --tls-cert and --tls-key");
     assert!(!marker.exists(), "the command ran");
+}
+
+/// `tracer collect --serve` with two agents on loopback (TCP, a shared secret), each launching
+/// the `calls` fixture in its `fib N` mode (fib(N), then it waits): host a fib(10), 177 calls of
+/// fib, host b fib(5), 15 calls. The live page shows both hosts' calls with exact counts: a host
+/// column, each process named with its host, and the table per host.
+#[test]
+fn collect_serves_the_page_live_from_every_host() {
+    let dir = temp_dir();
+    let secret = gen_secret(dir.path(), "s");
+    let secret = secret.to_str().unwrap();
+    let agent_args = ["--listen", "127.0.0.1:0", "--secret-file", secret, "--allow-commands"];
+    let a = LocalAgent::start(dir.path(), "a", &agent_args);
+    let b = LocalAgent::start(dir.path(), "b", &agent_args);
+    let calls = fixture("calls");
+    let calls = calls.to_str().unwrap();
+    let out = dir.path().join("merged.jsonl");
+    let (a_spec, b_spec) = (a.spec("a"), b.spec("b"));
+    let (a_command, b_command) = (format!("a:{calls} fib 10"), format!("b:{calls} fib 5"));
+    let args = [
+        "collect",
+        "--serve",
+        "--agent",
+        &a_spec,
+        "--agent",
+        &b_spec,
+        "--secret-file",
+        secret,
+        "-f",
+        "fib",
+        "-c",
+        &a_command,
+        "-c",
+        &b_command,
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (child, mut stderr, startup) = start_tracing(&args);
+    let url = startup.lines().find_map(url_in).unwrap_or_else(|| panic!("no address in {startup}"));
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let (base, token) = (url.split("/?").next().unwrap(), url.split("token=").nth(1).unwrap());
+    // Both commands' calls are in once the per-host table has them all.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = state(base, token);
+        let rows: Vec<(String, String, u64)> = state["host_functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["host"].as_str().unwrap().into(),
+                    f["function"].as_str().unwrap().into(),
+                    f["calls"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        if rows == [("a".into(), "fib".into(), 177), ("b".into(), "fib".into(), 15)] {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not both hosts' calls: {state}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let page = dom(&url, 2000);
+    let rows = |table: &str| -> Vec<(String, String, String)> {
+        let table = page.split(&format!("id=\"{table}\"")).nth(1).unwrap().split("</table>").next().unwrap();
+        table
+            .split("<tr>")
+            .filter(|row| row.contains("data-col=\"function\">fib</td>"))
+            .map(|row| {
+                let cell = |column: &str| {
+                    let at = row.split(&format!("data-col=\"{column}\">")).nth(1).unwrap();
+                    at.split("</td>").next().unwrap().to_string()
+                };
+                (
+                    cell("host"),
+                    cell("calls"),
+                    if table.contains("data-col=\"process\"") { cell("process") } else { String::new() },
+                )
+            })
+            .collect()
+    };
+    let mut by_process = rows("function-table");
+    by_process.sort();
+    assert_eq!(by_process.len(), 2, "{page}");
+    assert_eq!((&by_process[0].0[..], &by_process[0].1[..]), ("a", "177"), "{by_process:?}");
+    assert_eq!((&by_process[1].0[..], &by_process[1].1[..]), ("b", "15"), "{by_process:?}");
+    assert!(by_process.iter().all(|r| r.2.starts_with("calls (")), "{by_process:?}");
+    let mut by_host = rows("host-function-table");
+    by_host.sort();
+    assert_eq!(by_host, [("a".into(), "177".into(), String::new()), ("b".into(), "15".into(), String::new())]);
+    // Each process's flame graph, named with its host.
+    for host in ["a", "b"] {
+        let section = page.split(&format!("data-host=\"{host}\"><h3>")).nth(1).unwrap_or_else(|| panic!("{page}"));
+        let title = section.split("</h3>").next().unwrap();
+        assert!(title.starts_with("calls (") && title.contains(&format!(") on {host} · ")), "{title}");
+    }
+    assert!(page.contains("recording · "), "{page}");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    let run = wait_with_timeout(child, "tracer collect");
+    assert_eq!(run.code(), 130, "{run:?} {rest}");
+    // The fixtures wait for SIGUSR1 (their trace is over: the agents leave them running).
+    for n in ["10", "5"] {
+        let cmdline = format!("{calls}\0fib\0{n}\0");
+        if let Some(pid) = tracer_tests::find_process(|line| line == cmdline) {
+            // SAFETY: kill(2) on a fixture this test started.
+            unsafe { libc::kill(pid, libc::SIGUSR1) };
+        }
+    }
 }

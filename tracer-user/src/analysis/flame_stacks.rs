@@ -76,18 +76,28 @@ impl StackCollector {
     /// Ends the calls still open at the trace's end; returns the flame graph roots, one per process,
     /// by total time descending (children by name).
     pub fn finish(&mut self, end: &TraceEnd) -> Vec<FlameNode> {
-        self.tree.add_all(self.tracker.finish(end.ts));
+        self.end_calls(end);
         self.snapshot()
+    }
+
+    /// Ends the calls still open at the trace's end (then [`Self::roots`] is the whole trace's).
+    pub fn end_calls(&mut self, end: &TraceEnd) {
+        self.tree.add_all(self.tracker.finish(end.ts));
     }
 
     /// The flame graph roots of the calls that ended so far (for a live view), as [`Self::finish`]
     /// orders them.
     pub fn snapshot(&self) -> Vec<FlameNode> {
+        self.roots().into_iter().map(|(_, node)| node).collect()
+    }
+
+    /// [`Self::snapshot`], each root with its process's pid.
+    pub fn roots(&self) -> Vec<(u32, FlameNode)> {
         let tree = &self.tree;
         let mut roots: Vec<(u32, usize)> =
             tree.roots.iter().filter(|(pid, _)| tree.returned.contains(pid)).map(|(p, n)| (*p, *n)).collect();
         roots.sort_by_key(|&(pid, node)| (std::cmp::Reverse(tree.nodes[node].value), pid));
-        roots.into_iter().map(|(pid, node)| tree.flame_node(node, self.names.label(pid))).collect()
+        roots.into_iter().map(|(pid, node)| (pid, tree.flame_node(node, self.names.label(pid)))).collect()
     }
 }
 

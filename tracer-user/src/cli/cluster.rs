@@ -116,6 +116,9 @@ pub struct CollectArgs {
     /// trace is given up as incomplete.
     #[arg(long, value_name = "DURATION", value_parser = values::duration, default_value = "60")]
     pub reconnect_for: Duration,
+    /// The live page (`--serve [ADDR]`), fed by every host's events as they arrive.
+    #[command(flatten)]
+    pub serve: super::view::ServeArgs,
 }
 
 /// `--buffer-bytes`: a size of at least [`outbox::LEAST_MAX_BYTES`] (and, as every size, at
@@ -243,6 +246,42 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
     Ok(args.agents.iter().map(|a| (a.name.clone(), requests.remove(&a.name).expect("one per agent"))).collect())
 }
 
+/// The live page of a collection: its server, and the thread that feeds its model every host's
+/// events as they arrive (on their hosts' clocks, receives not yet linked to their sends: the
+/// merge does that once the trace stops).
+struct Live {
+    _viewer: tracer_user::view::server::Viewer,
+    model: tracer_user::view::model::SharedSink,
+    feeding: std::thread::JoinHandle<()>,
+}
+
+impl Live {
+    /// Once the trace is stopped (its subscription closed): the page shows the trace whole.
+    fn end(self, end: &tracer_user::event::TraceEnd) {
+        use tracer_user::sink::Sink as _;
+        let _ = self.feeding.join();
+        let mut model = self.model;
+        // The model only aggregates: it has no output that could fail.
+        let _ = model.end(end);
+    }
+}
+
+fn serve_live(args: &super::view::ServeArgs, trace: &collector::ClusterTrace) -> anyhow::Result<Option<Live>> {
+    use tracer_user::{
+        sink::Sink as _,
+        view::model::{SharedSink, ViewModel},
+    };
+    let Some((mut sink, viewer)) = args.start(ViewModel::per_host(), Arc::new(trace.progress()))? else {
+        return Ok(None);
+    };
+    let _ = sink.begin(&trace.start_so_far());
+    let model = SharedSink(sink.0.clone());
+    let feeding = trace.on_event(move |e| {
+        let _ = sink.event(e);
+    });
+    Ok(Some(Live { _viewer: viewer, model, feeding }))
+}
+
 /// The merged trace's first and last lines: what the summary reads.
 struct Merged {
     start: tracer_user::event::TraceStart,
@@ -279,6 +318,7 @@ fn print_output(trace_on_stdout: bool) -> OutputHandler {
 pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
     // Before anything else: with a name given twice, the targets below could go to either host.
     collector::check_names(&args.agents)?;
+    args.serve.check()?;
     let format = output_format(&args.output, args.trace.format)?;
     // The key of every host's OTLP ids: an agent that exports its own spans makes them with its
     // host's, and this collector the same ids of the same events, to link receives to sends
@@ -315,6 +355,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         let stop = stop_signal()?;
         let cluster = Cluster::connect(args.agents.clone(), options).await?;
         let trace = cluster.start(requests).await?;
+        let live = serve_live(&args.serve, &trace)?;
         eprintln!(
             "tracer: tracing on {} host{}; writing {} to {}",
             args.agents.len(),
@@ -365,6 +406,9 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         };
         let (start, end) = trace.stop_into(reason, &mut *sink).await?;
         drop(sink);
+        if let Some(live) = live {
+            live.end(&end);
+        }
         output_file.map(OutputFile::commit).transpose()?;
         let merged = Merged { start, end };
         for host in &merged.start.hosts {

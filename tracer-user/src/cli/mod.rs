@@ -508,7 +508,8 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         print_warnings(&recording.warnings);
         let served = {
             let progress = recording.progress();
-            args.serve.start(Arc::new(move || (progress.events_written(), progress.lost())))?
+            let counters = Arc::new(move || (progress.events_written(), progress.lost()));
+            args.serve.start(tracer_user::view::model::ViewModel::default(), counters)?
         };
         let _viewer = served.map(|(model_sink, viewer)| {
             let file = std::mem::replace(&mut sink, Box::new(Vec::new()));

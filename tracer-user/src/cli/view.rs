@@ -1,4 +1,4 @@
-//! `tracer view` and the `--serve` option of `record`: the viewer's page (see
+//! `tracer view` and the `--serve` option of `record` and `collect`: the viewer's page (see
 //! [`tracer_user::view`]) for a recorded trace or one being recorded.
 
 use std::{
@@ -27,7 +27,7 @@ pub struct ViewArgs {
     pub no_open: bool,
 }
 
-/// `--serve` and its TLS files, for `record`.
+/// `--serve` and its TLS files, for `record` and `collect`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Serve the viewer's page while tracing, on this address (default: 127.0.0.1 and a free
@@ -53,10 +53,10 @@ impl ServeArgs {
         }
     }
 
-    /// With `--serve`: the sink that feeds the page's model, and the server, started.
-    pub fn start(&self, counters: Counters) -> anyhow::Result<Option<(SharedSink, Viewer)>> {
+    /// With `--serve`: the sink that feeds the page's `model`, and the server, started.
+    pub fn start(&self, model: ViewModel, counters: Counters) -> anyhow::Result<Option<(SharedSink, Viewer)>> {
         let Some(addr) = self.serve else { return Ok(None) };
-        let model = Arc::new(Mutex::new(ViewModel::default()));
+        let model = Arc::new(Mutex::new(model));
         let options = ServeOptions { addr, tls_cert: self.tls_cert.clone(), tls_key: self.tls_key.clone() };
         let content = Content { model: model.clone(), trace_file: None, counters: Some(counters) };
         let viewer = server::serve(&options, content).context("cannot serve the viewer")?;

@@ -585,11 +585,20 @@ impl ClusterTrace {
 
     /// The start of the merged trace: the collector's clock and machine.
     fn collector_start(&self, hosts: &[HostTrace]) -> TraceStart {
-        let kinds = hosts
-            .iter()
-            .filter_map(|h| h.start.as_ref())
-            .flat_map(|s| s.events.clone())
-            .collect::<std::collections::BTreeSet<EventKind>>();
+        let starts: Vec<&TraceStart> = hosts.iter().filter_map(|h| h.start.as_ref()).collect();
+        self.start_of(&starts)
+    }
+
+    /// The start a merge of the hosts started so far would have (for a live view of the trace,
+    /// whose events come from [`ClusterTrace::subscribe`]).
+    pub fn start_so_far(&self) -> TraceStart {
+        let starts: Vec<TraceStart> =
+            self.hosts.iter().filter_map(|&i| self.shared.hosts[i].lock().unwrap().start.clone()).collect();
+        self.start_of(&starts.iter().collect::<Vec<_>>())
+    }
+
+    fn start_of(&self, starts: &[&TraceStart]) -> TraceStart {
+        let kinds = starts.iter().flat_map(|s| s.events.clone()).collect::<std::collections::BTreeSet<EventKind>>();
         TraceStart {
             format_version: FORMAT_VERSION,
             host: host::default_name(),
@@ -599,7 +608,7 @@ impl ClusterTrace {
             targets: Vec::new(),
             probes: 0,
             events: kinds.into_iter().collect(),
-            follow_children: hosts.iter().filter_map(|h| h.start.as_ref()).any(|s| s.follow_children),
+            follow_children: starts.iter().any(|s| s.follow_children),
             probe_paths: Default::default(),
             aliases: Default::default(),
             hosts: Vec::new(),
@@ -676,10 +685,14 @@ impl ClusterTrace {
     /// Events received so far from all hosts, and those known lost on the way (an agent's
     /// buffer overflowed while its collector was away); for a status line.
     pub fn received_and_lost(&self) -> (u64, u64) {
-        self.hosts.iter().fold((0, 0), |(received, lost), &i| {
-            let h = self.shared.hosts[i].lock().unwrap();
-            (received + h.next_seq - h.lost_in_transit, lost + h.lost_in_transit)
-        })
+        received_and_lost(&self.shared, &self.hosts)
+    }
+
+    /// [`ClusterTrace::received_and_lost`] as a function that outlives this borrow, for a status
+    /// shown from another thread (the live page's).
+    pub fn progress(&self) -> impl Fn() -> (u64, u64) + Send + Sync + 'static {
+        let (shared, hosts) = (self.shared.clone(), self.hosts.clone());
+        move || received_and_lost(&shared, &hosts)
     }
 
     /// Whether every host's trace has ended (its targets are gone, or it failed).
@@ -785,6 +798,13 @@ impl ClusterTrace {
             rate(events, seconds)
         );
     }
+}
+
+fn received_and_lost(shared: &Shared, hosts: &[usize]) -> (u64, u64) {
+    hosts.iter().fold((0, 0), |(received, lost), &i| {
+        let h = shared.hosts[i].lock().unwrap();
+        (received + h.next_seq - h.lost_in_transit, lost + h.lost_in_transit)
+    })
 }
 
 impl Subscriber {

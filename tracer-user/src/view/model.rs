@@ -1,6 +1,8 @@
 //! What the viewer shows, aggregated as the trace streams (never the events themselves): the
-//! report's per-function and per-process statistics ([`ReportBuilder`]), the flame graph's stacks
-//! ([`StackCollector`]), the spawn tree, the threads, and the first send → receive links. Memory
+//! report's per-function and per-process statistics ([`ReportBuilder`]), and for a trace of
+//! several hosts the same per host (one builder per host, fed that host's events only), the
+//! flame graph's stacks ([`StackCollector`]), the spawn tree, the threads, and the first
+//! send → receive links. Memory
 //! grows with functions, stacks, processes and threads, not with events; the lists that could grow
 //! with events (threads, messages) are capped, and what a cap leaves out is counted and shown.
 
@@ -36,6 +38,23 @@ pub struct ProcessView {
     /// The process that forked it, when the trace saw the fork.
     pub parent: Option<u32>,
     pub host: Option<String>,
+}
+
+/// A process's flame graph: the root, named `comm (pid)`, and the stacks under it.
+#[derive(Clone, Debug, Serialize)]
+pub struct FlameRoot {
+    pub pid: u32,
+    pub host: Option<String>,
+    #[serde(flatten)]
+    pub node: FlameNode,
+}
+
+/// A function's statistics over every process of one host (`report` of that host's events).
+#[derive(Clone, Debug, Serialize)]
+pub struct HostFunction {
+    pub host: String,
+    #[serde(flatten)]
+    pub stats: FunctionStats,
 }
 
 /// A thread whose calls can be listed.
@@ -76,8 +95,10 @@ pub struct State {
     pub last_ts: u64,
     pub start: Option<TraceStart>,
     pub end: Option<TraceEnd>,
-    pub flame: Vec<FlameNode>,
+    pub flame: Vec<FlameRoot>,
     pub functions: Vec<FunctionStats>,
+    /// Per host, for a trace of several hosts (else empty).
+    pub host_functions: Vec<HostFunction>,
     pub processes: Vec<ProcessView>,
     pub threads: Vec<ThreadView>,
     pub threads_not_listed: u64,
@@ -94,9 +115,62 @@ struct PendingSend {
     channel: data::Channel,
 }
 
+/// The function table per host: one [`ReportBuilder`] per host, each fed its host's events.
+#[derive(Default)]
+struct PerHost {
+    start: Option<TraceStart>,
+    builders: BTreeMap<Arc<str>, ReportBuilder>,
+}
+
+impl PerHost {
+    fn event(&mut self, e: &Event) -> io::Result<()> {
+        if let Some(builder) = self.builders.get_mut(&*e.host) {
+            return builder.event(e);
+        }
+        let mut builder = ReportBuilder::new(false);
+        if let Some(start) = &self.start {
+            builder.begin(start)?;
+        }
+        builder.event(e)?;
+        self.builders.insert(e.host.clone(), builder);
+        Ok(())
+    }
+
+    fn functions(reports: impl Iterator<Item = (Arc<str>, Report)>) -> Vec<HostFunction> {
+        reports
+            .flat_map(|(host, report)| {
+                report.functions.into_iter().map(move |stats| HostFunction { host: host.to_string(), stats })
+            })
+            .collect()
+    }
+
+    fn snapshot(&self, now_ns: u64) -> Vec<HostFunction> {
+        Self::functions(self.builders.iter().map(|(host, b)| (host.clone(), b.snapshot(now_ns))))
+    }
+
+    fn finish(&mut self, end: &TraceEnd) -> io::Result<Vec<HostFunction>> {
+        let mut reports = Vec::new();
+        for (host, mut builder) in std::mem::take(&mut self.builders) {
+            builder.end(end)?;
+            reports.push((host, builder.into_report().unwrap_or_default()));
+        }
+        Ok(Self::functions(reports.into_iter()))
+    }
+}
+
+/// The whole trace's aggregates, once it has ended.
+struct Finished {
+    report: Report,
+    flame: Vec<(u32, FlameNode)>,
+    host_functions: Vec<HostFunction>,
+}
+
 /// The viewer's aggregates; a [`Sink`].
 pub struct ViewModel {
     report: ReportBuilder,
+    /// Kept for a trace of several hosts: [`ViewModel::per_host`], or a trace whose start lists
+    /// several.
+    per_host: Option<PerHost>,
     stacks: StackCollector,
     parents: HashMap<u32, u32>,
     hosts: HashMap<u32, Arc<str>>,
@@ -109,14 +183,14 @@ pub struct ViewModel {
     last_ts: u64,
     start: Option<TraceStart>,
     end: Option<TraceEnd>,
-    /// The report and flame graph, once the trace has ended.
-    finished: Option<(Report, Vec<FlameNode>)>,
+    finished: Option<Finished>,
 }
 
 impl Default for ViewModel {
     fn default() -> Self {
         ViewModel {
             report: ReportBuilder::new(true),
+            per_host: None,
             stacks: StackCollector::default(),
             parents: HashMap::new(),
             hosts: HashMap::new(),
@@ -135,12 +209,26 @@ impl Default for ViewModel {
 }
 
 impl ViewModel {
+    /// A model that keeps the function table per host as well, whatever the trace's start says
+    /// (a collector's live trace: its start lists no hosts until the merge).
+    pub fn per_host() -> Self {
+        ViewModel { per_host: Some(PerHost::default()), ..ViewModel::default() }
+    }
+
     /// What the page shows now: the whole trace once it ended, else the calls that ended so far.
     pub fn state(&self) -> State {
-        let (report, flame) = match &self.finished {
-            Some((report, flame)) => (report.clone(), flame.clone()),
-            None => (self.report.snapshot(self.last_ts), self.stacks.snapshot()),
+        let (report, flame, host_functions) = match &self.finished {
+            Some(f) => (f.report.clone(), f.flame.clone(), f.host_functions.clone()),
+            None => (
+                self.report.snapshot(self.last_ts),
+                self.stacks.roots(),
+                self.per_host.as_ref().map_or_else(Vec::new, |p| p.snapshot(self.last_ts)),
+            ),
         };
+        let flame = flame
+            .into_iter()
+            .map(|(pid, node)| FlameRoot { pid, host: self.hosts.get(&pid).map(|h| h.to_string()), node })
+            .collect();
         let processes = report
             .processes
             .into_iter()
@@ -158,6 +246,7 @@ impl ViewModel {
             end: self.end.clone(),
             flame,
             functions: report.functions,
+            host_functions,
             processes,
             threads: self.threads.values().cloned().collect(),
             threads_not_listed: self.threads_not_listed,
@@ -195,6 +284,12 @@ impl Sink for ViewModel {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
         self.start = Some(start.clone());
         self.report.begin(start)?;
+        if start.hosts.len() > 1 && self.per_host.is_none() {
+            self.per_host = Some(PerHost::default());
+        }
+        if let Some(per_host) = &mut self.per_host {
+            per_host.start = Some(start.clone());
+        }
         self.stacks.begin(start);
         Ok(())
     }
@@ -203,6 +298,9 @@ impl Sink for ViewModel {
         self.events += 1;
         self.last_ts = self.last_ts.max(e.ts);
         self.report.event(e)?;
+        if let Some(per_host) = &mut self.per_host {
+            per_host.event(e)?;
+        }
         self.stacks.event(e);
         if !self.hosts.get(&e.pid).is_some_and(|h| Arc::ptr_eq(h, &e.host)) {
             self.hosts.insert(e.pid, e.host.clone());
@@ -229,9 +327,14 @@ impl Sink for ViewModel {
 
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
         self.report.end(end)?;
-        let flame = self.stacks.finish(end);
+        self.stacks.end_calls(end);
+        let flame = self.stacks.roots();
         let report = std::mem::take(&mut self.report).into_report().unwrap_or_default();
-        self.finished = Some((report, flame));
+        let host_functions = match &mut self.per_host {
+            Some(per_host) => per_host.finish(end)?,
+            None => Vec::new(),
+        };
+        self.finished = Some(Finished { report, flame, host_functions });
         self.end = Some(end.clone());
         self.sends.clear();
         Ok(())
@@ -278,7 +381,7 @@ mod tests {
         assert_eq!(live.events, 3);
         let calls: Vec<(&str, u64)> = live.functions.iter().map(|f| (f.function.as_str(), f.calls)).collect();
         assert_eq!(calls, [("work", 1)]);
-        assert_eq!(live.flame[0].children[0].name, "main");
+        assert_eq!(live.flame[0].node.children[0].name, "main");
         assert_eq!(live.threads.len(), 1);
         m.end(&end(1000)).unwrap();
         let done = m.state();
@@ -287,5 +390,42 @@ mod tests {
             done.functions.iter().map(|f| (f.function.as_str(), f.calls, f.unfinished)).collect();
         calls.sort();
         assert_eq!(calls, [("main", 1, 1), ("work", 1, 0)]);
+    }
+
+    #[test]
+    fn a_per_host_model_counts_each_host_s_calls_apart_and_names_the_host_of_each_root() {
+        let on = |host: &str, mut e: Event, pid: u32| {
+            e.host = host.into();
+            e.pid = pid;
+            e.tid = pid;
+            e
+        };
+        let mut m = ViewModel::per_host();
+        m.begin(&start(0)).unwrap();
+        for (host, pid, n) in [("a", 10, 2), ("b", 20, 3)] {
+            for i in 0..n {
+                m.event(&on(host, call(100 + i * 10, 1, "work"), pid)).unwrap();
+                m.event(&on(host, ret(105 + i * 10, 1, "work", Some(5)), pid)).unwrap();
+            }
+        }
+        let check = |state: &State| {
+            let per_host: Vec<(&str, &str, u64)> = state
+                .host_functions
+                .iter()
+                .map(|f| (f.host.as_str(), f.stats.function.as_str(), f.stats.calls))
+                .collect();
+            assert_eq!(per_host, [("a", "work", 2), ("b", "work", 3)]);
+            let mut roots: Vec<(u32, Option<&str>)> = state.flame.iter().map(|r| (r.pid, r.host.as_deref())).collect();
+            roots.sort();
+            assert_eq!(roots, [(10, Some("a")), (20, Some("b"))]);
+        };
+        check(&m.state());
+        m.end(&end(1000)).unwrap();
+        check(&m.state());
+        // One host: no table per host.
+        let mut one = ViewModel::default();
+        one.begin(&start(0)).unwrap();
+        one.event(&call(1, 1, "work")).unwrap();
+        assert!(one.state().host_functions.is_empty());
     }
 }

@@ -65,9 +65,9 @@ function renderStatus() {
 
 // --- flame graph ------------------------------------------------------------------------
 
-function pidOf(label) {
-  const m = /\((\d+)\)$/.exec(label) || /^pid (\d+)$/.exec(label);
-  return m ? Number(m[1]) : null;
+// Whether the trace has several hosts: then processes are named with their host.
+function severalHosts() {
+  return state.host_functions.length > 0 || new Set(state.processes.map(p => p.host)).size > 1;
 }
 
 function callsOf(pid, name) {
@@ -79,8 +79,9 @@ function renderFlames() {
   const box = document.getElementById("flames");
   box.replaceChildren();
   const query = document.getElementById("search").value;
+  const withHost = severalHosts();
   for (const root of state.flame) {
-    const pid = pidOf(root.name);
+    const pid = root.pid;
     let top = root, path = [];
     if (zoom && zoom.pid === pid) {
       for (const name of zoom.path) {
@@ -90,8 +91,9 @@ function renderFlames() {
         path.push(name);
       }
     }
-    const section = el("div", { class: "process", data: { pid: String(pid) } });
-    section.append(el("h3", {}, root.name + " · " + ns(root.value)));
+    const section = el("div", { class: "process", data: { pid: String(pid), host: root.host || "" } });
+    section.append(el("h3", {}, root.name + (withHost && root.host ? " on " + root.host : "") + " · " +
+      ns(root.value)));
     const flame = el("div", { class: "flame" });
     let depth = 0;
     const draw = (node, x, width, level, parent, nodePath) => {
@@ -152,22 +154,9 @@ function hostOf(pid) {
   return p && p.host ? p.host : "";
 }
 
-function renderFunctions() {
-  const select = document.getElementById("process-filter");
-  const chosen = select.value;
-  const pids = [...new Set(state.functions.map(f => f.pid))].sort((a, b) => a - b);
-  select.replaceChildren(el("option", { value: "" }, "all"));
-  for (const pid of pids) {
-    const f = state.functions.find(f => f.pid === pid);
-    const o = el("option", { value: String(pid) }, (f.process || "pid") + " (" + pid + ")" +
-      (hostOf(pid) ? " on " + hostOf(pid) : ""));
-    if (String(pid) === chosen) o.selected = true;
-    select.append(o);
-  }
-  const hosts = new Set(state.processes.map(p => p.host));
-  const table = document.getElementById("function-table");
+// A sortable table of function statistics: `columns` are [key, title, kind].
+function renderTable(table, columns, rows) {
   const head = el("tr");
-  const columns = hosts.size > 1 ? [["host", "host", "text"]].concat(COLUMNS) : COLUMNS;
   for (const [key, title, kind] of columns) {
     const th = el("th", { class: kind === "text" ? "text" : "" },
       title + (sort.column === key ? (sort.descending ? " ▼" : " ▲") : ""));
@@ -178,12 +167,10 @@ function renderFunctions() {
     head.append(th);
   }
   table.tHead.replaceChildren(head);
-  const rows = state.functions
-    .filter(f => chosen === "" || String(f.pid) === chosen)
-    .map(f => Object.assign({ host: hostOf(f.pid), process: (f.process || "") + " (" + f.pid + ")" }, f, {
-      process: (f.process || "pid") + " (" + f.pid + ")" }));
+  rows = rows.slice();
   rows.sort((a, b) => {
     const x = a[sort.column], y = b[sort.column];
+    if (x === undefined || y === undefined) return 0;
     const c = typeof x === "string" ? x.localeCompare(y) : x - y;
     return sort.descending ? -c : c;
   });
@@ -198,6 +185,29 @@ function renderFunctions() {
     body.append(tr);
   }
   table.replaceChild(body, table.tBodies[0]);
+}
+
+function renderFunctions() {
+  const select = document.getElementById("process-filter");
+  const chosen = select.value;
+  const pids = [...new Set(state.functions.map(f => f.pid))].sort((a, b) => a - b);
+  select.replaceChildren(el("option", { value: "" }, "all"));
+  for (const pid of pids) {
+    const f = state.functions.find(f => f.pid === pid);
+    const o = el("option", { value: String(pid) }, (f.process || "pid") + " (" + pid + ")" +
+      (hostOf(pid) ? " on " + hostOf(pid) : ""));
+    if (String(pid) === chosen) o.selected = true;
+    select.append(o);
+  }
+  const host = [["host", "host", "text"]];
+  const rows = state.functions
+    .filter(f => chosen === "" || String(f.pid) === chosen)
+    .map(f => Object.assign({ host: hostOf(f.pid) }, f, { process: (f.process || "pid") + " (" + f.pid + ")" }));
+  renderTable(document.getElementById("function-table"), severalHosts() ? host.concat(COLUMNS) : COLUMNS, rows);
+  // Per host: every process of a host together (the report of that host's events).
+  document.getElementById("per-host").hidden = state.host_functions.length === 0;
+  renderTable(document.getElementById("host-function-table"),
+    host.concat(COLUMNS.filter(([key]) => key !== "process")), state.host_functions);
 }
 
 document.getElementById("process-filter").addEventListener("change", () => state && renderFunctions());
