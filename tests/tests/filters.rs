@@ -177,9 +177,13 @@ fn min_duration_keeps_main_and_drops_the_short_ticks() {
     let (run, t) = record(dir.path(), &args);
     assert_eq!(run.code(), 0, "{run:?}");
     assert_eq!(t.lost(), 0, "{:?}", t.end);
-    t.check_nesting();
+    // Not `check_nesting`: main's entry, written at its return, is back in time order only when
+    // main lasted less than the reordering window (250 ms), and under an emulated VM it does not.
     assert_eq!((t.calls("main").len(), t.returns("main").len()), (1, 1));
-    assert!(t.returns("main")[0]["duration_ns"].as_u64().unwrap() >= 20_000_000);
+    let (call, ret) = (t.calls("main")[0], t.returns("main")[0]);
+    let duration = ret["duration_ns"].as_u64().unwrap();
+    assert!(duration >= 20_000_000);
+    assert_eq!(call["ts"].as_u64().unwrap() + duration, ret["ts"].as_u64().unwrap());
     assert_eq!((t.calls("tick").len(), t.calls("greet").len()), (0, 0));
     assert_eq!(held_counters(&t, "main"), (1, 1, 0, 0));
     assert_eq!(held_counters(&t, "tick"), (200, 0, 200, 0));
