@@ -127,3 +127,88 @@ fn bad_expressions_are_refused_with_a_caret() {
         assert_eq!(lines[2], format!("  {}^", " ".repeat(*caret)), "{pattern}: {run:?}");
     }
 }
+
+fn held_counters(t: &Trace, function: &str) -> (u64, u64, u64, u64) {
+    let c: &Value = &t.end["filters"][function];
+    let (seen, written, filtered) = counters(t, function);
+    (seen, written, filtered, c["entries_lost"].as_u64().unwrap())
+}
+
+#[test]
+fn ret_if_keeps_the_calls_whose_return_passes_with_their_entries() {
+    let t = filtered(&["greet ret-if ret < 0"]);
+    // Each kept call with the arguments its entry saw.
+    assert_eq!(greets(&t), owned(&[("bob", -1, true), ("carol", -3, false)]));
+    let rets: Vec<i64> = t.returns("greet").iter().map(|r| r["ret"].as_i64().unwrap()).collect();
+    assert_eq!(rets, [-2, -6]);
+    assert_eq!(held_counters(&t, "greet"), (7, 2, 5, 0));
+    assert_eq!(t.end["filters"]["greet"]["ret_predicate"], "ret < 0");
+    assert_eq!(t.end["filters"]["greet"]["predicate"], "");
+}
+
+#[test]
+fn ret_if_after_an_entry_predicate_and_on_the_entry_arguments() {
+    // `if loud` refuses bob(2) and carol at entry; `ret-if` then keeps bob(-1) (-2) and bobby
+    // (0) of the five left, by their return and their entry's `name`.
+    let t = filtered(&[r#"greet if loud ret-if ret <= 0 && name =~ "b*""#]);
+    assert_eq!(greets(&t), owned(&[("bob", -1, true), ("bobby", 0, true)]));
+    assert_eq!(held_counters(&t, "greet"), (7, 2, 5, 0));
+}
+
+#[test]
+fn a_held_call_nests_in_its_caller_in_time_order() {
+    let t = filtered(&["visit", "greet ret-if ret > 4"]);
+    assert_eq!(greets(&t), owned(&[("dave", 5, true)]));
+    assert_eq!(t.calls("visit").len(), 2);
+    // check_nesting (in `filtered`) saw greet's entry, written at its return, back in its place:
+    // after visit(5)'s entry and before visit(5)'s return.
+    let at = |e: &Value| e["ts"].as_u64().unwrap();
+    let (visit, greet) = (&t.calls("visit")[1], &t.calls("greet")[0]);
+    assert!(at(visit) < at(greet) && at(greet) < at(t.returns("visit")[1]));
+    assert_eq!(held_counters(&t, "greet"), (7, 1, 6, 0));
+    assert!(t.end["filters"].get("visit").is_none(), "{}", t.end);
+}
+
+#[test]
+fn min_duration_keeps_main_and_drops_the_short_ticks() {
+    let dir = temp_dir();
+    let exe = fixture("filters");
+    let args = ["-f", "main", "-f", "tick", "-f", "greet", "--min-duration", "10ms", "--", exe.to_str().unwrap()];
+    let (run, t) = record(dir.path(), &args);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.lost(), 0, "{:?}", t.end);
+    // Not `check_nesting`: main's entry, written at its return, is back in time order only when
+    // main lasted less than the reordering window (250 ms), and under an emulated VM it does not.
+    assert_eq!((t.calls("main").len(), t.returns("main").len()), (1, 1));
+    let (call, ret) = (t.calls("main")[0], t.returns("main")[0]);
+    let duration = ret["duration_ns"].as_u64().unwrap();
+    assert!(duration >= 20_000_000);
+    assert_eq!(call["ts"].as_u64().unwrap() + duration, ret["ts"].as_u64().unwrap());
+    assert_eq!((t.calls("tick").len(), t.calls("greet").len()), (0, 0));
+    assert_eq!(held_counters(&t, "main"), (1, 1, 0, 0));
+    assert_eq!(held_counters(&t, "tick"), (200, 0, 200, 0));
+    assert_eq!(held_counters(&t, "greet"), (7, 0, 7, 0));
+    assert_eq!(t.end["filters"]["tick"]["min_duration_ns"], 10_000_000);
+}
+
+#[test]
+fn ret_if_mistakes_are_refused_with_a_sentence() {
+    let exe = fixture("filters");
+    let exe = exe.to_str().unwrap();
+    let cases: &[(&str, &str)] = &[
+        ("greet if ret < 0", "not known when the call is decided (at its entry): use `ret-if`"),
+        ("visit ret-if ret == 0", "`ret`: this function returns nothing"),
+        ("greet ret-if ret == \"x\"", "`ret` is a int, not a string"),
+    ];
+    let dir = temp_dir();
+    let out = dir.path().join("t.jsonl");
+    for (pattern, sentence) in cases {
+        let run = tracer(&["record", "-o", out.to_str().unwrap(), "-f", pattern, "--", exe]);
+        assert_ne!(run.code(), 0, "{pattern}: {run:?}");
+        assert!(run.stderr.lines().next().unwrap().contains(sentence), "{pattern}: {run:?}");
+        assert!(!out.exists(), "nothing is written");
+    }
+    let run = tracer(&["record", "-o", out.to_str().unwrap(), "-e", "call", "--min-duration", "1ms", "--", exe]);
+    assert_ne!(run.code(), 0, "{run:?}");
+    assert!(run.stderr.contains("--events must include return"), "{run:?}");
+}

@@ -391,6 +391,10 @@ pub mod cookie {
     /// The function has a predicate (`-f 'FUNC if EXPR'`): an entry probe evaluates it and drops
     /// the call when it fails; a return probe drops the return of a call its entry dropped.
     pub const FILTERED: u64 = 1 << 44;
+    /// The call is decided at its return (`ret-if`, `--min-duration`): the entry probe holds its
+    /// record in the kernel (`HELD`, by thread and entry stack pointer) instead of writing it, and
+    /// the return probe writes both, or neither.
+    pub const HOLD: u64 = 1 << 45;
     pub const OPERAND_SHIFT: u32 = 40;
     pub const SITE_SHIFT: u32 = 48;
     pub const GOID_OFFSET_SHIFT: u32 = 48;
@@ -496,6 +500,10 @@ pub mod cookie {
 
     pub const fn is_filtered(cookie: u64) -> bool {
         cookie & FILTERED != 0
+    }
+
+    pub const fn is_held(cookie: u64) -> bool {
+        cookie & HOLD != 0
     }
 
     pub const fn reads_strings(cookie: u64) -> bool {
@@ -997,6 +1005,9 @@ pub struct Config {
     pub capture_bytes: u32,
     /// 1: `--debug-kernel`: the programs' rare failure paths log a line through aya-log.
     pub debug: u32,
+    /// `--min-duration`: a call whose cookie has `cookie::HOLD` is written only if it lasted at
+    /// least this long (0: any duration).
+    pub min_duration_ns: u64,
     pub offsets: KernelOffsets,
 }
 
@@ -1084,6 +1095,16 @@ pub mod filter {
         /// Refused calls whose return could not be remembered for dropping (the per-thread map
         /// was full): their returns were written, unpaired.
         pub returns_not_dropped: u64,
+        /// Calls decided at their return (`cookie::HOLD`) whose held entry was gone by then
+        /// (evicted from the bounded `HELD` map for lack of room, or the call began before
+        /// tracing did): neither the call nor its return was written.
+        pub entries_lost: u64,
+    }
+
+    /// The `FILTERS` key of a function's return predicate (`ret-if`); its entry predicate is
+    /// keyed by the function index alone.
+    pub const fn ret_key(function: u32) -> u32 {
+        function | 1 << 31
     }
 
     /// Key of the kernel's set of refused calls still open: the thread and the stack pointer at

@@ -3,6 +3,11 @@
 //! program user space compiled (see `tracer_common::filter`). A call it refuses is remembered by
 //! (thread, entry stack pointer) until its return probe, which then drops the return too; calls
 //! nested inside it are probed and decided on their own.
+//!
+//! A call decided at its return (`cookie::HOLD`: a `ret-if` predicate, `--min-duration`) has its
+//! entry record held here, in `HELD` by (thread, entry stack pointer), instead of written; the
+//! return probe takes it back, decides, and writes both or neither. The map is bounded (LRU): a
+//! held entry pushed out for room is counted at its return (`Counts::entries_lost`).
 
 use aya_ebpf::{
     cty::c_void,
@@ -10,9 +15,15 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
-use tracer_common::filter::{
-    ACCEPT, Counts, EQ, GE, GT, LE, LT, MAX_OPS, NE, OpenKey, Program, REJECT, STR_MATCH, STRING_BYTES, STRING_WORDS,
+use tracer_common::{
+    CallRecord,
+    filter::{
+        ACCEPT, Counts, EQ, GE, GT, LE, LT, MAX_OPS, NE, OpenKey, Program, REJECT, STR_MATCH, STRING_BYTES,
+        STRING_WORDS, ret_key,
+    },
 };
+
+use crate::maps::{config, now};
 
 /// Each filtered function's predicate, keyed by function index; filled by user space before the
 /// probes are attached.
@@ -28,6 +39,79 @@ pub static FILTER_COUNTS: PerCpuArray<Counts> = PerCpuArray::with_max_entries(1,
 /// never returns, and its entry ages out instead of filling the map.
 #[map]
 static REFUSED_OPEN: LruHashMap<OpenKey, u8> = LruHashMap::with_max_entries(65536, 0);
+
+/// Entries of calls decided at their return, by (thread, entry stack pointer): at most this many
+/// open at once over all threads (88 bytes each). LRU, for the same reason as `REFUSED_OPEN`.
+#[map]
+static HELD: LruHashMap<OpenKey, CallRecord> = LruHashMap::with_max_entries(16384, 0);
+
+/// Holds `record` (entered with stack pointer `sp` on thread `tid`) until its return decides;
+/// `count`: the call was not counted as seen yet (it has no entry predicate).
+#[inline(always)]
+pub fn hold(record: &CallRecord, tid: u32, sp: u64, count: bool) {
+    let function = tracer_common::cookie::function(record.cookie);
+    let key = OpenKey { tid, _pad: 0, sp };
+    let held = HELD.insert(&key, record, 0).is_ok();
+    // SAFETY: a per-CPU map value; a program runs on one CPU from start to end.
+    if let Some(c) = FILTER_COUNTS.get_ptr_mut(function).map(|c| unsafe { &mut *c }) {
+        if count {
+            c.seen += 1;
+        }
+        if !held {
+            c.entries_lost += 1;
+        }
+    }
+}
+
+/// Counts a held call refused at its entry (it cannot be held: see `uprobe::try_call_entry`);
+/// `count`: as in `hold`.
+#[inline(always)]
+pub fn refuse_now(function: u32, count: bool) {
+    // SAFETY: as in `hold`.
+    if let Some(c) = FILTER_COUNTS.get_ptr_mut(function).map(|c| unsafe { &mut *c }) {
+        if count {
+            c.seen += 1;
+        }
+        c.filtered += 1;
+    }
+}
+
+/// The held entry of the call returning now (entered with `entry_sp` on thread `tid`) if the
+/// call is to be written: it lasted `--min-duration` and its return value `retval` passes the
+/// function's `ret-if` predicate (run on the entry's argument registers and `retval` as rax).
+/// Counted otherwise: refused, or its entry gone.
+#[inline(always)]
+pub fn release(function: u32, tid: u32, entry_sp: u64, retval: u64) -> Option<CallRecord> {
+    let key = OpenKey { tid, _pad: 0, sp: entry_sp };
+    // SAFETY: a map value copied out at once; only this thread's probes use this key.
+    let held = HELD.get_ptr(&key).map(|r| unsafe { *r });
+    let _ = HELD.remove(&key);
+    // SAFETY: as in `hold`.
+    let counts = FILTER_COUNTS.get_ptr_mut(function).map(|c| unsafe { &mut *c });
+    let Some(record) = held else {
+        if let Some(c) = counts {
+            c.entries_lost += 1;
+        }
+        return None;
+    };
+    let long_enough = now().wrapping_sub(record.header.ts_boot_ns) >= config().min_duration_ns;
+    // SAFETY: as in `passes`.
+    let pass = long_enough
+        && match FILTERS.get_ptr(ret_key(function)).map(|p| unsafe { &*p }) {
+            None => true,
+            Some(program) => {
+                let a = record.args;
+                run(program, &[a[0], a[1], a[2], a[3], a[4], a[5], retval])
+            }
+        };
+    if !pass {
+        if let Some(c) = counts {
+            c.filtered += 1;
+        }
+        return None;
+    }
+    Some(record)
+}
 
 /// Whether the call of `function` with these argument registers (rdi, rsi, rdx, rcx, r8, r9, rax)
 /// passes its predicate; a refused one is remembered (thread `tid`, entry stack pointer `sp`) so

@@ -73,7 +73,7 @@ fn try_call_entry<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64>
     // SAFETY: a uprobe's context is the user registers, readable in place.
     let regs = unsafe { &*ctx.regs };
     if cookie::is_ret_site(cookie) {
-        return ret_site::<SLEEPABLE>(regs, cookie, tgid, tid);
+        return ret_site::<SLEEPABLE, true>(regs, cookie, tgid, tid);
     }
     let arg = |n| ctx.arg::<u64>(n).unwrap_or(0);
     let args = [arg(0), arg(1), arg(2), arg(3), arg(4), arg(5)];
@@ -85,7 +85,17 @@ fn try_call_entry<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64>
         }
     }
     let record = CallRecord { header: header(RecordKind::Call, tgid, tid), cookie, args, sp: regs.rsp };
-    if cookie::reads_strings(cookie) {
+    if cookie::is_held(cookie) {
+        if cookie::is_also_exit(cookie) {
+            // Its entry is its exit (a tail-call stub): it lasts no time and its return value is
+            // not known, so it is refused here (one program holding both paths is too large for
+            // 6.1's verifier).
+            filter::refuse_now(cookie::function(cookie), !cookie::is_filtered(cookie));
+            return Ok(0);
+        }
+        // Written by the return, if it passes.
+        filter::hold(&record, tid, regs.rsp, !cookie::is_filtered(cookie));
+    } else if cookie::reads_strings(cookie) {
         let regs = [record.args[0], record.args[1], record.args[2], record.args[3], record.args[4], record.args[5], 0];
         with_strings::<_, SLEEPABLE>(record, RecordKind::Call, cookie, &regs, false)?;
     } else if let Some(mut entry) = EVENTS.reserve::<CallRecord>(0) {
@@ -95,7 +105,7 @@ fn try_call_entry<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64>
         count_lost(LostSlot::ring_full(RecordKind::Call));
     }
     if cookie::is_also_exit(cookie) {
-        return ret_site::<SLEEPABLE>(regs, cookie::exit_of(cookie), tgid, tid);
+        return ret_site::<SLEEPABLE, false>(regs, cookie::exit_of(cookie), tgid, tid);
     }
     Ok(0)
 }
@@ -351,7 +361,13 @@ fn go_return(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i6
 /// record a uretprobe would write, with rsp, which still points at the return address the entry
 /// saw.
 #[inline(always)]
-fn ret_site<const SLEEPABLE: bool>(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i64> {
+/// `HELD`: the cookie may have `cookie::HOLD` (not so for an `ALSO_EXIT` entry's exit).
+fn ret_site<const SLEEPABLE: bool, const HELD: bool>(
+    regs: &pt_regs,
+    cookie: u64,
+    tgid: u32,
+    tid: u32,
+) -> Result<u32, i64> {
     if cookie::is_conditional(cookie) && !cookie::condition_holds(cookie::operand(cookie), regs.eflags) {
         return Ok(0);
     }
@@ -366,10 +382,35 @@ fn ret_site<const SLEEPABLE: bool>(regs: &pt_regs, cookie: u64, tgid: u32, tid: 
         let start = regs.rip.wrapping_sub(cookie::site(cookie));
         retval = register(regs, cookie::operand(cookie)).wrapping_sub(start);
     }
+    // At a tail call the value in rax is not the function's: the callee has not run yet (a
+    // `ret-if` on it sees rax as it is).
+    if HELD && cookie::is_held(cookie) && !release_entry(cookie, tid, regs.rsp, retval) {
+        return Ok(0);
+    }
     let record =
         ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval, rdx: regs.rdx, sp: regs.rsp };
-    // At a tail call the value in rax is not the function's: the callee has not run yet.
     submit_return::<SLEEPABLE>(record, cookie::reads_strings(cookie) && !cookie::is_tail_call(cookie))
+}
+
+/// At the return of a held call (`cookie::HOLD`): whether it passes, its entry then written
+/// (with its strings, read now through the entry's pointers, without faulting pages in: the
+/// sleepable variant made the entry program too large for 6.1's verifier).
+#[inline(always)]
+fn release_entry(cookie: u64, tid: u32, entry_sp: u64, retval: u64) -> bool {
+    let Some(record) = filter::release(cookie::function(cookie), tid, entry_sp, retval) else {
+        return false;
+    };
+    if cookie::reads_strings(record.cookie) {
+        let a = record.args;
+        let regs = [a[0], a[1], a[2], a[3], a[4], a[5], 0];
+        let _ = with_strings::<_, false>(record, RecordKind::Call, record.cookie, &regs, false);
+    } else if let Some(mut entry) = EVENTS.reserve::<CallRecord>(0) {
+        entry.write(record);
+        entry.submit(submit_flags());
+    } else {
+        count_lost(LostSlot::ring_full(RecordKind::Call));
+    }
+    true
 }
 
 /// Writes a return record, with the return value's string when `strings` (its layout in the
@@ -443,7 +484,10 @@ fn try_call_return<const SLEEPABLE: bool>(ctx: &RetProbeContext) -> Result<u32, 
     if cookie::is_filtered(cookie) && filter::refused(tid, sp.wrapping_sub(8)) {
         return Ok(0);
     }
-    let record =
-        ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval: ctx.ret::<u64>(), rdx, sp };
+    let retval = ctx.ret::<u64>();
+    if cookie::is_held(cookie) && !release_entry(cookie, tid, sp.wrapping_sub(8), retval) {
+        return Ok(0);
+    }
+    let record = ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval, rdx, sp };
     submit_return::<SLEEPABLE>(record, cookie::reads_strings(cookie))
 }

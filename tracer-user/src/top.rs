@@ -78,8 +78,8 @@ impl Top {
     /// points, starts tracing the targets and lets the command run.
     pub fn start(plan: Plan, by_process: bool) -> Result<Top, TopError> {
         let Plan { options, processes, binaries, command, probes, functions, filters, .. } = plan;
-        if let Some((f, _, _)) = filters.first() {
-            return Err(TopError::Predicate(functions[*f as usize].name.to_string()));
+        if let Some(f) = filters.first() {
+            return Err(TopError::Predicate(functions[f.function as usize].name.to_string()));
         }
         let child = match &command {
             Some(path) => Some(spawn_stopped(path, &options.command, &options.start).map_err(RecordError::from)?),
@@ -94,6 +94,7 @@ impl Top {
             wakeup_bytes: u64::MAX,
             capture_bytes: 0,
             debug: 0,
+            min_duration_ns: 0,
             offsets: btf.offsets().map_err(RecordError::from)?,
         };
         raise_fd_limit(1024 + probes.len() as u64);

@@ -115,6 +115,10 @@ pub struct RecordArgs {
     /// on stderr, as `tracer: kernel: ...` lines.
     #[arg(long)]
     pub debug_kernel: bool,
+    /// Write only the native calls that last at least this long (1.5 = seconds, 10ms, 250us),
+    /// with their returns; decided in the kernel at each return (docs/record.md).
+    #[arg(long, value_name = "DURATION", value_parser = values::duration)]
+    pub min_duration: Option<Duration>,
     /// Say on stderr what start-up did: the kernel's mechanisms, the ring buffer's size, the
     /// programs loaded.
     #[arg(short, long)]
@@ -484,6 +488,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         attach: args.attach,
         return_probes: args.returns,
         no_sleepable: args.no_sleepable,
+        min_duration_ns: args.min_duration.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         // With `-o -`, standard output is the trace: the command's goes to stderr.
         start: if args.output == Path::new("-") { Start::InheritStdoutToStderr } else { Start::Inherit },
     };
@@ -584,6 +589,12 @@ pub(crate) fn print_summary(end: &TraceEnd, output: &Path) {
         for (kind, n) in end.lost_events.iter().filter(|(_, n)| **n > 0) {
             eprintln!("tracer:   {kind}: {n}: {}", why_lost(kind));
         }
+    }
+    for (function, f) in end.filters.iter().filter(|(_, f)| f.entries_lost > 0 || f.returns_not_dropped > 0) {
+        eprintln!(
+            "tracer: warning: {function}: {} calls decided at their return were not written (their held entry was pushed out of the kernel's full map, or began before tracing), {} returns of refused calls were written unpaired",
+            f.entries_lost, f.returns_not_dropped
+        );
     }
     if end.calls_without_return_probe > 0 {
         eprintln!(

@@ -788,6 +788,7 @@ fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordO
         attach: None,
         return_probes: None,
         no_sleepable: false,
+        min_duration_ns: 0,
     })
 }
 

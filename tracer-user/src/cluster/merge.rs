@@ -332,10 +332,15 @@ fn merged_filters<'a>(
             if m.predicate.is_empty() {
                 m.predicate = s.predicate.clone();
             }
+            if m.ret_predicate.is_none() {
+                m.ret_predicate = s.ret_predicate.clone();
+            }
+            m.min_duration_ns = m.min_duration_ns.max(s.min_duration_ns);
             m.seen += s.seen;
             m.written += s.written;
             m.filtered_out += s.filtered_out;
             m.returns_not_dropped += s.returns_not_dropped;
+            m.entries_lost += s.entries_lost;
         }
     }
     out

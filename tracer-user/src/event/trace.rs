@@ -142,8 +142,14 @@ pub struct TraceEnd {
 /// What one function's predicate did, counted in the kernel.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FilterStats {
-    /// The expression, as written after `if`.
+    /// The expression, as written after `if` (empty for none).
     pub predicate: String,
+    /// The expression after `ret-if`, decided at the return.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ret_predicate: Option<String>,
+    /// `--min-duration`, in nanoseconds, when this function's calls were held for it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub min_duration_ns: u64,
     /// Calls the predicate was evaluated on.
     pub seen: u64,
     /// Calls it passed, written to the ring buffer (one the ring had no room for is counted in
@@ -154,6 +160,14 @@ pub struct FilterStats {
     /// Refused calls whose return could not be remembered (the kernel's map of open refused
     /// calls was full): their returns were written without their calls.
     pub returns_not_dropped: u64,
+    /// Calls decided at their return whose entry the kernel no longer held then (its bounded
+    /// map was full, or the call began before tracing did): neither was written.
+    #[serde(default)]
+    pub entries_lost: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How one host's part of a collected trace ended.

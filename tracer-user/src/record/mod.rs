@@ -82,6 +82,9 @@ pub struct RecordOptions {
     /// `--no-sleepable`: string reads never fault pages in, as on kernels without sleepable
     /// uprobes (tests and benches).
     pub no_sleepable: bool,
+    /// `--min-duration`: only native calls that last at least this long are written, with their
+    /// returns (decided in the kernel at the return: see `cookie::HOLD`); 0 for all.
+    pub min_duration_ns: u64,
 }
 
 impl Default for RecordOptions {
@@ -107,6 +110,7 @@ impl Default for RecordOptions {
             attach: None,
             return_probes: None,
             no_sleepable: false,
+            min_duration_ns: 0,
         }
     }
 }
@@ -141,6 +145,12 @@ pub enum RecordError {
     Filter(#[from] filter::FilterError),
     #[error("-f '... if ...': {0} is a Go function; predicates are evaluated on native (C, C++, Rust) functions only")]
     FilterOnGo(String),
+    #[error(
+        "-f '... ret-if ...' and --min-duration decide a call at its return, but {0} has no return probe here (see the warning above); leave it out or use `if`"
+    )]
+    HeldWithoutReturn(String),
+    #[error("-f '... ret-if ...' and --min-duration decide calls at their returns: --events must include return")]
+    HeldWithoutReturnEvents,
     #[error("--functions needs call or return events, but --events has neither")]
     FunctionsWithoutCallEvents,
     #[error("--capture-bytes is at most {CAPTURE_BYTES_MAX}, got {0}")]

@@ -11,7 +11,7 @@ use tracer_common::{CAPTURE_BYTES_MAX, cookie};
 
 use super::{
     RecordError, RecordOptions, check_pid_namespace,
-    filter::{self, Predicate},
+    filter::{self, Predicates},
     ring_size,
 };
 use crate::{
@@ -61,8 +61,19 @@ pub struct Plan {
     pub probe_summary: Option<String>,
     /// Things the user should know that do not stop the trace.
     pub warnings: Vec<String>,
-    /// Each filtered function's (index) compiled predicate (`-f 'FUNC if EXPR'`) and its text.
-    pub(crate) filters: Vec<(u32, tracer_common::filter::Program, String)>,
+    /// The functions decided in the kernel: predicates (`-f 'FUNC if EXPR'`, `ret-if`) and
+    /// `--min-duration`.
+    pub(crate) filters: Vec<FilterSpec>,
+}
+
+/// A function whose calls the kernel decides on: its predicates, compiled, with their text.
+#[derive(Clone, Debug)]
+pub(crate) struct FilterSpec {
+    pub function: u32,
+    pub entry: Option<(tracer_common::filter::Program, String)>,
+    pub ret: Option<(tracer_common::filter::Program, String)>,
+    /// Decided at the return (`cookie::HOLD`): `ret` or `--min-duration`.
+    pub held: bool,
 }
 
 /// Resolves targets and functions. Fails, before anything is attached or launched, on anything
@@ -265,8 +276,8 @@ fn select_functions(
     let mut chosen: HashMap<PathBuf, HashSet<usize>> = HashMap::new();
     let mut event_names: HashMap<(PathBuf, usize), String> = HashMap::new();
     // The predicate of the pattern that chose each function, if it has one.
-    let mut predicates: HashMap<(PathBuf, usize), Predicate> = HashMap::new();
-    let mut select = |module: &PathBuf, index: usize, name: &str, predicate: Option<&Predicate>| {
+    let mut predicates: HashMap<(PathBuf, usize), Predicates> = HashMap::new();
+    let mut select = |module: &PathBuf, index: usize, name: &str, predicate: Option<&Predicates>| {
         let fresh = match chosen.get_mut(module) {
             Some(indexes) => indexes.insert(index),
             None => chosen.insert(module.clone(), HashSet::from([index])).is_none(),
@@ -307,6 +318,7 @@ fn select_functions(
         let mut source_files: BTreeMap<PathBuf, SourceFiles> = BTreeMap::new();
         for text in &options.functions {
             let (pattern_text, predicate) = filter::split(text)?;
+            let predicate = Some(predicate).filter(|p| !p.is_empty());
             let pattern = FunctionPattern::parse(pattern_text)?;
             let modules = match &pattern.module {
                 None => executables.to_vec(),
@@ -398,18 +410,33 @@ fn select_functions(
         };
         let strings = |ret: bool| if reads(ret) { cookie::STRINGS } else { 0 };
         let mut returns = NativeReturns::None;
-        let predicate = predicates.remove(&(module.clone(), index));
-        if let Some(p) = &predicate {
-            if matches!(f.placement, Placement::Go { .. }) {
-                return Err(RecordError::FilterOnGo(name));
-            }
+        let predicate = predicates.remove(&(module.clone(), index)).unwrap_or_default();
+        let native = matches!(f.placement, Placement::Native { .. });
+        if !predicate.is_empty() && !native {
+            return Err(RecordError::FilterOnGo(name));
+        }
+        // Calls decided at their return: their entries are held in the kernel until then.
+        let held = native && (predicate.ret.is_some() || options.min_duration_ns > 0);
+        if held && !exit {
+            return Err(RecordError::HeldWithoutReturnEvents);
+        }
+        if !predicate.is_empty() || held {
             let layout = source.as_ref().and_then(|s| s.layout.as_ref());
-            filters.push((function, p.compile(&name, layout)?, p.text.clone()));
+            let compiled = |p: &filter::Predicate, at_return| {
+                p.compile(&name, layout, at_return).map(|program| (program, p.text.clone()))
+            };
+            filters.push(FilterSpec {
+                function,
+                entry: predicate.entry.as_ref().map(|p| compiled(p, false)).transpose()?,
+                ret: predicate.ret.as_ref().map(|p| compiled(p, true)).transpose()?,
+                held,
+            });
         }
         // Every probe of a filtered function evaluates or honours its predicate.
-        let filtered = if predicate.is_some() { cookie::FILTERED } else { 0 };
+        let flags = if predicate.entry.is_some() { cookie::FILTERED } else { 0 } | if held { cookie::HOLD } else { 0 };
+        let first_probe = probes.len();
         let mut probe = |file_offset: u64, cookie: u64, ret: bool| {
-            probes.push(ProbeSpec { path: module.clone(), file_offset, cookie: cookie | filtered, ret });
+            probes.push(ProbeSpec { path: module.clone(), file_offset, cookie: cookie | flags, ret });
         };
         match &f.placement {
             Placement::Native { entry: point, exits } => {
@@ -478,6 +505,22 @@ fn select_functions(
             Placement::Refused(why) => {
                 refused.push((name.clone(), format!("{}: {why}", module.display())));
                 continue;
+            }
+        }
+        if held && matches!(returns, NativeReturns::None) {
+            if predicate.ret.is_some() {
+                return Err(RecordError::HeldWithoutReturn(name));
+            }
+            // No return to decide at: its calls are written as they come (the warning above
+            // names it), not held for ever.
+            for p in &mut probes[first_probe..] {
+                p.cookie &= !cookie::HOLD;
+            }
+            if filters.last().is_some_and(|s: &FilterSpec| s.function == function) {
+                filters.pop_if(|s| s.entry.is_none());
+                if let Some(spec) = filters.last_mut().filter(|s| s.function == function) {
+                    spec.held = false;
+                }
             }
         }
         let others = f.other_names(&name);
@@ -662,8 +705,8 @@ struct Selection {
     probe_paths: ProbePaths,
     aliases: BTreeMap<String, Vec<String>>,
     probe_summary: Option<String>,
-    /// Each filtered function's (index) compiled predicate.
-    filters: Vec<(u32, tracer_common::filter::Program, String)>,
+    /// The functions decided in the kernel.
+    filters: Vec<FilterSpec>,
 }
 
 impl Plan {

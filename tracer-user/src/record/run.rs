@@ -14,7 +14,10 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use tracer_common::{Config, LostSlot, RecordKind, cookie, kind_bit};
 
-use super::{RecordError, TICK, kernel_log, plan::Plan};
+use super::{
+    RecordError, TICK, kernel_log,
+    plan::{FilterSpec, Plan},
+};
 use crate::{
     assemble::EventAssembler,
     assemble::clock::BootClock,
@@ -136,6 +139,7 @@ impl Plan {
             wakeup_bytes: wakeup_bytes(ring_bytes),
             capture_bytes: options.capture_bytes,
             debug: options.debug_kernel as u32,
+            min_duration_ns: options.min_duration_ns,
             offsets: btf.offsets()?,
         };
         // A perf-event link per probe site where the kernel has no uprobe-multi links.
@@ -156,7 +160,7 @@ impl Plan {
             .collect();
         let spec_slots = first_break_cookie as usize + break_probes.len();
         raise_fd_limit(1024 + probes.len() as u64 + usdt.probes.len() as u64 + break_probes.len() as u64);
-        let filtered_functions = filters.iter().map(|(f, _, _)| f + 1).max().unwrap_or(1);
+        let filtered_functions = filters.iter().map(|f| f.function + 1).max().unwrap_or(1);
         let mut kernel = Kernel::load_sized(&config, &features, ring_bytes, spec_slots, 1, filtered_functions)?;
         // Started before any program is loaded, and kept for the whole run: its map's fd is in
         // the programs' code.
@@ -168,8 +172,13 @@ impl Plan {
         if events.contains(&EventKind::Signal) {
             kernel.attach_signals()?;
         }
-        for (function, program, _) in &filters {
-            kernel.set_filter(*function, *program)?;
+        for spec in &filters {
+            if let Some((program, _)) = &spec.entry {
+                kernel.set_filter(spec.function, *program)?;
+            }
+            if let Some((program, _)) = &spec.ret {
+                kernel.set_filter(tracer_common::filter::ret_key(spec.function), *program)?;
+            }
         }
         for (i, f) in functions.iter().enumerate() {
             if let Some(layout) = f.source.as_ref().and_then(|s| s.layout.as_ref())
@@ -262,10 +271,7 @@ impl Plan {
         let filter_counters = if filters.is_empty() {
             None
         } else {
-            let named = filters
-                .iter()
-                .map(|(f, _, text)| (*f, functions[*f as usize].name.to_string(), text.clone()))
-                .collect();
+            let named = filters.iter().map(|f| (functions[f.function as usize].name.to_string(), f.clone())).collect();
             Some((kernel.take_filter_counters()?, named))
         };
 
@@ -335,6 +341,7 @@ impl Plan {
             ends_when_empty: binaries.is_empty(),
             duration: options.duration,
             kinds: options.events.clone(),
+            min_duration_ns: options.min_duration_ns,
             usdt_sites: usdt.probes.len() - usdt_failures.len(),
             break_sites: break_probes.len() - break_failures.len(),
             watchpoints: watchpoints.len(),
@@ -351,6 +358,8 @@ pub struct Recording {
     lost: LostCounters,
     /// The predicates' counters, and each filtered function's (index) name and predicate.
     filter_counters: Option<(FilterCounters, Vec<FilteredFunction>)>,
+    /// `--min-duration`, for the counters' description.
+    min_duration_ns: u64,
     /// `--debug-kernel`: the programs' aya-log records.
     kernel_log: Option<KernelLog>,
     assembler: EventAssembler,
@@ -454,6 +463,7 @@ impl Recording {
             ring,
             lost,
             filter_counters,
+            min_duration_ns,
             kernel_log,
             mut assembler,
             clock,
@@ -549,7 +559,7 @@ impl Recording {
             command_exit_code: command_exit.map(ChildExit::shell_code),
             ipc: pipeline.ipc_stats(),
             hosts: Vec::new(),
-            filters: filter_stats(filter_counters.as_ref()),
+            filters: filter_stats(filter_counters.as_ref(), min_duration_ns),
         };
         sink.end(&end)?;
         let command_still_running = child_pid.filter(|_| command_exit.is_none());
@@ -572,22 +582,29 @@ fn lost_events(lost: &LostCounters, assembler: &EventAssembler) -> BTreeMap<Stri
     lost_events
 }
 
-/// A function with a predicate: its index, event name and predicate text.
-type FilteredFunction = (u32, String, String);
+/// A function decided in the kernel, and its event name.
+type FilteredFunction = (String, FilterSpec);
 
 /// Each filtered function's counters, by event name.
-fn filter_stats(counters: Option<&(FilterCounters, Vec<FilteredFunction>)>) -> BTreeMap<String, FilterStats> {
+fn filter_stats(
+    counters: Option<&(FilterCounters, Vec<FilteredFunction>)>,
+    min_duration_ns: u64,
+) -> BTreeMap<String, FilterStats> {
     let Some((counters, functions)) = counters else { return BTreeMap::new() };
     functions
         .iter()
-        .map(|(function, name, predicate)| {
-            let c = counters.read(*function);
+        .map(|(name, spec)| {
+            let c = counters.read(spec.function);
+            let text = |p: &Option<(tracer_common::filter::Program, String)>| p.as_ref().map(|(_, t)| t.clone());
             let stats = FilterStats {
-                predicate: predicate.clone(),
+                predicate: text(&spec.entry).unwrap_or_default(),
+                ret_predicate: text(&spec.ret),
+                min_duration_ns: if spec.held { min_duration_ns } else { 0 },
                 seen: c.seen,
-                written: c.seen.saturating_sub(c.filtered),
+                written: c.seen.saturating_sub(c.filtered).saturating_sub(c.entries_lost),
                 filtered_out: c.filtered,
                 returns_not_dropped: c.returns_not_dropped,
+                entries_lost: c.entries_lost,
             };
             (name.clone(), stats)
         })

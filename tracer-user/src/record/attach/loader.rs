@@ -583,6 +583,7 @@ impl FilterCounters {
                 total.seen += c.seen;
                 total.filtered += c.filtered;
                 total.returns_not_dropped += c.returns_not_dropped;
+                total.entries_lost += c.entries_lost;
             }
         }
         total

@@ -22,9 +22,10 @@ enum Value {
 }
 
 /// Compiles `expr` for a function whose parameters are `layout` (`None`: no DWARF, only
-/// `arg0`..`arg5`, as signed 64-bit integers).
-pub fn compile(expr: &Expr, layout: Option<&FunctionLayout>) -> Result<Program, Spot> {
-    let mut c = Compiler { layout, ops: Vec::new(), labels: Vec::new() };
+/// `arg0`..`arg5` and `ret`, as signed 64-bit integers). `at_return`: a `ret-if` predicate, run
+/// at the return on the entry's argument registers and the return value (`ret`, in rax).
+pub fn compile(expr: &Expr, layout: Option<&FunctionLayout>, at_return: bool) -> Result<Program, Spot> {
+    let mut c = Compiler { layout, at_return, ops: Vec::new(), labels: Vec::new() };
     c.emit(expr, Target::Accept, Target::Reject)?;
     let mut program = Program { len: c.ops.len() as u32, ..Program::default() };
     let resolve = |t: Target, labels: &[usize]| match t {
@@ -50,6 +51,7 @@ enum Target {
 
 struct Compiler<'a> {
     layout: Option<&'a FunctionLayout>,
+    at_return: bool,
     ops: Vec<(Op, Target, Target)>,
     /// Each label's op index, once placed (only ever after every op that jumps to it).
     labels: Vec<usize>,
@@ -112,7 +114,28 @@ impl Compiler<'_> {
     fn value(&self, name: &str, at: usize) -> Result<Value, Spot> {
         let spot = |message: String| Spot { at, message };
         if name == "ret" {
-            return Err(spot("`ret` is the return value, not known when the call is decided (at its entry)".into()));
+            if !self.at_return {
+                return Err(spot(
+                    "`ret` is the return value, not known when the call is decided (at its entry): use `ret-if`".into(),
+                ));
+            }
+            return match self.layout {
+                None => Ok(Value::Integer {
+                    reg: Reg::Rax,
+                    signed: true,
+                    bytes: 8,
+                    what: "a 64-bit register".into(),
+                    enumerators: None,
+                    boolean: false,
+                }),
+                Some(FunctionLayout { ret: None, .. }) => Err(spot("`ret`: this function returns nothing".into())),
+                Some(FunctionLayout { ret: Some(r), .. }) => match &r.source {
+                    Source::Reg(Reg::Rax) | Source::String { ptr: Reg::Rax, len: None, .. } => {
+                        typed(&r.ty, Reg::Rax, &r.source).map_err(spot)
+                    }
+                    _ => Err(spot(format!("`ret` is a {}: not comparable", r.ty.name))),
+                },
+            };
         }
         let by_position = name.strip_prefix("arg").and_then(|n| n.parse::<usize>().ok());
         if let Some(n) = by_position {
@@ -350,7 +373,7 @@ mod tests {
     }
 
     fn check(text: &str, regs: [u64; 7], string: &[u8]) -> bool {
-        run(&compile(&parse(text).unwrap(), Some(&greet())).unwrap(), regs, string)
+        run(&compile(&parse(text).unwrap(), Some(&greet()), false).unwrap(), regs, string)
     }
 
     #[test]
@@ -387,7 +410,7 @@ mod tests {
 
     #[test]
     fn type_errors_name_the_problem_at_the_spot() {
-        let err = |text: &str| compile(&parse(text).unwrap(), Some(&greet())).unwrap_err();
+        let err = |text: &str| compile(&parse(text).unwrap(), Some(&greet()), false).unwrap_err();
         let e = err("name > 3");
         assert_eq!(e.at, 7);
         assert!(e.message.contains("is a string"), "{}", e.message);
@@ -403,10 +426,30 @@ mod tests {
         let many = vec!["times == 1"; MAX_OPS + 1].join(" || ");
         assert!(err(&many).message.contains("comparisons"));
         // Without DWARF only positions work.
-        let e = compile(&parse("times > 0").unwrap(), None).unwrap_err();
+        let e = compile(&parse("times > 0").unwrap(), None, false).unwrap_err();
         assert!(e.message.contains("arg0 to arg5"));
-        let p = compile(&parse("arg1 < 0").unwrap(), None).unwrap();
+        let p = compile(&parse("arg1 < 0").unwrap(), None, false).unwrap();
         assert!(run(&p, [0, u64::MAX, 0, 0, 0, 0, 0], b""));
         assert!(!run(&p, [0, 0xffff_ffff, 0, 0, 0, 0, 0], b""));
+    }
+
+    #[test]
+    fn ret_if_reads_the_return_value_by_its_dwarf_type() {
+        let mut layout = greet();
+        let compiled = |text: &str, layout: Option<&FunctionLayout>| compile(&parse(text).unwrap(), layout, true);
+        assert!(compiled("ret < 0", Some(&layout)).unwrap_err().message.contains("returns nothing"));
+        layout.ret = Some(ValueLayout {
+            name: String::new(),
+            ty: ty("int", 4, Kind::Int { signed: true }),
+            source: Source::Reg(Reg::Rax),
+        });
+        let p = compiled("ret < 0 && loud", Some(&layout)).unwrap();
+        // -2 as an int in eax, garbage above; loud in rdx (the entry's).
+        assert!(run(&p, [0, 0, 1, 0, 0, 0, 0xdead_beef_ffff_fffe], b""));
+        assert!(!run(&p, [0, 0, 0, 0, 0, 0, 0xffff_fffe], b""));
+        assert!(!run(&p, [0, 0, 1, 0, 0, 0, 2], b""));
+        // Without DWARF, a 64-bit signed register.
+        let p = compiled("ret == -1", None).unwrap();
+        assert!(run(&p, [0, 0, 0, 0, 0, 0, u64::MAX], b""));
     }
 }

@@ -41,27 +41,74 @@ impl FilterError {
     }
 }
 
-/// Splits `-f` text into its function pattern and its predicate, at the first ` if ` (the word
-/// `if` between spaces, or ending the text).
-pub fn split(text: &str) -> Result<(&str, Option<Predicate>), FilterError> {
+/// The predicates of one `-f` pattern: `FUNC if EXPR` (decided at the entry), `FUNC ret-if EXPR`
+/// (decided at the return, on the return value `ret` and the entry's arguments), or both, in
+/// that order.
+#[derive(Clone, Debug, Default)]
+pub struct Predicates {
+    pub entry: Option<Predicate>,
+    pub ret: Option<Predicate>,
+}
+
+impl Predicates {
+    pub fn is_empty(&self) -> bool {
+        self.entry.is_none() && self.ret.is_none()
+    }
+}
+
+/// Where the keyword `word` starts in `text`: after whitespace, followed by whitespace, `(`, `!`
+/// or the end, and outside a string literal.
+fn keyword(text: &str, word: &str) -> Option<usize> {
     let bytes = text.as_bytes();
-    let found = (1..bytes.len().saturating_sub(1)).find(|&i| {
-        bytes[i - 1].is_ascii_whitespace()
-            && bytes[i..].starts_with(b"if")
-            && bytes.get(i + 2).is_none_or(|c| c.is_ascii_whitespace() || *c == b'(' || *c == b'!')
-    });
-    let Some(i) = found else { return Ok((text, None)) };
-    let pattern = text[..i].trim_end();
-    let expr_text = text[i + 2..].trim();
-    let expr = parse::parse(expr_text).map_err(|spot| FilterError::at(expr_text, spot, None))?;
-    Ok((pattern, Some(Predicate { text: expr_text.to_string(), expr })))
+    let mut quoted = false;
+    for i in 0..bytes.len() {
+        match bytes[i] {
+            b'"' if i == 0 || bytes[i - 1] != b'\\' => quoted = !quoted,
+            _ if quoted || i == 0 => {}
+            _ => {
+                if bytes[i - 1].is_ascii_whitespace()
+                    && bytes[i..].starts_with(word.as_bytes())
+                    && bytes.get(i + word.len()).is_none_or(|c| c.is_ascii_whitespace() || *c == b'(' || *c == b'!')
+                {
+                    return Some(i);
+                }
+            }
+        }
+    }
+    None
+}
+
+fn predicate(text: &str) -> Result<Predicate, FilterError> {
+    let text = text.trim();
+    let expr = parse::parse(text).map_err(|spot| FilterError::at(text, spot, None))?;
+    Ok(Predicate { text: text.to_string(), expr })
+}
+
+/// Splits `-f` text into its function pattern and its predicates: ` if EXPR`, then
+/// ` ret-if EXPR` (each keyword between spaces, or ending the text).
+pub fn split(text: &str) -> Result<(&str, Predicates), FilterError> {
+    let (head, ret) = match keyword(text, "ret-if") {
+        Some(i) => (&text[..i], Some(predicate(&text[i + "ret-if".len()..])?)),
+        None => (text, None),
+    };
+    let (pattern, entry) = match keyword(head, "if") {
+        Some(i) => (&head[..i], Some(predicate(&head[i + 2..])?)),
+        None => (head, None),
+    };
+    Ok((pattern.trim_end(), Predicates { entry, ret }))
 }
 
 impl Predicate {
     /// Compiles the predicate for `function`, whose parameters are `layout` (`None` without
-    /// DWARF).
-    pub fn compile(&self, function: &str, layout: Option<&FunctionLayout>) -> Result<Program, FilterError> {
-        compile::compile(&self.expr, layout).map_err(|spot| FilterError::at(&self.text, spot, Some(function)))
+    /// DWARF); `at_return` for a `ret-if` one.
+    pub fn compile(
+        &self,
+        function: &str,
+        layout: Option<&FunctionLayout>,
+        at_return: bool,
+    ) -> Result<Program, FilterError> {
+        compile::compile(&self.expr, layout, at_return)
+            .map_err(|spot| FilterError::at(&self.text, spot, Some(function)))
     }
 }
 
@@ -70,15 +117,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn splits_at_the_word_if() {
+    fn splits_at_the_words_if_and_ret_if() {
         let (pattern, p) = split(r#"greet if name == "bob""#).unwrap();
-        assert_eq!((pattern, p.unwrap().text.as_str()), ("greet", r#"name == "bob""#));
+        assert_eq!((pattern, p.entry.unwrap().text.as_str()), ("greet", r#"name == "bob""#));
+        assert!(p.ret.is_none());
         let (pattern, p) = split("lib*:diff_*").unwrap();
         assert_eq!(pattern, "lib*:diff_*");
-        assert!(p.is_none());
-        // `if` inside a name is not the keyword.
-        assert!(split("verify_iff").unwrap().1.is_none());
+        assert!(p.is_empty());
+        // `if` inside a name or a string is not the keyword.
+        assert!(split("verify_iff").unwrap().1.is_empty());
         assert_eq!(split("f if(a)").unwrap().0, "f");
+        assert_eq!(split(r#"f if s == " if ""#).unwrap().1.entry.unwrap().text, r#"s == " if ""#);
+        let (pattern, p) = split("parse ret-if ret < 0").unwrap();
+        assert_eq!((pattern, p.ret.unwrap().text.as_str()), ("parse", "ret < 0"));
+        assert!(p.entry.is_none());
+        let (pattern, p) = split("greet if loud ret-if ret < 0").unwrap();
+        assert_eq!(
+            (pattern, p.entry.unwrap().text.as_str(), p.ret.unwrap().text.as_str()),
+            ("greet", "loud", "ret < 0")
+        );
+        assert!(split(r#"f if s == "a ret-if b""#).unwrap().1.ret.is_none());
     }
 
     #[test]
