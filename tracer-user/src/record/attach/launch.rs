@@ -226,6 +226,65 @@ unsafe fn close_range(first: i32, last: i32, max_fd: i32) {
     }
 }
 
+/// Closes the close-on-exec descriptors from 3 up but those in `keep`; the others (the user's,
+/// which `Start::Inherit` passes on) stay. They are found in `/proc/self/fd` (a few dozen), not by
+/// asking each number up to the descriptor limit, which the tracer raises for its probes (to
+/// tens of thousands: a `fcntl` each, in every launch); without `/proc`, by that loop.
+///
+/// # Safety
+/// Async-signal-safe: raw system calls only, on a buffer on the stack.
+unsafe fn close_cloexec_but(keep: [i32; 5], max_fd: i32) {
+    let close_if_cloexec = |fd: i32| {
+        // SAFETY: fcntl and close on a descriptor number; one not open is EBADF.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC != 0 && !keep.contains(&fd) {
+                libc::close(fd);
+            }
+        }
+    };
+    // SAFETY: a constant NUL-terminated path.
+    let dir = unsafe { libc::open(c"/proc/self/fd".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if dir < 0 {
+        (3..max_fd).for_each(close_if_cloexec);
+        return;
+    }
+    // `linux_dirent64`s: inode (8 bytes), offset (8), record length (2), type (1), NUL-terminated
+    // name. Procfs lists a directory of descriptors by number, so closing one while reading does
+    // not make the listing skip another.
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: the buffer's length is passed with it.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, dir, buf.as_mut_ptr(), buf.len()) };
+        if n <= 0 {
+            break;
+        }
+        let mut at = 0usize;
+        while at + 19 < n as usize {
+            let len = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+            if len == 0 {
+                break;
+            }
+            let mut fd: i32 = 0;
+            let mut digits = 0;
+            for &b in buf[at + 19..(at + len).min(n as usize)].iter().take_while(|&&b| b != 0) {
+                if !b.is_ascii_digit() || digits == 9 {
+                    digits = 0;
+                    break;
+                }
+                fd = fd * 10 + (b - b'0') as i32;
+                digits += 1;
+            }
+            if digits > 0 && fd >= 3 && fd != dir {
+                close_if_cloexec(fd);
+            }
+            at += len;
+        }
+    }
+    // SAFETY: our own descriptor, closed once.
+    unsafe { libc::close(dir) };
+}
+
 /// Reports the step that failed, with `errno`, on the status pipe, and exits.
 ///
 /// # Safety
@@ -293,13 +352,7 @@ pub fn spawn_stopped(path: &Path, argv: &[OsString], start: &Start) -> Result<St
                 // Close now what exec would close anyway: while this child waits, it must not hold
                 // other threads' close-on-exec descriptors open (another launch's go pipe, say, or
                 // the read ends of its own output pipes).
-                let keep = [go, status, stdin, stdout, stderr];
-                for fd in 3..max_fd {
-                    let flags = libc::fcntl(fd, libc::F_GETFD);
-                    if flags >= 0 && flags & libc::FD_CLOEXEC != 0 && !keep.contains(&fd) {
-                        libc::close(fd);
-                    }
-                }
+                close_cloexec_but([go, status, stdin, stdout, stderr], max_fd);
                 // Default dispositions (exec keeps ignored signals ignored) and an empty mask. The
                 // raw system call, because the C library refuses 32 and 33 (its own), which the
                 // tracer may have inherited ignored all the same.
@@ -475,6 +528,28 @@ mod tests {
         assert_eq!(wait(pid), ChildExit::Code(7));
         assert!(marker.exists());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// While it waits to be released, the child holds the user's descriptors (no close-on-exec:
+    /// the command gets them) and none of the tracer's (close-on-exec: another launch's pipes).
+    #[test]
+    fn a_waiting_child_holds_only_what_exec_would_keep() {
+        let file = std::fs::File::open("/etc/hostname").unwrap();
+        let tracers = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(900)).unwrap();
+        let users = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_DUPFD(900)).unwrap();
+        let child = spawn_stopped(Path::new("/bin/true"), &["true".into()], &Start::Inherit).unwrap();
+        let fds = format!("/proc/{}/fd", child.pid());
+        let open = |fd: i32| Path::new(&fds).join(fd.to_string()).exists();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while open(tracers) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let (tracers_open, users_open) = (open(tracers), open(users));
+        drop(child);
+        // SAFETY: our own descriptors, closed once.
+        unsafe { (libc::close(tracers), libc::close(users)) };
+        assert!(!tracers_open, "the waiting child holds the tracer's descriptor {tracers}");
+        assert!(users_open, "the waiting child closed the user's descriptor {users}");
     }
 
     #[test]

@@ -91,6 +91,8 @@ pub struct Kernel {
     /// The programs loaded into the kernel (verified) so far, by name, in load order: only what
     /// the trace asked for is.
     loaded: Vec<&'static str>,
+    /// The object the uprobe programs are loaded from, parsed and relocated on first use.
+    program_object: Option<uprobe_multi::ProgramObject>,
     ebpf: Ebpf,
 }
 
@@ -151,6 +153,7 @@ impl Kernel {
             return_links: Vec::new(),
             function_programs: None,
             sleepable_programs: None,
+            program_object: None,
             usdt_links: Vec::new(),
             usdt_programs: None,
             loaded: Vec::new(),
@@ -240,9 +243,13 @@ impl Kernel {
     }
 
     /// Loads the uprobe programs `names` for this kernel's attach mechanism (see
-    /// [`uprobe_multi::load_programs`]).
+    /// [`uprobe_multi::ProgramObject`]).
     fn load_uprobe_programs(&mut self, names: &[&'static str]) -> Result<Vec<OwnedFd>, String> {
-        let fds = uprobe_multi::load_programs(&self.ebpf, EBPF_OBJECT, names, self.features.attach)?;
+        if self.program_object.is_none() {
+            self.program_object =
+                Some(uprobe_multi::ProgramObject::prepare(&self.ebpf, EBPF_OBJECT, self.features.attach)?);
+        }
+        let fds = self.program_object.as_ref().expect("prepared above").load(names)?;
         self.loaded.extend(names);
         Ok(fds)
     }

@@ -69,101 +69,111 @@ fn load_btf(bytes: &[u8]) -> io::Result<OwnedFd> {
     sys_bpf(bpf_cmd::BPF_BTF_LOAD, &mut attr)
 }
 
-/// Loads the named programs of `object` for attachment by `mechanism`, relocated against the maps
-/// of `ebpf` (which loaded the same object). Returns one file descriptor per name.
-pub fn load_programs(
-    ebpf: &Ebpf,
-    object: &[u8],
-    names: &[&str],
+/// The eBPF object parsed once, its BTF loaded and its code relocated against the maps of the
+/// `Ebpf` that loaded the same object, from which each program pair is then loaded
+/// ([`ProgramObject::load`]): parsing and relocating it again for every pair (the record, the
+/// sleepable and the USDT programs) repeated the same work on a 1.5 MB object.
+pub struct ProgramObject {
+    obj: aya_obj::Object,
+    btf: Option<OwnedFd>,
     mechanism: AttachMechanism,
-) -> Result<Vec<OwnedFd>, String> {
-    let mut obj = aya_obj::Object::parse(object).map_err(|e| e.to_string())?;
-    // The BTF features aya found in this kernel, so the object's BTF is sanitized as aya's own
-    // loads are.
-    let none = BtfFeatures::default();
-    let features = aya::features().btf().unwrap_or(&none);
-    let btf = match obj.fixup_and_sanitize_btf(features).map_err(|e| e.to_string())? {
-        Some(btf) => Some(load_btf(&btf.to_bytes()).map_err(|e| format!("cannot load the programs' BTF: {e}"))?),
-        None => None,
-    };
-    let text_sections: HashSet<usize> = obj.functions.keys().map(|(section, _)| *section).collect();
-    let maps = obj.maps.clone();
-    let mut relocations = Vec::new();
-    for (name, map) in &maps {
-        let fd = ebpf.map(name).and_then(map_fd).ok_or_else(|| format!("map {name} was not created"))?;
-        relocations.push((name.as_str(), fd, map));
-    }
-    obj.relocate_maps(relocations.into_iter(), &text_sections).map_err(|e| e.to_string())?;
-    obj.relocate_calls(&text_sections).map_err(|e| e.to_string())?;
-    let license = obj.license.clone();
+}
 
-    names
-        .iter()
-        .map(|name| {
-            let program = obj.programs.get(*name).ok_or_else(|| format!("program {name} is missing"))?;
-            let function =
-                obj.functions.get(&program.function_key()).ok_or_else(|| format!("program {name} has no code"))?;
-            let insns = &function.instructions;
-            let func_info = function.func_info.func_info_bytes();
-            let line_info = function.line_info.line_info_bytes();
-            let load = |log: &mut [u8]| {
-                // SAFETY: an all-zero `bpf_attr` is the documented "unset" value of every field.
-                let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
-                // SAFETY: writing plain integers into the BPF_PROG_LOAD member of the union.
-                let u = unsafe { &mut attr.__bindgen_anon_3 };
-                u.prog_type = BPF_PROG_TYPE_KPROBE as u32;
-                // A perf-event uprobe's program has none: the kernel then resolves
-                // `bpf_get_attach_cookie` to the perf link's cookie.
-                if mechanism == AttachMechanism::UprobeMulti {
-                    u.expected_attach_type = BPF_TRACE_UPROBE_MULTI as u32;
-                }
-                // `uprobe.s` and `uretprobe.s` sections (`#[uprobe(sleepable)]`).
-                if matches!(
-                    program.section,
-                    ProgramSection::UProbe { sleepable: true } | ProgramSection::URetProbe { sleepable: true }
-                ) {
-                    u.prog_flags = BPF_F_SLEEPABLE;
-                }
-                u.insns = insns.as_ptr() as u64;
-                u.insn_cnt = insns.len() as u32;
-                u.license = license.as_ptr() as u64;
-                for (dst, src) in u.prog_name.iter_mut().zip(name.bytes().take(15)) {
-                    *dst = src as libc::c_char;
-                }
-                if let Some(btf) = &btf {
-                    u.prog_btf_fd = btf.as_raw_fd() as u32;
-                    if function.func_info_rec_size > 0 {
-                        u.func_info_rec_size = function.func_info_rec_size as u32;
-                        u.func_info = func_info.as_ptr() as u64;
-                        u.func_info_cnt = function.func_info.func_info.len() as u32;
+impl ProgramObject {
+    /// Parses `object` for attachment by `mechanism`, relocated against the maps of `ebpf`.
+    pub fn prepare(ebpf: &Ebpf, object: &[u8], mechanism: AttachMechanism) -> Result<ProgramObject, String> {
+        let mut obj = aya_obj::Object::parse(object).map_err(|e| e.to_string())?;
+        // The BTF features aya found in this kernel, so the object's BTF is sanitized as aya's own
+        // loads are.
+        let none = BtfFeatures::default();
+        let features = aya::features().btf().unwrap_or(&none);
+        let btf = match obj.fixup_and_sanitize_btf(features).map_err(|e| e.to_string())? {
+            Some(btf) => Some(load_btf(&btf.to_bytes()).map_err(|e| format!("cannot load the programs' BTF: {e}"))?),
+            None => None,
+        };
+        let text_sections: HashSet<usize> = obj.functions.keys().map(|(section, _)| *section).collect();
+        let maps = obj.maps.clone();
+        let mut relocations = Vec::new();
+        for (name, map) in &maps {
+            let fd = ebpf.map(name).and_then(map_fd).ok_or_else(|| format!("map {name} was not created"))?;
+            relocations.push((name.as_str(), fd, map));
+        }
+        obj.relocate_maps(relocations.into_iter(), &text_sections).map_err(|e| e.to_string())?;
+        obj.relocate_calls(&text_sections).map_err(|e| e.to_string())?;
+        Ok(ProgramObject { obj, btf, mechanism })
+    }
+
+    /// Loads the named programs. Returns one file descriptor per name.
+    pub fn load(&self, names: &[&str]) -> Result<Vec<OwnedFd>, String> {
+        let (obj, btf, mechanism, license) = (&self.obj, &self.btf, self.mechanism, &self.obj.license);
+        names
+            .iter()
+            .map(|name| {
+                let program = obj.programs.get(*name).ok_or_else(|| format!("program {name} is missing"))?;
+                let function =
+                    obj.functions.get(&program.function_key()).ok_or_else(|| format!("program {name} has no code"))?;
+                let insns = &function.instructions;
+                let func_info = function.func_info.func_info_bytes();
+                let line_info = function.line_info.line_info_bytes();
+                let load = |log: &mut [u8]| {
+                    // SAFETY: an all-zero `bpf_attr` is the documented "unset" value of every field.
+                    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+                    // SAFETY: writing plain integers into the BPF_PROG_LOAD member of the union.
+                    let u = unsafe { &mut attr.__bindgen_anon_3 };
+                    u.prog_type = BPF_PROG_TYPE_KPROBE as u32;
+                    // A perf-event uprobe's program has none: the kernel then resolves
+                    // `bpf_get_attach_cookie` to the perf link's cookie.
+                    if mechanism == AttachMechanism::UprobeMulti {
+                        u.expected_attach_type = BPF_TRACE_UPROBE_MULTI as u32;
                     }
-                    if function.line_info_rec_size > 0 {
-                        u.line_info_rec_size = function.line_info_rec_size as u32;
-                        u.line_info = line_info.as_ptr() as u64;
-                        u.line_info_cnt = function.line_info.line_info.len() as u32;
+                    // `uprobe.s` and `uretprobe.s` sections (`#[uprobe(sleepable)]`).
+                    if matches!(
+                        program.section,
+                        ProgramSection::UProbe { sleepable: true } | ProgramSection::URetProbe { sleepable: true }
+                    ) {
+                        u.prog_flags = BPF_F_SLEEPABLE;
                     }
-                }
-                if !log.is_empty() {
-                    u.log_level = 1;
-                    u.log_buf = log.as_mut_ptr() as u64;
-                    u.log_size = log.len() as u32;
-                }
-                sys_bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
-            };
-            load(&mut []).or_else(|_| {
-                // Load again with the verifier's log, to say why.
-                let mut log = vec![0u8; 1 << 20];
-                load(&mut log).map_err(|e| {
-                    let text = String::from_utf8_lossy(tracer_common::decode::c_bytes(&log)).into_owned();
-                    let tail: Vec<&str> = text.lines().rev().take(20).collect();
-                    format!(
-                        "program {name}: {e}; verifier log (end):\n{}",
-                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                    )
+                    u.insns = insns.as_ptr() as u64;
+                    u.insn_cnt = insns.len() as u32;
+                    u.license = license.as_ptr() as u64;
+                    for (dst, src) in u.prog_name.iter_mut().zip(name.bytes().take(15)) {
+                        *dst = src as libc::c_char;
+                    }
+                    if let Some(btf) = &btf {
+                        u.prog_btf_fd = btf.as_raw_fd() as u32;
+                        if function.func_info_rec_size > 0 {
+                            u.func_info_rec_size = function.func_info_rec_size as u32;
+                            u.func_info = func_info.as_ptr() as u64;
+                            u.func_info_cnt = function.func_info.func_info.len() as u32;
+                        }
+                        if function.line_info_rec_size > 0 {
+                            u.line_info_rec_size = function.line_info_rec_size as u32;
+                            u.line_info = line_info.as_ptr() as u64;
+                            u.line_info_cnt = function.line_info.line_info.len() as u32;
+                        }
+                    }
+                    if !log.is_empty() {
+                        u.log_level = 1;
+                        u.log_buf = log.as_mut_ptr() as u64;
+                        u.log_size = log.len() as u32;
+                    }
+                    sys_bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
+                };
+                load(&mut []).or_else(|_| {
+                    // Load again with the verifier's log, to say why.
+                    let mut log = vec![0u8; 1 << 20];
+                    load(&mut log).map_err(|e| {
+                        let text = String::from_utf8_lossy(tracer_common::decode::c_bytes(&log)).into_owned();
+                        let tail: Vec<&str> = text.lines().rev().take(20).collect();
+                        format!(
+                            "program {name}: {e}; verifier log (end):\n{}",
+                            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                        )
+                    })
                 })
             })
-        })
-        .collect()
+            .collect()
+    }
 }
 
 /// One probe site of a uprobe-multi link.
@@ -185,7 +195,7 @@ pub fn attach(program: &OwnedFd, path: &Path, sites: &[Site], ret: bool) -> io::
     let cookies: Vec<u64> = sites.iter().map(|s| s.cookie).collect();
     let ref_ctr_offsets: Vec<u64> = sites.iter().map(|s| s.ref_ctr_offset).collect();
     let has_ref_ctrs = ref_ctr_offsets.iter().any(|&o| o != 0);
-    // SAFETY: as in `load_programs`.
+    // SAFETY: as in `ProgramObject::load`.
     let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
     // SAFETY: writing plain integers and pointers (that outlive the call) into BPF_LINK_CREATE.
     unsafe {
