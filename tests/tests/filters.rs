@@ -173,7 +173,7 @@ fn a_held_call_nests_in_its_caller_in_time_order() {
 fn min_duration_keeps_main_and_drops_the_short_ticks() {
     let dir = temp_dir();
     let exe = fixture("filters");
-    let args = ["-f", "main", "-f", "tick", "-f", "greet", "--min-duration", "10ms", "--", exe.to_str().unwrap()];
+    let args = ["-f", "main", "-f", "tick", "-f", "greet", "--min-duration", "100ms", "--", exe.to_str().unwrap()];
     let (run, t) = record(dir.path(), &args);
     assert_eq!(run.code(), 0, "{run:?}");
     assert_eq!(t.lost(), 0, "{:?}", t.end);
@@ -182,13 +182,13 @@ fn min_duration_keeps_main_and_drops_the_short_ticks() {
     assert_eq!((t.calls("main").len(), t.returns("main").len()), (1, 1));
     let (call, ret) = (t.calls("main")[0], t.returns("main")[0]);
     let duration = ret["duration_ns"].as_u64().unwrap();
-    assert!(duration >= 20_000_000);
+    assert!(duration >= 200_000_000);
     assert_eq!(call["ts"].as_u64().unwrap() + duration, ret["ts"].as_u64().unwrap());
     assert_eq!((t.calls("tick").len(), t.calls("greet").len()), (0, 0));
     assert_eq!(held_counters(&t, "main"), (1, 1, 0, 0));
     assert_eq!(held_counters(&t, "tick"), (200, 0, 200, 0));
     assert_eq!(held_counters(&t, "greet"), (7, 0, 7, 0));
-    assert_eq!(t.end["filters"]["tick"]["min_duration_ns"], 10_000_000);
+    assert_eq!(t.end["filters"]["tick"]["min_duration_ns"], 100_000_000);
 }
 
 #[test]
