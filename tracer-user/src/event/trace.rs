@@ -145,10 +145,10 @@ pub struct FilterStats {
     /// The expression, as written after `if` (empty for none).
     pub predicate: String,
     /// The expression after `ret-if`, decided at the return.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, serialize_with = "omit_when_empty")]
     pub ret_predicate: Option<String>,
     /// `--min-duration`, in nanoseconds, when this function's calls were held for it.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default)]
     pub min_duration_ns: u64,
     /// Calls the predicate was evaluated on.
     pub seen: u64,
@@ -164,10 +164,6 @@ pub struct FilterStats {
     /// map was full, or the call began before tracing did): neither was written.
     #[serde(default)]
     pub entries_lost: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 /// How one host's part of a collected trace ended.
@@ -325,7 +321,24 @@ impl fmt::Display for EndReason {
 
 #[cfg(test)]
 mod tests {
-    use super::why_lost;
+    use super::{EndReason, FilterStats, TraceEnd, why_lost};
+
+    /// The wire and the native format write a trace's end with postcard, which has no field names:
+    /// a field JSON leaves out must still be written there (filters without `ret-if` broke it).
+    #[test]
+    fn an_end_with_filters_survives_postcard_and_json() {
+        let mut end = TraceEnd::new(7, EndReason::CommandExited, 3);
+        let plain =
+            FilterStats { predicate: "x == 1".into(), seen: 3, written: 1, filtered_out: 2, ..Default::default() };
+        let held = FilterStats { ret_predicate: Some("ret < 0".into()), min_duration_ns: 5, ..plain.clone() };
+        end.filters.insert("f".into(), plain);
+        end.filters.insert("g".into(), held);
+        let bytes = postcard::to_stdvec(&end).unwrap();
+        assert_eq!(postcard::from_bytes::<TraceEnd>(&bytes).unwrap(), end);
+        let line = serde_json::to_value(crate::event::json::Json(&end)).unwrap();
+        assert!(line["filters"]["f"].get("ret_predicate").is_none(), "{line}");
+        assert_eq!(line["filters"]["g"]["ret_predicate"], "ret < 0");
+    }
 
     #[test]
     fn every_lost_kind_says_where_it_was_lost() {
