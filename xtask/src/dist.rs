@@ -1,7 +1,7 @@
 //! `cargo xtask dist`: what a user installs. `target/dist/tracer-VERSION-x86_64-linux.tar.gz`
 //! holds the binary (symbols kept, debug info moved out), the man pages and shell completions
 //! (generated from the command line's own definitions by the hidden `tracer docs`), the README,
-//! `docs/` and the licences; the debug info is beside it, `tracer-VERSION.debug`, found by debuggers
+//! `docs/` (its pages and the trace's JSON Schema) and the licences; the debug info is beside it, `tracer-VERSION.debug`, found by debuggers
 //! through the binary's `.gnu_debuglink`.
 
 use std::{path::Path, process::Command};
@@ -44,6 +44,12 @@ pub fn run(tracer: &Path) -> Result<()> {
         if path.extension().is_some_and(|e| e == "md") {
             std::fs::copy(&path, stage.join("docs").join(path.file_name().expect("a file")))?;
         }
+    }
+    // The JSON Schema of a trace, which docs/events.md links.
+    std::fs::create_dir_all(stage.join("docs/schema"))?;
+    for entry in std::fs::read_dir(root().join("docs/schema"))? {
+        let path = entry?.path();
+        std::fs::copy(&path, stage.join("docs/schema").join(path.file_name().expect("a file")))?;
     }
     let tarball = dist.join(format!("{name}.tar.gz"));
     run_checked(Command::new("tar").arg("-C").arg(&dist).arg("-czf").arg(&tarball).arg(&name))?;
