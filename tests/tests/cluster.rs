@@ -232,8 +232,8 @@ fn a_dropped_link_is_resumed_without_loss_or_duplicates() {
     let net = Network::new(2);
     let s = secret(dir.path(), "swordfish");
     let s = s.to_str().unwrap();
-    let _a = NetAgent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
-    let _b = NetAgent::start(&net, 1, "b", dir.path(), &["--secret-file", s]);
+    let agent_a = NetAgent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
+    let agent_b = NetAgent::start(&net, 1, "b", dir.path(), &["--secret-file", s]);
     let ipc = fixture("ipc");
     let server = net.hosts[1].addr;
     let out = dir.path().join("merged.jsonl");
@@ -262,8 +262,8 @@ fn a_dropped_link_is_resumed_without_loss_or_duplicates() {
     // Cut the link once both commands run and the client has had time to connect (a fixed
     // delay from the collector's start was too short on a loaded machine: the cut came before the
     // connection, the client gave up and the server waited for it for ever).
-    _a.wait_for_log("started");
-    _b.wait_for_log("started");
+    agent_a.wait_for_log("started");
+    agent_b.wait_for_log("started");
     std::thread::sleep(Duration::from_millis(500));
     net.set_link(0, false);
     // Longer than the collector waits for a silent agent (3 s).
