@@ -159,6 +159,26 @@ fn the_command_runs_as_if_started_by_a_shell() {
     }
 }
 
+/// Once the launched command has exited and the trace goes on (`-b`: every process running the
+/// binary), the first signal ends the trace: there is no command left to pass it on to.
+#[test]
+fn after_the_command_exits_the_first_signal_stops_the_trace() {
+    let dir = temp_dir();
+    let calls = fixture("calls");
+    let run = TracerRun::start(
+        dir.path(),
+        &["-e", "spawn,exit", "-b", calls.to_str().unwrap(), "--", calls.to_str().unwrap(), "sleep", "10"],
+    );
+    // Well after the command's 10 ms and the reaping tick that notices it.
+    std::thread::sleep(Duration::from_millis(1500));
+    run.signal(libc::SIGINT);
+    let (run, t) = run.finish();
+    assert_eq!(t.end["reason"], "interrupted", "{}", t.end);
+    assert_eq!(t.end["command_exit_code"], 0, "{}", t.end);
+    assert!(!run.stderr.contains("passed on to the command"), "{run:?}");
+    assert_eq!(run.code(), 0, "{run:?}");
+}
+
 /// `tracer record -o - | head`: the reader goes away, the tracer ends quietly.
 #[test]
 fn a_reader_that_stops_reading_ends_the_trace_quietly() {

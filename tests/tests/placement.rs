@@ -3,7 +3,9 @@
 //! the moved probe.
 
 use serde_json::{Value, json};
-use tracer_tests::{fixture, kernel_optimizes_nop5, nop5_path, record, temp_dir, u64_field};
+use std::process::Command;
+
+use tracer_tests::{fixture, kernel_optimizes_nop5, nop5_path, record, temp_dir, tracer_bin, u64_field};
 
 /// Calls per run: the plain build traps twice a call (about 30 µs here).
 const CALLS: u64 = 2000;
@@ -75,8 +77,42 @@ fn plain_entry_traps_and_stderr_says_what_to_do() {
         line.starts_with("tracer: probes: 0 optimized, 0 emulated, 1 trap; slow (a trap and a single-step"),
         "{line}"
     );
-    assert!(line.contains(": work. For the fast path"), "{line}");
-    assert!(line.contains("-pg -mfentry -mnop-mcount") && line.contains("-C force-frame-pointers=yes"), "{line}");
+    assert!(line.contains("~15 µs a hit): work"), "{line}");
+}
+
+/// The advice on slow probes is a paragraph: shown the first time on a machine and with `-v`,
+/// otherwise the line says that `-v` shows it.
+#[test]
+fn the_advice_on_slow_probes_is_shown_once_and_with_v() {
+    let dir = temp_dir();
+    let state = dir.path().join("state");
+    let exe = fixture("bench_plain");
+    let stderr_of = |extra: &[&str]| {
+        let out = dir.path().join("t.jsonl");
+        let mut args = vec!["record", "-o", out.to_str().unwrap(), "-e", "call", "-f", "work"];
+        args.extend(extra);
+        args.extend(["--", exe.to_str().unwrap(), "10"]);
+        let output = Command::new(tracer_bin()).args(&args).env("XDG_STATE_HOME", &state).output().unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stderr).unwrap()
+    };
+    let advice = |stderr: &str| {
+        stderr
+            .lines()
+            .find(|l| l.starts_with("tracer: For the fast path give functions a 5-byte nop entry"))
+            .map(str::to_owned)
+    };
+    let first = stderr_of(&[]);
+    let text = advice(&first).unwrap_or_else(|| panic!("no advice the first time: {first}"));
+    assert!(text.contains("-pg -mfentry -mnop-mcount") && text.contains("-C force-frame-pointers=yes"), "{text}");
+    assert!(state.join("tracer/probe-path-advice-shown").exists());
+
+    let second = stderr_of(&[]);
+    assert_eq!(advice(&second), None, "{second}");
+    assert!(second.contains("~15 µs a hit): work (-v says how to make them fast)\n"), "{second}");
+
+    let verbose = stderr_of(&["-v"]);
+    assert_eq!(advice(&verbose), Some(text), "{verbose}");
 }
 
 #[test]

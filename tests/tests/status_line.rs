@@ -78,3 +78,52 @@ fn no_status_line_without_a_terminal() {
     assert!(!run.stderr.contains("events/s") && !run.stderr.contains('\x1b') && !run.stderr.contains('\r'), "{run:?}");
     assert!(run.stderr.contains("events written to"), "{run:?}");
 }
+
+/// What `script` copies from a new pseudo-terminal on which `sh -c SHELL_LINE` runs (with `env`).
+fn on_a_terminal(shell_line: &str, env: &[(&str, &str)]) -> String {
+    let quoted = format!("/bin/sh -c '{}'", shell_line.replace('\'', r"'\''"));
+    let child = Command::new("script")
+        .args(["-qfec", &quoted, "/dev/null"])
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start script (util-linux)");
+    wait_with_timeout(child, "script").stdout
+}
+
+/// A message that comes while the status line is drawn (here: a signal passed on to the
+/// command) erases the line first instead of being appended to it.
+#[test]
+fn a_message_erases_the_status_line_first() {
+    let dir = temp_dir();
+    let out = dir.path().join("trace.jsonl");
+    let tracer = tracer_bin().display().to_string();
+    let terminal = on_a_terminal(
+        &format!(
+            "{tracer} record -e spawn,exit -o {} -- /bin/sleep 30 & pid=$!; sleep 2.5; kill -INT $pid; wait $pid",
+            out.display()
+        ),
+        &[],
+    );
+    assert!(!status_lines(&terminal).is_empty(), "a status line was drawn: {terminal:?}");
+    let message = terminal.find("tracer: SIGINT passed on to the command").unwrap_or_else(|| panic!("{terminal:?}"));
+    assert!(terminal[..message].ends_with(CLEAR), "the status line was erased first: {terminal:?}");
+}
+
+/// On a terminal the labels of errors and warnings are coloured; `NO_COLOR` and a pipe leave the
+/// colour out.
+#[test]
+fn errors_are_coloured_on_a_terminal_unless_no_color() {
+    let line = format!("{} report /no/such/trace.jsonl", tracer_bin().display());
+    let coloured = on_a_terminal(&line, &[]);
+    assert!(
+        coloured.starts_with("tracer: \x1b[1m\x1b[31merror: \x1b[0mcannot read /no/such/trace.jsonl"),
+        "{coloured:?}"
+    );
+    let plain = on_a_terminal(&line, &[("NO_COLOR", "1")]);
+    assert!(plain.starts_with("tracer: error: cannot read /no/such/trace.jsonl"), "{plain:?}");
+    let piped = tracer(&["report", "/no/such/trace.jsonl"]);
+    assert!(piped.stderr.starts_with("tracer: error: cannot read /no/such/trace.jsonl"), "{piped:?}");
+}

@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
-            eprintln!("tracer: error: {e:#}");
+            cli::stderr::error(format_args!("{e:#}"));
             ExitCode::FAILURE
         }
     }

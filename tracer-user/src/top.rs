@@ -17,7 +17,7 @@ use tracer_common::{
 };
 
 use crate::{
-    analysis::stats::human_ns,
+    analysis::{stats::human_ns, text_table},
     assemble::FunctionTable,
     event::EventKind,
     record::attach::launch::{ChildExit, spawn_stopped, try_reap},
@@ -353,31 +353,33 @@ impl Snapshot {
             }
         );
         let by_process = self.functions.iter().any(|r| r.pid.is_some());
-        let header = ["calls", "calls/s", "total", "mean", "p50", "p90", "p99"];
-        if by_process {
-            out.push_str(&format!("{:>8} ", "pid"));
-        }
-        out.push_str(&format!(
-            "{:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}  function\n",
-            header[0], header[1], header[2], header[3], header[4], header[5], header[6]
-        ));
+        let header: Vec<&str> = by_process
+            .then_some("pid")
+            .into_iter()
+            .chain(["calls", "calls/s", "total", "mean", "p50", "p90", "p99", "function"])
+            .collect();
         let opt = |v: Option<u64>| v.map_or_else(|| "-".to_string(), human_ns);
-        for r in self.functions.iter().take(max_rows) {
-            if let Some(pid) = r.pid {
-                out.push_str(&format!("{pid:>8} "));
-            }
-            out.push_str(&format!(
-                "{:>10} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>9}  {}\n",
-                r.calls,
-                r.calls_per_s,
-                human_ns(r.total_ns),
-                opt(r.mean_ns),
-                opt(r.p50_ns),
-                opt(r.p90_ns),
-                opt(r.p99_ns),
-                r.function
-            ));
-        }
+        let rows: Vec<Vec<String>> = self
+            .functions
+            .iter()
+            .take(max_rows)
+            .map(|r| {
+                let mut row: Vec<String> = r.pid.map(|pid| pid.to_string()).into_iter().collect();
+                row.extend([
+                    r.calls.to_string(),
+                    format!("{:.0}", r.calls_per_s),
+                    human_ns(r.total_ns),
+                    opt(r.mean_ns),
+                    opt(r.p50_ns),
+                    opt(r.p90_ns),
+                    opt(r.p99_ns),
+                    r.function.to_string(),
+                ]);
+                row
+            })
+            .collect();
+        let function = header.len() - 1;
+        out.push_str(&text_table::render(&header, &rows, |i| i == function));
         out
     }
 }

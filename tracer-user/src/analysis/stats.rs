@@ -586,27 +586,8 @@ pub fn write_table(report: &Report, out: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
-/// Columns padded to their widest cell: the first `left` columns left-aligned, numbers right.
 fn write_aligned(header: &[&str], rows: &[Vec<String>], left: usize, out: &mut dyn Write) -> io::Result<()> {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: &mut dyn Iterator<Item = &str>| -> String {
-        let padded: Vec<String> = cells
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (cell, &w))| if i < left { format!("{cell:<w$}") } else { format!("{cell:>w$}") })
-            .collect();
-        padded.join("  ").trim_end().to_string()
-    };
-    writeln!(out, "{}", line(&mut header.iter().copied()))?;
-    for row in rows {
-        writeln!(out, "{}", line(&mut row.iter().map(String::as_str)))?;
-    }
-    Ok(())
+    out.write_all(super::text_table::render(header, rows, |i| i < left).as_bytes())
 }
 
 #[cfg(test)]

@@ -396,10 +396,9 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
                 if !exporting.is_empty() {
                     let mut names: Vec<&str> = exporting.keys().map(String::as_str).collect();
                     names.sort();
-                    eprintln!(
-                        "tracer: warning: the agents of {} send their spans to OpenTelemetry themselves, but no receive there is linked to its sends on other hosts: only a collector sees both ends; give collect --otlp URL to send those links",
+                    super::stderr::warning(format_args!("the agents of {} send their spans to OpenTelemetry themselves, but no receive there is linked to its sends on other hosts: only a collector sees both ends; give collect --otlp URL to send those links",
                         names.join(", ")
-                    );
+                    ));
                 }
                 file
             }
@@ -421,7 +420,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         let incomplete: Vec<_> = merged.end.hosts.iter().filter(|h| !h.complete).collect();
         for host in &incomplete {
             let why: Vec<&str> = host.lost.iter().map(|l| l.detail.as_str()).collect();
-            eprintln!("tracer: warning: host {}: the trace is incomplete: {}", host.name, why.join("; "));
+            super::stderr::warning(format_args!("host {}: the trace is incomplete: {}", host.name, why.join("; ")));
         }
         if !incomplete.is_empty() {
             eprintln!(

@@ -1,6 +1,7 @@
 //! The `tracer` command line. `main.rs` parses it and calls [`run`]; everything a user sees on
 //! stderr (warnings, the summary, errors) is written here, never by the library.
 
+mod advice;
 mod cluster;
 mod docs;
 mod examples;
@@ -120,7 +121,8 @@ pub struct RecordArgs {
     #[arg(long, value_name = "DURATION", value_parser = values::duration)]
     pub min_duration: Option<Duration>,
     /// Say on stderr what start-up did: the kernel's mechanisms, the ring buffer's size, the
-    /// programs loaded.
+    /// programs loaded; and, when some probes are slow, how to make them fast (said without -v
+    /// only the first time on a machine).
     #[arg(short, long)]
     pub verbose: bool,
     /// Attach probes this way instead of the best way the kernel has (to compare the two on one
@@ -356,21 +358,25 @@ impl StopSignals {
         end_reason(self.next().await.0)
     }
 
-    /// With a launched command, the first signal goes to it (unless the terminal already sent it
-    /// to the whole process group) and the trace goes on until the command exits; a second one
-    /// stops the trace at once.
-    async fn forward_then_stop(mut self, command: Option<u32>) -> EndReason {
+    /// With a launched command still running, the first signal goes to it (unless the terminal
+    /// already sent it to the whole process group) and the trace goes on until the command exits;
+    /// a second one stops the trace at once. Once the command has exited (the trace goes on for
+    /// `-b`, `-p` or its traced descendants), the first signal stops the trace.
+    async fn forward_then_stop(mut self, command: Option<u32>, progress: Arc<record::Progress>) -> EndReason {
         let Some(pid) = command else { return self.stop().await };
         let (signal, from_terminal) = self.next().await;
+        if progress.command_exited() {
+            return end_reason(signal);
+        }
         let name = nix::sys::signal::Signal::try_from(signal).map_or("a signal", |s| s.as_str());
         if !from_terminal {
-            // SAFETY: kill(2) on the command we launched (and have not reaped: it may not be gone).
+            // SAFETY: kill(2) on the command we launched (and have not reaped: it has not exited).
             unsafe { libc::kill(pid as i32, signal) };
         }
-        eprintln!(
+        status::say(&format!(
             "tracer: {name} {} the command (pid {pid}); tracing goes on until it exits (signal again to stop now)",
             if from_terminal { "reached" } else { "passed on to" }
-        );
+        ));
         self.stop().await
     }
 }
@@ -498,8 +504,8 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         let plan = record::plan(options)?;
         let (out, output_file) = open_output(&args.output, Previous::Keep)?;
         print_warnings(&plan.warnings);
-        if let Some(line) = &plan.probe_summary {
-            eprintln!("tracer: {line}");
+        if let Some(summary) = &plan.probe_summary {
+            advice::print_probe_summary(summary, args.verbose);
         }
         let mut sink = args.trace.otlp.add_to(format.sink_with_events(out, args.trace.pcap_events), true);
         // Formats that are only readable once complete get their events in a JSON lines spool
@@ -538,7 +544,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
                 .map_or(String::new(), |p| format!(" (and, until it is complete, JSON lines to {})", p.display()))
         );
         let progress = recording.progress();
-        let stop = signals.forward_then_stop(recording.command_pid());
+        let stop = signals.forward_then_stop(recording.command_pid(), recording.progress());
         let counts = || (progress.events_written(), progress.lost());
         let outcome = match status::with_status("written", counts, recording.run(&mut *sink, stop)).await {
             // A reader that stopped reading (`tracer record -o - | head`): not a failure.
@@ -576,7 +582,7 @@ fn spool_path(output: &Path, format: Format) -> Option<PathBuf> {
 
 fn print_warnings(warnings: &[String]) {
     for w in warnings {
-        eprintln!("tracer: warning: {w}");
+        stderr::warning(w);
     }
 }
 
@@ -585,16 +591,16 @@ pub(crate) fn print_summary(end: &TraceEnd, output: &Path) {
     eprintln!("tracer: {} events written to {} ({})", end.events_written, describe_output(output), end.reason);
     let lost = end.total_lost();
     if lost > 0 {
-        eprintln!("tracer: warning: {lost} events were lost:");
+        stderr::warning(format_args!("{lost} events were lost:"));
         for (kind, n) in end.lost_events.iter().filter(|(_, n)| **n > 0) {
             eprintln!("tracer:   {kind}: {n}: {}", why_lost(kind));
         }
     }
     for (function, f) in end.filters.iter().filter(|(_, f)| f.entries_lost > 0 || f.returns_not_dropped > 0) {
-        eprintln!(
-            "tracer: warning: {function}: {} calls decided at their return were not written (their held entry was pushed out of the kernel's full map, or began before tracing), {} returns of refused calls were written unpaired",
+        stderr::warning(format_args!(
+            "{function}: {} calls decided at their return were not written (their held entry was pushed out of the kernel's full map, or began before tracing), {} returns of refused calls were written unpaired",
             f.entries_lost, f.returns_not_dropped
-        );
+        ));
     }
     if end.calls_without_return_probe > 0 {
         eprintln!(
@@ -625,12 +631,12 @@ fn replay(input: &Path, trace: Trace, sink: &mut dyn Sink) -> anyhow::Result<jso
         e => anyhow::Error::from(e).context(format!("{} is not a valid trace", input.display())),
     })?;
     if replayed.end_missing {
-        eprintln!(
-            "tracer: warning: {} was cut short (no trace_end{}): read {} events",
+        stderr::warning(format_args!(
+            "{} was cut short (no trace_end{}): read {} events",
             input.display(),
             replayed.torn.as_ref().map_or(String::new(), |torn| format!(", and {torn}")),
             replayed.events
-        );
+        ));
     }
     Ok(replayed)
 }

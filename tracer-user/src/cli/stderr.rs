@@ -3,11 +3,17 @@
 //! `tracer: MESSAGE`, with `warning: ` or `error: ` before the message at those levels; or, for the
 //! parts that name themselves with a target of their own (`tracer agent`, `tracer collect`),
 //! `TARGET: MESSAGE` as they word it. Debug and trace events, and other crates' events, are not shown.
+//!
+//! The CLI's own warnings and errors take the same shape through [`warning`] and [`error`]. On a
+//! terminal the labels are coloured (warning yellow, error red); `anstream` leaves the colour out
+//! when stderr is not a terminal or `NO_COLOR` is set.
 
 use std::{
-    fmt::{self, Write as _},
+    fmt::{self, Display, Write as _},
     io::Write as _,
 };
+
+use anstyle::{AnsiColor, Style};
 
 use tracing::{
     Event, Level, Subscriber,
@@ -39,8 +45,8 @@ impl<S: Subscriber> Layer<S> for Stderr {
             // A module path: the line is the tracer's, its level said.
             line.push_str("tracer: ");
             match *meta.level() {
-                Level::ERROR => line.push_str("error: "),
-                Level::WARN => line.push_str("warning: "),
+                Level::ERROR => line.push_str(&label(ERROR, "error: ")),
+                Level::WARN => line.push_str(&label(WARNING, "warning: ")),
                 _ => {}
             }
         } else {
@@ -48,10 +54,34 @@ impl<S: Subscriber> Layer<S> for Stderr {
             line.push_str(": ");
         }
         event.record(&mut Message(&mut line));
-        line.push('\n');
-        // One write per line, so lines from several threads do not interleave.
-        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        write_line(line);
     }
+}
+
+const WARNING: Style = AnsiColor::Yellow.on_default().bold();
+const ERROR: Style = AnsiColor::Red.on_default().bold();
+
+fn label(style: Style, text: &str) -> String {
+    format!("{style}{text}{style:#}")
+}
+
+/// `tracer: warning: MESSAGE` on stderr.
+pub fn warning(message: impl Display) {
+    write_line(format!("tracer: {}{message}", label(WARNING, "warning: ")));
+}
+
+/// `tracer: error: MESSAGE` on stderr.
+pub fn error(message: impl Display) {
+    write_line(format!("tracer: {}{message}", label(ERROR, "error: ")));
+}
+
+/// Writes `line` and a newline in one write, so that lines from several threads do not
+/// interleave; a status line on the terminal is erased first (see `cli::status`), outside
+/// `anstream`, which would strip that escape along with colours.
+fn write_line(mut line: String) {
+    line.push('\n');
+    let _ = std::io::stderr().lock().write_all(super::status::erase().as_bytes());
+    let _ = anstream::stderr().lock().write_all(line.as_bytes());
 }
 
 /// Appends the event's `message` field (its format string, formatted); other fields are not shown.

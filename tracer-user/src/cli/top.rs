@@ -81,14 +81,14 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
         let stop = stop_signal()?;
         let plan = plan_top(options)?;
         for w in &plan.warnings {
-            eprintln!("tracer: warning: {w}");
+            super::stderr::warning(w);
         }
-        if let Some(line) = &plan.probe_summary {
-            eprintln!("tracer: {line}");
+        if let Some(summary) = &plan.probe_summary {
+            super::advice::print_probe_summary(summary, false);
         }
         let mut top = Top::start(plan, args.by_process)?;
         for w in &top.warnings {
-            eprintln!("tracer: warning: {w}");
+            super::stderr::warning(w);
         }
         eprintln!(
             "tracer: tracing {} function(s); statistics every {} s to standard output",
@@ -131,15 +131,14 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
         eprintln!("tracer: top ended ({reason})");
         if snapshot.lost.total() > 0 {
             let l = &snapshot.lost;
-            eprintln!(
-                "tracer: warning: calls not counted or not timed: {} (threads_full: {}, keys_full: {}, too_deep: {}, no_return: {}, untraced_children: {})",
+            super::stderr::warning(format_args!("calls not counted or not timed: {} (threads_full: {}, keys_full: {}, too_deep: {}, no_return: {}, untraced_children: {})",
                 l.total(),
                 l.threads_full,
                 l.keys_full,
                 l.too_deep,
                 l.no_return,
                 l.untraced_children
-            );
+            ));
         }
         if let Some(pid) = running {
             eprintln!("tracer: the command (pid {pid}) is still running, untraced");

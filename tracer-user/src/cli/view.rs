@@ -103,6 +103,6 @@ fn open_browser(url: &str) {
     match spawned {
         // Reaped by a thread of its own: the server runs until Ctrl-C.
         Ok(mut child) => drop(std::thread::spawn(move || child.wait())),
-        Err(e) => eprintln!("tracer: warning: cannot open a browser ({e}): open the address above"),
+        Err(e) => super::stderr::warning(format_args!("cannot open a browser ({e}): open the address above")),
     }
 }

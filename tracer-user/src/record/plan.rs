@@ -25,7 +25,7 @@ use crate::{
     record::attach::loader::ProbeSpec,
     record::resolve::disasm::Exit,
     record::resolve::modules::ModuleCandidates,
-    record::resolve::placement::{KernelProbes, ProbePath},
+    record::resolve::placement::{KernelProbes, ProbePath, ProbeSummary},
     record::resolve::symbols::{
         Exits, Function, FunctionPattern, NamesFrom, Placement, SymbolError, SymbolTable, is_go_program_code,
     },
@@ -58,7 +58,7 @@ pub struct Plan {
     /// `-B` breakpoints and `-w` watchpoints, resolved in the executable.
     pub(crate) breakpoints: breakpoints::select::Selection,
     /// One line on the paths the probes take (see [`ProbePaths::summary`]).
-    pub probe_summary: Option<String>,
+    pub probe_summary: Option<ProbeSummary>,
     /// Things the user should know that do not stop the trace.
     pub warnings: Vec<String>,
     /// The functions decided in the kernel: predicates (`-f 'FUNC if EXPR'`, `ret-if`) and
@@ -566,7 +566,7 @@ fn select_functions(
         ));
     }
     let mut probe_summary = probe_paths.summary(|f| go_functions.contains(f), exit, KernelProbes::current());
-    if let (ReturnProbes::Exits, Some(line)) = (return_probes, &mut probe_summary) {
+    if let (ReturnProbes::Exits, Some(ProbeSummary { line, .. })) = (return_probes, &mut probe_summary) {
         let why = match &unwinder {
             Some(u) => format!("{u}, and a return-address probe would abort it when it unwinds through a traced call"),
             None => "as asked".to_string(),
@@ -704,7 +704,7 @@ struct Selection {
     functions: FunctionTable,
     probe_paths: ProbePaths,
     aliases: BTreeMap<String, Vec<String>>,
-    probe_summary: Option<String>,
+    probe_summary: Option<ProbeSummary>,
     /// The functions decided in the kernel.
     filters: Vec<FilterSpec>,
 }

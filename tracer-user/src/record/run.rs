@@ -6,7 +6,7 @@ use std::{
     future::Future,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -391,6 +391,7 @@ pub struct Recording {
 pub struct Progress {
     events_written: AtomicU64,
     lost: AtomicU64,
+    command_exited: AtomicBool,
 }
 
 impl Progress {
@@ -401,6 +402,12 @@ impl Progress {
     /// Events lost so far, counted as `trace_end.lost_events` counts them.
     pub fn lost(&self) -> u64 {
         self.lost.load(Ordering::Relaxed)
+    }
+
+    /// Whether the launched command has exited (and the trace goes on: `-b`, `-p` or its
+    /// traced descendants).
+    pub fn command_exited(&self) -> bool {
+        self.command_exited.load(Ordering::Relaxed)
     }
 }
 
@@ -519,6 +526,7 @@ impl Recording {
                         && command_exit.is_none()
                     {
                         command_exit = try_reap(pid);
+                        progress.command_exited.store(command_exit.is_some(), Ordering::Relaxed);
                     }
                     let command_done = child_pid.is_none() || command_exit.is_some();
                     if command_done && ends_when_empty && !any_target_alive(&mut kernel) {

@@ -182,49 +182,64 @@ pub fn classify_at(bytes: &[u8], address: u64, file_offset: u64, kernel: KernelP
 /// Functions named in the summary line.
 const NAMED: usize = 5;
 
+/// Where the probes went, for stderr: one line, and advice on the slow ones.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeSummary {
+    /// How many functions take each path and, when some trap, which.
+    pub line: String,
+    /// When some trap: what gives them the fast path (a paragraph, which the CLI shows once per
+    /// machine and with `-v`, not at every run).
+    pub advice: Option<String>,
+}
+
 impl ProbePaths {
-    /// One line for stderr: how many functions take each path and, when some trap, which and
-    /// what gives them the fast path on this `kernel`: compiler flags for C, C++ and Rust; for
-    /// the functions `is_go` says are Go's, whose `ret` probes (placed when `returns`) trap
-    /// whatever the build (the Go toolchain has no patchable entry), what does help there.
-    pub fn summary(&self, is_go: impl Fn(&str) -> bool, returns: bool, kernel: KernelProbes) -> Option<String> {
+    /// How many functions take each path and, when some trap, which and what gives them the fast
+    /// path on this `kernel`: compiler flags for C, C++ and Rust; for the functions `is_go` says
+    /// are Go's, whose `ret` probes (placed when `returns`) trap whatever the build (the Go
+    /// toolchain has no patchable entry), what does help there.
+    pub fn summary(&self, is_go: impl Fn(&str) -> bool, returns: bool, kernel: KernelProbes) -> Option<ProbeSummary> {
         if self.is_empty() {
             return None;
         }
         let counts: Vec<String> =
             ProbePath::ALL.iter().map(|&p| format!("{} {}", self.list(p).len(), p.name())).collect();
         let mut line = format!("probes: {}", counts.join(", "));
-        if !self.trap.is_empty() {
-            let mut names: Vec<&str> = self.trap.iter().take(NAMED).map(String::as_str).collect();
-            if self.trap.len() > NAMED {
-                names.push("...");
-            }
-            line.push_str(&format!("; slow (a trap and a single-step, ~15 µs a hit): {}", names.join(", ")));
-            let (go, native): (Vec<&String>, Vec<&String>) = self.trap.iter().partition(|f| is_go(f));
-            if !native.is_empty() {
-                line.push_str(&format!(
-                    ". For the fast path give {}functions a 5-byte nop entry{}: C/C++ with gcc -pg -mfentry \
-                     -mnop-mcount (compile only) or clang -fpatchable-function-entry=5, Rust nightly \
-                     #[patchable_function_entry(entry_nops = 5)]; on stable Rust -C force-frame-pointers=yes (C/C++ \
-                     -fno-omit-frame-pointer) gives an emulated push rbp entry",
-                    if go.is_empty() { "" } else { "C, C++ and Rust " },
-                    if kernel.optimizes_nop5 {
-                        ""
-                    } else {
-                        " (one trap, emulated, on this kernel; no trap from Linux 6.18)"
-                    },
-                ));
-            }
-            if !go.is_empty() {
-                line.push_str(if returns {
-                    ". Go functions' ret probes trap whatever the build (no Go compiler flag gives a patchable \
-                     entry or return); recording their calls only (-e call) removes those"
-                } else {
-                    ". No Go compiler flag gives Go functions a patchable entry"
-                });
-            }
+        if self.trap.is_empty() {
+            return Some(ProbeSummary { line, advice: None });
         }
-        Some(line)
+        let mut names: Vec<&str> = self.trap.iter().take(NAMED).map(String::as_str).collect();
+        if self.trap.len() > NAMED {
+            names.push("...");
+        }
+        line.push_str(&format!("; slow (a trap and a single-step, ~15 µs a hit): {}", names.join(", ")));
+        let (go, native): (Vec<&String>, Vec<&String>) = self.trap.iter().partition(|f| is_go(f));
+        let mut advice = Vec::new();
+        if !native.is_empty() {
+            advice.push(format!(
+                "For the fast path give {}functions a 5-byte nop entry{}: C/C++ with gcc -pg -mfentry \
+                 -mnop-mcount (compile only) or clang -fpatchable-function-entry=5, Rust nightly \
+                 #[patchable_function_entry(entry_nops = 5)]; on stable Rust -C force-frame-pointers=yes (C/C++ \
+                 -fno-omit-frame-pointer) gives an emulated push rbp entry.",
+                if go.is_empty() { "" } else { "C, C++ and Rust " },
+                if kernel.optimizes_nop5 {
+                    ""
+                } else {
+                    " (one trap, emulated, on this kernel; no trap from Linux 6.18)"
+                },
+            ));
+        }
+        if !go.is_empty() {
+            advice.push(
+                if returns {
+                    "Go functions' ret probes trap whatever the build (no Go compiler flag gives a patchable \
+                     entry or return); recording their calls only (-e call) removes those."
+                } else {
+                    "No Go compiler flag gives Go functions a patchable entry."
+                }
+                .to_string(),
+            );
+        }
+        Some(ProbeSummary { line, advice: Some(advice.join(" ")) })
     }
 }
 
@@ -322,24 +337,28 @@ mod tests {
         let mut paths = ProbePaths::default();
         assert_eq!(paths.summary(native, true, ON), None);
         paths.add("work", ProbePath::Optimized);
-        assert_eq!(paths.summary(native, true, ON).unwrap(), "probes: 1 optimized, 0 emulated, 0 trap");
+        assert_eq!(
+            paths.summary(native, true, ON).unwrap(),
+            ProbeSummary { line: "probes: 1 optimized, 0 emulated, 0 trap".into(), advice: None }
+        );
         for n in ["a", "b", "c", "d", "e", "f"] {
             paths.add(n, ProbePath::Trap);
         }
-        let line = paths.summary(native, true, ON).unwrap();
-        assert!(line.starts_with("probes: 1 optimized, 0 emulated, 6 trap; slow"), "{line}");
-        assert!(
-            line.contains(": a, b, c, d, e, .... For the fast path give functions a 5-byte nop entry: C/C++"),
-            "{line}"
+        let ProbeSummary { line, advice } = paths.summary(native, true, ON).unwrap();
+        assert_eq!(
+            line,
+            "probes: 1 optimized, 0 emulated, 6 trap; slow (a trap and a single-step, ~15 µs a hit): a, b, c, d, e, ..."
         );
-        assert!(line.contains("-mnop-mcount") && line.contains("force-frame-pointers"), "{line}");
+        let advice = advice.unwrap();
+        assert!(advice.starts_with("For the fast path give functions a 5-byte nop entry: C/C++"), "{advice}");
+        assert!(advice.contains("-mnop-mcount") && advice.contains("force-frame-pointers"), "{advice}");
         // Before 6.18 the nop is emulated, not optimized: the advice says what it buys there.
-        let line = paths.summary(native, true, OFF).unwrap();
+        let advice = paths.summary(native, true, OFF).unwrap().advice.unwrap();
         assert!(
-            line.contains("5-byte nop entry (one trap, emulated, on this kernel; no trap from Linux 6.18): C/C++"),
-            "{line}"
+            advice.contains("5-byte nop entry (one trap, emulated, on this kernel; no trap from Linux 6.18): C/C++"),
+            "{advice}"
         );
-        assert!(!line.contains("Go"), "{line}");
+        assert!(!advice.contains("Go"), "{advice}");
     }
 
     /// Go functions get advice that fits Go: no C or Rust compiler flags for them.
@@ -349,25 +368,23 @@ mod tests {
         paths.add("main.work", ProbePath::Trap);
         paths.add("main.main", ProbePath::Trap);
         let go = |f: &str| f.starts_with("main.");
-        let line = paths.summary(go, true, ON).unwrap();
+        let ProbeSummary { line, advice } = paths.summary(go, true, ON).unwrap();
         assert!(line.starts_with("probes: 0 optimized, 0 emulated, 2 trap; slow"), "{line}");
-        assert!(line.contains(": main.work, main.main. Go functions' ret probes trap whatever the build"), "{line}");
-        assert!(line.contains("(-e call)"), "{line}");
+        assert!(line.ends_with(": main.work, main.main"), "{line}");
+        let advice = advice.unwrap();
+        assert!(advice.starts_with("Go functions' ret probes trap whatever the build"), "{advice}");
+        assert!(advice.contains("(-e call)"), "{advice}");
         // Calls only: no ret probe to blame, no -e call to advise.
-        let calls_only = paths.summary(go, false, ON).unwrap();
-        assert!(
-            calls_only.ends_with(": main.work, main.main. No Go compiler flag gives Go functions a patchable entry")
-        );
-        for line in [&line, &calls_only] {
-            for flag in ["gcc", "clang", "Rust", "C/C++", "5-byte nop"] {
-                assert!(!line.contains(flag), "{flag} in {line}");
-            }
+        let calls_only = paths.summary(go, false, ON).unwrap().advice.unwrap();
+        assert_eq!(calls_only, "No Go compiler flag gives Go functions a patchable entry.");
+        for flag in ["gcc", "clang", "Rust", "C/C++", "5-byte nop"] {
+            assert!(!advice.contains(flag), "{flag} in {advice}");
         }
         // Mixed: each gets its own advice, the flags said to be for C, C++ and Rust.
         paths.add("work", ProbePath::Trap);
-        let line = paths.summary(go, true, ON).unwrap();
-        assert!(line.contains("give C, C++ and Rust functions a 5-byte nop entry"), "{line}");
-        assert!(line.contains("Go functions' ret probes trap"), "{line}");
+        let advice = paths.summary(go, true, ON).unwrap().advice.unwrap();
+        assert!(advice.contains("give C, C++ and Rust functions a 5-byte nop entry"), "{advice}");
+        assert!(advice.contains("Go functions' ret probes trap"), "{advice}");
     }
 
     #[test]
