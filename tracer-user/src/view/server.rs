@@ -478,4 +478,24 @@ mod tests {
         assert_eq!(cookie_value("a=b; tracer_token=abc", COOKIE), Some("abc"));
         assert_eq!(cookie_value("my_tracer_token=abc", COOKIE), None);
     }
+
+    /// A reader of the event stream that takes nothing: the server's writes fill the connection's
+    /// 1 KiB, then the next message is not taken in time and the stream is closed, counted; the
+    /// server never holds more than the message it is writing.
+    #[tokio::test]
+    async fn an_event_stream_reader_that_takes_nothing_is_dropped() {
+        let app = App {
+            content: Content { model: Arc::new(Mutex::new(ViewModel::default())), trace_file: None, counters: None },
+            token: "t".into(),
+            secure: false,
+            connections: Arc::new(Semaphore::new(1)),
+            refused: AtomicU64::new(0),
+            slow_readers: AtomicU64::new(0),
+            calls: Semaphore::new(1),
+        };
+        let (server_end, _reader) = tokio::io::duplex(1024);
+        let ended = events(Box::new(server_end), &app).await;
+        assert_eq!(ended.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(app.slow_readers.load(Ordering::Relaxed), 1);
+    }
 }
