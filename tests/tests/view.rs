@@ -1,16 +1,23 @@
 //! `tracer view`, `record --serve` and `collect --serve` in a real headless Chromium (Debian's
-//! `chromium`, `--dump-dom`: the page as its scripts left it): the flame graph and the function
-//! table of a recorded fixture, a live recording whose counts grow, a live collection of two
-//! hosts, the token, and trace content that must stay text.
+//! `chromium`: `--dump-dom` for a recorded trace, the page as its scripts left it; the DevTools
+//! protocol for a live one, whose event stream never ends): the flame graph and the function
+//! table of a recorded fixture, a live recording whose counts grow (in the page and in the event
+//! stream read by a plain HTTP client), a live collection of two hosts, two hosts with the same
+//! pid, sends and receives inline in the call tree, the token, TLS, and trace content that must
+//! stay text.
 
 use std::{
     ffi::OsStr,
+    fs::File,
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::TcpStream,
+    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
     path::Path,
     process::{Child, Command, Stdio},
-    time::Duration,
+    time::{Duration, Instant},
 };
+
+use serde_json::{Value, json};
 
 use tracer_tests::{
     LocalAgent, fixture, gen_secret, record, start_tracing, temp_dir, tracer, tracer_bin, wait_with_timeout,
@@ -56,8 +63,159 @@ impl Drop for Viewer {
 }
 
 fn url_in(line: &str) -> Option<String> {
-    let at = line.find("http://")?;
+    let at = line.find("http://").or_else(|| line.find("https://"))?;
     Some(line[at..].split_whitespace().next()?.to_string())
+}
+
+/// A headless Chromium driven through the DevTools protocol over a pipe
+/// (`--remote-debugging-pipe`: JSON messages ended by a NUL byte, commands on its fd 3, answers on
+/// its fd 4), for a page whose event stream stays open (`--dump-dom` waits for the network to be
+/// idle, which a live page never is).
+struct Browser {
+    child: Child,
+    commands: File,
+    answers: BufReader<File>,
+    next_id: u64,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    fn open(url: &str) -> Browser {
+        let profile = temp_dir();
+        let (commands_in, commands) = std::io::pipe().unwrap();
+        let (answers, answers_out) = std::io::pipe().unwrap();
+        let (read_fd, write_fd) = (commands_in.as_raw_fd(), answers_out.as_raw_fd());
+        let mut command = Command::new("chromium");
+        command
+            .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--remote-debugging-pipe"])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: only async-signal-safe calls (fcntl, dup2) between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                // Moved above 10 first: dup2 onto its own number would leave close-on-exec set.
+                let (r, w) = (libc::fcntl(read_fd, libc::F_DUPFD, 10), libc::fcntl(write_fd, libc::F_DUPFD, 10));
+                if r < 0 || w < 0 || libc::dup2(r, 3) < 0 || libc::dup2(w, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().expect("run chromium (`cargo xtask setup --test` installs it)");
+        drop((commands_in, answers_out));
+        let mut browser = Browser {
+            child,
+            commands: File::from(std::os::fd::OwnedFd::from(commands)),
+            answers: BufReader::new(File::from(std::os::fd::OwnedFd::from(answers))),
+            next_id: 0,
+            session: String::new(),
+            _profile: profile,
+        };
+        let target = browser.call(false, "Target.createTarget", json!({ "url": url }))["targetId"].clone();
+        let attached = browser.call(false, "Target.attachToTarget", json!({ "targetId": target, "flatten": true }));
+        browser.session = attached["sessionId"].as_str().unwrap().to_string();
+        browser
+    }
+
+    /// Sends a command (to the page when `in_page`) and returns its answer's result.
+    fn call(&mut self, in_page: bool, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let mut message = json!({ "id": self.next_id, "method": method, "params": params });
+        if in_page {
+            message["sessionId"] = self.session.clone().into();
+        }
+        let mut bytes = serde_json::to_vec(&message).unwrap();
+        bytes.push(0);
+        self.commands.write_all(&bytes).expect("write to chromium");
+        loop {
+            let mut answer = Vec::new();
+            self.answers.read_until(0, &mut answer).expect("read from chromium");
+            assert!(answer.pop() == Some(0), "chromium closed its pipe");
+            let answer: Value = serde_json::from_slice(&answer).unwrap();
+            if answer["id"] == self.next_id {
+                assert!(answer.get("error").is_none(), "{method}: {answer}");
+                return answer["result"].clone();
+            }
+        }
+    }
+
+    fn eval(&mut self, expression: &str) -> Value {
+        let result = self.call(true, "Runtime.evaluate", json!({ "expression": expression, "returnByValue": true }));
+        result["result"]["value"].clone()
+    }
+
+    /// The page's HTML once `ready` (a script's expression) is true; at most 30 s.
+    fn html_when(&mut self, ready: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.eval(ready) != Value::Bool(true) {
+            assert!(Instant::now() < deadline, "the page was never ready ({ready})");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.eval("document.documentElement.outerHTML").as_str().unwrap().to_string()
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The event stream (`/api/events`), read by a plain HTTP client holding `token`.
+struct EventStream {
+    reader: BufReader<TcpStream>,
+}
+
+impl EventStream {
+    fn open(base: &str, token: &str) -> EventStream {
+        let mut stream = TcpStream::connect(base.trim_start_matches("http://")).expect("connect to the viewer");
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(stream, "GET /api/events HTTP/1.1\r\nHost: x\r\nCookie: tracer_token={token}\r\n\r\n").unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut head = String::new();
+        while !head.ends_with("\r\n\r\n") {
+            assert!(reader.read_line(&mut head).unwrap() > 0, "the stream closed in its head: {head}");
+        }
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        assert!(head.contains("\r\nContent-Type: text/event-stream"), "{head}");
+        EventStream { reader }
+    }
+
+    /// The next message: its event's name and its data.
+    fn next(&mut self) -> (String, Value) {
+        let (mut event, mut data) = (String::new(), None);
+        loop {
+            let mut line = String::new();
+            assert!(self.reader.read_line(&mut line).unwrap() > 0, "the event stream ended");
+            let line = line.trim_end_matches('\n');
+            if line.is_empty()
+                && let Some(data) = data.take()
+            {
+                return (event, data);
+            }
+            if let Some(name) = line.strip_prefix("event: ") {
+                event = name.to_string();
+            } else if let Some(json) = line.strip_prefix("data: ") {
+                data = Some(serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}")));
+            }
+        }
+    }
+}
+
+/// Calls of `function` in a state.
+fn calls_in(state: &Value, function: &str) -> u64 {
+    state["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["function"] == function)
+        .map(|f| f["calls"].as_u64().unwrap())
+        .sum()
 }
 
 /// The page at `url` once its scripts ran for `budget_ms` of virtual time.
@@ -163,6 +321,8 @@ fn requests_without_the_token_are_refused() {
         ("/api/state", String::new()),
         ("/app.js", String::new()),
         ("/api/calls?tid=1", String::new()),
+        ("/api/events", String::new()),
+        ("/api/events", format!("Cookie: tracer_token={wrong}\r\n")),
         (&format!("/?token={wrong}") as &str, String::new()),
         ("/api/state", format!("Cookie: tracer_token={wrong}\r\n")),
         ("/api/state", format!("Cookie: tracer_token={}\r\n", &token[..32])),
@@ -182,6 +342,10 @@ fn requests_without_the_token_are_refused() {
     let (head, body) = get(&base, "/api/state", &format!("Cookie: a=b; tracer_token={token}\r\n"));
     assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
     assert!(body.contains("\"function\":\"rust_fixture::fib\""), "{body}");
+    // A recorded trace's event stream is its final state, once.
+    let (event, state) = EventStream::open(&base, &token).next();
+    assert_eq!(event, "end");
+    assert_eq!(calls_in(&state, "rust_fixture::fib"), 465);
     // A request head past the bound is refused before anything else.
     let (head, _) = get(&base, "/", &format!("X-Filler: {}\r\n", "a".repeat(20_000)));
     assert!(head.starts_with("HTTP/1.1 431 "), "{head}");
@@ -195,13 +359,22 @@ fn hostile_names_and_strings_are_shown_as_text_and_never_run() {
     let trace = dir.path().join("hostile.jsonl");
     let name = r#"<img src=x onerror=\"document.documentElement.setAttribute('data-pwned','name')\">"#;
     let value = r#"<img src=x onerror=\"document.documentElement.setAttribute('data-pwned','param')\">"#;
+    // A message on a Unix socket of the same name, carrying the same kind of bytes.
+    let channel = r#"{"type":"unix_stream","id":1,"to":2,"path":"<img src=x onerror=\"document.documentElement.setAttribute('data-pwned','channel')\">"}"#;
+    let payload = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .encode(r#"<img src=x onerror="document.documentElement.setAttribute('data-pwned','payload')">"#)
+    };
     let lines = [
         r#"{"kind":"trace_start","format_version":1,"host":"vm","tracer_version":"0.1.0","ts":1000000000,"clock":{"source":"test","offset_ns":0,"uncertainty_ns":0},"targets":[{"type":"binary","path":"/bin/x"}],"probes":2,"events":["call","return"],"follow_children":true}"#.to_string(),
         r#"{"kind":"call","ts":1000001000,"host":"vm","pid":7,"tid":7,"function":"main","module":"/bin/x","args":[0,0,0,0,0,0]}"#.to_string(),
         format!(r#"{{"kind":"call","ts":1000002000,"host":"vm","pid":7,"tid":7,"function":"{name}","module":"/bin/x","args":[0,0,0,0,0,0],"params":{{"who":"{value}"}}}}"#),
+        format!(r#"{{"kind":"send","ts":1000003000,"host":"vm","pid":7,"tid":7,"channel":{channel},"fd":3,"bytes":80,"syscall":"write","flow_id":1,"syscall_ns":10,"seq":0,"digest":null,"payload":"{payload}"}}"#),
+        format!(r#"{{"kind":"recv","ts":1000004000,"host":"vm","pid":7,"tid":7,"channel":{channel},"fd":4,"bytes":80,"syscall":"read","flow_id":1,"flow_ids":[1],"syscall_ns":10,"seq":0,"digest":null}}"#),
         format!(r#"{{"kind":"return","ts":1000005000,"host":"vm","pid":7,"tid":7,"function":"{name}","module":"/bin/x","retval":0,"duration_ns":3000}}"#),
         r#"{"kind":"return","ts":1000009000,"host":"vm","pid":7,"tid":7,"function":"main","module":"/bin/x","retval":0,"duration_ns":8000}"#.to_string(),
-        r#"{"kind":"trace_end","ts":1000010000,"reason":"duration","events_written":4,"lost_events":{},"calls_without_return_probe":0,"command_exit_code":null,"ipc":{"sends":0,"recvs":0,"linked_recvs":0,"unlinked_recvs":0,"linked_signals":0}}"#.to_string(),
+        r#"{"kind":"trace_end","ts":1000010000,"reason":"duration","events_written":6,"lost_events":{},"calls_without_return_probe":0,"command_exit_code":null,"ipc":{"sends":0,"recvs":0,"linked_recvs":0,"unlinked_recvs":0,"linked_signals":0}}"#.to_string(),
     ];
     std::fs::write(&trace, lines.join("\n") + "\n").unwrap();
     let viewer = Viewer::start(&trace);
@@ -213,13 +386,20 @@ fn hostile_names_and_strings_are_shown_as_text_and_never_run() {
     let calls = page.split("id=\"call-lines\">").nth(1).expect("the call tree");
     assert!(calls.contains(&format!("    {text}(who=\"&lt;img src=x onerror=")), "{calls}");
     assert!(calls.contains("'data-pwned','param')"), "{calls}");
+    // The message's channel and bytes, inline in the call, as text.
+    assert!(calls.contains("      send 80 B on unix stream &lt;img src=x onerror="), "{calls}");
+    assert!(calls.contains("'data-pwned','channel')\"&gt; (write) \"&lt;img src=x onerror="), "{calls}");
+    assert!(calls.contains("'data-pwned','payload')"), "{calls}");
+    assert!(calls.contains("      recv 80 B on unix stream &lt;img src=x onerror="), "{calls}");
+    assert!(calls.contains("(read) from pid 7 thread 7"), "{calls}");
     // Never run: no element was made of it, and neither handler set its attribute.
     assert!(!page.contains("<img"), "{page}");
     assert!(!page.contains("data-pwned=\""), "{page}");
 }
 
-/// `tracer record --serve` of `calls loop` (tick() every 2 ms): two reads of the page a second
-/// apart show more calls the second time; the status line shows the recording's figures.
+/// `tracer record --serve` of `calls loop` (tick() every 2 ms): the event stream, read by a
+/// plain HTTP client, says more calls of tick in a message a second after the first; so does the
+/// page in Chromium, fed by the same stream, whose status line shows the recording's figures.
 #[test]
 fn a_live_recording_s_counts_grow_between_two_reads() {
     let dir = temp_dir();
@@ -239,19 +419,42 @@ fn a_live_recording_s_counts_grow_between_two_reads() {
     let (child, mut stderr, startup) = start_tracing(&args);
     let url = startup.lines().find_map(url_in).unwrap_or_else(|| panic!("no address in {startup}"));
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let (base, token) = (url.split("/?").next().unwrap(), url.split("token=").nth(1).unwrap());
+
+    // The stream: a state message, then another a second later with more calls.
+    let mut stream = EventStream::open(base, token);
+    let (event, first) = stream.next();
+    assert_eq!(event, "state");
+    assert_eq!(first["live"], true, "{first}");
+    let first_read = Instant::now();
+    let second = loop {
+        let (event, state) = stream.next();
+        assert_eq!(event, "state");
+        if first_read.elapsed() >= Duration::from_secs(1) {
+            break state;
+        }
+    };
+    assert!(second["written"].as_u64().unwrap() > 0, "{second}");
+    let (first, second) = (calls_in(&first, "tick"), calls_in(&second, "tick"));
+    assert!(second > first, "tick calls in the stream: {first}, then {second}");
+    drop(stream);
+
+    // The page: its table's count grows between two reads a second apart.
+    let mut browser = Browser::open(&url);
+    let ready = "document.getElementById('status').textContent.includes('events/s') && \
+                 document.querySelector('#function-table td[data-col=\"function\"]') !== null";
     let ticks = |page: &str| -> u64 {
         let row = table_row(page, "tick").unwrap_or_else(|| panic!("no tick row in {page}"));
         cell(&row, "calls").parse().unwrap()
     };
-    std::thread::sleep(Duration::from_millis(500));
-    let first_page = dom(&url, 1500);
+    let first_page = browser.html_when(ready);
     let first = ticks(&first_page);
     assert!(first_page.contains("recording · "), "{first_page}");
-    assert!(first_page.contains(" events/s"), "{first_page}");
     assert!(first_page.contains("written "), "{first_page}");
     std::thread::sleep(Duration::from_secs(1));
-    let second = ticks(&dom(&url, 1500));
-    assert!(first > 0 && second > first, "tick calls: {first}, then {second}");
+    let second = ticks(&browser.html_when(ready));
+    assert!(first > 0 && second > first, "tick calls in the page: {first}, then {second}");
+    drop(browser);
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let mut rest = String::new();
@@ -345,7 +548,8 @@ fn collect_serves_the_page_live_from_every_host() {
         assert!(std::time::Instant::now() < deadline, "not both hosts' calls: {state}");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let page = dom(&url, 2000);
+    let page = Browser::open(&url)
+        .html_when("document.querySelectorAll('#host-function-table td[data-col=\"function\"]').length >= 2");
     let rows = |table: &str| -> Vec<(String, String, String)> {
         let table = page.split(&format!("id=\"{table}\"")).nth(1).unwrap().split("</table>").next().unwrap();
         table
@@ -394,4 +598,179 @@ fn collect_serves_the_page_live_from_every_host() {
             unsafe { libc::kill(pid, libc::SIGUSR1) };
         }
     }
+}
+
+/// The ipc fixture's `pipe` mode inside `pipe_mode()`: the child write()s 4 x 256 bytes, the
+/// parent read()s 300, 300, 300, 124. The call tree of the parent's thread shows its four
+/// receives inline under pipe_mode, each naming the child as the sender; the child's thread
+/// shows its four sends. In Chromium too (the first thread is the parent's).
+#[test]
+fn sends_and_receives_are_inline_in_the_call_tree() {
+    let dir = temp_dir();
+    let ipc = fixture("ipc");
+    let (run, t) = record(dir.path(), &["-f", "pipe_mode", "--", ipc.to_str().unwrap(), "pipe"]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.lost(), 0);
+    let parent = t.start["targets"][0]["pid"].as_u64().unwrap();
+    let child = t.of_kind("spawn").find(|s| s["how"] == "fork").map(|s| s["child_pid"].as_u64().unwrap()).unwrap();
+    let host = t.start["host"].as_str().unwrap().to_string();
+    let viewer = Viewer::start(&dir.path().join("trace.jsonl"));
+    let cookie = format!("Cookie: tracer_token={}\r\n", viewer.token());
+    let lines = |tid: u64| -> Vec<String> {
+        let (head, body) = get(viewer.base(), &format!("/api/calls?host={host}&tid={tid}"), &cookie);
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        let page: Value = serde_json::from_str(&body).unwrap();
+        page["lines"].as_array().unwrap().iter().map(|l| l.as_str().unwrap().to_string()).collect()
+    };
+    let at_parent = lines(parent);
+    let call = at_parent.iter().position(|l| l.ends_with("  pipe_mode")).unwrap_or_else(|| panic!("{at_parent:#?}"));
+    let recvs: Vec<&String> = at_parent.iter().filter(|l| l.contains(" recv ")).collect();
+    assert_eq!(recvs.len(), 4, "{at_parent:#?}");
+    let sender = format!("(read) from ipc ({child}) thread {child}");
+    for (line, bytes) in recvs.iter().zip([300, 300, 300, 124]) {
+        assert!(line.contains(&format!("    recv {bytes} B on pipe ")), "{line}");
+        assert!(line.ends_with(&sender), "{line}");
+    }
+    assert!(at_parent.iter().position(|l| l.contains(" recv ")).unwrap() > call, "{at_parent:#?}");
+    let at_child = lines(child);
+    let sends: Vec<&String> = at_child.iter().filter(|l| l.contains(" send ")).collect();
+    assert_eq!(sends.len(), 4, "{at_child:#?}");
+    assert!(sends.iter().all(|l| l.contains("send 256 B on pipe ") && l.ends_with(" (write)")), "{at_child:#?}");
+    // The page's call tree of the first thread: the parent's, with its four receives.
+    let page = dom(&viewer.url, 5000);
+    let tree = page.split("id=\"call-lines\">").nth(1).expect("the call tree").split("</pre>").next().unwrap();
+    assert_eq!(tree.matches(" recv ").count(), 4, "{tree}");
+    assert_eq!(tree.matches(&sender as &str).count(), 4, "{tree}");
+}
+
+/// A merged trace of two hosts whose processes have the same pid (7): two processes, two flame
+/// graphs named `web (7) on a` and `db (7) on b`, two rows, two threads, each call tree its own.
+#[test]
+fn two_hosts_with_the_same_pid_are_kept_apart() {
+    let dir = temp_dir();
+    let trace = dir.path().join("two.jsonl");
+    let on = |host: &str, kind: &str, ts: u64, function: &str, rest: &str| {
+        format!(
+            r#"{{"kind":"{kind}","ts":{ts},"host":"{host}","pid":7,"tid":7,"function":"{function}","module":"/bin/x",{rest}}}"#
+        )
+    };
+    let (call, ret) = (r#""args":[0,0,0,0,0,0]"#, r#""retval":0"#);
+    let lines = [
+        r#"{"kind":"trace_start","format_version":1,"host":"a","tracer_version":"0.1.0","ts":1000000000,"clock":{"source":"test","offset_ns":0,"uncertainty_ns":0},"targets":[],"probes":2,"events":["call","return"],"follow_children":true}"#.to_string(),
+        on("a", "call", 1000001000, "serve", call),
+        on("b", "call", 1000001500, "query", call),
+        on("b", "call", 1000001600, "query", call),
+        on("b", "return", 1000001700, "query", &format!("{ret},\"duration_ns\":100")),
+        on("a", "return", 1000005000, "serve", &format!("{ret},\"duration_ns\":4000")),
+        on("b", "return", 1000009000, "query", &format!("{ret},\"duration_ns\":7500")),
+        r#"{"kind":"exit","ts":1000009500,"host":"a","pid":7,"tid":7,"exit_code":0,"signal":null,"thread":false,"comm":"web"}"#.to_string(),
+        r#"{"kind":"exit","ts":1000009600,"host":"b","pid":7,"tid":7,"exit_code":3,"signal":null,"thread":false,"comm":"db"}"#.to_string(),
+        r#"{"kind":"trace_end","ts":1000010000,"reason":"duration","events_written":8,"lost_events":{},"calls_without_return_probe":0,"command_exit_code":null,"ipc":{"sends":0,"recvs":0,"linked_recvs":0,"unlinked_recvs":0,"linked_signals":0}}"#.to_string(),
+    ];
+    std::fs::write(&trace, lines.join("\n") + "\n").unwrap();
+    let viewer = Viewer::start(&trace);
+    let state = state(viewer.base(), viewer.token());
+    let list = |key: &str, fields: &[&str]| -> Vec<String> {
+        let mut rows: Vec<String> = state[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| fields.iter().map(|f| v[*f].to_string()).collect::<Vec<_>>().join(" "))
+            .collect();
+        rows.sort();
+        rows
+    };
+    assert_eq!(list("functions", &["host", "pid", "function", "calls"]), [r#""a" 7 "serve" 1"#, r#""b" 7 "query" 2"#]);
+    assert_eq!(list("flame", &["host", "pid", "name", "value"]), [r#""a" 7 "web (7)" 4000"#, r#""b" 7 "db (7)" 7500"#]);
+    assert_eq!(list("processes", &["host", "pid", "name", "exit_code"]), [r#""a" 7 "web" 0"#, r#""b" 7 "db" 3"#]);
+    assert_eq!(list("threads", &["host", "tid"]), [r#""a" 7"#, r#""b" 7"#]);
+    // Each host's thread 7 has its own call tree.
+    let cookie = format!("Cookie: tracer_token={}\r\n", viewer.token());
+    for (host, only, not) in [("a", "serve", "query"), ("b", "query", "serve")] {
+        let (_, body) = get(viewer.base(), &format!("/api/calls?host={host}&tid=7"), &cookie);
+        assert!(body.contains(only) && !body.contains(not), "{host}: {body}");
+    }
+    // The page names each root with its host.
+    let page = dom(&viewer.url, 5000);
+    for (host, title) in [("a", "web (7) on a · "), ("b", "db (7) on b · ")] {
+        let section = page.split(&format!("data-host=\"{host}\"><h3>")).nth(1).unwrap_or_else(|| panic!("{page}"));
+        assert!(section.starts_with(title), "{section}");
+    }
+}
+
+/// `--serve` on an address other than loopback with `--tls-cert/--tls-key` (a self-signed
+/// certificate, as the cluster tests make): a rustls client that trusts it gets the page's state
+/// with the token and 403 without; a plain HTTP request gets no page.
+#[test]
+fn serving_beyond_loopback_over_tls() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let dir = temp_dir();
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
+    let out = dir.path().join("trace.jsonl");
+    let calls = fixture("calls");
+    let args: Vec<&OsStr> = vec![
+        "record".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+        "--serve".as_ref(),
+        "0.0.0.0:0".as_ref(),
+        "--tls-cert".as_ref(),
+        cert_path.as_os_str(),
+        "--tls-key".as_ref(),
+        key_path.as_os_str(),
+        "-f".as_ref(),
+        "tick".as_ref(),
+        "--".as_ref(),
+        calls.as_os_str(),
+        "loop".as_ref(),
+    ];
+    let (child, mut stderr, startup) = start_tracing(&args);
+    let url = startup.lines().find_map(url_in).unwrap_or_else(|| panic!("no address in {startup}"));
+    assert!(url.starts_with("https://0.0.0.0:"), "{url}");
+    let port: u16 = url.trim_start_matches("https://0.0.0.0:").split('/').next().unwrap().parse().unwrap();
+    let token = url.split("token=").nth(1).unwrap().to_string();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let get_tls = |path: &str, headers: &str| -> String {
+        runtime.block_on(async {
+            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            let connector = tracer_user::cluster::tls::connector(&cert_path).unwrap();
+            let mut tls =
+                tracer_user::cluster::tls::connect(Some(&connector), "127.0.0.1", Box::new(tcp)).await.unwrap();
+            tls.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n").as_bytes()).await.unwrap();
+            let mut answer = Vec::new();
+            let _ = tls.read_to_end(&mut answer).await;
+            String::from_utf8_lossy(&answer).into_owned()
+        })
+    };
+    let answer = get_tls("/api/state", &format!("Cookie: tracer_token={token}\r\n"));
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert!(answer.contains("\"live\":true"), "{answer}");
+    let answer = get_tls(&format!("/?token={token}"), "");
+    assert!(answer.starts_with("HTTP/1.1 303 "), "{answer}");
+    assert!(answer.contains("; HttpOnly; SameSite=Strict; Secure\r\n"), "{answer}");
+    for (path, headers) in [
+        ("/api/state", String::new()),
+        ("/api/events", String::new()),
+        ("/api/state", "Cookie: tracer_token=00\r\n".to_string()),
+    ] {
+        let answer = get_tls(path, &headers);
+        assert!(answer.starts_with("HTTP/1.1 403 "), "{path} {headers}: {answer}");
+    }
+    // Plain HTTP to the TLS port: the handshake fails, no page is sent.
+    let mut plain = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = write!(plain, "GET /api/state?token={token} HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(!answer.contains("HTTP/1.1") && !answer.contains("live"), "{answer}");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    let run = wait_with_timeout(child, "tracer");
+    assert!(run.code() == 0 || run.code() == 130, "{run:?} {rest}");
 }

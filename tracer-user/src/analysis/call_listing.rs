@@ -5,12 +5,14 @@
 //! A call's line is written once its outermost shown caller has ended (only then are all the
 //! durations inside it known), so memory holds one outermost call's tree per thread.
 //!
-//! What the program said (`log` and `usdt` events) is printed inline, one level below the call
-//! open on its thread when it was said, or on its own outside any call. Events nest in their
-//! thread's calls, not a goroutine's.
+//! What the program said or did at a point (`log` and `usdt` events, breakpoints, watchpoints,
+//! and each IPC send and receive) is printed inline, one level below the call open on its thread
+//! when it happened, or on its own outside any call. Events nest in their thread's calls, not a
+//! goroutine's. A receive names the process and thread that sent what it read (the sends are
+//! remembered for that, the latest [`MAX_REMEMBERED_SENDS`]).
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     io::{self, Write},
     sync::Arc,
 };
@@ -23,9 +25,12 @@ use super::{
     stats::human_ns,
 };
 use crate::{
-    event::{Event, EventData, TraceEnd, TraceStart},
+    event::{Event, EventData, TraceEnd, TraceStart, data},
     sink::Sink,
 };
+
+/// Sends remembered to name the sender of the receives that read them; the oldest go first.
+pub const MAX_REMEMBERED_SENDS: usize = 65_536;
 
 /// Which calls to show.
 #[derive(Clone, Debug, Default)]
@@ -56,6 +61,54 @@ enum What {
     },
     /// A `log` or `usdt` event, as printed.
     Said(String),
+}
+
+/// Who sent a message: its host, process and thread.
+#[derive(Clone, Debug)]
+struct Sender {
+    host: Arc<str>,
+    pid: u32,
+    tid: u32,
+}
+
+/// A transfer in one line: `send 256 B on pipe 1234 (write)`, `recv 300 B on pipe 1234 (read)
+/// from ipc (41) thread 41`, with the captured bytes when there are (`"GET /"`, `…` when cut).
+fn transfer(e: &Event, senders: &BTreeMap<u64, Sender>, names: &ProcessNames) -> Option<String> {
+    let payload = |payload: &Option<data::Payload>, truncated: Option<bool>| match payload {
+        Some(p) => format!(" {:?}{}", String::from_utf8_lossy(&p.0), if truncated == Some(true) { "…" } else { "" }),
+        None => String::new(),
+    };
+    match &e.data {
+        EventData::Send(s) => Some(format!(
+            "send {} B on {} ({}){}",
+            s.bytes,
+            s.channel.text(),
+            s.syscall.name(),
+            payload(&s.payload, s.payload_truncated)
+        )),
+        EventData::Recv(r) => {
+            let mut from: Vec<String> = Vec::new();
+            for sender in r.flow_ids.iter().filter_map(|id| senders.get(id)) {
+                let mut who = format!("{} thread {}", names.label(sender.pid), sender.tid);
+                if sender.host != e.host {
+                    who += &format!(" on {}", sender.host);
+                }
+                if !from.contains(&who) {
+                    from.push(who);
+                }
+            }
+            let from = if from.is_empty() { String::new() } else { format!(" from {}", from.join(", ")) };
+            let peek = if r.peek { " peek" } else { "" };
+            Some(format!(
+                "recv{peek} {} B on {} ({}){from}{}",
+                r.bytes,
+                r.channel.text(),
+                r.syscall.name(),
+                payload(&r.payload, r.payload_truncated)
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// A program's event in one line: `log info [source] message {data}`, `usdt provider:name(args)`,
@@ -101,6 +154,8 @@ pub struct CallPrinter<W: Write> {
     pids: BTreeSet<u32>,
     tids: BTreeSet<u32>,
     last: Option<(u32, u32)>,
+    /// The latest sends, by flow id: who sent them.
+    senders: BTreeMap<u64, Sender>,
 }
 
 /// A `--pid` or `--tid` of [`CallFilter`] that no event of the trace has.
@@ -148,6 +203,7 @@ impl<W: Write> CallPrinter<W> {
             pids: BTreeSet::new(),
             tids: BTreeSet::new(),
             last: None,
+            senders: BTreeMap::new(),
         }
     }
 
@@ -284,7 +340,13 @@ impl<W: Write> Sink for CallPrinter<W> {
             self.last = Some((e.pid, e.tid));
         }
         self.printer.names.event(e);
-        match said(&e.data) {
+        if let EventData::Send(send) = &e.data {
+            if self.senders.len() >= MAX_REMEMBERED_SENDS {
+                self.senders.pop_first();
+            }
+            self.senders.insert(send.flow_id, Sender { host: e.host.clone(), pid: e.pid, tid: e.tid });
+        }
+        match said(&e.data).or_else(|| transfer(e, &self.senders, &self.printer.names)) {
             Some(text) => self.printer.said(e, text, self.tracker.open_calls(e.pid, Track::Thread(e.tid))),
             None => self.printer.calls(self.tracker.event(e)),
         }
@@ -442,5 +504,59 @@ app (1), thread 1:
         let long = only(CallFilter { min_duration_ns: 2_000, ..CallFilter::default() });
         assert!(long.contains("run") && !long.contains("parse"), "{long}");
         assert_eq!(only(CallFilter { pid: Some(9), ..CallFilter::default() }), "");
+    }
+
+    /// Sends and receives sit inline like what a program said; a receive names its sender.
+    #[test]
+    fn sends_and_receives_sit_inline_and_a_receive_names_its_sender() {
+        use crate::event::{
+            Channel,
+            data::{Payload, Recv, Send, Syscall},
+            test_events::ev,
+        };
+        let channel = Channel::UnixStream { id: 9, to: 10, path: Some("<b>x</b>.sock".into()) };
+        let send = Send {
+            channel: channel.clone(),
+            fd: 3,
+            bytes: 5,
+            syscall: Syscall::Write,
+            flow_id: 77,
+            syscall_ns: 0,
+            seq: Some(0),
+            digest: None,
+            payload: Some(Payload(b"hi\n<a".to_vec())),
+            payload_truncated: Some(true),
+        };
+        let recv = Recv {
+            channel,
+            fd: 4,
+            bytes: 5,
+            syscall: Syscall::Recvfrom,
+            flow_ids: vec![77],
+            syscall_ns: 0,
+            seq: Some(0),
+            digest: None,
+            payload: None,
+            payload_truncated: None,
+            peek: false,
+            discarded: None,
+        };
+        let events = [
+            call(1_100, 1, "main"),
+            ev(1_200, 1, 1, EventData::Send(send)),
+            ev(1_300, 1, 2, EventData::Recv(recv)),
+            ret(1_900, 1, "main", Some(800)),
+        ];
+        assert_eq!(
+            print(CallFilter::default(), &events),
+            "\
+app (1), thread 2:
++0.000000300            recv 5 B on unix stream <b>x</b>.sock (recvfrom) from app (1) thread 1
+app (1), thread 1:
++0.000000100    800 ns  main
++0.000000200              send 5 B on unix stream <b>x</b>.sock (write) \"hi\\n<a\"…
+"
+        );
+        assert_eq!(serde_json::to_value(Syscall::Recvmmsg).unwrap(), Syscall::Recvmmsg.name());
     }
 }

@@ -584,6 +584,44 @@ impl Break {
     }
 }
 
+impl Syscall {
+    /// Its name, as in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Syscall::Read => "read",
+            Syscall::Write => "write",
+            Syscall::Readv => "readv",
+            Syscall::Writev => "writev",
+            Syscall::Sendto => "sendto",
+            Syscall::Recvfrom => "recvfrom",
+            Syscall::Sendmsg => "sendmsg",
+            Syscall::Recvmsg => "recvmsg",
+            Syscall::Sendmmsg => "sendmmsg",
+            Syscall::Recvmmsg => "recvmmsg",
+        }
+    }
+}
+
+impl Channel {
+    /// As people read it: `tcp 127.0.0.1:5000 → 127.0.0.1:8080`, `unix stream /run/x.sock`,
+    /// `pipe 1234` (the inode), `unix dgram socketpair 99`.
+    pub fn text(&self) -> String {
+        let place = |path: &Option<String>, id: Option<u64>| match (path, id) {
+            (Some(path), _) => path.clone(),
+            (None, Some(id)) => format!("socketpair {id}"),
+            (None, None) => "unnamed".to_string(),
+        };
+        match self {
+            Channel::Tcp { src, dst } => format!("tcp {src} → {dst}"),
+            Channel::Udp { src, dst } => format!("udp {src} → {dst}"),
+            Channel::UnixStream { id, path, .. } => format!("unix stream {}", place(path, Some(*id))),
+            Channel::UnixDgram { id, path } => format!("unix dgram {}", place(path, *id)),
+            Channel::Pipe { id } => format!("pipe {id}"),
+            Channel::Fifo { id, path } => format!("fifo {}", path.clone().unwrap_or_else(|| id.to_string())),
+        }
+    }
+}
+
 impl Watch {
     /// How exports name it: `watch counter = 4`.
     pub fn title(&self) -> String {

@@ -1,8 +1,9 @@
-//! What the viewer shows, aggregated as the trace streams (never the events themselves): the
+//! What the viewer shows, aggregated as the trace streams (never the events themselves), for each
+//! host apart (a pid names a process on one host only; two hosts can have the same pid): the
 //! report's per-function and per-process statistics ([`ReportBuilder`]), and for a trace of
-//! several hosts the same per host (one builder per host, fed that host's events only), the
-//! flame graph's stacks ([`StackCollector`]), the spawn tree, the threads, and the first
-//! send → receive links. Memory
+//! several hosts the functions over all of a host's processes, the flame graph's stacks
+//! ([`StackCollector`]), the spawn tree; and over all hosts the threads (by host and tid) and the
+//! first send → receive links. Memory
 //! grows with functions, stacks, processes and threads, not with events; the lists that could grow
 //! with events (threads, messages) are capped, and what a cap leaves out is counted and shown.
 
@@ -35,21 +36,21 @@ const MAX_PENDING_SENDS: usize = 100_000;
 pub struct ProcessView {
     #[serde(flatten)]
     pub stats: ProcessStats,
-    /// The process that forked it, when the trace saw the fork.
+    /// The process that forked it (on its host), when the trace saw the fork.
     pub parent: Option<u32>,
-    pub host: Option<String>,
+    pub host: String,
 }
 
 /// A process's flame graph: the root, named `comm (pid)`, and the stacks under it.
 #[derive(Clone, Debug, Serialize)]
 pub struct FlameRoot {
     pub pid: u32,
-    pub host: Option<String>,
+    pub host: String,
     #[serde(flatten)]
     pub node: FlameNode,
 }
 
-/// A function's statistics over every process of one host (`report` of that host's events).
+/// A function's statistics on one host: in one of its processes (`pid` set), or over all of them.
 #[derive(Clone, Debug, Serialize)]
 pub struct HostFunction {
     pub host: String,
@@ -85,7 +86,8 @@ pub struct Message {
     pub latency_ns: u64,
 }
 
-/// Everything the page shows, as one JSON document.
+/// Everything the page shows, as one JSON document. Processes and threads are named by host and
+/// pid (or tid): two hosts can have the same pid.
 #[derive(Clone, Debug, Serialize)]
 pub struct State {
     /// Still recording.
@@ -95,9 +97,11 @@ pub struct State {
     pub last_ts: u64,
     pub start: Option<TraceStart>,
     pub end: Option<TraceEnd>,
+    /// Every host's processes' flame graphs, by time.
     pub flame: Vec<FlameRoot>,
-    pub functions: Vec<FunctionStats>,
-    /// Per host, for a trace of several hosts (else empty).
+    /// Per host and process.
+    pub functions: Vec<HostFunction>,
+    /// Per host, every process together, for a trace of several hosts (else empty).
     pub host_functions: Vec<HostFunction>,
     pub processes: Vec<ProcessView>,
     pub threads: Vec<ThreadView>,
@@ -115,66 +119,103 @@ struct PendingSend {
     channel: data::Channel,
 }
 
-/// The function table per host: one [`ReportBuilder`] per host, each fed its host's events.
-#[derive(Default)]
-struct PerHost {
-    start: Option<TraceStart>,
-    builders: BTreeMap<Arc<str>, ReportBuilder>,
+/// One host's aggregates: its processes are keyed by pid, which is unique on one host only.
+struct HostPart {
+    /// Per process.
+    report: ReportBuilder,
+    /// Every process together, for a trace of several hosts.
+    functions: Option<ReportBuilder>,
+    stacks: StackCollector,
+    parents: HashMap<u32, u32>,
+    finished: Option<Finished>,
 }
 
-impl PerHost {
-    fn event(&mut self, e: &Event) -> io::Result<()> {
-        if let Some(builder) = self.builders.get_mut(&*e.host) {
-            return builder.event(e);
-        }
-        let mut builder = ReportBuilder::new(false);
-        if let Some(start) = &self.start {
-            builder.begin(start)?;
-        }
-        builder.event(e)?;
-        self.builders.insert(e.host.clone(), builder);
-        Ok(())
-    }
-
-    fn functions(reports: impl Iterator<Item = (Arc<str>, Report)>) -> Vec<HostFunction> {
-        reports
-            .flat_map(|(host, report)| {
-                report.functions.into_iter().map(move |stats| HostFunction { host: host.to_string(), stats })
-            })
-            .collect()
-    }
-
-    fn snapshot(&self, now_ns: u64) -> Vec<HostFunction> {
-        Self::functions(self.builders.iter().map(|(host, b)| (host.clone(), b.snapshot(now_ns))))
-    }
-
-    fn finish(&mut self, end: &TraceEnd) -> io::Result<Vec<HostFunction>> {
-        let mut reports = Vec::new();
-        for (host, mut builder) in std::mem::take(&mut self.builders) {
-            builder.end(end)?;
-            reports.push((host, builder.into_report().unwrap_or_default()));
-        }
-        Ok(Self::functions(reports.into_iter()))
-    }
-}
-
-/// The whole trace's aggregates, once it has ended.
+/// A host's aggregates, once the trace has ended.
 struct Finished {
     report: Report,
     flame: Vec<(u32, FlameNode)>,
-    host_functions: Vec<HostFunction>,
+    functions: Vec<FunctionStats>,
 }
 
-/// The viewer's aggregates; a [`Sink`].
+/// What [`HostPart`] shows now.
+struct HostState {
+    report: Report,
+    flame: Vec<(u32, FlameNode)>,
+    functions: Vec<FunctionStats>,
+}
+
+impl HostPart {
+    /// A host's part of a trace that began with `start`: the start's targets are its host's.
+    fn new(host: &str, start: Option<&TraceStart>, per_host: bool) -> io::Result<Self> {
+        let mut part = HostPart {
+            report: ReportBuilder::new(true),
+            functions: per_host.then(|| ReportBuilder::new(false)),
+            stacks: StackCollector::default(),
+            parents: HashMap::new(),
+            finished: None,
+        };
+        if let Some(start) = start {
+            let mut own = start.clone();
+            if start.host != host || start.hosts.len() > 1 {
+                own.targets.clear();
+            }
+            part.report.begin(&own)?;
+            if let Some(functions) = &mut part.functions {
+                functions.begin(&own)?;
+            }
+            part.stacks.begin(&own);
+        }
+        Ok(part)
+    }
+
+    fn event(&mut self, e: &Event) -> io::Result<()> {
+        self.report.event(e)?;
+        if let Some(functions) = &mut self.functions {
+            functions.event(e)?;
+        }
+        self.stacks.event(e);
+        if let EventData::Spawn(data::Spawn { child_pid, how: SpawnHow::Fork, .. }) = &e.data {
+            self.parents.insert(*child_pid, e.pid);
+        }
+        Ok(())
+    }
+
+    fn state(&self, now_ns: u64) -> HostState {
+        match &self.finished {
+            Some(f) => HostState { report: f.report.clone(), flame: f.flame.clone(), functions: f.functions.clone() },
+            None => HostState {
+                report: self.report.snapshot(now_ns),
+                flame: self.stacks.roots(),
+                functions: self.functions.as_ref().map_or_else(Vec::new, |b| b.snapshot(now_ns).functions),
+            },
+        }
+    }
+
+    fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
+        self.report.end(end)?;
+        self.stacks.end_calls(end);
+        let functions = match self.functions.take() {
+            Some(mut builder) => {
+                builder.end(end)?;
+                builder.into_report().unwrap_or_default().functions
+            }
+            None => Vec::new(),
+        };
+        let report = std::mem::take(&mut self.report).into_report().unwrap_or_default();
+        self.finished = Some(Finished { report, flame: self.stacks.roots(), functions });
+        Ok(())
+    }
+}
+
+/// The viewer's aggregates, one part per host; a [`Sink`].
+#[derive(Default)]
 pub struct ViewModel {
-    report: ReportBuilder,
-    /// Kept for a trace of several hosts: [`ViewModel::per_host`], or a trace whose start lists
-    /// several.
-    per_host: Option<PerHost>,
-    stacks: StackCollector,
-    parents: HashMap<u32, u32>,
-    hosts: HashMap<u32, Arc<str>>,
-    threads: BTreeMap<u32, ThreadView>,
+    /// Keep every host's function table over all its processes too: [`ViewModel::per_host`], or
+    /// a trace whose start lists several hosts.
+    per_host: bool,
+    hosts: BTreeMap<Arc<str>, HostPart>,
+    /// By host and tid.
+    threads: BTreeMap<(Arc<str>, u32), ThreadView>,
     threads_not_listed: u64,
     sends: HashMap<u64, PendingSend>,
     messages: Vec<Message>,
@@ -183,61 +224,33 @@ pub struct ViewModel {
     last_ts: u64,
     start: Option<TraceStart>,
     end: Option<TraceEnd>,
-    finished: Option<Finished>,
-}
-
-impl Default for ViewModel {
-    fn default() -> Self {
-        ViewModel {
-            report: ReportBuilder::new(true),
-            per_host: None,
-            stacks: StackCollector::default(),
-            parents: HashMap::new(),
-            hosts: HashMap::new(),
-            threads: BTreeMap::new(),
-            threads_not_listed: 0,
-            sends: HashMap::new(),
-            messages: Vec::new(),
-            messages_total: 0,
-            events: 0,
-            last_ts: 0,
-            start: None,
-            end: None,
-            finished: None,
-        }
-    }
 }
 
 impl ViewModel {
     /// A model that keeps the function table per host as well, whatever the trace's start says
     /// (a collector's live trace: its start lists no hosts until the merge).
     pub fn per_host() -> Self {
-        ViewModel { per_host: Some(PerHost::default()), ..ViewModel::default() }
+        ViewModel { per_host: true, ..ViewModel::default() }
     }
 
     /// What the page shows now: the whole trace once it ended, else the calls that ended so far.
     pub fn state(&self) -> State {
-        let (report, flame, host_functions) = match &self.finished {
-            Some(f) => (f.report.clone(), f.flame.clone(), f.host_functions.clone()),
-            None => (
-                self.report.snapshot(self.last_ts),
-                self.stacks.roots(),
-                self.per_host.as_ref().map_or_else(Vec::new, |p| p.snapshot(self.last_ts)),
-            ),
-        };
-        let flame = flame
-            .into_iter()
-            .map(|(pid, node)| FlameRoot { pid, host: self.hosts.get(&pid).map(|h| h.to_string()), node })
-            .collect();
-        let processes = report
-            .processes
-            .into_iter()
-            .map(|stats| ProcessView {
-                parent: self.parents.get(&stats.pid).copied(),
-                host: self.hosts.get(&stats.pid).map(|h| h.to_string()),
+        let (mut flame, mut functions, mut host_functions, mut processes) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (host, part) in &self.hosts {
+            let now = part.state(self.last_ts);
+            let named = |stats| HostFunction { host: host.to_string(), stats };
+            flame.extend(now.flame.into_iter().map(|(pid, node)| FlameRoot { pid, host: host.to_string(), node }));
+            functions.extend(now.report.functions.into_iter().map(named));
+            host_functions.extend(now.functions.into_iter().map(named));
+            processes.extend(now.report.processes.into_iter().map(|stats| ProcessView {
+                parent: part.parents.get(&stats.pid).copied(),
+                host: host.to_string(),
                 stats,
-            })
-            .collect();
+            }));
+        }
+        // Processes by time, whatever their host.
+        flame.sort_by_key(|r| std::cmp::Reverse(r.node.value));
         State {
             live: self.end.is_none(),
             events: self.events,
@@ -245,7 +258,7 @@ impl ViewModel {
             start: self.start.clone(),
             end: self.end.clone(),
             flame,
-            functions: report.functions,
+            functions,
             host_functions,
             processes,
             threads: self.threads.values().cloned().collect(),
@@ -283,39 +296,30 @@ impl ViewModel {
 impl Sink for ViewModel {
     fn begin(&mut self, start: &TraceStart) -> io::Result<()> {
         self.start = Some(start.clone());
-        self.report.begin(start)?;
-        if start.hosts.len() > 1 && self.per_host.is_none() {
-            self.per_host = Some(PerHost::default());
-        }
-        if let Some(per_host) = &mut self.per_host {
-            per_host.start = Some(start.clone());
-        }
-        self.stacks.begin(start);
+        self.per_host |= start.hosts.len() > 1;
         Ok(())
     }
 
     fn event(&mut self, e: &Event) -> io::Result<()> {
         self.events += 1;
         self.last_ts = self.last_ts.max(e.ts);
-        self.report.event(e)?;
-        if let Some(per_host) = &mut self.per_host {
-            per_host.event(e)?;
-        }
-        self.stacks.event(e);
-        if !self.hosts.get(&e.pid).is_some_and(|h| Arc::ptr_eq(h, &e.host)) {
-            self.hosts.insert(e.pid, e.host.clone());
-        }
-        if !self.threads.contains_key(&e.tid) {
+        let part = match self.hosts.get_mut(&*e.host) {
+            Some(part) => part,
+            None => {
+                let part = HostPart::new(&e.host, self.start.as_ref(), self.per_host)?;
+                self.hosts.entry(e.host.clone()).or_insert(part)
+            }
+        };
+        part.event(e)?;
+        let thread = (e.host.clone(), e.tid);
+        if !self.threads.contains_key(&thread) {
             if self.threads.len() < MAX_THREADS {
-                self.threads.insert(e.tid, ThreadView { tid: e.tid, pid: e.pid, host: e.host.to_string() });
+                self.threads.insert(thread, ThreadView { tid: e.tid, pid: e.pid, host: e.host.to_string() });
             } else {
                 self.threads_not_listed += 1;
             }
         }
         match &e.data {
-            EventData::Spawn(data::Spawn { child_pid, how: SpawnHow::Fork, .. }) => {
-                self.parents.insert(*child_pid, e.pid);
-            }
             EventData::Send(send) if self.messages.len() < MAX_MESSAGES && self.sends.len() < MAX_PENDING_SENDS => {
                 self.sends.insert(send.flow_id, PendingSend { end: Self::end_of(e), channel: send.channel.clone() });
             }
@@ -326,15 +330,9 @@ impl Sink for ViewModel {
     }
 
     fn end(&mut self, end: &TraceEnd) -> io::Result<()> {
-        self.report.end(end)?;
-        self.stacks.end_calls(end);
-        let flame = self.stacks.roots();
-        let report = std::mem::take(&mut self.report).into_report().unwrap_or_default();
-        let host_functions = match &mut self.per_host {
-            Some(per_host) => per_host.finish(end)?,
-            None => Vec::new(),
-        };
-        self.finished = Some(Finished { report, flame, host_functions });
+        for part in self.hosts.values_mut() {
+            part.end(end)?;
+        }
         self.end = Some(end.clone());
         self.sends.clear();
         Ok(())
@@ -379,7 +377,8 @@ mod tests {
         let live = m.state();
         assert!(live.live);
         assert_eq!(live.events, 3);
-        let calls: Vec<(&str, u64)> = live.functions.iter().map(|f| (f.function.as_str(), f.calls)).collect();
+        let calls: Vec<(&str, u64)> =
+            live.functions.iter().map(|f| (f.stats.function.as_str(), f.stats.calls)).collect();
         assert_eq!(calls, [("work", 1)]);
         assert_eq!(live.flame[0].node.children[0].name, "main");
         assert_eq!(live.threads.len(), 1);
@@ -387,7 +386,7 @@ mod tests {
         let done = m.state();
         assert!(!done.live);
         let mut calls: Vec<(&str, u64, u64)> =
-            done.functions.iter().map(|f| (f.function.as_str(), f.calls, f.unfinished)).collect();
+            done.functions.iter().map(|f| (f.stats.function.as_str(), f.stats.calls, f.stats.unfinished)).collect();
         calls.sort();
         assert_eq!(calls, [("main", 1, 1), ("work", 1, 0)]);
     }
@@ -415,9 +414,9 @@ mod tests {
                 .map(|f| (f.host.as_str(), f.stats.function.as_str(), f.stats.calls))
                 .collect();
             assert_eq!(per_host, [("a", "work", 2), ("b", "work", 3)]);
-            let mut roots: Vec<(u32, Option<&str>)> = state.flame.iter().map(|r| (r.pid, r.host.as_deref())).collect();
+            let mut roots: Vec<(u32, &str)> = state.flame.iter().map(|r| (r.pid, r.host.as_str())).collect();
             roots.sort();
-            assert_eq!(roots, [(10, Some("a")), (20, Some("b"))]);
+            assert_eq!(roots, [(10, "a"), (20, "b")]);
         };
         check(&m.state());
         m.end(&end(1000)).unwrap();
@@ -427,5 +426,39 @@ mod tests {
         one.begin(&start(0)).unwrap();
         one.event(&call(1, 1, "work")).unwrap();
         assert!(one.state().host_functions.is_empty());
+    }
+
+    /// Two hosts with the same pid: two processes, two flame graphs, two rows, two threads.
+    #[test]
+    fn the_same_pid_on_two_hosts_is_two_processes() {
+        let on = |host: &str, mut e: Event| {
+            e.host = host.into();
+            e
+        };
+        let mut m = ViewModel::default();
+        m.begin(&start(0)).unwrap();
+        for (host, n) in [("a", 2), ("b", 3)] {
+            for i in 0..n {
+                m.event(&on(host, call(100 + i * 10, 1, "work"))).unwrap();
+                m.event(&on(host, ret(105 + i * 10, 1, "work", Some(5)))).unwrap();
+            }
+        }
+        for state in [m.state(), {
+            m.end(&end(1000)).unwrap();
+            m.state()
+        }] {
+            let mut rows: Vec<(&str, Option<u32>, u64)> =
+                state.functions.iter().map(|f| (f.host.as_str(), f.stats.pid, f.stats.calls)).collect();
+            rows.sort();
+            assert_eq!(rows, [("a", Some(1), 2), ("b", Some(1), 3)]);
+            let mut roots: Vec<(&str, u32, u64)> =
+                state.flame.iter().map(|r| (r.host.as_str(), r.pid, r.node.value)).collect();
+            roots.sort();
+            assert_eq!(roots, [("a", 1, 10), ("b", 1, 15)]);
+            let processes: Vec<(&str, u32)> = state.processes.iter().map(|p| (p.host.as_str(), p.stats.pid)).collect();
+            assert_eq!(processes, [("a", 1), ("b", 1)]);
+            let threads: Vec<(&str, u32)> = state.threads.iter().map(|t| (t.host.as_str(), t.tid)).collect();
+            assert_eq!(threads, [("a", 1), ("b", 1)]);
+        }
     }
 }

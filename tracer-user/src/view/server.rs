@@ -1,9 +1,17 @@
 //! The viewer's HTTP server: the page and its JSON, to whoever has the token.
 //!
-//! HTTP/1.1, one request a connection (the page asks for little: a few files, then the state twice
-//! a second while live). Requests are parsed by `httparse`; everything before the token is checked
-//! is bounded: the request head's size and time, and the connections open at once (the others are
-//! closed at once, and counted). The token is 256 random bits. It comes in the URL's query once
+//! HTTP/1.1, one request a connection (the page asks for little: a few files and the state, or
+//! while live the state as a stream of server-sent events, `/api/events`). Requests are parsed by
+//! `httparse`; everything before the token is checked is bounded: the request head's size and
+//! time, and the connections open at once (the others are closed at once, and counted).
+//!
+//! The event stream holds its connection (one of [`MAX_CONNECTIONS`]) while the trace runs. It
+//! queues nothing: every [`STREAM_INTERVAL`] it takes a fresh snapshot of the model and writes it
+//! as one `data:` message, and that write must be taken within [`STREAM_WRITE_TIMEOUT`], else
+//! the reader is too slow and its connection is closed (and counted): a slow reader costs at
+//! most one message's bytes, never a backlog. Once the trace ended it sends the final state as an
+//! `end` message and closes; the page then stops listening (a closed stream is otherwise
+//! reopened by the browser's `EventSource`). The token is 256 random bits. It comes in the URL's query once
 //! (`/?token=...`), which answers with a redirect to `/` that sets it as an `HttpOnly`,
 //! `SameSite=Strict` cookie, so that it leaves the address bar and no other site's page can send
 //! it; every request without it, in the cookie or the query, is refused (403). Tokens are compared
@@ -25,7 +33,10 @@ use tokio::{
     sync::Semaphore,
 };
 
-use super::{assets, calls_page, model::ViewModel};
+use super::{
+    assets, calls_page,
+    model::{State, ViewModel},
+};
 use crate::cluster::tls::{self, TlsError, Transport};
 
 /// Connections served at once; more are closed as they arrive.
@@ -40,6 +51,10 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The highest call-tree page asked for (200 lines each: 200 million lines).
 const MAX_PAGE: u64 = 1_000_000;
+/// How often the event stream sends the state: at least twice a second.
+pub const STREAM_INTERVAL: Duration = Duration::from_millis(400);
+/// Time for a reader of the event stream to take one message; a slower reader is dropped.
+pub const STREAM_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const COOKIE: &str = "tracer_token";
 
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +111,8 @@ struct App {
     connections: Arc<Semaphore>,
     /// Connections closed because [`MAX_CONNECTIONS`] were open.
     refused: AtomicU64,
+    /// Event streams closed because their reader did not take a message in time.
+    slow_readers: AtomicU64,
     /// One call-tree page is read at a time (each reads the trace's file).
     calls: Semaphore,
 }
@@ -122,6 +139,7 @@ pub fn serve(options: &ServeOptions, content: Content) -> Result<Viewer, ServeEr
         secure: acceptor.is_some(),
         connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
         refused: AtomicU64::new(0),
+        slow_readers: AtomicU64::new(0),
         calls: Semaphore::new(1),
     });
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ServeError::Start)?;
@@ -197,7 +215,8 @@ impl Response {
         }
     }
 
-    fn bytes(&self) -> Vec<u8> {
+    /// The status line and headers; `Content-Length` unless the body is a stream.
+    fn head(&self, content_length: Option<usize>) -> String {
         let reason = match self.status {
             200 => "OK",
             303 => "See Other",
@@ -209,19 +228,24 @@ impl Response {
             _ => "Internal Server Error",
         };
         let mut head = format!(
-            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\
+            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nConnection: close\r\n\
              Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n\
              X-Frame-Options: DENY\r\nContent-Security-Policy: default-src 'none'; script-src 'self'; \
              style-src 'self'; connect-src 'self'; img-src 'self'; frame-ancestors 'none'\r\n",
-            self.status,
-            self.content_type,
-            self.body.len()
+            self.status, self.content_type,
         );
+        if let Some(length) = content_length {
+            head += &format!("Content-Length: {length}\r\n");
+        }
         for (name, value) in &self.headers {
             head += &format!("{name}: {value}\r\n");
         }
         head += "\r\n";
-        let mut bytes = head.into_bytes();
+        head
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut bytes = self.head(Some(self.body.len())).into_bytes();
         bytes.extend_from_slice(&self.body);
         bytes
     }
@@ -232,7 +256,10 @@ async fn connection(mut stream: Box<dyn Transport>, app: &App) -> std::io::Resul
     let head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await.map_err(timed_out)??;
     let oversized = head.is_none();
     let response = match head {
-        Some(head) => respond(&head, app).await,
+        Some(head) => match respond(&head, app).await {
+            Answer::Page(response) => response,
+            Answer::Events => return events(stream, app).await,
+        },
         None => Response::text(431, "the request's head is too long"),
     };
     tokio::time::timeout(WRITE_TIMEOUT, async {
@@ -285,7 +312,7 @@ async fn read_head(stream: &mut Box<dyn Transport>) -> std::io::Result<Option<Ve
     }
 }
 
-/// The value of `name` in a query string (`a=1&b=2`); values here are digits and hex, never encoded.
+/// The value of `name` in a query string (`a=1&b=2`), as sent (digits and hex, or percent-encoded).
 fn query_value<'q>(query: &'q str, name: &str) -> Option<&'q str> {
     query.split('&').find_map(|pair| pair.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| v))
 }
@@ -300,13 +327,25 @@ impl App {
     }
 }
 
-async fn respond(head: &[u8], app: &App) -> Response {
+/// What a request gets: a page, or the event stream.
+enum Answer {
+    Page(Response),
+    Events,
+}
+
+impl From<Response> for Answer {
+    fn from(response: Response) -> Self {
+        Answer::Page(response)
+    }
+}
+
+async fn respond(head: &[u8], app: &App) -> Answer {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
     match request.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
-        Err(httparse::Error::TooManyHeaders) => return Response::text(431, "too many headers"),
-        _ => return Response::text(400, "not an HTTP request"),
+        Err(httparse::Error::TooManyHeaders) => return Response::text(431, "too many headers").into(),
+        _ => return Response::text(400, "not an HTTP request").into(),
     }
     let target = request.path.unwrap_or("/");
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
@@ -319,36 +358,84 @@ async fn respond(head: &[u8], app: &App) -> Response {
         .filter_map(|c| cookie_value(c, COOKIE))
         .any(|t| app.is_token(t));
     if !(from_query || from_cookie) {
-        return Response::text(403, "forbidden: open the address tracer printed, with its token");
+        return Response::text(403, "forbidden: open the address tracer printed, with its token").into();
     }
     if request.method != Some("GET") {
-        return Response::text(405, "only GET");
+        return Response::text(405, "only GET").into();
     }
     if from_query && path == "/" {
         let mut r = Response::new(303, "text/plain; charset=utf-8", Vec::new());
         r.headers.push(("Location", "/".to_string()));
         let secure = if app.secure { "; Secure" } else { "" };
         r.headers.push(("Set-Cookie", format!("{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{secure}", app.token)));
-        return r;
+        return r.into();
     }
-    match path {
+    let response = match path {
         "/" | "/index.html" => Response::new(200, "text/html; charset=utf-8", assets::INDEX_HTML),
         "/app.js" => Response::new(200, "text/javascript; charset=utf-8", assets::APP_JS),
         "/style.css" => Response::new(200, "text/css; charset=utf-8", assets::STYLE_CSS),
-        "/api/state" => {
-            let mut state = {
-                let model = app.content.model.lock().unwrap_or_else(|p| p.into_inner());
-                model.state()
-            };
-            if let Some(counters) = &app.content.counters {
-                let (written, lost) = counters();
-                state.written = Some(written);
-                state.lost = Some(lost);
-            }
-            Response::json(&state)
-        }
+        "/api/state" => Response::json(&app.state()),
+        "/api/events" => return Answer::Events,
         "/api/calls" => calls(query, app).await,
         _ => Response::text(404, "no such page"),
+    };
+    response.into()
+}
+
+impl App {
+    /// The model's state now, with the recording's figures.
+    fn state(&self) -> State {
+        let mut state = {
+            let model = self.content.model.lock().unwrap_or_else(|p| p.into_inner());
+            model.state()
+        };
+        if let Some(counters) = &self.content.counters {
+            let (written, lost) = counters();
+            state.written = Some(written);
+            state.lost = Some(lost);
+        }
+        state
+    }
+}
+
+/// `/api/events`: the state every [`STREAM_INTERVAL`] while the trace runs, then once more as an
+/// `end` message. Each message is written within [`STREAM_WRITE_TIMEOUT`] or the stream is closed.
+async fn events(mut stream: Box<dyn Transport>, app: &App) -> std::io::Result<()> {
+    let mut head = Response::new(200, "text/event-stream; charset=utf-8", Vec::new()).head(None).into_bytes();
+    // Tells the browser to reopen a dropped stream after a second.
+    head.extend_from_slice(b"retry: 1000\n\n");
+    let mut message = head;
+    let mut tick = tokio::time::interval(STREAM_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let state = app.state();
+        let live = state.live;
+        let json = serde_json::to_string(&state).map_err(std::io::Error::other)?;
+        // JSON has no raw newline, so the state is one `data:` line.
+        message.extend_from_slice(if live { b"event: state\ndata: " } else { b"event: end\ndata: " });
+        message.extend_from_slice(json.as_bytes());
+        message.extend_from_slice(b"\n\n");
+        let sent = tokio::time::timeout(STREAM_WRITE_TIMEOUT, async {
+            stream.write_all(&message).await?;
+            stream.flush().await
+        })
+        .await;
+        match sent {
+            Ok(result) => result?,
+            Err(_) => {
+                let dropped = app.slow_readers.fetch_add(1, Ordering::Relaxed) + 1;
+                tracing::warn!(
+                    "the viewer closed an event stream whose reader took more than {} s for a message ({dropped} so far)",
+                    STREAM_WRITE_TIMEOUT.as_secs()
+                );
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+        }
+        if !live {
+            return tokio::time::timeout(WRITE_TIMEOUT, stream.shutdown()).await.unwrap_or(Ok(()));
+        }
+        message = Vec::new();
     }
 }
 
@@ -357,17 +444,23 @@ async fn calls(query: &str, app: &App) -> Response {
     let (Some(tid), page) = (number("tid").and_then(|t| u32::try_from(t).ok()), number("page").unwrap_or(0)) else {
         return Response::text(400, "which thread? (tid=N)");
     };
+    // A host's name is the user's (`--agent NAME=...`): the page encodes it.
+    let host = match query_value(query, "host").map(|h| percent_encoding::percent_decode_str(h).decode_utf8()) {
+        None => None,
+        Some(Ok(host)) => Some(host.into_owned()),
+        Some(Err(_)) => return Response::text(400, "the host's name is not UTF-8"),
+    };
     if page > MAX_PAGE {
         return Response::text(400, &format!("page {page} is past the last one served ({MAX_PAGE})"));
     }
     let Some(path) = app.content.trace_file.clone() else {
         return Response::json(&serde_json::json!({
-            "tid": tid, "page": page, "lines": [], "has_next": false,
+            "host": host, "tid": tid, "page": page, "lines": [], "has_next": false,
             "note": "the call tree is shown once the trace is written: tracer view FILE"
         }));
     };
     let Ok(_permit) = app.calls.acquire().await else { return Response::text(500, "the viewer is stopping") };
-    match tokio::task::spawn_blocking(move || calls_page::read(&path, tid, page)).await {
+    match tokio::task::spawn_blocking(move || calls_page::read(&path, host.as_deref(), tid, page)).await {
         Ok(Ok(page)) => Response::json(&page),
         Ok(Err(e)) => Response::text(500, &crate::errors::report(&e)),
         Err(e) => Response::text(500, &format!("the call tree's reader failed: {e}")),
@@ -384,5 +477,25 @@ mod tests {
         assert_eq!(query_value("xtid=7", "tid"), None);
         assert_eq!(cookie_value("a=b; tracer_token=abc", COOKIE), Some("abc"));
         assert_eq!(cookie_value("my_tracer_token=abc", COOKIE), None);
+    }
+
+    /// A reader of the event stream that takes nothing: the server's writes fill the connection's
+    /// 1 KiB, then the next message is not taken in time and the stream is closed, counted; the
+    /// server never holds more than the message it is writing.
+    #[tokio::test]
+    async fn an_event_stream_reader_that_takes_nothing_is_dropped() {
+        let app = App {
+            content: Content { model: Arc::new(Mutex::new(ViewModel::default())), trace_file: None, counters: None },
+            token: "t".into(),
+            secure: false,
+            connections: Arc::new(Semaphore::new(1)),
+            refused: AtomicU64::new(0),
+            slow_readers: AtomicU64::new(0),
+            calls: Semaphore::new(1),
+        };
+        let (server_end, _reader) = tokio::io::duplex(1024);
+        let ended = events(Box::new(server_end), &app).await;
+        assert_eq!(ended.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(app.slow_readers.load(Ordering::Relaxed), 1);
     }
 }

@@ -4,13 +4,13 @@
 
 const ROW = 18;           // pixels per flame graph level
 const MIN_WIDTH = 0.002;  // frames narrower than this share of the view are not drawn
-const POLL_MS = 500;      // while recording: the page asks for the state twice a second
+const RECONNECT_MS = 1000; // a stream the browser gave up on is opened again after this
 
 let state = null;
-let zoom = null;          // {pid, path: [names]} of the zoomed frame
+let zoom = null;          // {key, path: [names]} of the zoomed frame
 let sort = { column: "total_ns", descending: true };
 let callsPage = 0;
-let previous = null;      // {events, at} of the last poll, for the event rate
+let previous = null;      // {events, at} of the last state, for the event rate
 
 function el(tag, props, text) {
   const e = document.createElement(tag);
@@ -70,8 +70,13 @@ function severalHosts() {
   return state.host_functions.length > 0 || new Set(state.processes.map(p => p.host)).size > 1;
 }
 
-function callsOf(pid, name) {
-  const f = state.functions.find(f => f.pid === pid && f.function === name);
+// A process is its host and pid: two hosts can have the same pid.
+function processKey(host, pid) {
+  return JSON.stringify([host, pid]);
+}
+
+function callsOf(host, pid, name) {
+  const f = state.functions.find(f => f.host === host && f.pid === pid && f.function === name);
   return f ? f.calls : 0;
 }
 
@@ -81,9 +86,9 @@ function renderFlames() {
   const query = document.getElementById("search").value;
   const withHost = severalHosts();
   for (const root of state.flame) {
-    const pid = root.pid;
+    const pid = root.pid, key = processKey(root.host, pid);
     let top = root, path = [];
-    if (zoom && zoom.pid === pid) {
+    if (zoom && zoom.key === key) {
       for (const name of zoom.path) {
         const next = top.children.find(c => c.name === name);
         if (!next) break;
@@ -91,9 +96,8 @@ function renderFlames() {
         path.push(name);
       }
     }
-    const section = el("div", { class: "process", data: { pid: String(pid), host: root.host || "" } });
-    section.append(el("h3", {}, root.name + (withHost && root.host ? " on " + root.host : "") + " · " +
-      ns(root.value)));
+    const section = el("div", { class: "process", data: { pid: String(pid), host: root.host } });
+    section.append(el("h3", {}, root.name + (withHost ? " on " + root.host : "") + " · " + ns(root.value)));
     const flame = el("div", { class: "flame" });
     let depth = 0;
     const draw = (node, x, width, level, parent, nodePath) => {
@@ -106,13 +110,13 @@ function renderFlames() {
       f.style.left = (x * 100) + "%";
       f.style.width = (width * 100) + "%";
       f.style.top = (level * ROW) + "px";
-      const calls = node === root ? null : callsOf(pid, node.name);
+      const calls = node === root ? null : callsOf(root.host, pid, node.name);
       const tip = node.name + "\ntotal " + ns(node.value) + " · self " + ns(own) +
         (calls === null ? "" : " · calls of " + node.name + ": " + calls);
       f.title = tip;
       f.addEventListener("mouseenter", () => { document.getElementById("hover").textContent = tip; });
       f.addEventListener("click", () => {
-        zoom = node === root ? null : { pid: pid, path: nodePath };
+        zoom = node === root ? null : { key: key, path: nodePath };
         renderFlames();
       });
       flame.append(f);
@@ -148,11 +152,6 @@ const COLUMNS = [
   ["p50_ns", "p50", "ns"], ["p90_ns", "p90", "ns"], ["p99_ns", "p99", "ns"], ["max_ns", "max", "ns"],
   ["unfinished", "unfinished", "count"],
 ];
-
-function hostOf(pid) {
-  const p = state.processes.find(p => p.pid === pid);
-  return p && p.host ? p.host : "";
-}
 
 // A sortable table of function statistics: `columns` are [key, title, kind].
 function renderTable(table, columns, rows) {
@@ -190,20 +189,25 @@ function renderTable(table, columns, rows) {
 function renderFunctions() {
   const select = document.getElementById("process-filter");
   const chosen = select.value;
-  const pids = [...new Set(state.functions.map(f => f.pid))].sort((a, b) => a - b);
+  const withHost = severalHosts();
+  const processes = new Map();
+  for (const f of state.functions) {
+    const key = processKey(f.host, f.pid);
+    if (!processes.has(key)) {
+      processes.set(key, (f.process || "pid") + " (" + f.pid + ")" + (withHost ? " on " + f.host : ""));
+    }
+  }
   select.replaceChildren(el("option", { value: "" }, "all"));
-  for (const pid of pids) {
-    const f = state.functions.find(f => f.pid === pid);
-    const o = el("option", { value: String(pid) }, (f.process || "pid") + " (" + pid + ")" +
-      (hostOf(pid) ? " on " + hostOf(pid) : ""));
-    if (String(pid) === chosen) o.selected = true;
+  for (const key of [...processes.keys()].sort()) {
+    const o = el("option", { value: key }, processes.get(key));
+    if (key === chosen) o.selected = true;
     select.append(o);
   }
   const host = [["host", "host", "text"]];
   const rows = state.functions
-    .filter(f => chosen === "" || String(f.pid) === chosen)
-    .map(f => Object.assign({ host: hostOf(f.pid) }, f, { process: (f.process || "pid") + " (" + f.pid + ")" }));
-  renderTable(document.getElementById("function-table"), severalHosts() ? host.concat(COLUMNS) : COLUMNS, rows);
+    .filter(f => chosen === "" || processKey(f.host, f.pid) === chosen)
+    .map(f => Object.assign({}, f, { process: (f.process || "pid") + " (" + f.pid + ")" }));
+  renderTable(document.getElementById("function-table"), withHost ? host.concat(COLUMNS) : COLUMNS, rows);
   // Per host: every process of a host together (the report of that host's events).
   document.getElementById("per-host").hidden = state.host_functions.length === 0;
   renderTable(document.getElementById("host-function-table"),
@@ -219,8 +223,9 @@ function renderThreads() {
   const chosen = select.value;
   select.replaceChildren();
   for (const t of state.threads) {
-    const o = el("option", { value: String(t.tid) }, "tid " + t.tid + " (pid " + t.pid + ", " + t.host + ")");
-    if (String(t.tid) === chosen) o.selected = true;
+    const key = JSON.stringify([t.host, t.tid]);
+    const o = el("option", { value: key }, "tid " + t.tid + " (pid " + t.pid + ", " + t.host + ")");
+    if (key === chosen) o.selected = true;
     select.append(o);
   }
   if (state.threads_not_listed > 0) {
@@ -230,9 +235,10 @@ function renderThreads() {
 }
 
 async function loadCalls() {
-  const tid = document.getElementById("thread").value;
-  if (!tid) return;
-  const r = await fetch("/api/calls?tid=" + encodeURIComponent(tid) + "&page=" + callsPage);
+  const chosen = document.getElementById("thread").value;
+  if (!chosen) return;
+  const [host, tid] = JSON.parse(chosen);
+  const r = await fetch("/api/calls?host=" + encodeURIComponent(host) + "&tid=" + tid + "&page=" + callsPage);
   const pre = document.getElementById("call-lines");
   if (!r.ok) { pre.textContent = await r.text(); return; }
   const page = await r.json();
@@ -249,21 +255,23 @@ document.getElementById("next").addEventListener("click", () => { callsPage += 1
 // --- processes and messages -------------------------------------------------------------
 
 function renderProcesses() {
+  // Parents are on their child's host.
   const byParent = new Map();
-  const known = new Set(state.processes.map(p => p.pid));
+  const known = new Set(state.processes.map(p => processKey(p.host, p.pid)));
   for (const p of state.processes) {
-    const parent = p.parent !== null && known.has(p.parent) && p.parent !== p.pid ? p.parent : null;
+    const parentKey = p.parent !== null ? processKey(p.host, p.parent) : null;
+    const parent = parentKey !== null && known.has(parentKey) && p.parent !== p.pid ? parentKey : null;
     if (!byParent.has(parent)) byParent.set(parent, []);
     byParent.get(parent).push(p);
   }
   const item = p => {
     const how = p.end_ns === null ? "running at the end" :
       p.signal !== null ? "killed by signal " + p.signal : "exit " + p.exit_code;
-    const li = el("li", { data: { pid: String(p.pid) } },
-      (p.name || "pid") + " (" + p.pid + ")" + (p.host ? " on " + p.host : "") + ": " + how +
+    const li = el("li", { data: { pid: String(p.pid), host: p.host } },
+      (p.name || "pid") + " (" + p.pid + ")" + (severalHosts() ? " on " + p.host : "") + ": " + how +
       ", lived " + ns(p.lifetime_ns) + ", " + p.threads + " threads, sent " + bytes(p.bytes_sent) +
       ", received " + bytes(p.bytes_received));
-    const kids = byParent.get(p.pid) || [];
+    const kids = byParent.get(processKey(p.host, p.pid)) || [];
     if (kids.length) {
       const ul = el("ul");
       for (const k of kids) ul.append(item(k));
@@ -294,22 +302,29 @@ function renderProcesses() {
 
 // --- the state --------------------------------------------------------------------------
 
-async function poll() {
-  try {
-    const r = await fetch("/api/state");
-    if (!r.ok) throw new Error(await r.text());
-    state = await r.json();
-    renderStatus();
-    renderFlames();
-    renderFunctions();
-    renderThreads();
-    renderProcesses();
-    document.body.dataset.events = String(state.events);
-    if (state.live) setTimeout(poll, POLL_MS);
-  } catch (e) {
-    document.getElementById("status").textContent = state && state.live ?
-      "the recording ended or the server stopped (" + e.message + ")" : "cannot load the trace: " + e.message;
-  }
+// The server sends the state at least twice a second while the trace runs (`state` messages),
+// and once more when it ends (`end`), over one stream (`/api/events`, server-sent events).
+function show(next) {
+  state = next;
+  renderStatus();
+  renderFlames();
+  renderFunctions();
+  renderThreads();
+  renderProcesses();
+  document.body.dataset.events = String(state.events);
 }
 
-poll();
+function listen() {
+  const source = new EventSource("/api/events");
+  source.addEventListener("state", m => show(JSON.parse(m.data)));
+  source.addEventListener("end", m => { source.close(); show(JSON.parse(m.data)); });
+  source.addEventListener("error", () => {
+    // The browser reopens a dropped stream by itself; one it closed (an error answer) is
+    // opened again here while the trace still runs.
+    const note = state ? "the recording ended or the server stopped" : "cannot load the trace";
+    document.getElementById("status").textContent = note + "; reconnecting…";
+    if (source.readyState === EventSource.CLOSED) setTimeout(listen, RECONNECT_MS);
+  });
+}
+
+listen();
