@@ -1,10 +1,10 @@
 //! What a user sees when things go wrong around `tracer record`: the tracer killed with SIGKILL
 //! (the partial file beside the output holds every event up to about a second before, and the
 //! output is as it was), a torn last line (read, with a warning), signals (passed on to the
-//! command), and a reader that stops reading.
+//! command; during start-up, ending it at once), and a reader that stops reading.
 
 use std::{
-    io::Read as _,
+    io::{BufRead as _, BufReader, Read as _},
     path::Path,
     process::{Command, Stdio},
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -177,6 +177,43 @@ fn after_the_command_exits_the_first_signal_stops_the_trace() {
     assert_eq!(t.end["command_exit_code"], 0, "{}", t.end);
     assert!(!run.stderr.contains("passed on to the command"), "{run:?}");
     assert_eq!(run.code(), 0, "{run:?}");
+}
+
+/// A signal during start-up (loading and attaching take a while on a loaded machine) stops the
+/// tracer at once: the command never runs, no trace is left, the exit code says which signal.
+#[test]
+fn a_signal_during_start_up_stops_before_anything_runs() {
+    let dir = temp_dir();
+    let out = dir.path().join("t.jsonl");
+    let marker = dir.path().join("ran");
+    let calls = fixture("calls");
+    let mut child = Command::new(tracer_bin())
+        .args(["record", "-o", out.to_str().unwrap(), "-f", "fib", "--"])
+        .args([calls.to_str().unwrap(), "marker", marker.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The probes line comes once the functions are chosen, before the programs are loaded and
+    // attached (hundreds of milliseconds): the signal lands in that.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("tracer: probes:") {
+        assert_ne!(stderr.read_line(&mut seen).unwrap(), 0, "{seen}");
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    stderr.read_to_string(&mut seen).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGINT), "{seen}");
+    assert!(seen.contains("tracer: SIGINT during start-up: stopped before anything was traced\n"), "{seen}");
+    assert!(!seen.contains("tracer: tracing"), "{seen}");
+    // The command is released only once tracing is set up: it never ran.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!marker.exists(), "the command ran");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 /// `tracer record -o - | head`: the reader goes away, the tracer ends quietly.

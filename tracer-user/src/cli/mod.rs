@@ -353,6 +353,21 @@ impl StopSignals {
         }
     }
 
+    /// Runs blocking start-up `work` (planning, loading, attaching: seconds on a loaded machine)
+    /// on a thread of its own, so that a signal meanwhile is acted on at once: `Err(signal)`.
+    /// The work cannot be cancelled mid-way; the caller ends the process (see
+    /// [`interrupted_at_start`]).
+    async fn unless_interrupted<T: Send + 'static>(
+        &mut self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, i32> {
+        let work = tokio::task::spawn_blocking(work);
+        tokio::select! {
+            done = work => Ok(done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))),
+            (signal, _) = self.next() => Err(signal),
+        }
+    }
+
     /// The next signal, as the reason a trace ends.
     pub(crate) async fn stop(mut self) -> EndReason {
         end_reason(self.next().await.0)
@@ -379,6 +394,16 @@ impl StopSignals {
         ));
         self.stop().await
     }
+}
+
+/// Ends the process after a signal during start-up, which is still running on its own thread and
+/// cannot be stopped mid-way: exiting releases what it set up (the kernel detaches probes when
+/// their descriptors close; a launched command that has not exec'd yet exits 127 when its start
+/// pipe closes), and nothing was traced.
+fn interrupted_at_start(signal: i32) -> ! {
+    let name = nix::sys::signal::Signal::try_from(signal).map_or("a signal", |s| s.as_str());
+    status::say(&format!("tracer: {name} during start-up: stopped before anything was traced"));
+    std::process::exit(128 + signal)
 }
 
 fn end_reason(signal: i32) -> EndReason {
@@ -500,8 +525,11 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let signals = StopSignals::install()?;
-        let plan = record::plan(options)?;
+        let mut signals = StopSignals::install()?;
+        let plan = signals
+            .unless_interrupted(move || record::plan(options))
+            .await
+            .unwrap_or_else(|s| interrupted_at_start(s))?;
         let (out, output_file) = open_output(&args.output, Previous::Keep)?;
         print_warnings(&plan.warnings);
         if let Some(summary) = &plan.probe_summary {
@@ -515,7 +543,17 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         if let Some(file) = &spool_file {
             sink = Box::new(vec![sink, Box::new(jsonl::JsonlWriter::new(file.writer()?)) as Box<dyn Sink + Send>]);
         }
-        let recording = plan.start()?;
+        let recording = match signals.unless_interrupted(move || plan.start()).await {
+            Ok(recording) => recording?,
+            Err(signal) => {
+                // Nothing was written: the empty output is removed as it is dropped, the spool here.
+                drop((output_file, spool_file));
+                if let Some(path) = &spool {
+                    let _ = std::fs::remove_file(path);
+                }
+                interrupted_at_start(signal)
+            }
+        };
         print_warnings(&recording.warnings);
         let served = {
             let progress = recording.progress();
