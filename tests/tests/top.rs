@@ -165,3 +165,19 @@ fn bad_input_is_refused_in_one_sentence() {
     tracer(&["top", "-f", "main.work", "--", gofixture.to_str().unwrap()])
         .assert_error("tracer top cannot time Go functions yet");
 }
+
+#[test]
+fn triggers_and_depth_time_only_the_calls_record_would_write() {
+    // The `filters` fixture's `triggers` run (fixtures/c/filters.c): `work` on two threads, then
+    // a recursion five levels deep. As `record --start-at on_ -f a` writes them: per thread,
+    // on_'s two a(), off_'s one and the last four.
+    let exe = fixture("filters");
+    let exe = exe.to_str().unwrap();
+    let snapshots = top(&["-f", "a", "--start-at", "on_", "--", exe, "triggers"]);
+    let last = snapshots.last().unwrap();
+    assert_eq!((u64_field(row(last, "a"), "calls"), u64_field(row(last, "a"), "returns")), (14, 14), "{last}");
+    assert_eq!(u64_field(row(last, "on_"), "calls"), 2, "{last}");
+    let snapshots = top(&["-f", "rec", "--depth", "2", "--", exe, "triggers"]);
+    let last = snapshots.last().unwrap();
+    assert_eq!((u64_field(row(last, "rec"), "calls"), u64_field(row(last, "rec"), "returns")), (2, 2), "{last}");
+}

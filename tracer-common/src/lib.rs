@@ -32,6 +32,10 @@ pub mod names {
     pub const FILTERS: &str = "FILTERS";
     /// Per function with a predicate, per CPU: calls seen and calls filtered out.
     pub const FILTER_COUNTS: &str = "FILTER_COUNTS";
+    /// `--start-at`, `--stop-at`, `--depth`: each thread's gate ([`super::gate::Thread`]).
+    pub const GATES: &str = "GATES";
+    /// The role of each function with `cookie::GATE_ROLE` ([`super::gate::START`], ...).
+    pub const GATE_ROLES: &str = "GATE_ROLES";
 }
 
 /// Names of the programs in the eBPF object.
@@ -395,6 +399,13 @@ pub mod cookie {
     /// record in the kernel (`HELD`, by thread and entry stack pointer) instead of writing it, and
     /// the return probe writes both, or neither.
     pub const HOLD: u64 = 1 << 45;
+    /// Triggers or `--depth` are on (`--start-at`, `--stop-at`, `--depth`): the entry probe asks
+    /// its thread's gate (`GATES`, see `gate`) whether the call is written and opens it there; a
+    /// return probe writes the return only if the gate says its call was written.
+    pub const GATED: u64 = 1 << 46;
+    /// With `GATED`: the function has a role in the `GATE_ROLES` map (a start or stop trigger,
+    /// or no return probe), looked up by the entry probe.
+    pub const GATE_ROLE: u64 = 1 << 47;
     pub const OPERAND_SHIFT: u32 = 40;
     pub const SITE_SHIFT: u32 = 48;
     pub const GOID_OFFSET_SHIFT: u32 = 48;
@@ -504,6 +515,14 @@ pub mod cookie {
 
     pub const fn is_held(cookie: u64) -> bool {
         cookie & HOLD != 0
+    }
+
+    pub const fn is_gated(cookie: u64) -> bool {
+        cookie & GATED != 0
+    }
+
+    pub const fn has_gate_role(cookie: u64) -> bool {
+        cookie & GATE_ROLE != 0
     }
 
     pub const fn reads_strings(cookie: u64) -> bool {
@@ -1008,6 +1027,11 @@ pub struct Config {
     /// `--min-duration`: a call whose cookie has `cookie::HOLD` is written only if it lasted at
     /// least this long (0: any duration).
     pub min_duration_ns: u64,
+    /// `--depth`: a `cookie::GATED` call nested deeper than this many open gated calls on its
+    /// thread is not written (0: any depth up to [`gate::MAX_OPEN`]).
+    pub max_depth: u32,
+    /// 1: some `--start-at` was given, so a thread starts not recording (see [`gate::Thread`]).
+    pub start_off: u32,
     pub offsets: KernelOffsets,
 }
 
@@ -1099,6 +1123,15 @@ pub mod filter {
         /// (evicted from the bounded `HELD` map for lack of room, or the call began before
         /// tracing did): neither the call nor its return was written.
         pub entries_lost: u64,
+        /// Of `filtered`, the calls refused because their thread was not recording (`--start-at`,
+        /// `--stop-at`).
+        pub by_trigger: u64,
+        /// Of `filtered`, the calls refused for nesting deeper than `--depth` (or than
+        /// [`crate::gate::MAX_OPEN`]).
+        pub by_depth: u64,
+        /// Returns of a gated function whose call its thread's gate did not hold open (the call
+        /// began before tracing did, or the thread's gate was evicted): dropped.
+        pub returns_unmatched: u64,
     }
 
     /// The `FILTERS` key of a function's return predicate (`ret-if`); its entry predicate is
@@ -1115,6 +1148,50 @@ pub mod filter {
         pub tid: u32,
         pub _pad: u32,
         pub sp: u64,
+    }
+}
+
+/// Triggers and depth (`--start-at`, `--stop-at`, `--depth`): each thread's gate, kept in the
+/// kernel's `GATES` map by thread id, says whether the thread records and which gated calls are
+/// open on it, by the stack pointer at their entry (where the return address is), each with
+/// whether it was written. A return is matched to its call by that stack pointer, so a call that
+/// was written gets its return written and one that was not gets none, however the thread's state
+/// changed in between; calls left by `longjmp` or an exception are dropped from the gate at the
+/// next call or return above them (as `tracer top`'s stacks are).
+pub mod gate {
+    /// Gated calls a thread may have open: a call nested deeper is not written (the kernel gives
+    /// no return probe past 64 nested ones either).
+    pub const MAX_OPEN: usize = 64;
+    const _: () = assert!(MAX_OPEN.is_power_of_two() && MAX_OPEN <= 64);
+    /// Threads with a gate at once (the `GATES` LRU map's size): past it the least recently used
+    /// thread's gate is dropped, and that thread starts again as a new one would.
+    pub const MAX_THREADS: u32 = 8192;
+
+    /// [`Thread::state`]: as a new thread starts (recording, unless some `--start-at` was given),
+    /// recording, not recording.
+    pub const INITIAL: u32 = 0;
+    pub const ON: u32 = 1;
+    pub const OFF: u32 = 2;
+
+    /// Roles of a function (the `GATE_ROLES` map's values, by function index): entering a start
+    /// function turns its thread's recording on (the call is written), a stop function off (the
+    /// call is not).
+    pub const START: u8 = 1;
+    pub const STOP: u8 = 2;
+    /// The function has no return probe: its calls are decided but never opened.
+    pub const NO_RETURN: u8 = 4;
+
+    /// One thread's gate; all zeros is a new thread's.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Thread {
+        pub state: u32,
+        /// Calls open, innermost last.
+        pub open: u32,
+        /// Bit i: the open call i was written.
+        pub written: u64,
+        /// The stack pointer at each open call's entry.
+        pub sp: [u64; MAX_OPEN],
     }
 }
 
@@ -1222,7 +1299,9 @@ pub mod top {
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Stack {
         pub depth: u32,
-        pub _pad: u32,
+        /// The thread's recording state for `--start-at`/`--stop-at` ([`crate::gate::INITIAL`],
+        /// `ON`, `OFF`).
+        pub gate: u32,
         pub frames: [Frame; MAX_DEPTH],
     }
 

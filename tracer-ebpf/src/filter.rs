@@ -115,10 +115,11 @@ pub fn release(function: u32, tid: u32, entry_sp: u64, retval: u64) -> Option<Ca
 
 /// Whether the call of `function` with these argument registers (rdi, rsi, rdx, rcx, r8, r9, rax)
 /// passes its predicate; a refused one is remembered (thread `tid`, entry stack pointer `sp`) so
-/// that its return is dropped. Counted either way. A function without a predicate in the map
-/// passes (user space inserts every predicate before attaching).
+/// that its return is dropped. Counted either way (as seen only when `count`: a gated call was
+/// counted by its gate). A function without a predicate in the map passes (user space inserts
+/// every predicate before attaching).
 #[inline(always)]
-pub fn passes(function: u32, regs: &[u64; 7], tid: u32, sp: u64) -> bool {
+pub fn passes(function: u32, regs: &[u64; 7], tid: u32, sp: u64, count: bool) -> bool {
     // SAFETY: a map value, read in place; user space never changes a predicate while probes run.
     let Some(program) = FILTERS.get_ptr(function).map(|p| unsafe { &*p }) else {
         return true;
@@ -127,7 +128,9 @@ pub fn passes(function: u32, regs: &[u64; 7], tid: u32, sp: u64) -> bool {
     // SAFETY: a per-CPU map value; a program runs on one CPU from start to end.
     let counts = FILTER_COUNTS.get_ptr_mut(function).map(|c| unsafe { &mut *c });
     if let Some(c) = counts {
-        c.seen += 1;
+        if count {
+            c.seen += 1;
+        }
         if !pass {
             c.filtered += 1;
         }

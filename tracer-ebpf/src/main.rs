@@ -12,6 +12,7 @@
 #![allow(internal_features)]
 
 mod filter;
+mod gate;
 mod ipc;
 mod maps;
 mod sched;

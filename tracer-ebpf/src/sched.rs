@@ -167,6 +167,7 @@ fn try_sched_exit(ctx: &RawTracePointContext, has_group_dead: bool) -> Result<i3
     let group_dead =
         if has_group_dead { (ctx.arg::<u64>(1) & 0xff) != 0 } else { add_threads(tgid, u64::MAX) == Some(1) };
     crate::top::forget_thread(tid);
+    crate::gate::forget_thread(tid);
     if enabled(RecordKind::Exit) {
         let exit_code =
             if group_dead { process_status(task) } else { read_kernel(task, config().offsets.task_exit_code) };

@@ -106,8 +106,6 @@ fn try_top_entry(ctx: &ProbeContext) -> Result<u32, i64> {
         }
     };
     let function = cookie::function(cookie);
-    let Some(stats) = stats(tgid, function) else { return Ok(0) };
-    add(&mut stats.calls, 1);
     // SAFETY: the thread's own stack entry (only this thread's programs touch it), valid for this
     // program run.
     let stack = unsafe { &mut *stack };
@@ -116,6 +114,13 @@ fn try_top_entry(ctx: &ProbeContext) -> Result<u32, i64> {
     // Open calls at or below this one's return address were left by `longjmp` or an exception
     // (a live caller's return address is always above its callee's): their returns never come.
     drop_unwound(stack, sp);
+    // `--start-at`, `--stop-at`, `--depth`: a call not timed is not pushed, so its return finds
+    // no frame of its own and is not timed either.
+    if cookie::is_gated(cookie) && !crate::gate::top_times(&mut stack.gate, cookie, stack.depth) {
+        return Ok(0);
+    }
+    let Some(stats) = stats(tgid, function) else { return Ok(0) };
+    add(&mut stats.calls, 1);
     let depth = stack.depth as usize;
     if depth >= MAX_DEPTH {
         // The kernel gives no return probe past its limit either: counted, not timed.

@@ -38,10 +38,10 @@ use tracer_common::{
     strings::{self, HEADER, MAX_STRING_SIZE, MAX_STRINGS, SCRATCH_SIZE},
 };
 
-use crate::filter;
 use crate::maps::{
     EVENTS, FAULTS, Faults, LAYOUTS, SCRATCH, count_lost, current_ids, header, is_traced, opaque, submit_flags,
 };
+use crate::{filter, gate};
 
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
@@ -75,11 +75,19 @@ fn try_call_entry<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64>
     if cookie::is_ret_site(cookie) {
         return ret_site::<SLEEPABLE, true>(regs, cookie, tgid, tid);
     }
+    let gated = cookie::is_gated(cookie);
+    if gated && !gate::enter(cookie, tid, regs.rsp) {
+        // Not written: nor is its return, which the gate answers for (an `ALSO_EXIT` one now).
+        if cookie::is_also_exit(cookie) {
+            return ret_site::<SLEEPABLE, false>(regs, cookie::exit_of(cookie), tgid, tid);
+        }
+        return Ok(0);
+    }
     let arg = |n| ctx.arg::<u64>(n).unwrap_or(0);
     let args = [arg(0), arg(1), arg(2), arg(3), arg(4), arg(5)];
     if cookie::is_filtered(cookie) {
         let regs = [args[0], args[1], args[2], args[3], args[4], args[5], regs.rax];
-        if !filter::passes(cookie::function(cookie), &regs, tid, regs_sp(ctx)) {
+        if !filter::passes(cookie::function(cookie), &regs, tid, regs_sp(ctx), !gated) {
             // Refused: nothing written, and its return (an `ALSO_EXIT` one too) is dropped.
             return Ok(0);
         }
@@ -90,11 +98,14 @@ fn try_call_entry<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64>
             // Its entry is its exit (a tail-call stub): it lasts no time and its return value is
             // not known, so it is refused here (one program holding both paths is too large for
             // 6.1's verifier).
-            filter::refuse_now(cookie::function(cookie), !cookie::is_filtered(cookie));
+            filter::refuse_now(cookie::function(cookie), !cookie::is_filtered(cookie) && !gated);
+            if gated {
+                gate::leave(cookie, tid, regs.rsp, false);
+            }
             return Ok(0);
         }
         // Written by the return, if it passes.
-        filter::hold(&record, tid, regs.rsp, !cookie::is_filtered(cookie));
+        filter::hold(&record, tid, regs.rsp, !cookie::is_filtered(cookie) && !gated);
     } else if cookie::reads_strings(cookie) {
         let regs = [record.args[0], record.args[1], record.args[2], record.args[3], record.args[4], record.args[5], 0];
         with_strings::<_, SLEEPABLE>(record, RecordKind::Call, cookie, &regs, false)?;
@@ -372,6 +383,9 @@ fn ret_site<const SLEEPABLE: bool, const HELD: bool>(
         return Ok(0);
     }
     // At a `ret` (or a tail call's jump) rsp is the entry's.
+    if cookie::is_gated(cookie) && !gate::leave(cookie, tid, regs.rsp, cookie::is_indirect(cookie)) {
+        return Ok(0);
+    }
     if cookie::is_filtered(cookie) && filter::refused(tid, regs.rsp) {
         return Ok(0);
     }
@@ -481,6 +495,9 @@ fn try_call_return<const SLEEPABLE: bool>(ctx: &RetProbeContext) -> Result<u32, 
     // SAFETY: a uretprobe's context is the user registers, readable in place.
     let (rdx, sp) = unsafe { ((*ctx.regs).rdx, (*ctx.regs).rsp) };
     // After a uretprobe, rsp is 8 bytes above the entry's (the return address was popped).
+    if cookie::is_gated(cookie) && !gate::leave(cookie, tid, sp.wrapping_sub(8), false) {
+        return Ok(0);
+    }
     if cookie::is_filtered(cookie) && filter::refused(tid, sp.wrapping_sub(8)) {
         return Ok(0);
     }

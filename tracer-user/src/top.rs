@@ -78,7 +78,7 @@ impl Top {
     /// points, starts tracing the targets and lets the command run.
     pub fn start(plan: Plan, by_process: bool) -> Result<Top, TopError> {
         let Plan { options, processes, binaries, command, probes, functions, filters, .. } = plan;
-        if let Some(f) = filters.first() {
+        if let Some(f) = filters.iter().find(|f| f.entry.is_some() || f.ret.is_some()) {
             return Err(TopError::Predicate(functions[f.function as usize].name.to_string()));
         }
         let child = match &command {
@@ -95,13 +95,21 @@ impl Top {
             capture_bytes: 0,
             debug: 0,
             min_duration_ns: 0,
+            max_depth: options.depth.unwrap_or(0),
+            start_off: !options.start_at.is_empty() as u32,
             offsets: btf.offsets().map_err(RecordError::from)?,
         };
         raise_fd_limit(1024 + probes.len() as u64);
         let features = KernelFeatures::probe(btf);
         features.check(true).map_err(RecordError::from)?;
-        let mut kernel = Kernel::load_sized(&config, &features, RING_BYTES, 0, functions.len() as u32, 1)
+        let mut kernel = Kernel::load_sized(&config, &features, RING_BYTES, 0, functions.len() as u32, 1, false)
             .map_err(RecordError::from)?;
+        // `--start-at`, `--stop-at`: each thread's state is kept in its stack (`top::Stack::gate`).
+        for spec in &filters {
+            if let Some(role) = spec.gate.filter(|&role| role != 0) {
+                kernel.set_gate_role(spec.function, role).map_err(RecordError::from)?;
+            }
+        }
         kernel.attach_sched().map_err(RecordError::from)?;
         let failures = kernel
             .attach_function_programs(&probes, programs::TOP_ENTRY, programs::TOP_RETURN)

@@ -2,7 +2,9 @@
 //! function, `spin(int key)` of `tests/fixtures/c/filters.c` built with 5-byte nop entries
 //! (`filters_nop`: the kernel's fast probe path), called `CALLS` times with `key = i % 10000`:
 //! untraced; recorded whole (`-f spin`); and with `-f 'spin if key == 0'`, which passes 1 call in
-//! 10,000. Ring-buffer bytes are the records written (the predicate's counters in `trace_end`)
+//! 10,000; and with `-f spin --depth 1`, which writes every call (each is outermost) through its
+//! thread's gate in the kernel (`tracer_common::gate`): that row's cost over `-f spin` is what
+//! triggers and depth cost a call. Ring-buffer bytes are the records written (the predicate's counters in `trace_end`)
 //! times their size, with the ring's 8-byte header each.
 
 use std::{path::Path, process::Command};
@@ -38,20 +40,24 @@ pub fn run(tracer: &Path) -> Result<()> {
         c
     })?;
     println!("| untraced | {:.1} ms | | | |", untraced.loop_ns as f64 / 1e6);
-    let traced = |pattern: &str| -> Result<Sample> {
-        measure(&format!("tracer -f '{pattern}'"), || {
+    let traced = |pattern: &str, options: &[&str]| -> Result<Sample> {
+        measure(&format!("tracer -f '{pattern}' {}", options.join(" ")), || {
             let mut c = Command::new(tracer);
-            c.args(["record", "-f", pattern, "-o"]).arg(&out).arg("--").arg(&exe).arg(CALLS.to_string());
+            c.args(["record", "-f", pattern]).args(options).arg("-o").arg(&out);
+            c.arg("--").arg(&exe).arg(CALLS.to_string());
             c
         })
     };
     let per_call = |s: &Sample| (s.loop_ns as f64 - untraced.loop_ns as f64) / CALLS as f64;
-    for (pattern, expected) in [("spin", CALLS), ("spin if key == 0", CALLS / 10_000)] {
-        let sample = traced(pattern)?;
+    let rows: [(&str, &[&str], u64); 3] =
+        [("spin", &[], CALLS), ("spin if key == 0", &[], CALLS / 10_000), ("spin", &["--depth", "1"], CALLS)];
+    for (pattern, options, expected) in rows {
+        let sample = traced(pattern, options)?;
         let (calls, returns) = counts(&out, expected)?;
         let bytes = calls * CALL_BYTES + returns * RETURN_BYTES;
         println!(
-            "| `-f '{pattern}'` | {:.1} ms | {:.0} ns | {calls} | {bytes} |",
+            "| `-f '{pattern}'{}` | {:.1} ms | {:.0} ns | {calls} | {bytes} |",
+            options.iter().map(|o| format!(" {o}")).collect::<String>(),
             sample.loop_ns as f64 / 1e6,
             per_call(&sample)
         );

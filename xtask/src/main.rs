@@ -262,13 +262,14 @@ fn fuzz(seconds: u64, only: Option<&str>) -> Result<()> {
 /// The integration-test files that run under every kernel the README promises on each
 /// `cargo xtask test`: the recording foundation, IPC, USDT, DWARF parameters, Go, `top`, the
 /// cluster and its security, crashes and signals, probe placement, returns through unwinding,
-/// predicates evaluated in the kernel,
+/// predicates, triggers and depth evaluated in the kernel,
 /// strings in pages not yet faulted in (sleepable programs).
 /// The others (exporters, readers, benches of formats) do not depend on the kernel;
 /// `--kernel 6.1` runs them there too.
 const CORE_TESTS: &[&str] = &[
     "record",
     "filters",
+    "triggers",
     "ipc",
     "usdt",
     "debuginfo_live",

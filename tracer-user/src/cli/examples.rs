@@ -14,6 +14,8 @@ EXAMPLES:
   sudo tracer record -f 'libc.so.6:malloc' -e call,return -p 4121
   # only the matching calls, decided in the kernel
   sudo tracer record -f 'greet if name == \"bob\"' -- ./app
+  # each thread's calls from its first handle_request on, two levels deep
+  sudo tracer record --start-at handle_request --depth 2 -p 4121
   # the trace on stdout (the command's own output goes to stderr)
   sudo tracer record -o - -f fib -- ./fib 30 | jq -c .
   # the locals at a line; who wrote a variable
@@ -85,6 +87,8 @@ EXAMPLES:
   sudo tracer top -f 'handle_*' -p 4121
   # a command's allocations
   sudo tracer top -f 'libc.so.6:malloc' -- ./app
+  # only what each thread does from its first handle_request on
+  sudo tracer top --start-at handle_request -p 4121
   # one JSON object per refresh, for 5 s
   sudo tracer top --json -d 5s -p 4121 | jq .
 

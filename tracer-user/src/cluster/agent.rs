@@ -789,6 +789,9 @@ fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordO
         return_probes: None,
         no_sleepable: false,
         min_duration_ns: 0,
+        start_at: request.start_at,
+        stop_at: request.stop_at,
+        depth: (request.depth != 0).then_some(request.depth),
     })
 }
 

@@ -341,6 +341,9 @@ fn merged_filters<'a>(
             m.filtered_out += s.filtered_out;
             m.returns_not_dropped += s.returns_not_dropped;
             m.entries_lost += s.entries_lost;
+            m.by_trigger += s.by_trigger;
+            m.by_depth += s.by_depth;
+            m.returns_unmatched += s.returns_unmatched;
         }
     }
     out

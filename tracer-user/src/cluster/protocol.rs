@@ -24,8 +24,9 @@ use crate::event::{TraceEnd, TraceStart};
 /// stderr are streamed to its collector (`CommandOutput`); `cwd` in a trace request. 11:
 /// `trace_start.kernel` carries `ring_bytes`; a trace request's `buffer_size` 0 fits the ring
 /// to the trace. 12: `trace_end` carries `filters` (each predicate's counters); `break` and
-/// `watch` events.
-pub const PROTOCOL_VERSION: u32 = 12;
+/// `watch` events. 13: a trace request carries `start_at`, `stop_at` and `depth`; `trace_end`'s
+/// filter counters carry `by_trigger`, `by_depth` and `returns_unmatched`.
+pub const PROTOCOL_VERSION: u32 = 13;
 /// The largest frame (its message's encoding) either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated
@@ -72,6 +73,13 @@ pub struct TraceRequest {
     /// The launched command's working directory, entered as its user (`None`: `/`). An absolute
     /// path of at most [`request_limits::MAX_PATH`] bytes.
     pub cwd: Option<String>,
+    /// `--start-at` and `--stop-at` function patterns.
+    #[serde(deserialize_with = "request_limits::patterns")]
+    pub start_at: Vec<String>,
+    #[serde(deserialize_with = "request_limits::patterns")]
+    pub stop_at: Vec<String>,
+    /// `--depth` (0: none; checked by the agent like `record`'s own).
+    pub depth: u32,
 }
 
 impl Default for TraceRequest {
@@ -90,6 +98,9 @@ impl Default for TraceRequest {
             string_size: crate::debuginfo::layout::DEFAULT_STRING_SIZE,
             otlp_key: [0; 16],
             cwd: None,
+            start_at: Vec::new(),
+            stop_at: Vec::new(),
+            depth: 0,
         }
     }
 }

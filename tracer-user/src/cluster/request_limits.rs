@@ -51,7 +51,7 @@ pub enum RequestError {
 
 /// Refuses a request beyond any bound (one sentence, the first bound broken).
 pub fn check(request: &TraceRequest) -> Result<(), RequestError> {
-    if request.functions.len() + request.usdt.len() > MAX_PATTERNS {
+    if request.functions.len() + request.usdt.len() + request.start_at.len() + request.stop_at.len() > MAX_PATTERNS {
         return Err(RequestError::TooManyPatterns);
     }
     if request.pids.len() + request.binaries.len() > MAX_TARGETS {

@@ -134,7 +134,8 @@ pub struct TraceEnd {
     /// what was lost and why.
     #[serde(default, serialize_with = "omit_when_empty")]
     pub hosts: Vec<HostEnd>,
-    /// Functions with a predicate (`-f 'FUNC if EXPR'`), by event name: what the kernel decided.
+    /// Functions whose calls the kernel decided on (a predicate `-f 'FUNC if EXPR'`,
+    /// `--min-duration`, `--start-at`, `--stop-at`, `--depth`), by event name: what it decided.
     #[serde(default, serialize_with = "omit_when_empty")]
     pub filters: BTreeMap<String, FilterStats>,
 }
@@ -164,6 +165,18 @@ pub struct FilterStats {
     /// map was full, or the call began before tracing did): neither was written.
     #[serde(default)]
     pub entries_lost: u64,
+    /// Of `filtered_out`, the calls made while their thread was not recording (`--start-at`,
+    /// `--stop-at`).
+    #[serde(default)]
+    pub by_trigger: u64,
+    /// Of `filtered_out`, the calls nested deeper than `--depth` traced calls (or than 64).
+    #[serde(default)]
+    pub by_depth: u64,
+    /// Returns dropped because the kernel did not hold their call open (it began before
+    /// tracing did, or the thread's state was evicted past 8192 threads): with triggers or
+    /// `--depth` only.
+    #[serde(default)]
+    pub returns_unmatched: u64,
 }
 
 /// How one host's part of a collected trace ended.

@@ -85,6 +85,14 @@ pub struct RecordOptions {
     /// `--min-duration`: only native calls that last at least this long are written, with their
     /// returns (decided in the kernel at the return: see `cookie::HOLD`); 0 for all.
     pub min_duration_ns: u64,
+    /// `--start-at`: function patterns; on each thread, calls are written from its first entry
+    /// into one of these on (decided in the kernel: see `tracer_common::gate`).
+    pub start_at: Vec<String>,
+    /// `--stop-at`: function patterns; a thread entering one stops writing calls until it enters
+    /// a `--start-at` function.
+    pub stop_at: Vec<String>,
+    /// `--depth`: calls nested deeper than this many traced calls on a thread are not written.
+    pub depth: Option<u32>,
 }
 
 impl Default for RecordOptions {
@@ -111,7 +119,17 @@ impl Default for RecordOptions {
             return_probes: None,
             no_sleepable: false,
             min_duration_ns: 0,
+            start_at: Vec::new(),
+            stop_at: Vec::new(),
+            depth: None,
         }
+    }
+}
+
+impl RecordOptions {
+    /// Whether calls are decided by their thread's gate: `--start-at`, `--stop-at`, `--depth`.
+    pub fn gated(&self) -> bool {
+        !self.start_at.is_empty() || !self.stop_at.is_empty() || self.depth.is_some()
     }
 }
 
@@ -151,6 +169,12 @@ pub enum RecordError {
     HeldWithoutReturn(String),
     #[error("-f '... ret-if ...' and --min-duration decide calls at their returns: --events must include return")]
     HeldWithoutReturnEvents,
+    #[error("--start-at, --stop-at and --depth match each call to its return: --events must include return")]
+    GateWithoutReturnEvents,
+    #[error("{option} '{pattern}' matches no function in {modules}")]
+    NoTriggerMatch { option: &'static str, pattern: String, modules: String },
+    #[error("--depth must be between 1 (only the outermost traced calls) and {max}, got {0}", max = tracer_common::gate::MAX_OPEN)]
+    BadDepth(u32),
     #[error("--functions needs call or return events, but --events has neither")]
     FunctionsWithoutCallEvents,
     #[error("--capture-bytes is at most {CAPTURE_BYTES_MAX}, got {0}")]

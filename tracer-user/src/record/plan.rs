@@ -7,7 +7,7 @@ use std::{
     sync::Arc,
 };
 
-use tracer_common::{CAPTURE_BYTES_MAX, cookie};
+use tracer_common::{CAPTURE_BYTES_MAX, cookie, gate};
 
 use super::{
     RecordError, RecordOptions, check_pid_namespace,
@@ -74,6 +74,9 @@ pub(crate) struct FilterSpec {
     pub ret: Option<(tracer_common::filter::Program, String)>,
     /// Decided at the return (`cookie::HOLD`): `ret` or `--min-duration`.
     pub held: bool,
+    /// Decided by its thread's gate (`cookie::GATED`: `--start-at`, `--stop-at`, `--depth`),
+    /// with its role there (`gate::START`, `STOP`, `NO_RETURN`; 0 for none).
+    pub gate: Option<u8>,
 }
 
 /// Resolves targets and functions. Fails, before anything is attached or launched, on anything
@@ -97,6 +100,14 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
     let want_calls = options.events.contains(&EventKind::Call) || options.events.contains(&EventKind::Return);
     if !want_calls && !options.functions.is_empty() {
         return Err(RecordError::FunctionsWithoutCallEvents);
+    }
+    if let Some(depth) = options.depth
+        && !(1..=gate::MAX_OPEN as u32).contains(&depth)
+    {
+        return Err(RecordError::BadDepth(depth));
+    }
+    if options.gated() && !options.events.contains(&EventKind::Return) {
+        return Err(RecordError::GateWithoutReturnEvents);
     }
     let mut warnings = Vec::new();
 
@@ -360,6 +371,37 @@ fn select_functions(
             }
         }
     }
+    // The trigger functions, probed whether or not a pattern above chose them.
+    let mut roles: HashMap<(PathBuf, usize), u8> = HashMap::new();
+    for (role, option, patterns) in
+        [(gate::START, "--start-at", &options.start_at), (gate::STOP, "--stop-at", &options.stop_at)]
+    {
+        for text in patterns {
+            let pattern = FunctionPattern::parse(text)?;
+            let modules = match &pattern.module {
+                None => executables.to_vec(),
+                Some(spec) => {
+                    let candidates = module_candidates.get_or_insert_with(|| ModuleCandidates::new(executables, &pids));
+                    vec![candidates.resolve(spec)?]
+                }
+            };
+            let mut matched = 0;
+            for module in &modules {
+                let table = load(&mut tables, module)?;
+                let found: Vec<(usize, String)> =
+                    table.matching(&pattern.name).map(|(i, _, n)| (i, n.to_string())).collect();
+                for (i, name) in found {
+                    select(module, i, &name, None);
+                    *roles.entry((module.clone(), i)).or_default() |= role;
+                    matched += 1;
+                }
+            }
+            if matched == 0 {
+                let modules = modules.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ");
+                return Err(RecordError::NoTriggerMatch { option, pattern: text.clone(), modules });
+            }
+        }
+    }
     if selected.len() > options.max_probes {
         return Err(RecordError::TooManyProbes { count: selected.len(), max: options.max_probes });
     }
@@ -417,10 +459,14 @@ fn select_functions(
         }
         // Calls decided at their return: their entries are held in the kernel until then.
         let held = native && (predicate.ret.is_some() || options.min_duration_ns > 0);
+        // Calls decided by their thread's gate (Go functions' returns are not matched by stack
+        // pointer: they are written as they come).
+        let role = roles.get(&(module.clone(), index)).copied().unwrap_or(0);
+        let gate = (native && options.gated()).then_some(role);
         if held && !exit {
             return Err(RecordError::HeldWithoutReturnEvents);
         }
-        if !predicate.is_empty() || held {
+        if !predicate.is_empty() || held || gate.is_some() {
             let layout = source.as_ref().and_then(|s| s.layout.as_ref());
             let compiled = |p: &filter::Predicate, at_return| {
                 p.compile(&name, layout, at_return).map(|program| (program, p.text.clone()))
@@ -430,10 +476,17 @@ fn select_functions(
                 entry: predicate.entry.as_ref().map(|p| compiled(p, false)).transpose()?,
                 ret: predicate.ret.as_ref().map(|p| compiled(p, true)).transpose()?,
                 held,
+                gate,
             });
         }
         // Every probe of a filtered function evaluates or honours its predicate.
-        let flags = if predicate.entry.is_some() { cookie::FILTERED } else { 0 } | if held { cookie::HOLD } else { 0 };
+        let flags = if predicate.entry.is_some() { cookie::FILTERED } else { 0 }
+            | if held { cookie::HOLD } else { 0 }
+            | match gate {
+                Some(0) => cookie::GATED,
+                Some(_) => cookie::GATED | cookie::GATE_ROLE,
+                None => 0,
+            };
         let first_probe = probes.len();
         let mut probe = |file_offset: u64, cookie: u64, ret: bool| {
             probes.push(ProbeSpec { path: module.clone(), file_offset, cookie: cookie | flags, ret });
@@ -517,10 +570,19 @@ fn select_functions(
                 p.cookie &= !cookie::HOLD;
             }
             if filters.last().is_some_and(|s: &FilterSpec| s.function == function) {
-                filters.pop_if(|s| s.entry.is_none());
+                filters.pop_if(|s| s.entry.is_none() && s.gate.is_none());
                 if let Some(spec) = filters.last_mut().filter(|s| s.function == function) {
                     spec.held = false;
                 }
+            }
+        }
+        if gate.is_some() && matches!(returns, NativeReturns::None) {
+            // Decided at its entry but never opened on its thread's gate: no return will close it.
+            for p in &mut probes[first_probe..] {
+                p.cookie |= cookie::GATE_ROLE;
+            }
+            if let Some(spec) = filters.last_mut().filter(|s| s.function == function) {
+                spec.gate = Some(role | gate::NO_RETURN);
             }
         }
         let others = f.other_names(&name);

@@ -140,6 +140,8 @@ impl Plan {
             capture_bytes: options.capture_bytes,
             debug: options.debug_kernel as u32,
             min_duration_ns: options.min_duration_ns,
+            max_depth: options.depth.unwrap_or(0),
+            start_off: !options.start_at.is_empty() as u32,
             offsets: btf.offsets()?,
         };
         // A perf-event link per probe site where the kernel has no uprobe-multi links.
@@ -161,7 +163,8 @@ impl Plan {
         let spec_slots = first_break_cookie as usize + break_probes.len();
         raise_fd_limit(1024 + probes.len() as u64 + usdt.probes.len() as u64 + break_probes.len() as u64);
         let filtered_functions = filters.iter().map(|f| f.function + 1).max().unwrap_or(1);
-        let mut kernel = Kernel::load_sized(&config, &features, ring_bytes, spec_slots, 1, filtered_functions)?;
+        let gated = filters.iter().any(|f| f.gate.is_some());
+        let mut kernel = Kernel::load_sized(&config, &features, ring_bytes, spec_slots, 1, filtered_functions, gated)?;
         // Started before any program is loaded, and kept for the whole run: its map's fd is in
         // the programs' code.
         let kernel_log = if options.debug_kernel { Some(kernel.start_kernel_log()?) } else { None };
@@ -178,6 +181,9 @@ impl Plan {
             }
             if let Some((program, _)) = &spec.ret {
                 kernel.set_filter(tracer_common::filter::ret_key(spec.function), *program)?;
+            }
+            if let Some(role) = spec.gate.filter(|&role| role != 0) {
+                kernel.set_gate_role(spec.function, role)?;
             }
         }
         for (i, f) in functions.iter().enumerate() {
@@ -613,6 +619,9 @@ fn filter_stats(
                 filtered_out: c.filtered,
                 returns_not_dropped: c.returns_not_dropped,
                 entries_lost: c.entries_lost,
+                by_trigger: c.by_trigger,
+                by_depth: c.by_depth,
+                returns_unmatched: c.returns_unmatched,
             };
             (name.clone(), stats)
         })

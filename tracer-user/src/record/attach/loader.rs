@@ -123,11 +123,12 @@ impl Kernel {
         ring_bytes: u32,
         usdt_probes: usize,
     ) -> Result<Kernel, LoadError> {
-        Self::load_sized(config, features, ring_bytes, usdt_probes, 1, 1)
+        Self::load_sized(config, features, ring_bytes, usdt_probes, 1, 1, false)
     }
 
     /// As [`Kernel::load`], with room for `top_functions` functions' statistics (`tracer top`)
-    /// and the counters of predicates on functions numbered below `filtered_functions`.
+    /// and the counters of predicates on functions numbered below `filtered_functions`; `gated`:
+    /// room for the threads' gates (`--start-at`, `--stop-at`, `--depth`).
     pub fn load_sized(
         config: &Config,
         features: &KernelFeatures,
@@ -135,6 +136,7 @@ impl Kernel {
         usdt_probes: usize,
         top_functions: u32,
         filtered_functions: u32,
+        gated: bool,
     ) -> Result<Kernel, LoadError> {
         if EBPF_OBJECT.is_empty() {
             return Err(LoadError::NoObject);
@@ -145,6 +147,8 @@ impl Kernel {
             .map_max_entries(names::USDT_SPECS, usdt_probes.max(1) as u32)
             .map_max_entries(names::TOP_FUNCTIONS, top_functions.max(1))
             .map_max_entries(names::FILTER_COUNTS, filtered_functions.max(1))
+            // A thread's gate is 528 bytes, preallocated: none without triggers or --depth.
+            .map_max_entries(names::GATES, if gated { tracer_common::gate::MAX_THREADS } else { 1 })
             .load(EBPF_OBJECT)
             .map_err(load_error)?;
         Ok(Kernel {
@@ -513,6 +517,14 @@ impl Kernel {
         map.insert(function, program, 0).map_err(|e| LoadError::Map { map: names::FILTERS, reason: e.to_string() })
     }
 
+    /// Hands the kernel a function's gate role (`gate::START`, ...), before its probes are
+    /// attached with `cookie::GATE_ROLE`.
+    pub fn set_gate_role(&mut self, function: u32, role: u8) -> Result<(), LoadError> {
+        let map = self.ebpf.map_mut(names::GATE_ROLES).ok_or_else(|| load_error("GATE_ROLES map is missing"))?;
+        let mut map: BpfHashMap<&mut MapData, u32, u8> = BpfHashMap::try_from(map).map_err(load_error)?;
+        map.insert(function, role, 0).map_err(|e| LoadError::Map { map: names::GATE_ROLES, reason: e.to_string() })
+    }
+
     /// The predicates' per-function counters, readable after the programs are gone.
     pub fn take_filter_counters(&mut self) -> Result<FilterCounters, LoadError> {
         let map = self.ebpf.take_map(names::FILTER_COUNTS).ok_or_else(|| load_error("FILTER_COUNTS map is missing"))?;
@@ -591,6 +603,9 @@ impl FilterCounters {
                 total.filtered += c.filtered;
                 total.returns_not_dropped += c.returns_not_dropped;
                 total.entries_lost += c.entries_lost;
+                total.by_trigger += c.by_trigger;
+                total.by_depth += c.by_depth;
+                total.returns_unmatched += c.returns_unmatched;
             }
         }
         total
