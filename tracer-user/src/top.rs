@@ -77,7 +77,13 @@ impl Top {
     /// Launches the command (stopped), loads and attaches the `top` programs at the plan's probe
     /// points, starts tracing the targets and lets the command run.
     pub fn start(plan: Plan, by_process: bool) -> Result<Top, TopError> {
-        let Plan { options, processes, binaries, command, probes, functions, filters, .. } = plan;
+        let Plan { options, processes, binaries, command, probes, functions, filters, unmatched, .. } = plan;
+        // `top` does not follow execs: a pattern must match in what it starts with.
+        if let Some(u) = unmatched.into_iter().next() {
+            return Err(
+                RecordError::NoMatch { pattern: u.pattern, modules: u.modules, suggestions: u.suggestions }.into()
+            );
+        }
         if let Some(f) = filters.first() {
             return Err(TopError::Predicate(functions[f.function as usize].name.to_string()));
         }
@@ -95,6 +101,8 @@ impl Top {
             capture_bytes: 0,
             debug: 0,
             min_duration_ns: 0,
+            resolve_execs: 0,
+            _pad0: 0,
             offsets: btf.offsets().map_err(RecordError::from)?,
         };
         raise_fd_limit(1024 + probes.len() as u64);
