@@ -336,6 +336,10 @@ pub(crate) fn select_functions(
         for exe in executables {
             match load(&mut tables, exe) {
                 Ok(_) => kept.push(exe.clone()),
+                // Without patterns, the default selection below says this itself.
+                Err(RecordError::Symbols(SymbolError::NoFunctions { .. })) if options.functions.is_empty() => {
+                    kept.push(exe.clone())
+                }
                 Err(RecordError::Symbols(e @ (SymbolError::NotElf { .. } | SymbolError::NoFunctions { .. })))
                     if !scope.exec_image =>
                 {
@@ -428,7 +432,9 @@ pub(crate) fn select_functions(
                     matched += 1;
                 }
             }
-            if let (Some(glob), 0, false) = (&pattern.source, in_source, scope.lenient) {
+            // At start, a source glob that matches no file of a program's DWARF is a mistake to
+            // say now; an exec'd image's is only unmatched (reported at the end).
+            if let (Some(glob), 0, false, false) = (&pattern.source, in_source, scope.exec_image, modules.is_empty()) {
                 let modules = modules.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ");
                 let known: Vec<&SourceFiles> = source_files.values().collect();
                 return Err(RecordError::NoSourceMatch {
