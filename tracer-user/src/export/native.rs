@@ -1241,7 +1241,7 @@ mod tests {
         assert!(matches!(read(b"").0, Err(ReadError::Empty)));
         assert_eq!(
             read(b"\x89TRACER\n\x01\0\0\0").0.unwrap_err().to_string(),
-            "not a native trace: native format version 1, this tracer reads 2"
+            "not a native trace: native format version 1, this tracer reads 3"
         );
         assert_eq!(
             read(b"\x89TRACE").0.unwrap_err().to_string(),
