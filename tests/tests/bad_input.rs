@@ -70,9 +70,12 @@ fn binary_that_is_not_elf() {
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let run = tracer(&record_args(dir.path(), &["-b", script.to_str().unwrap()], &[]));
     run.assert_error(&format!("{} is not an ELF executable", script.display()));
-    // As a command, too: its functions cannot be probed, and it must not have run.
+    // As a command it is no error (a wrapper: what it executes is traced, see wrappers.rs): it
+    // runs, with a warning that its own functions cannot be probed.
     let run = tracer(&record_args(dir.path(), &[], &[script.display().to_string()]));
-    run.assert_error(&format!("{} is not an ELF executable", script.display()));
+    assert_eq!(run.code(), 0, "{run:?}");
+    let warning = format!("warning: {} is not an ELF executable: tracing its processes only", script.display());
+    assert!(run.stderr.contains(&warning), "{run:?}");
     // A file that is not executable at all.
     let run = tracer(&record_args(dir.path(), &["-b", "/etc/passwd"], &[]));
     run.assert_error("/etc/passwd is not executable");
@@ -80,14 +83,24 @@ fn binary_that_is_not_elf() {
     run.assert_error("/no/such/binary does not exist");
 }
 
+/// In a process given by pid a pattern must match (an error that suggests near names); in a
+/// launched command it need not, as the command may be a wrapper of what it names (see
+/// wrappers.rs): the command runs, with a warning at the start and the end that suggests them.
 #[test]
 fn pattern_that_matches_nothing_suggests_near_names() {
     let dir = temp_dir();
-    let (marker, cmd) = marker_command(dir.path());
-    let run = tracer(&record_args(dir.path(), &["-f", "fibb"], &cmd));
+    let calls = tracer_tests::Background::start(&fixture("calls"), &["loop"]);
+    let run = tracer(&record_args(dir.path(), &["-f", "fibb", "-p", &calls.pid().to_string()], &[]));
     run.assert_error("function pattern 'fibb' matches nothing in ");
     assert!(run.stderr.contains("did you mean fib"), "{run:?}");
-    assert!(!marker.exists(), "the command ran although tracing could not start");
+    drop(calls);
+    let (marker, cmd) = marker_command(dir.path());
+    let run = tracer(&record_args(dir.path(), &["-f", "fibb"], &cmd));
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert!(run.stderr.contains("defines no function matching 'fibb' (did you mean fib"), "{run:?}");
+    assert!(run.stderr.contains("no function matching 'fibb' in any program the trace saw"), "{run:?}");
+    assert!(marker.exists(), "the command ran");
+    std::fs::remove_file(&marker).unwrap();
     let run = tracer(&record_args(dir.path(), &["-f", "nosuchlib.so:malloc"], &cmd));
     run.assert_error("module 'nosuchlib.so' matches no executable or library of the targets");
     assert!(!marker.exists());

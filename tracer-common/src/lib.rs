@@ -16,6 +16,7 @@ pub mod names {
     pub const TRACED_PIDS: &str = "TRACED_PIDS";
     pub const TRACED_REMOVALS: &str = "TRACED_REMOVALS";
     pub const TARGET_INODES: &str = "TARGET_INODES";
+    pub const RESOLVED_IMAGES: &str = "RESOLVED_IMAGES";
     pub const LOST: &str = "LOST";
     pub const CONFIG: &str = "CONFIG";
     pub const INFLIGHT: &str = "INFLIGHT";
@@ -593,7 +594,14 @@ pub struct ExecRecord {
     pub header: RecordHeader,
     /// The thread id before exec (differs from the header's tid when a non-leader thread exec'd).
     pub old_tid: u32,
-    pub _pad: u32,
+    /// 1: the kernel stopped the process (`SIGSTOP`, taken before the new image's first
+    /// instruction) for user space to resolve the function patterns against the new image
+    /// (`dev`, `ino`); user space continues it (`SIGCONT`) once the probes are attached.
+    pub stopped: u32,
+    /// The new image's file (the interpreter's for a `#!` script), as in [`InodeKey`]; 0 when
+    /// not read (no function patterns).
+    pub dev: u64,
+    pub ino: u64,
     pub comm: [u8; COMM_LEN],
     /// NUL-terminated unless the name was cut.
     pub filename: [u8; FILENAME_LEN],
@@ -1032,6 +1040,10 @@ pub struct Config {
     pub max_depth: u32,
     /// 1: some `--start-at` was given, so a thread starts not recording (see [`gate::Thread`]).
     pub start_off: u32,
+    /// 1: function patterns were given: a traced process that execs an image not yet in
+    /// `RESOLVED_IMAGES` is stopped until user space has resolved the patterns against it.
+    pub resolve_execs: u32,
+    pub _pad0: u32,
     pub offsets: KernelOffsets,
 }
 

@@ -49,6 +49,13 @@ static TRACED_CACHE: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0)
 #[map]
 pub static TARGET_INODES: HashMap<InodeKey, u32> = HashMap::with_max_entries(64, 0);
 
+/// Images (executables, and the interpreters of `#!` scripts) the function patterns were
+/// resolved against, by user space: a traced process that execs any other is stopped for
+/// resolution (see `sched::try_sched_exec`). Bounded: when full, user space stops adding, and an
+/// image not in it is resolved again (once per exec).
+#[map]
+pub static RESOLVED_IMAGES: HashMap<InodeKey, u8> = HashMap::with_max_entries(1024, 0);
+
 /// The string reads of each function whose probes read strings, keyed by function index (the
 /// cookie's low 32 bits). Filled by user space at attach; looked up only when the cookie has
 /// `cookie::STRINGS`.

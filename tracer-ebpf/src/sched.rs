@@ -3,15 +3,15 @@
 //! space took from the running kernel's BTF; they also need no tracefs.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_probe_read_kernel_str_bytes},
+    helpers::{bpf_get_current_comm, bpf_probe_read_kernel_str_bytes, generated::bpf_send_signal},
     macros::raw_tracepoint,
     programs::RawTracePointContext,
 };
 use tracer_common::{ExecRecord, ExitRecord, ForkRecord, InodeKey, LostSlot, RecordKind};
 
 use crate::maps::{
-    EVENTS, TARGET_INODES, THREAD_COUNTS, TRACED_PIDS, add_threads, config, count_lost, current_ids, enabled, header,
-    is_traced, read_kernel, submit_flags, untrace,
+    EVENTS, RESOLVED_IMAGES, TARGET_INODES, THREAD_COUNTS, TRACED_PIDS, add_threads, config, count_lost, current_ids,
+    enabled, header, is_traced, read_kernel, submit_flags, untrace,
 };
 
 /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`, run by the parent.
@@ -71,6 +71,8 @@ pub fn sched_exec(ctx: RawTracePointContext) -> i32 {
 }
 
 fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
+    /// `SIGSTOP` on x86-64 (and every Linux architecture but alpha, mips, parisc and sparc).
+    const SIGSTOP: u32 = 19;
     let (tgid, tid) = current_ids();
     let cfg = config();
     let bprm: *const u8 = ctx.arg(2);
@@ -85,15 +87,25 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
         // Exec leaves one thread.
         let _ = THREAD_COUNTS.insert(tgid, 1, 0);
     }
-    if !enabled(RecordKind::Exec) {
+    // With function patterns, an image user space has not resolved them against yet stops the
+    // process until it has (the probes are then in place before the image's first instruction).
+    let image = if cfg.resolve_execs != 0 { image_key(bprm, cfg)? } else { InodeKey { dev: 0, ino: 0 } };
+    let resolve = cfg.resolve_execs != 0 && RESOLVED_IMAGES.get_ptr(&image).is_none();
+    if !resolve && !enabled(RecordKind::Exec) {
         return Ok(0);
     }
     let old_tid: u64 = ctx.arg(1);
     let filename: *const u8 = read_kernel(bprm, cfg.offsets.bprm_filename)?;
+    // Reserved before the process is stopped: one whose record user space will never see must
+    // not be stopped (it would never be continued).
     let Some(mut entry) = EVENTS.reserve::<ExecRecord>(0) else {
         count_lost(LostSlot::ring_full(RecordKind::Exec));
         return Ok(0);
     };
+    // The signal is taken on the way back to user space, before the new image runs. A process
+    // that could not be sent it is recorded as not stopped.
+    // SAFETY: a helper without memory arguments; it signals the current process.
+    let stopped = resolve && unsafe { bpf_send_signal(SIGSTOP) } == 0;
     // Fill in place: the record is larger than is wise to build on the 512-byte stack.
     let record = entry.as_mut_ptr();
     // SAFETY: `record` points at reserved ring-buffer memory of the right size and alignment; the
@@ -101,7 +113,9 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
     unsafe {
         (*record).header = header(RecordKind::Exec, tgid, tid);
         (*record).old_tid = old_tid as u32;
-        (*record)._pad = 0;
+        (*record).stopped = stopped as u32;
+        (*record).dev = image.dev;
+        (*record).ino = image.ino;
         (*record).comm = bpf_get_current_comm().unwrap_or_default();
         let name = &mut (*record).filename;
         if bpf_probe_read_kernel_str_bytes(filename, name).is_err() {
@@ -112,16 +126,23 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
     Ok(0)
 }
 
-/// Whether the file being exec'd is one of the `--binary` targets (same device and inode).
+/// The (device, inode) of the file being exec'd: for a `#!` script, its interpreter's (binfmt_script
+/// has replaced `bprm->file` by then).
 #[inline(always)]
-fn execs_target_binary(bprm: *const u8, cfg: &tracer_common::Config) -> Result<bool, i64> {
+fn image_key(bprm: *const u8, cfg: &tracer_common::Config) -> Result<InodeKey, i64> {
     let o = &cfg.offsets;
     let file: *const u8 = read_kernel(bprm, o.bprm_file)?;
     let inode: *const u8 = read_kernel(file, o.file_inode)?;
     let ino: u64 = read_kernel(inode, o.inode_ino)?;
     let sb: *const u8 = read_kernel(inode, o.inode_sb)?;
     let dev: u32 = read_kernel(sb, o.sb_dev)?;
-    let key = InodeKey { dev: dev as u64, ino };
+    Ok(InodeKey { dev: dev as u64, ino })
+}
+
+/// Whether the file being exec'd is one of the `--binary` targets (same device and inode).
+#[inline(always)]
+fn execs_target_binary(bprm: *const u8, cfg: &tracer_common::Config) -> Result<bool, i64> {
+    let key = image_key(bprm, cfg)?;
     Ok(TARGET_INODES.get_ptr(&key).is_some())
 }
 

@@ -52,7 +52,13 @@ pub struct Top {
 /// stacks in the kernel cannot follow.
 pub fn plan_top(mut options: RecordOptions) -> Result<Plan, TopError> {
     options.events = [EventKind::Call, EventKind::Return].into_iter().collect();
-    let plan = plan(options)?;
+    let mut plan = plan(options)?;
+    // `top` does not follow execs: a pattern must match in what it starts with (refused before
+    // the plan's warnings, which speak of following execs, are shown).
+    if !plan.unmatched.is_empty() {
+        let u = plan.unmatched.swap_remove(0);
+        return Err(RecordError::NoMatch { pattern: u.pattern, modules: u.modules, suggestions: u.suggestions }.into());
+    }
     if let Some(go) = plan.probes.iter().find(|p| tracer_common::cookie::is_go(p.cookie)) {
         return Err(TopError::Go(plan.functions[tracer_common::cookie::function(go.cookie) as usize].name.to_string()));
     }
@@ -97,6 +103,8 @@ impl Top {
             min_duration_ns: 0,
             max_depth: options.depth.unwrap_or(0),
             start_off: !options.start_at.is_empty() as u32,
+            resolve_execs: 0,
+            _pad0: 0,
             offsets: btf.offsets().map_err(RecordError::from)?,
         };
         raise_fd_limit(1024 + probes.len() as u64);

@@ -263,7 +263,8 @@ fn fuzz(seconds: u64, only: Option<&str>) -> Result<()> {
 /// `cargo xtask test`: the recording foundation, IPC, USDT, DWARF parameters, Go, `top`, the
 /// cluster and its security, crashes and signals, probe placement, returns through unwinding,
 /// predicates, triggers and depth evaluated in the kernel,
-/// strings in pages not yet faulted in (sleepable programs).
+/// strings in pages not yet faulted in (sleepable programs), commands behind wrappers (a process
+/// stopped at exec while its new image is resolved).
 /// The others (exporters, readers, benches of formats) do not depend on the kernel;
 /// `--kernel 6.1` runs them there too.
 const CORE_TESTS: &[&str] = &[
@@ -281,6 +282,7 @@ const CORE_TESTS: &[&str] = &[
     "placement",
     "unwinding",
     "cold_strings",
+    "wrappers",
 ];
 
 fn test(filter: Option<&str>, kernels: &[vm::Kernel]) -> Result<()> {

@@ -157,6 +157,17 @@ impl EventAssembler {
         EventAssembler { breaks, watches, ..self }
     }
 
+    /// Functions probed after the start (in an image a traced process exec'd): their cookies
+    /// number on from the functions already known.
+    pub fn add_functions(&mut self, more: FunctionTable) {
+        self.functions.extend(more);
+    }
+
+    /// How many functions are known: the cookie of the next one added.
+    pub fn function_count(&self) -> u32 {
+        self.functions.len() as u32
+    }
+
     pub fn calls_without_return_probe(&self) -> u64 {
         self.stacks.calls_without_return_probe
     }
@@ -617,7 +628,9 @@ mod tests {
         let mut exec = ExecRecord {
             header: header(RecordKind::Exec, 2, 100),
             old_tid: 100,
-            _pad: 0,
+            stopped: 0,
+            dev: 0,
+            ino: 0,
             comm: [0; 16],
             filename: [0; 256],
         };

@@ -657,6 +657,18 @@ pub(crate) fn print_summary(end: &TraceEnd, output: &Path) {
             f.entries_lost, f.returns_not_dropped
         ));
     }
+    if let Some(u) = &end.unmatched_functions {
+        let patterns: Vec<String> = u.patterns.iter().map(|p| format!("'{p}'")).collect();
+        let suggestions = match u.suggestions.is_empty() {
+            true => String::new(),
+            false => format!("; did you mean {}?", u.suggestions.join(", ")),
+        };
+        eprintln!(
+            "tracer: warning: no function matching {} in any program the trace saw ({}){suggestions}",
+            patterns.join(", "),
+            u.images.join(", ")
+        );
+    }
     if end.calls_without_return_probe > 0 {
         eprintln!(
             "tracer: note: {} calls were nested more than 64 probed calls deep: the kernel gives them no return probe, so they have no return event",

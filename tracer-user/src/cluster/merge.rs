@@ -316,6 +316,8 @@ pub fn merge_into(
         ipc: matcher.stats.clone(),
         hosts: host_ends,
         filters: merged_filters(hosts.iter().filter_map(|t| t.end.as_ref())),
+        // Each agent's own report says which of its patterns matched nothing there.
+        unmatched_functions: None,
     };
     sink.end(&end)?;
     Ok((start, end))

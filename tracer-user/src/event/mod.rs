@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 pub use data::{ArgValue, Args, Channel, Level, LogType, MAX_ARGS, SignalId, SpawnHow, Syscall};
 pub use trace::{
     ClockInfo, EndReason, FilterStats, HostEnd, HostInfo, HostLoss, IpcStats, KernelInfo, LossCause, TargetInfo,
-    TraceEnd, TraceStart, why_lost,
+    TraceEnd, TraceStart, UnmatchedFunctions, why_lost,
 };
 
 pub use probe_paths::{ProbePath, ProbePaths};
@@ -637,6 +637,7 @@ mod tests {
             ipc: IpcStats::default(),
             hosts: Vec::new(),
             filters: Default::default(),
+            unmatched_functions: None,
         };
         let line = serde_json::to_string(&json::Line::End(&end)).unwrap();
         assert!(line.starts_with(r#"{"kind":"trace_end","ts":5,"reason":"command_exited""#), "{line}");

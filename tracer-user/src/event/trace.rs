@@ -138,6 +138,23 @@ pub struct TraceEnd {
     /// `--min-duration`, `--start-at`, `--stop-at`, `--depth`), by event name: what it decided.
     #[serde(default, serialize_with = "omit_when_empty")]
     pub filters: BTreeMap<String, FilterStats>,
+    /// The `-f` patterns that matched no function of any image the trace saw (the targets'
+    /// executables and every image their processes exec'd).
+    #[serde(default, serialize_with = "omit_when_empty")]
+    pub unmatched_functions: Option<Box<UnmatchedFunctions>>,
+}
+
+/// `-f` patterns that matched nothing, said once at the end of a trace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnmatchedFunctions {
+    /// The patterns, as given.
+    pub patterns: Vec<String>,
+    /// The executables the trace saw (a `#!` script's interpreter, not the script), in the order
+    /// they were first seen.
+    pub images: Vec<String>,
+    /// Names close to the patterns ("did you mean"), if any.
+    #[serde(default)]
+    pub suggestions: Vec<String>,
 }
 
 /// What one function's predicate did, counted in the kernel.
@@ -252,6 +269,7 @@ impl TraceEnd {
             ipc: IpcStats::default(),
             hosts: Vec::new(),
             filters: BTreeMap::new(),
+            unmatched_functions: None,
         }
     }
 

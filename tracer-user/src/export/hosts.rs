@@ -176,6 +176,7 @@ mod tests {
                 ipc: Default::default(),
                 hosts: Vec::new(),
                 filters: Default::default(),
+                unmatched_functions: None,
             })
             .unwrap();
         }

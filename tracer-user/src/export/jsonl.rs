@@ -238,6 +238,7 @@ mod tests {
             ipc: Default::default(),
             hosts: Vec::new(),
             filters: Default::default(),
+            unmatched_functions: None,
         };
         let bytes = write_trace(&[call(2), call(3)], Some(&end));
         let text = String::from_utf8(bytes.clone()).unwrap();

@@ -53,8 +53,8 @@ use crate::{
 pub const MAGIC: &[u8; 8] = b"\x89TRACER\n";
 /// Version of the native format, after the magic. 2: receives carry `peek` and `discarded`, returns
 /// `unwound` and `tail_call` (their postcard encoding grew; a version 1 file is refused, not
-/// misread).
-pub const VERSION: u32 = 2;
+/// misread). 3: `trace_end` carries `unmatched_functions`.
+pub const VERSION: u32 = 3;
 
 /// Payload kinds.
 pub const START: u8 = 0;
@@ -1241,7 +1241,7 @@ mod tests {
         assert!(matches!(read(b"").0, Err(ReadError::Empty)));
         assert_eq!(
             read(b"\x89TRACER\n\x01\0\0\0").0.unwrap_err().to_string(),
-            "not a native trace: native format version 1, this tracer reads 2"
+            "not a native trace: native format version 1, this tracer reads 3"
         );
         assert_eq!(
             read(b"\x89TRACE").0.unwrap_err().to_string(),

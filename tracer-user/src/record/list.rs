@@ -124,6 +124,11 @@ pub fn list(options: ListOptions) -> Result<Listing, RecordError> {
         // The rest as `record` has them by default (no breakpoints or watchpoints among them).
         ..RecordOptions::default()
     })?;
+    // `list` runs nothing, so no exec follows: a pattern must match in what it is given.
+    if let Some(u) = plan.unmatched.first() {
+        let (pattern, modules, suggestions) = (u.pattern.clone(), u.modules.clone(), u.suggestions.clone());
+        return Err(RecordError::NoMatch { pattern, modules, suggestions });
+    }
     let mut listing = Listing { warnings: plan.warnings.clone(), ..Listing::default() };
 
     // A function's probe path is recorded by the name its events carry.

@@ -9,6 +9,7 @@
 pub mod attach;
 pub mod drain;
 pub mod filter;
+mod follow;
 pub mod kernel_log;
 pub mod list;
 mod plan;

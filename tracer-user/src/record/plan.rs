@@ -64,6 +64,9 @@ pub struct Plan {
     /// The functions decided in the kernel: predicates (`-f 'FUNC if EXPR'`, `ret-if`) and
     /// `--min-duration`.
     pub(crate) filters: Vec<FilterSpec>,
+    /// The `-f` patterns that matched nothing in the launched command (it may run what they
+    /// match: they are resolved again against each image it execs).
+    pub(crate) unmatched: Vec<Unmatched>,
 }
 
 /// A function whose calls the kernel decides on: its predicates, compiled, with their text.
@@ -153,11 +156,23 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         }
     }
 
-    let Selection { probes, functions, probe_paths, aliases, probe_summary, filters } = if want_calls {
-        select_functions(&options, &executables, &processes, &mut warnings)?
+    // A launched command may be a wrapper (a script, `sh -c`, `env`, `timeout`): what it runs
+    // is resolved as it is exec'd (see `record::follow`), so nothing matching in it is no error.
+    let scope = Scope { lenient: command.is_some(), ..Scope::PLAN };
+    let Selection { probes, functions, probe_paths, aliases, probe_summary, filters, unmatched } = if want_calls {
+        select_functions(&options, &executables, &processes, &mut warnings, scope)?
     } else {
         Selection::default()
     };
+    // (An executable whose functions could not be read was named in a warning already.)
+    for u in unmatched.iter().filter(|u| !u.modules.is_empty()) {
+        let close = match u.suggestions.is_empty() {
+            true => String::new(),
+            false => format!(" (did you mean {}?)", u.suggestions.join(", ")),
+        };
+        warnings
+            .push(format!("{} defines no function matching '{}'{close}: following its execs", u.modules, u.pattern));
+    }
     let usdt = select_usdt(&options, &executables, &processes, &mut warnings)?;
     let mut breakpoints = select_breakpoints(&options, &executables)?;
     warnings.append(&mut breakpoints.warnings);
@@ -180,6 +195,7 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         probe_summary,
         warnings,
         filters,
+        unmatched,
     })
 }
 
@@ -255,13 +271,49 @@ fn is_startup_code(name: &str) -> bool {
     STARTUP_CODE.contains(&name)
 }
 
+/// How [`select_functions`] resolves: at plan time (strict, or lenient for a launched command,
+/// which may be a wrapper), or against an image a traced process exec'd.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scope {
+    /// The first function's index (its cookie): the functions already probed come before.
+    pub first_function: u32,
+    /// An executable that is not an ELF file (a `#!` script) or defines no functions, and a
+    /// pattern that matches nothing, are not errors: the trace follows what the command executes.
+    pub lenient: bool,
+    /// An image a traced process exec'd: patterns naming a module (`libc.so.6:malloc`) were
+    /// resolved at start (a library's probes hold in every process) and are left out here.
+    pub exec_image: bool,
+}
+
+impl Scope {
+    const PLAN: Scope = Scope { first_function: 0, lenient: false, exec_image: false };
+}
+
+/// A `-f` pattern that matched no function of the images it was resolved against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Unmatched {
+    /// The pattern as given (with its predicate).
+    pub pattern: String,
+    /// The images it was resolved against, comma-separated.
+    pub modules: String,
+    /// The "did you mean" names.
+    pub suggestions: Vec<String>,
+}
+
+/// Whether a file's functions cannot be read because it is no program of its own: not an ELF
+/// file (a `#!` script) or one without function symbols (a stripped `dash`).
+fn is_not_a_program(e: &RecordError) -> bool {
+    matches!(e, RecordError::Symbols(SymbolError::NotElf { .. } | SymbolError::NoFunctions { .. }))
+}
+
 /// The functions to probe: those matching `--functions`, or every function of the main
 /// executables but their C runtime start-up code.
-fn select_functions(
+pub(crate) fn select_functions(
     options: &RecordOptions,
     executables: &[PathBuf],
     processes: &[Process],
     warnings: &mut Vec<String>,
+    scope: Scope,
 ) -> Result<Selection, RecordError> {
     let entry = options.events.contains(&EventKind::Call);
     let exit = options.events.contains(&EventKind::Return);
@@ -288,6 +340,41 @@ fn select_functions(
     let mut event_names: HashMap<(PathBuf, usize), String> = HashMap::new();
     // The predicate of the pattern that chose each function, if it has one.
     let mut predicates: HashMap<(PathBuf, usize), Predicates> = HashMap::new();
+    // Leniently, the executables whose functions cannot be read are left out with a warning.
+    let readable: Vec<PathBuf>;
+    let executables = if scope.lenient {
+        let mut kept = Vec::new();
+        for exe in executables {
+            match load(&mut tables, exe) {
+                Ok(_) => kept.push(exe.clone()),
+                // Without patterns, the default selection below says this itself.
+                Err(RecordError::Symbols(SymbolError::NoFunctions { .. })) if options.functions.is_empty() => {
+                    kept.push(exe.clone())
+                }
+                Err(RecordError::Symbols(e @ (SymbolError::NotElf { .. } | SymbolError::NoFunctions { .. })))
+                    if !scope.exec_image =>
+                {
+                    let what = match e {
+                        SymbolError::NotElf { .. } => "is not an ELF executable",
+                        _ => "defines no functions",
+                    };
+                    let then = if options.functions.is_empty() {
+                        "tracing its processes only"
+                    } else {
+                        "the function patterns are resolved against each program it executes"
+                    };
+                    warnings.push(format!("{} {what}: {then}", exe.display()));
+                }
+                Err(e) if is_not_a_program(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        readable = kept;
+        &readable[..]
+    } else {
+        executables
+    };
+    let mut unmatched: Vec<Unmatched> = Vec::new();
     let mut select = |module: &PathBuf, index: usize, name: &str, predicate: Option<&Predicates>| {
         let fresh = match chosen.get_mut(module) {
             Some(indexes) => indexes.insert(index),
@@ -331,6 +418,9 @@ fn select_functions(
             let (pattern_text, predicate) = filter::split(text)?;
             let predicate = Some(predicate).filter(|p| !p.is_empty());
             let pattern = FunctionPattern::parse(pattern_text)?;
+            if scope.exec_image && pattern.module.is_some() {
+                continue;
+            }
             let modules = match &pattern.module {
                 None => executables.to_vec(),
                 Some(spec) => {
@@ -353,7 +443,9 @@ fn select_functions(
                     matched += 1;
                 }
             }
-            if let (Some(glob), 0) = (&pattern.source, in_source) {
+            // At start, a source glob that matches no file of a program's DWARF is a mistake to
+            // say now; an exec'd image's is only unmatched (reported at the end).
+            if let (Some(glob), 0, false, false) = (&pattern.source, in_source, scope.exec_image, modules.is_empty()) {
                 let modules = modules.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ");
                 let known: Vec<&SourceFiles> = source_files.values().collect();
                 return Err(RecordError::NoSourceMatch {
@@ -367,7 +459,10 @@ fn select_functions(
                     modules.iter().flat_map(|m| tables[m].suggestions(pattern.name.as_str(), 5)).collect();
                 suggestions.truncate(5);
                 let modules = modules.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ");
-                return Err(RecordError::NoMatch { pattern: text.clone(), modules, suggestions });
+                if !scope.lenient {
+                    return Err(RecordError::NoMatch { pattern: text.clone(), modules, suggestions });
+                }
+                unmatched.push(Unmatched { pattern: text.clone(), modules, suggestions });
             }
         }
     }
@@ -444,7 +539,7 @@ fn select_functions(
         let table = &tables[&module];
         let f = &table.functions[index];
         let name = event_names.remove(&(module.clone(), index)).unwrap_or_else(|| f.name.clone());
-        let function = functions.len() as u32;
+        let function = scope.first_function + functions.len() as u32;
         let source = sources.remove(&(module.clone(), index)).map(Arc::new);
         let reads = |ret: bool| {
             let layout = source.as_ref().and_then(|s| s.layout.as_ref());
@@ -638,7 +733,7 @@ fn select_functions(
             plural(exit_sites, "ret and tail-jump site")
         ));
     }
-    Ok(Selection { probes, functions, probe_paths, aliases, probe_summary, filters })
+    Ok(Selection { probes, functions, probe_paths, aliases, probe_summary, filters, unmatched })
 }
 
 /// The probes on `f`'s exits (file offset, cookie, whether the return value is there to read),
@@ -761,14 +856,16 @@ impl SourceFiles {
 
 /// What [`select_functions`] chose.
 #[derive(Default)]
-struct Selection {
-    probes: Vec<ProbeSpec>,
-    functions: FunctionTable,
-    probe_paths: ProbePaths,
-    aliases: BTreeMap<String, Vec<String>>,
-    probe_summary: Option<ProbeSummary>,
+pub(crate) struct Selection {
+    pub probes: Vec<ProbeSpec>,
+    pub functions: FunctionTable,
+    pub probe_paths: ProbePaths,
+    pub aliases: BTreeMap<String, Vec<String>>,
+    pub probe_summary: Option<ProbeSummary>,
     /// The functions decided in the kernel.
-    filters: Vec<FilterSpec>,
+    pub filters: Vec<FilterSpec>,
+    /// The patterns that matched nothing (leniently; strictly they are errors).
+    pub unmatched: Vec<Unmatched>,
 }
 
 impl Plan {

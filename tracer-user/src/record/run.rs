@@ -33,6 +33,7 @@ use crate::{
     record::attach::loader::{FilterCounters, Kernel, LostCounters, raise_fd_limit},
     record::attach::{features::KernelFeatures, kernel_btf::KernelFacts},
     record::drain::{Batch, RingDrain},
+    record::follow::{ExecFollower, StoppedExec},
     record::kernel_log::KernelLog,
     record::resolve::targets::{self},
     sink::Sink,
@@ -55,6 +56,10 @@ fn without_randomization<T>(f: impl FnOnce() -> T) -> T {
     }
     result
 }
+
+/// Functions with predicates the kernel counts for, when exec'd images may add some: the size of
+/// its predicate map (`FILTERS` in tracer-ebpf/src/filter.rs).
+const FOLLOWED_FILTERS: u32 = 16384;
 
 /// How often the sink is flushed: with the reorder window, an event is in the file (safe from a
 /// `kill -9` of the tracer) about half a second after it happened.
@@ -79,6 +84,8 @@ impl Plan {
             usdt,
             filters,
             breakpoints,
+            executables,
+            unmatched,
             ..
         } = self;
         let mut warnings = Vec::new();
@@ -131,6 +138,9 @@ impl Plan {
         if events.contains(&EventKind::Watch) {
             enabled_kinds |= kind_bit(RecordKind::Watch);
         }
+        // Function patterns apply to every image the traced processes exec (see `follow`).
+        let want_calls = events.contains(&EventKind::Call) || events.contains(&EventKind::Return);
+        let resolve_execs = want_calls && !options.functions.is_empty();
         let config = Config {
             enabled_kinds,
             follow_children: options.follow_children as u32,
@@ -142,6 +152,8 @@ impl Plan {
             min_duration_ns: options.min_duration_ns,
             max_depth: options.depth.unwrap_or(0),
             start_off: !options.start_at.is_empty() as u32,
+            resolve_execs: resolve_execs as u32,
+            _pad0: 0,
             offsets: btf.offsets()?,
         };
         // A perf-event link per probe site where the kernel has no uprobe-multi links.
@@ -162,7 +174,14 @@ impl Plan {
             .collect();
         let spec_slots = first_break_cookie as usize + break_probes.len();
         raise_fd_limit(1024 + probes.len() as u64 + usdt.probes.len() as u64 + break_probes.len() as u64);
+        // Functions found in exec'd images may have predicates too: room for as many as the
+        // kernel's predicate map holds.
+        let later_filters = resolve_execs
+            && (options.min_duration_ns > 0
+                || options.functions.iter().any(|f| super::filter::split(f).is_ok_and(|(_, p)| !p.is_empty())));
         let filtered_functions = filters.iter().map(|f| f.function + 1).max().unwrap_or(1);
+        let filtered_functions =
+            if later_filters { filtered_functions.max(FOLLOWED_FILTERS) } else { filtered_functions };
         let gated = filters.iter().any(|f| f.gate.is_some());
         let mut kernel = Kernel::load_sized(&config, &features, ring_bytes, spec_slots, 1, filtered_functions, gated)?;
         // Started before any program is loaded, and kept for the whole run: its map's fd is in
@@ -272,9 +291,12 @@ impl Plan {
             }
         }
         kernel.attach_watchpoints(&watchpoints)?;
+        if resolve_execs {
+            kernel.prepare_uprobe_programs()?;
+        }
         let ring = kernel.take_ring()?;
         let lost = kernel.take_lost_counters()?;
-        let filter_counters = if filters.is_empty() {
+        let filter_counters = if filters.is_empty() && !later_filters {
             None
         } else {
             let named = filters.iter().map(|f| (functions[f.function as usize].name.to_string(), f.clone())).collect();
@@ -289,6 +311,19 @@ impl Plan {
         for p in &processes {
             kernel.trace_pid(p.pid)?;
         }
+        // The images resolved now: a traced process that execs one of them is not stopped.
+        let follower = if resolve_execs {
+            let mut follower = ExecFollower::new(options.clone(), &executables, unmatched, filtered_functions);
+            for exe in &executables {
+                if let Ok(id) = targets::FileId::of(exe) {
+                    kernel.mark_resolved(id.kernel_key())?;
+                    follower.resolved_at_start(id.kernel_key());
+                }
+            }
+            Some(follower)
+        } else {
+            None
+        };
         if let Some(child) = &child {
             kernel.trace_pid(child.pid())?;
         }
@@ -353,6 +388,7 @@ impl Plan {
             watchpoints: watchpoints.len(),
             progress: Arc::default(),
             warnings,
+            follower,
         })
     }
 }
@@ -388,6 +424,8 @@ pub struct Recording {
     progress: Arc<Progress>,
     /// Things found while attaching that do not stop the trace (the plan's are in [`Plan::warnings`]).
     pub warnings: Vec<String>,
+    /// With function patterns: resolves them against each image a traced process execs.
+    follower: Option<ExecFollower>,
 }
 
 /// What a recording has done so far, readable from elsewhere while [`Recording::run`] runs (a
@@ -475,7 +513,7 @@ impl Recording {
             mut kernel,
             ring,
             lost,
-            filter_counters,
+            mut filter_counters,
             min_duration_ns,
             kernel_log,
             mut assembler,
@@ -487,6 +525,7 @@ impl Recording {
             duration,
             kinds,
             progress,
+            mut follower,
             ..
         } = self;
         let mut pipeline = EventPipeline::new(kinds);
@@ -509,7 +548,14 @@ impl Recording {
                 _ = sleep_until(deadline) => break EndReason::Duration,
                 batch = drain.recv() => match batch {
                     Some(batch) => {
-                        push_batch(&batch, &mut assembler, &mut pipeline);
+                        let stops = push_batch(&batch, &mut assembler, &mut pipeline);
+                        if let Some(follower) = &mut follower {
+                            let mut no_filters = Vec::new();
+                            let filters = filter_counters.as_mut().map_or(&mut no_filters, |(_, named)| named);
+                            for stop in stops {
+                                follower.resolve(stop, &mut kernel, &mut assembler, filters);
+                            }
+                        }
                         pipeline.flush_ready(sink)?;
                         progress.events_written.store(pipeline.written, Ordering::Relaxed);
                     }
@@ -548,7 +594,12 @@ impl Recording {
         drop(kernel);
         drain.finish();
         while let Some(batch) = drain.recv().await {
-            push_batch(&batch, &mut assembler, &mut pipeline);
+            // Too late to attach anything: the processes stopped meanwhile are only continued.
+            for stop in push_batch(&batch, &mut assembler, &mut pipeline) {
+                if let Some(follower) = &mut follower {
+                    follower.release(stop);
+                }
+            }
         }
         drain.join()?;
         if let Some(log) = &mut kernel_log {
@@ -574,6 +625,7 @@ impl Recording {
             ipc: pipeline.ipc_stats(),
             hosts: Vec::new(),
             filters: filter_stats(filter_counters.as_ref(), min_duration_ns),
+            unmatched_functions: follower.as_ref().and_then(ExecFollower::unmatched),
         };
         sink.end(&end)?;
         let command_still_running = child_pid.filter(|_| command_exit.is_none());
@@ -634,9 +686,12 @@ pub(crate) fn wakeup_bytes(ring_bytes: u32) -> u64 {
     (ring_bytes as u64 / 8).min(1 << 20)
 }
 
-/// Turns a batch of records into events for the pipeline.
-fn push_batch(batch: &Batch, assembler: &mut EventAssembler, pipeline: &mut EventPipeline) {
+/// Turns a batch of records into events for the pipeline; returns the processes the kernel
+/// stopped at exec, for [`ExecFollower`].
+fn push_batch(batch: &Batch, assembler: &mut EventAssembler, pipeline: &mut EventPipeline) -> Vec<StoppedExec> {
+    let mut stops = Vec::new();
     for record in batch.records() {
+        stops.extend(StoppedExec::of(record));
         let e = assembler.assemble(record);
         for unwound in assembler.drain_unwound() {
             pipeline.push(unwound);
@@ -645,6 +700,7 @@ fn push_batch(batch: &Batch, assembler: &mut EventAssembler, pipeline: &mut Even
             pipeline.push(e);
         }
     }
+    stops
 }
 
 /// Whether any traced process still lives; forgets the ones that are gone (a process that exited

@@ -246,6 +246,19 @@ impl Kernel {
         }
     }
 
+    /// Makes the uprobe programs loadable later, once their maps have been taken out of the
+    /// object (`take_ring`, `take_lost_counters`): for probes attached while the trace runs (in
+    /// images the traced processes exec). Loading itself waits for the first probe.
+    pub fn prepare_uprobe_programs(&mut self) -> Result<(), LoadError> {
+        if self.program_object.is_none() {
+            self.program_object = Some(
+                uprobe_multi::ProgramObject::prepare(&self.ebpf, EBPF_OBJECT, self.features.attach)
+                    .map_err(LoadError::Load)?,
+            );
+        }
+        Ok(())
+    }
+
     /// Loads the uprobe programs `names` for this kernel's attach mechanism (see
     /// [`uprobe_multi::ProgramObject`]).
     fn load_uprobe_programs(&mut self, names: &[&'static str]) -> Result<Vec<OwnedFd>, String> {
@@ -489,6 +502,15 @@ impl Kernel {
         let map = self.ebpf.map_mut(names::TARGET_INODES).ok_or_else(|| load_error("TARGET_INODES map is missing"))?;
         let mut map: BpfHashMap<&mut MapData, InodeKey, u32> = BpfHashMap::try_from(map).map_err(load_error)?;
         map.insert(key, 1, 0).map_err(|e| LoadError::Map { map: names::TARGET_INODES, reason: e.to_string() })
+    }
+
+    /// Marks an image as resolved: a traced process that execs it is no longer stopped for
+    /// resolution (see `RESOLVED_IMAGES` in tracer-ebpf/src/maps.rs).
+    pub fn mark_resolved(&mut self, key: InodeKey) -> Result<(), LoadError> {
+        let map =
+            self.ebpf.map_mut(names::RESOLVED_IMAGES).ok_or_else(|| load_error("RESOLVED_IMAGES map is missing"))?;
+        let mut map: BpfHashMap<&mut MapData, InodeKey, u8> = BpfHashMap::try_from(map).map_err(load_error)?;
+        map.insert(key, 1, 0).map_err(|e| LoadError::Map { map: names::RESOLVED_IMAGES, reason: e.to_string() })
     }
 
     /// `--debug-kernel`: takes the programs' aya-log ring (keep it for the whole run).

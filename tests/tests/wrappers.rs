@@ -1,0 +1,122 @@
+//! Commands behind wrappers: `-f` patterns apply to every image the traced processes exec, so a
+//! program launched through a `#!` script, `sh -c`, `env`, `timeout` or `nice` is traced as if it
+//! were launched directly. `calls run 0` makes exactly 177 `fib` calls and exits 0.
+
+use std::{os::unix::fs::PermissionsExt as _, path::Path};
+
+use serde_json::Value;
+use tracer_tests::{Trace, fixture, record, temp_dir};
+
+/// A `#!/bin/sh` script in `dir` with `body`.
+fn script(dir: &Path, name: &str, body: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.display().to_string()
+}
+
+/// The file names of the trace's exec events, in order.
+fn execs(trace: &Trace) -> Vec<String> {
+    trace
+        .of_kind("spawn")
+        .filter(|e| e["how"] == "exec")
+        .map(|e| e["filename"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// `record -f fib -- COMMAND`: its run and trace, after checking that the command exited 0
+/// (it was not left stopped, nor broken by the stop).
+fn record_fib(dir: &Path, command: &[String]) -> (tracer_tests::Run, Trace) {
+    let mut args = vec!["-f".to_string(), "fib".to_string(), "--".to_string()];
+    args.extend(command.iter().cloned());
+    let (run, trace) = record(dir, &args);
+    assert_eq!(run.code(), 0, "{command:?}: {run:?}");
+    assert_eq!(trace.end["command_exit_code"], 0, "{command:?}: {}", trace.end);
+    (run, trace)
+}
+
+fn words(command: &[&str]) -> Vec<String> {
+    command.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn fib_is_traced_through_every_wrapper() {
+    let dir = temp_dir();
+    let calls = fixture("calls").display().to_string();
+    let run_line = format!("{calls} run 0");
+    let exec_script = script(dir.path(), "run.sh", &format!("exec {run_line}"));
+    let cases: Vec<(&str, Vec<String>, Vec<String>)> = vec![
+        ("direct", words(&[&calls, "run", "0"]), vec![calls.clone()]),
+        ("#! script that execs", vec![exec_script.clone()], vec![exec_script.clone(), calls.clone()]),
+        ("sh -c", words(&["sh", "-c", &run_line]), vec!["dash".into(), calls.clone()]),
+        ("env", words(&["env", &calls, "run", "0"]), vec!["env".into(), calls.clone()]),
+        ("timeout 30", words(&["timeout", "30", &calls, "run", "0"]), vec!["timeout".into(), calls.clone()]),
+        ("nice", words(&["nice", &calls, "run", "0"]), vec!["nice".into(), calls.clone()]),
+    ];
+    for (what, command, images) in cases {
+        let (run, trace) = record_fib(dir.path(), &command);
+        assert_eq!(trace.calls("fib").len(), 177, "{what}: {run:?}");
+        assert_eq!(trace.returns("fib").len(), 177, "{what}: {run:?}");
+        assert_eq!(trace.lost(), 0, "{what}");
+        // The exec events name the images (a wrapper found in PATH, by its file: sh is dash).
+        let named = execs(&trace);
+        for image in &images {
+            let found = named.iter().any(|n| n == image || n.ends_with(&format!("/{image}")));
+            assert!(found, "{what}: exec events {named:?} lack {image}");
+        }
+        // Every pattern matched somewhere: nothing to report at the end.
+        assert!(trace.end.get("unmatched_functions").is_none(), "{what}: {}", trace.end);
+    }
+}
+
+/// A script that runs the program twice (no exec: two children of the shell) gives both runs'
+/// calls: the second child execs an image already resolved, which is not stopped again.
+#[test]
+fn script_that_runs_the_program_twice() {
+    let dir = temp_dir();
+    let calls = fixture("calls").display().to_string();
+    let twice = script(dir.path(), "twice.sh", &format!("{calls} run 0\n{calls} run 0"));
+    let (run, trace) = record_fib(dir.path(), &[twice]);
+    assert_eq!(trace.calls("fib").len(), 354, "{run:?}");
+    assert_eq!(trace.returns("fib").len(), 354, "{run:?}");
+    let pids: std::collections::BTreeSet<u64> = trace.calls("fib").iter().map(|e| e["pid"].as_u64().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "two processes ran fib");
+    // The first run's image was stopped for resolution once; the second is not stopped.
+    let stops = trace.of_kind("signal").filter(|e| e["signal"]["name"] == "SIGSTOP" && e["delivered"] == true).count();
+    assert!(stops <= 2, "the shell and the first run of calls stop, no more: {stops}");
+}
+
+/// A pattern that matches nothing in any image is reported once at the end, with the images the
+/// trace saw, on stderr and in `trace_end`; the command still runs and the exit is its own (0).
+#[test]
+fn pattern_that_matches_nothing_anywhere_is_reported_at_the_end() {
+    let dir = temp_dir();
+    let calls = fixture("calls").display().to_string();
+    let command = words(&["-f", "nosuchfn", "--", "sh", "-c", &format!("{calls} run 0")]);
+    let (run, trace) = record(dir.path(), &command);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(trace.end["command_exit_code"], 0);
+    tracer_tests::check_schema(&trace.end).unwrap_or_else(|e| panic!("trace_end: {e}"));
+    let unmatched = &trace.end["unmatched_functions"];
+    assert_eq!(unmatched["patterns"], serde_json::json!(["nosuchfn"]), "{}", trace.end);
+    let images: Vec<&str> = unmatched["images"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert!(images.iter().any(|i| i.ends_with("/dash")), "{images:?}");
+    assert!(images.contains(&calls.as_str()), "{images:?}");
+    assert!(
+        run.stderr.contains("no function matching 'nosuchfn' in any program the trace saw"),
+        "said on stderr: {run:?}"
+    );
+    assert_eq!(trace.calls("nosuchfn").len(), 0);
+}
+
+/// Without function patterns nothing is resolved at exec, so nothing is ever stopped.
+#[test]
+fn without_patterns_nothing_is_stopped() {
+    let dir = temp_dir();
+    let calls = fixture("calls").display().to_string();
+    let (run, trace) = record(dir.path(), &words(&["--", "sh", "-c", &format!("{calls} run 0")]));
+    assert_eq!(run.code(), 0, "{run:?}");
+    let stops: Vec<&Value> = trace.of_kind("signal").filter(|e| e["signal"]["name"] == "SIGSTOP").collect();
+    assert!(stops.is_empty(), "{stops:?}");
+    assert!(execs(&trace).contains(&calls), "the exec is followed all the same");
+}

@@ -1,0 +1,255 @@
+//! Following execs: the function patterns apply to every image the traced processes exec, which
+//! is what a wrapper runs (`sh -c`, `env`, `timeout`, `nice`, a shim, a `#!` script's interpreter
+//! and the programs it starts). The kernel stops a traced process that execs an image not yet
+//! resolved, before the image's first instruction (`try_sched_exec` in tracer-ebpf/src/sched.rs).
+//! Here the patterns are resolved against the image as the command's own executable is at start
+//! (symbols, DWARF parameters, placement: [`select_functions`]), its probes are attached, the
+//! image is marked resolved (matched or not, so that it never stops a process again), and the
+//! process is continued.
+//!
+//! A stopped process is continued in every case: after an error (said once), when the recording
+//! ends (the records drained last are continued without resolving), and if this is dropped
+//! half-way (a panic).
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::PathBuf,
+};
+
+use tracer_common::{
+    InodeKey, RecordKind,
+    decode::{Record, decode},
+};
+
+use super::{
+    RecordError, RecordOptions,
+    plan::{FilterSpec, Scope, Unmatched, select_functions},
+};
+use crate::{
+    assemble::EventAssembler, event::UnmatchedFunctions, record::attach::loader::Kernel,
+    record::resolve::symbols::FunctionPattern,
+};
+
+/// Most "did you mean" names kept per report.
+const MAX_SUGGESTIONS: usize = 5;
+
+/// A process the kernel stopped at exec, and the image it exec'd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StoppedExec {
+    pub pid: u32,
+    pub image: InodeKey,
+}
+
+impl StoppedExec {
+    /// The stop an exec record announces, if it announces one.
+    pub fn of(bytes: &[u8]) -> Option<StoppedExec> {
+        // Only exec records are decoded a second time (the assembler decodes every record).
+        if bytes.len() < 4 || u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) != RecordKind::Exec as u32 {
+            return None;
+        }
+        match decode(bytes) {
+            Ok(Record::Exec(r)) if r.stopped != 0 => {
+                Some(StoppedExec { pid: r.header.pid, image: InodeKey { dev: r.dev, ino: r.ino } })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The function patterns, resolved against each new image as the traced processes exec it.
+pub(crate) struct ExecFollower {
+    options: RecordOptions,
+    /// The executables the trace saw, first seen first: the plan's, then each exec'd image.
+    images: Vec<String>,
+    /// The patterns that have matched nothing yet, with the names close to them.
+    unmatched: BTreeMap<String, Vec<String>>,
+    /// Images resolved (attached or found to match nothing): a process stopped for one of them
+    /// again (two processes at once, or `RESOLVED_IMAGES` full) is only continued.
+    resolved: HashSet<InodeKey>,
+    /// Messages said already: each is said once.
+    said: HashSet<String>,
+    /// Processes stopped and not continued yet.
+    stopped: Vec<u32>,
+    /// Functions whose predicate counters the kernel has room for (see `Kernel::load_sized`).
+    filter_capacity: u32,
+}
+
+impl ExecFollower {
+    /// `executables`: the images resolved at start; `unmatched`: the patterns that matched
+    /// nothing there.
+    pub fn new(
+        options: RecordOptions,
+        executables: &[PathBuf],
+        unmatched: Vec<Unmatched>,
+        filter_capacity: u32,
+    ) -> ExecFollower {
+        ExecFollower {
+            options,
+            images: executables.iter().map(|p| p.display().to_string()).collect(),
+            unmatched: unmatched.into_iter().map(|u| (u.pattern, u.suggestions)).collect(),
+            resolved: HashSet::new(),
+            said: HashSet::new(),
+            stopped: Vec::new(),
+            filter_capacity,
+        }
+    }
+
+    /// An image resolved at start: a process that execs it is not stopped.
+    pub fn resolved_at_start(&mut self, image: InodeKey) {
+        self.resolved.insert(image);
+    }
+
+    /// Resolves the patterns against the image `stop.pid` exec'd, attaches what matched, marks
+    /// the image resolved and continues the process. Never fails: what goes wrong is said once.
+    pub fn resolve(
+        &mut self,
+        stop: StoppedExec,
+        kernel: &mut Kernel,
+        assembler: &mut EventAssembler,
+        filters: &mut Vec<(String, FilterSpec)>,
+    ) {
+        self.stopped.push(stop.pid);
+        if self.resolved.insert(stop.image) {
+            if let Err(e) = self.attach_image(stop.pid, kernel, assembler, filters) {
+                self.say(format!(
+                    "the functions of the program process {} exec'd are not traced: {}",
+                    stop.pid,
+                    crate::errors::report(&e)
+                ));
+            }
+            if let Err(e) = kernel.mark_resolved(stop.image) {
+                // Full (1024 images): later processes are still stopped and continued at once.
+                self.say(format!("{}: each further exec of a new image is stopped briefly", crate::errors::report(&e)));
+            }
+        }
+        self.continue_all();
+    }
+
+    /// Continues a stopped process without resolving (the recording is ending).
+    pub fn release(&mut self, stop: StoppedExec) {
+        self.stopped.push(stop.pid);
+        self.continue_all();
+    }
+
+    /// The patterns that matched nothing in any image the trace saw.
+    pub fn unmatched(&self) -> Option<Box<UnmatchedFunctions>> {
+        if self.unmatched.is_empty() {
+            return None;
+        }
+        let mut suggestions: Vec<String> = Vec::new();
+        for s in self.unmatched.values().flatten() {
+            if !suggestions.contains(s) && suggestions.len() < MAX_SUGGESTIONS {
+                suggestions.push(s.clone());
+            }
+        }
+        Some(Box::new(UnmatchedFunctions {
+            patterns: self.unmatched.keys().cloned().collect(),
+            images: self.images.clone(),
+            suggestions,
+        }))
+    }
+
+    fn attach_image(
+        &mut self,
+        pid: u32,
+        kernel: &mut Kernel,
+        assembler: &mut EventAssembler,
+        filters: &mut Vec<(String, FilterSpec)>,
+    ) -> Result<(), RecordError> {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map_err(|source| crate::record::resolve::targets::TargetError::Inspect { pid, source })?;
+        let name = exe.display().to_string();
+        if !self.images.contains(&name) {
+            self.images.push(name);
+        }
+        let first_function = assembler.function_count();
+        let scope = Scope { first_function, lenient: true, exec_image: true };
+        let mut warnings = Vec::new();
+        let selection = select_functions(&self.options, std::slice::from_ref(&exe), &[], &mut warnings, scope)?;
+        for w in warnings {
+            self.say(w);
+        }
+        // The patterns resolved here (those naming no module) that matched.
+        let not_here: HashSet<&str> = selection.unmatched.iter().map(|u| u.pattern.as_str()).collect();
+        for text in &self.options.functions {
+            let names_module = super::filter::split(text)
+                .ok()
+                .and_then(|(p, _)| FunctionPattern::parse(p).ok())
+                .is_some_and(|p| p.module.is_some());
+            if names_module {
+                continue;
+            }
+            if !not_here.contains(text.as_str()) {
+                self.unmatched.remove(text);
+            }
+        }
+        for u in &selection.unmatched {
+            if let Some(known) = self.unmatched.get_mut(&u.pattern) {
+                for s in &u.suggestions {
+                    if !known.contains(s) {
+                        known.push(s.clone());
+                    }
+                }
+            }
+        }
+        if selection.functions.is_empty() {
+            return Ok(());
+        }
+        for spec in &selection.filters {
+            if spec.function >= self.filter_capacity {
+                return Err(RecordError::TooManyProbes {
+                    count: spec.function as usize + 1,
+                    max: self.filter_capacity as usize,
+                });
+            }
+            if let Some((program, _)) = &spec.entry {
+                kernel.set_filter(spec.function, *program)?;
+            }
+            if let Some((program, _)) = &spec.ret {
+                kernel.set_filter(tracer_common::filter::ret_key(spec.function), *program)?;
+            }
+            let name = selection.functions[(spec.function - first_function) as usize].name.to_string();
+            filters.push((name, spec.clone()));
+        }
+        for (i, f) in selection.functions.iter().enumerate() {
+            if let Some(layout) = f.source.as_ref().and_then(|s| s.layout.as_ref())
+                && layout.probe.reads_memory()
+            {
+                kernel.set_layout(first_function + i as u32, layout.probe.to_bytes())?;
+            }
+        }
+        let failures = kernel.attach_functions(&selection.probes)?;
+        if let Some(first) = failures.first() {
+            let function = tracer_common::cookie::function(first.cookie) - first_function;
+            self.say(format!(
+                "{} probes in {} could not be attached (first: {}: {})",
+                failures.len(),
+                exe.display(),
+                selection.functions[function as usize].name,
+                first.reason
+            ));
+        }
+        assembler.add_functions(selection.functions);
+        Ok(())
+    }
+
+    fn say(&mut self, message: String) {
+        if self.said.insert(message.clone()) {
+            tracing::warn!("{message}");
+        }
+    }
+
+    fn continue_all(&mut self) {
+        for pid in self.stopped.drain(..) {
+            // A process gone meanwhile (killed) needs nothing.
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+}
+
+impl Drop for ExecFollower {
+    /// The tracer never leaves a target process stopped.
+    fn drop(&mut self) {
+        self.continue_all();
+    }
+}
