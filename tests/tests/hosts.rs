@@ -403,19 +403,20 @@ fn a_trace_of_two_hosts_with_the_same_pid_is_two_processes_everywhere() {
     export(&trace, &pftrace);
     let packets = tracer_tests::perfetto::read(&pftrace);
     let mut process_of_track: BTreeMap<u64, i32> = BTreeMap::new();
-    let mut process_tracks: Vec<i32> = Vec::new();
+    // A process's track is described again when it is renamed: the last name stays.
+    let mut process_tracks: BTreeMap<i32, String> = BTreeMap::new();
     for p in &packets {
         if let Some(trace_packet::Data::TrackDescriptor(d)) = &p.data {
             if let Some(process) = &d.process {
-                process_tracks.push(process.pid());
+                process_tracks.insert(process.pid(), process.process_name().to_string());
             }
             if let Some(thread) = &d.thread {
                 process_of_track.insert(d.uuid(), thread.pid());
             }
         }
     }
-    process_tracks.sort();
-    assert_eq!(process_tracks, [7, b_pid as i32], "Perfetto process tracks");
+    let b_name = ("b: db").to_string();
+    assert_eq!(process_tracks, BTreeMap::from([(7, "web".to_string()), (b_pid as i32, b_name)]), "Perfetto");
     let mut per_process: BTreeMap<u64, BTreeMap<String, u64>> = BTreeMap::new();
     for p in &packets {
         if let Some(trace_packet::Data::TrackEvent(e)) = &p.data
