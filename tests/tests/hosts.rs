@@ -300,3 +300,163 @@ fn a_tracer_in_another_pid_namespace_is_refused() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.starts_with("tracer: error: tracer must run in the initial pid namespace"), "{stderr}");
 }
+
+/// A merged trace whose start lists no hosts (written by hand, or by another tool) but whose
+/// events come from two, each with a process 7 whose thread 7 makes different calls: `serve` once
+/// on a, `query` twice (nested) on b. Every analysis and export keeps them two processes with
+/// their own calls: a keeps its ids and names, b's move into the second range, named `b: …`.
+#[test]
+fn a_trace_of_two_hosts_with_the_same_pid_is_two_processes_everywhere() {
+    let dir = temp_dir();
+    let trace = dir.path().join("two.jsonl");
+    let on = |host: &str, kind: &str, ts: u64, function: &str, rest: &str| {
+        format!(
+            r#"{{"kind":"{kind}","ts":{ts},"host":"{host}","pid":7,"tid":7,"function":"{function}","module":"/bin/x",{rest}}}"#
+        )
+    };
+    let (call, ret) = (r#""args":[0,0,0,0,0,0]"#, r#""retval":0"#);
+    let lines = [
+        r#"{"kind":"trace_start","format_version":1,"host":"a","tracer_version":"0.1.0","ts":1000000000,"clock":{"source":"test","offset_ns":0,"uncertainty_ns":0},"targets":[],"probes":2,"events":["call","return"],"follow_children":true}"#.to_string(),
+        on("a", "call", 1000001000, "serve", call),
+        on("b", "call", 1000001500, "query", call),
+        on("b", "call", 1000001600, "query", call),
+        on("b", "return", 1000001700, "query", &format!("{ret},\"duration_ns\":100")),
+        on("a", "return", 1000005000, "serve", &format!("{ret},\"duration_ns\":4000")),
+        on("b", "return", 1000009000, "query", &format!("{ret},\"duration_ns\":7500")),
+        r#"{"kind":"exit","ts":1000009500,"host":"a","pid":7,"tid":7,"exit_code":0,"signal":null,"thread":false,"comm":"web"}"#.to_string(),
+        r#"{"kind":"exit","ts":1000009600,"host":"b","pid":7,"tid":7,"exit_code":3,"signal":null,"thread":false,"comm":"db"}"#.to_string(),
+        r#"{"kind":"trace_end","ts":1000010000,"reason":"duration","events_written":8,"lost_events":{},"calls_without_return_probe":0,"command_exit_code":null,"ipc":{"sends":0,"recvs":0,"linked_recvs":0,"unlinked_recvs":0,"linked_signals":0}}"#.to_string(),
+    ];
+    std::fs::write(&trace, lines.join("\n") + "\n").unwrap();
+    let b_pid = PID_SPACE + 7;
+
+    // report: each host's process with its own exact counts.
+    let run = tracer(&["report".as_ref(), trace.as_os_str(), "--by-process".as_ref(), "--json".as_ref()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    let mut functions: Vec<String> = report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| format!("{} {} {} {}", f["pid"], f["process"], f["function"], f["calls"]))
+        .collect();
+    functions.sort();
+    assert_eq!(functions, [format!("{b_pid} \"b: db\" \"query\" 2"), "7 \"web\" \"serve\" 1".to_string()]);
+    let mut processes: Vec<String> = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| format!("{} {} {}", p["pid"], p["name"], p["exit_code"]))
+        .collect();
+    processes.sort();
+    assert_eq!(processes, [format!("{b_pid} \"b: db\" 3"), "7 \"web\" 0".to_string()]);
+    let run = tracer(&["report".as_ref(), trace.as_os_str(), "--json".as_ref()]);
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    let calls: BTreeMap<String, u64> = report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["function"].as_str().unwrap().to_string(), u64_field(f, "calls")))
+        .collect();
+    assert_eq!(calls, BTreeMap::from([("query".to_string(), 2), ("serve".to_string(), 1)]));
+
+    // calls: one tree per host's thread, b's calls not under a's (printed as they end: before the
+    // exits name the processes).
+    let run = tracer(&["calls".as_ref(), trace.as_os_str()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let trees: Vec<&str> = run.stdout.split_inclusive('\n').collect();
+    let tree_of = |header: &str| -> String {
+        let at = trees.iter().position(|l| l.starts_with(header)).unwrap_or_else(|| panic!("{header}: {}", run.stdout));
+        trees[at + 1..].iter().take_while(|l| l.starts_with('+')).copied().collect()
+    };
+    let a = tree_of("pid 7, thread 7:");
+    let b = tree_of(&format!("pid {b_pid}, thread {b_pid}:"));
+    assert_eq!((a.matches("serve").count(), a.matches("query").count()), (1, 0), "a: {}", run.stdout);
+    assert_eq!((b.matches("query").count(), b.matches("serve").count()), (2, 0), "b: {}", run.stdout);
+
+    // Chrome: two processes, each with its own slices.
+    let chrome = dir.path().join("two.json");
+    export(&trace, &chrome);
+    let file: Value = serde_json::from_str(&read(&chrome)).unwrap();
+    let mut slices: BTreeMap<u64, BTreeMap<String, u64>> = BTreeMap::new();
+    for e in file["traceEvents"].as_array().unwrap() {
+        if e["ph"] == "X" || e["ph"] == "B" {
+            *slices.entry(u64_field(e, "pid")).or_default().entry(e["name"].as_str().unwrap().into()).or_default() += 1;
+        }
+    }
+    let expected = BTreeMap::from([
+        (7, BTreeMap::from([("serve".to_string(), 1)])),
+        (b_pid, BTreeMap::from([("query".to_string(), 2)])),
+    ]);
+    assert_eq!(slices, expected, "Chrome");
+    let names: BTreeMap<u64, &str> = file["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .map(|e| (u64_field(e, "pid"), e["args"]["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(names, BTreeMap::from([(7, "web"), (b_pid, "b: db")]), "Chrome process names");
+
+    // Perfetto: two process tracks, slices counted by their thread's process.
+    let pftrace = dir.path().join("two.pftrace");
+    export(&trace, &pftrace);
+    let packets = tracer_tests::perfetto::read(&pftrace);
+    let mut process_of_track: BTreeMap<u64, i32> = BTreeMap::new();
+    // A process's track is described again when it is renamed: the last name stays.
+    let mut process_tracks: BTreeMap<i32, String> = BTreeMap::new();
+    for p in &packets {
+        if let Some(trace_packet::Data::TrackDescriptor(d)) = &p.data {
+            if let Some(process) = &d.process {
+                process_tracks.insert(process.pid(), process.process_name().to_string());
+            }
+            if let Some(thread) = &d.thread {
+                process_of_track.insert(d.uuid(), thread.pid());
+            }
+        }
+    }
+    let b_name = ("b: db").to_string();
+    assert_eq!(process_tracks, BTreeMap::from([(7, "web".to_string()), (b_pid as i32, b_name)]), "Perfetto");
+    let mut per_process: BTreeMap<u64, BTreeMap<String, u64>> = BTreeMap::new();
+    for p in &packets {
+        if let Some(trace_packet::Data::TrackEvent(e)) = &p.data
+            && e.r#type() == track_event::Type::SliceBegin
+        {
+            let process = process_of_track[&e.track_uuid()] as u64;
+            let Some(track_event::NameField::Name(name)) = &e.name_field else { panic!("a slice without a name") };
+            *per_process.entry(process).or_default().entry(name.clone()).or_default() += 1;
+        }
+    }
+    assert_eq!(per_process, expected, "Perfetto");
+
+    // speedscope: a profile per host's thread, each with its own calls (unnamed: written as the
+    // calls end, before the exits name the processes).
+    let speedscope = dir.path().join("two.speedscope.json");
+    export(&trace, &speedscope);
+    let file: Value = serde_json::from_str(&read(&speedscope)).unwrap();
+    let frames = file["shared"]["frames"].as_array().unwrap();
+    let mut profiles: Vec<(String, Vec<String>)> = file["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let opened = p["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["type"] == "O")
+                .map(|e| frames[e["frame"].as_u64().unwrap() as usize]["name"].as_str().unwrap().to_string())
+                .collect();
+            (p["name"].as_str().unwrap().to_string(), opened)
+        })
+        .collect();
+    profiles.sort();
+    assert_eq!(
+        profiles,
+        [
+            (format!("? {b_pid}/{b_pid}"), vec!["query".to_string(), "query".to_string()]),
+            ("? 7/7".to_string(), vec!["serve".to_string()]),
+        ],
+        "speedscope"
+    );
+}

@@ -37,7 +37,7 @@ use tracer_user::{
     },
     event::host,
     event::{EndReason, EventKind, TraceEnd, why_lost},
-    export::{Format, input, jsonl, otlp},
+    export::{Format, hosts::HostGrouping, input, jsonl, otlp},
     output_file::OutputFile,
     record::{self, RecordOptions, attach::launch::Start},
     sink::Sink,
@@ -754,9 +754,10 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 fn report(args: ReportArgs) -> anyhow::Result<i32> {
-    let mut builder = ReportBuilder::new(args.by_process);
+    // Two hosts' pid 7 are two processes: grouped by host, as the visual exports are.
+    let mut builder = HostGrouping::new(ReportBuilder::new(args.by_process));
     replay(&args.input, open_trace(&args.input)?, &mut builder)?;
-    let mut report = builder.into_report().context("the trace has no end")?;
+    let mut report = builder.into_inner().into_report().context("the trace has no end")?;
     stats::sort_functions(&mut report.functions, args.sort);
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -785,9 +786,9 @@ fn calls(args: CallsArgs) -> anyhow::Result<i32> {
         max_depth: args.max_depth,
     };
     let trace = open_trace(&args.input)?;
-    let mut printer = CallPrinter::new(std::io::BufWriter::new(std::io::stdout().lock()), filter);
+    let mut printer = HostGrouping::new(CallPrinter::new(std::io::BufWriter::new(std::io::stdout().lock()), filter));
     replay(&args.input, trace, &mut printer)?;
-    if let Some(missing) = printer.not_in_trace() {
+    if let Some(missing) = printer.into_inner().not_in_trace() {
         bail!("{}: {missing}", args.input.display());
     }
     Ok(0)

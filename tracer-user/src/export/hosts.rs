@@ -1,14 +1,19 @@
-//! Several hosts in one visual trace. Process and thread ids are unique only within a host, so for
-//! the visual formats each host's ids move into a range of their own (host `i` of
-//! `trace_start.hosts` adds `i * 2^22`, above any Linux pid) and process and thread names start
-//! with the host's name: each host's processes sort together, under its name. A single-host trace
-//! passes through as is.
+//! Several hosts in one trace. Process and thread ids are unique only within a host, so for the
+//! visual formats and the analyses (`report`, `calls`) each host's ids move into a range of their
+//! own (host `i` adds `i * 2^22`, above any Linux pid) and process names start with the host's
+//! name: each host's processes sort together, under its name, and two hosts' pid 7 are two
+//! processes. A single-host trace passes through as is, byte for byte.
+//!
+//! Hosts are numbered by `trace_start.hosts` when it lists several (a collector's trace). A trace
+//! whose start lists none but whose events name several hosts (merged by hand, or written by
+//! another tool) is grouped as its events come: the first host seen keeps its ids and names, each
+//! other host gets the next range and its name before its processes'.
 //!
 //! Events name their host, so the names must tell the hosts apart: a `trace_start.hosts` that
 //! names a host twice (the collector never writes one; a file edited by hand may) is refused
 //! rather than drawn with two hosts' processes mixed in one range.
 
-use std::{collections::HashMap, io};
+use std::{collections::HashMap, io, sync::Arc};
 
 use crate::event::data;
 
@@ -25,16 +30,36 @@ pub struct HostGrouping<S> {
     /// Each host's index in `trace_start.hosts`, by name; a host the start does not list gets
     /// the next free index.
     hosts: HashMap<String, u32>,
+    /// The start listed several hosts: every host's processes are named, the first's too.
+    listed: bool,
+    /// The host of the last event and its index (events come in long runs from one host: this
+    /// spares a lookup per event).
+    last: Option<(Arc<str>, u32)>,
 }
 
 impl<S: Sink> HostGrouping<S> {
     pub fn new(inner: S) -> Self {
-        HostGrouping { inner, hosts: HashMap::new() }
+        HostGrouping { inner, hosts: HashMap::new(), listed: false, last: None }
     }
 
-    fn index(&mut self, host: &str) -> u32 {
+    /// The sink the events went to.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    fn index(&mut self, host: &Arc<str>) -> u32 {
+        if let Some((last, index)) = &self.last
+            && (Arc::ptr_eq(last, host) || last == host)
+        {
+            return *index;
+        }
         let next = self.hosts.len() as u32;
-        *self.hosts.entry(host.to_string()).or_insert(next)
+        let index = match self.hosts.get(&**host) {
+            Some(&index) => index,
+            None => *self.hosts.entry(host.to_string()).or_insert(next),
+        };
+        self.last = Some((host.clone(), index));
+        index
     }
 }
 
@@ -49,6 +74,7 @@ impl<S: Sink> Sink for HostGrouping<S> {
         if start.hosts.len() < 2 {
             return self.inner.begin(start);
         }
+        self.listed = true;
         let mut start = start.clone();
         for (i, h) in start.hosts.iter().enumerate() {
             if self.hosts.insert(h.name.clone(), i as u32).is_some() {
@@ -79,10 +105,11 @@ impl<S: Sink> Sink for HostGrouping<S> {
     }
 
     fn event(&mut self, event: &Event) -> io::Result<()> {
-        if self.hosts.len() < 2 {
+        let index = self.index(&event.host);
+        if index == 0 && !self.listed {
             return self.inner.event(event);
         }
-        let offset = self.index(&event.host) * PID_SPACE;
+        let offset = index * PID_SPACE;
         let host = event.host.clone();
         let mut e = event.clone();
         e.pid += offset;
@@ -204,6 +231,21 @@ mod tests {
         let mut g = HostGrouping::new(CallbackSink::new(|_: &Event| {}));
         let err = g.begin(&start(&["a", "a"])).unwrap_err();
         assert_eq!(err.to_string(), "trace_start.hosts names host a twice: its hosts cannot be told apart");
+    }
+
+    #[test]
+    fn a_start_that_lists_no_hosts_is_grouped_as_its_events_come() {
+        let out = group(&start(&[]), &[spawn("a"), spawn("b"), spawn("a")]);
+        let ids: Vec<u32> = out.iter().map(|e| e.pid).collect();
+        assert_eq!(ids, [10, PID_SPACE + 10, 10]);
+        let comms: Vec<&str> = out
+            .iter()
+            .map(|e| match &e.data {
+                EventData::Spawn(data::Spawn { comm, .. }) => comm.as_str(),
+                _ => panic!(),
+            })
+            .collect();
+        assert_eq!(comms, ["srv", "b: srv", "srv"], "the first host keeps its names");
     }
 
     #[test]
