@@ -100,5 +100,5 @@ fn native_torn_trace_is_read_with_a_warning() {
     std::fs::write(&native, b"\x89TRACER\n\x07\0\0\0").unwrap();
     let run = tracer(&["report", &s(&native)]);
     assert_eq!(run.code(), 1, "{run:?}");
-    assert!(run.stderr.contains("not a native trace: native format version 7, this tracer reads 2"), "{}", run.stderr);
+    assert!(run.stderr.contains("not a native trace: native format version 7, this tracer reads 3"), "{}", run.stderr);
 }
