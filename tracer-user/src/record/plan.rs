@@ -491,7 +491,9 @@ pub(crate) fn select_functions(
                     matched += 1;
                 }
             }
-            if matched == 0 {
+            // Checked once, at start: an image exec'd later that lacks a trigger function still
+            // has its `-f` functions traced.
+            if matched == 0 && !scope.exec_image {
                 let modules = modules.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ");
                 return Err(RecordError::NoTriggerMatch { option, pattern: text.clone(), modules });
             }
