@@ -309,25 +309,7 @@ fn a_tracer_in_another_pid_namespace_is_refused() {
 fn a_trace_of_two_hosts_with_the_same_pid_is_two_processes_everywhere() {
     let dir = temp_dir();
     let trace = dir.path().join("two.jsonl");
-    let on = |host: &str, kind: &str, ts: u64, function: &str, rest: &str| {
-        format!(
-            r#"{{"kind":"{kind}","ts":{ts},"host":"{host}","pid":7,"tid":7,"function":"{function}","module":"/bin/x",{rest}}}"#
-        )
-    };
-    let (call, ret) = (r#""args":[0,0,0,0,0,0]"#, r#""retval":0"#);
-    let lines = [
-        r#"{"kind":"trace_start","format_version":1,"host":"a","tracer_version":"0.1.0","ts":1000000000,"clock":{"source":"test","offset_ns":0,"uncertainty_ns":0},"targets":[],"probes":2,"events":["call","return"],"follow_children":true}"#.to_string(),
-        on("a", "call", 1000001000, "serve", call),
-        on("b", "call", 1000001500, "query", call),
-        on("b", "call", 1000001600, "query", call),
-        on("b", "return", 1000001700, "query", &format!("{ret},\"duration_ns\":100")),
-        on("a", "return", 1000005000, "serve", &format!("{ret},\"duration_ns\":4000")),
-        on("b", "return", 1000009000, "query", &format!("{ret},\"duration_ns\":7500")),
-        r#"{"kind":"exit","ts":1000009500,"host":"a","pid":7,"tid":7,"exit_code":0,"signal":null,"thread":false,"comm":"web"}"#.to_string(),
-        r#"{"kind":"exit","ts":1000009600,"host":"b","pid":7,"tid":7,"exit_code":3,"signal":null,"thread":false,"comm":"db"}"#.to_string(),
-        r#"{"kind":"trace_end","ts":1000010000,"reason":"duration","events_written":8,"lost_events":{},"calls_without_return_probe":0,"command_exit_code":null,"ipc":{"sends":0,"recvs":0,"linked_recvs":0,"unlinked_recvs":0,"linked_signals":0}}"#.to_string(),
-    ];
-    std::fs::write(&trace, lines.join("\n") + "\n").unwrap();
+    tracer_tests::write_two_host_trace(&trace);
     let b_pid = PID_SPACE + 7;
 
     // report: each host's process with its own exact counts.

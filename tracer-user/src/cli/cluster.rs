@@ -200,9 +200,9 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
                 max_probes: args.trace.max_probes as u32,
                 capture_bytes: args.trace.capture_bytes,
                 string_size: args.trace.string_size,
-                start_at: args.trace.start_at.clone(),
-                stop_at: args.trace.stop_at.clone(),
-                depth: args.trace.depth.unwrap_or(0),
+                start_at: args.trace.triggers.start_at.clone(),
+                stop_at: args.trace.triggers.stop_at.clone(),
+                depth: args.trace.triggers.depth.unwrap_or(0),
                 ..Default::default()
             };
             (a.name.clone(), request)

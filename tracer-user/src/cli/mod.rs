@@ -153,20 +153,8 @@ pub struct TraceOptions {
     /// 'src/net.c:*'. Default: every function of the main executable.
     #[arg(short, long = "functions", value_name = "PATTERN")]
     pub functions: Vec<String>,
-    /// On each thread, write function calls only from its entry into a function matching this
-    /// pattern on, that call included (repeatable, or a comma list; patterns as -f's, probed
-    /// even if no -f names them): uftrace's trace_on. Decided in the kernel.
-    #[arg(long, value_name = "PATTERN", value_delimiter = ',')]
-    pub start_at: Vec<String>,
-    /// When a thread enters a function matching this pattern, stop writing its function calls
-    /// (that call included) until it enters a --start-at function (repeatable, or a comma list):
-    /// uftrace's trace_off. With --stop-at alone, threads start writing.
-    #[arg(long, value_name = "PATTERN", value_delimiter = ',')]
-    pub stop_at: Vec<String>,
-    /// Write only the native calls nested at most N traced calls deep on their thread (1: only
-    /// the outermost traced calls; 1 to 64), with their returns. Decided in the kernel.
-    #[arg(long, value_name = "N")]
-    pub depth: Option<u32>,
+    #[command(flatten)]
+    pub triggers: Triggers,
     /// USDT probes to trace (repeatable): [MODULE:]PROVIDER:NAME with globs, in the targets and
     /// their libraries, e.g. 'libc:setjmp', 'libstdc++.so.6:libstdcxx:throw'.
     #[arg(short, long = "usdt", value_name = "PATTERN")]
@@ -208,6 +196,26 @@ pub struct TraceOptions {
     pub pcap_events: bool,
     #[command(flatten)]
     pub otlp: OtlpOptions,
+}
+
+/// Triggers and depth (`record`, `collect`, `top`): which calls of each thread are written (or,
+/// in `top`, timed). Decided in the kernel.
+#[derive(Args, Clone, Debug, Default)]
+pub struct Triggers {
+    /// On each thread, take function calls only from its entry into a function matching this
+    /// pattern on, that call included (repeatable, or a comma list; patterns as -f's, probed
+    /// even if no -f names them): uftrace's trace_on.
+    #[arg(long, value_name = "PATTERN", value_delimiter = ',')]
+    pub start_at: Vec<String>,
+    /// When a thread enters a function matching this pattern, stop taking its function calls
+    /// (that call included) until it enters a --start-at function (repeatable, or a comma list):
+    /// uftrace's trace_off. With --stop-at alone, threads start taking calls.
+    #[arg(long, value_name = "PATTERN", value_delimiter = ',')]
+    pub stop_at: Vec<String>,
+    /// Take only the native calls nested at most N traced calls deep on their thread (1: only
+    /// the outermost traced calls; 1 to 64), with their returns.
+    #[arg(long, value_name = "N")]
+    pub depth: Option<u32>,
 }
 
 /// Sending the trace to an OpenTelemetry collector as well.
@@ -534,9 +542,9 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         return_probes: args.returns,
         no_sleepable: args.no_sleepable,
         min_duration_ns: args.min_duration.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-        start_at: args.trace.start_at,
-        stop_at: args.trace.stop_at,
-        depth: args.trace.depth,
+        start_at: args.trace.triggers.start_at,
+        stop_at: args.trace.triggers.stop_at,
+        depth: args.trace.triggers.depth,
         // With `-o -`, standard output is the trace: the command's goes to stderr.
         start: if args.output == Path::new("-") { Start::InheritStdoutToStderr } else { Start::Inherit },
     };

@@ -34,18 +34,8 @@ pub struct TopArgs {
     /// executable.
     #[arg(short, long = "functions", value_name = "PATTERN")]
     pub functions: Vec<String>,
-    /// On each thread, time function calls only from its entry into a function matching this
-    /// pattern on, that call included (repeatable, or a comma list; probed even if no -f names
-    /// them), as `record --start-at`.
-    #[arg(long, value_name = "PATTERN", value_delimiter = ',')]
-    pub start_at: Vec<String>,
-    /// When a thread enters a function matching this pattern, stop timing its calls (that call
-    /// included) until it enters a --start-at function, as `record --stop-at`.
-    #[arg(long, value_name = "PATTERN", value_delimiter = ',')]
-    pub stop_at: Vec<String>,
-    /// Time only the calls nested at most N timed calls deep on their thread (1 to 64).
-    #[arg(long, value_name = "N")]
-    pub depth: Option<u32>,
+    #[command(flatten)]
+    pub triggers: super::Triggers,
     /// Time between updates: 1.5 (seconds), 500ms.
     #[arg(short, long, value_name = "DURATION", value_parser = values::duration, default_value = "1")]
     pub interval: Duration,
@@ -80,9 +70,9 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
         binaries: args.binaries,
         command: args.command,
         functions: args.functions,
-        start_at: args.start_at,
-        stop_at: args.stop_at,
-        depth: args.depth,
+        start_at: args.triggers.start_at,
+        stop_at: args.triggers.stop_at,
+        depth: args.triggers.depth,
         follow_children: !args.no_follow,
         duration: args.duration,
         max_probes: args.max_probes,
