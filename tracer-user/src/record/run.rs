@@ -541,52 +541,59 @@ impl Recording {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(stop);
 
-        let reason = loop {
-            tokio::select! {
-                biased;
-                reason = &mut stop => break reason,
-                _ = sleep_until(deadline) => break EndReason::Duration,
-                batch = drain.recv() => match batch {
-                    Some(batch) => {
-                        let stops = push_batch(&batch, &mut assembler, &mut pipeline);
-                        if let Some(follower) = &mut follower {
-                            let mut no_filters = Vec::new();
-                            let filters = filter_counters.as_mut().map_or(&mut no_filters, |(_, named)| named);
-                            for stop in stops {
-                                follower.resolve(stop, &mut kernel, &mut assembler, filters);
+        // The loop's errors (a reader that went away, a full disk) are returned only after the
+        // teardown below, whose final drain continues the processes the kernel stopped at exec
+        // meanwhile: an error must not leave a traced process stopped.
+        let looped: Result<EndReason, RecordError> = async {
+            Ok(loop {
+                tokio::select! {
+                    biased;
+                    reason = &mut stop => break reason,
+                    _ = sleep_until(deadline) => break EndReason::Duration,
+                    batch = drain.recv() => match batch {
+                        Some(batch) => {
+                            let stops = push_batch(&batch, &mut assembler, &mut pipeline);
+                            if let Some(follower) = &mut follower {
+                                let mut no_filters = Vec::new();
+                                let filters = filter_counters.as_mut().map_or(&mut no_filters, |(_, named)| named);
+                                for stop in stops {
+                                    follower.resolve(stop, &mut kernel, &mut assembler, filters);
+                                }
                             }
+                            pipeline.flush_ready(sink)?;
+                            progress.events_written.store(pipeline.written, Ordering::Relaxed);
                         }
-                        pipeline.flush_ready(sink)?;
+                        // Its own error, if any, comes from `join` after the teardown.
+                        None => return Err(std::io::Error::other("the ring-buffer drain stopped").into()),
+                    },
+                    ready = kernel_log::forward(&mut kernel_log) => ready?,
+                    _ = tick.tick() => {
+                        pipeline.flush_older_than(clock.now_unix_ns().saturating_sub(REORDER_WINDOW_NS), sink)?;
                         progress.events_written.store(pipeline.written, Ordering::Relaxed);
-                    }
-                    None => return Err(drain.join().err().unwrap_or_else(|| std::io::Error::other("the ring-buffer drain stopped")).into()),
-                },
-                ready = kernel_log::forward(&mut kernel_log) => ready?,
-                _ = tick.tick() => {
-                    pipeline.flush_older_than(clock.now_unix_ns().saturating_sub(REORDER_WINDOW_NS), sink)?;
-                    progress.events_written.store(pipeline.written, Ordering::Relaxed);
-                    if last_flush.elapsed() >= FLUSH_EVERY {
-                        sink.flush()?;
-                        last_flush = tokio::time::Instant::now();
-                    }
-                    if last_lost_count.elapsed() >= PROGRESS_LOST_EVERY {
-                        let lost_so_far = lost_events(&lost, &assembler).values().sum();
-                        progress.lost.store(lost_so_far, Ordering::Relaxed);
-                        last_lost_count = tokio::time::Instant::now();
-                    }
-                    if let Some(pid) = child_pid
-                        && command_exit.is_none()
-                    {
-                        command_exit = try_reap(pid);
-                        progress.command_exited.store(command_exit.is_some(), Ordering::Relaxed);
-                    }
-                    let command_done = child_pid.is_none() || command_exit.is_some();
-                    if command_done && ends_when_empty && !any_target_alive(&mut kernel) {
-                        break if child_pid.is_some() { EndReason::CommandExited } else { EndReason::TargetsExited };
+                        if last_flush.elapsed() >= FLUSH_EVERY {
+                            sink.flush()?;
+                            last_flush = tokio::time::Instant::now();
+                        }
+                        if last_lost_count.elapsed() >= PROGRESS_LOST_EVERY {
+                            let lost_so_far = lost_events(&lost, &assembler).values().sum();
+                            progress.lost.store(lost_so_far, Ordering::Relaxed);
+                            last_lost_count = tokio::time::Instant::now();
+                        }
+                        if let Some(pid) = child_pid
+                            && command_exit.is_none()
+                        {
+                            command_exit = try_reap(pid);
+                            progress.command_exited.store(command_exit.is_some(), Ordering::Relaxed);
+                        }
+                        let command_done = child_pid.is_none() || command_exit.is_some();
+                        if command_done && ends_when_empty && !any_target_alive(&mut kernel) {
+                            break if child_pid.is_some() { EndReason::CommandExited } else { EndReason::TargetsExited };
+                        }
                     }
                 }
-            }
-        };
+            })
+        }
+        .await;
 
         // Stop and detach first, so that no record arrives after the final drain.
         let end_ts = clock.now_unix_ns();
@@ -601,7 +608,9 @@ impl Recording {
                 }
             }
         }
+        // The drain's own error first: it is the cause when the drain stopped.
         drain.join()?;
+        let reason = looped?;
         if let Some(log) = &mut kernel_log {
             log.flush();
         }
