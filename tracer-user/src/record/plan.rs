@@ -421,13 +421,7 @@ pub(crate) fn select_functions(
             if scope.exec_image && pattern.module.is_some() {
                 continue;
             }
-            let modules = match &pattern.module {
-                None => executables.to_vec(),
-                Some(spec) => {
-                    let candidates = module_candidates.get_or_insert_with(|| ModuleCandidates::new(executables, &pids));
-                    vec![candidates.resolve(spec)?]
-                }
-            };
+            let modules = pattern_modules(&pattern, executables, &pids, &mut module_candidates)?;
             let mut matched = 0;
             let mut in_source = 0;
             for module in &modules {
@@ -473,13 +467,7 @@ pub(crate) fn select_functions(
     {
         for text in patterns {
             let pattern = FunctionPattern::parse(text)?;
-            let modules = match &pattern.module {
-                None => executables.to_vec(),
-                Some(spec) => {
-                    let candidates = module_candidates.get_or_insert_with(|| ModuleCandidates::new(executables, &pids));
-                    vec![candidates.resolve(spec)?]
-                }
-            };
+            let modules = pattern_modules(&pattern, executables, &pids, &mut module_candidates)?;
             let mut matched = 0;
             for module in &modules {
                 let table = load(&mut tables, module)?;
@@ -854,6 +842,23 @@ impl SourceFiles {
         let more = if files.len() > limit { format!(" and {} more", files.len() - limit) } else { String::new() };
         format!("the source files there are {}{more}", named.join(", "))
     }
+}
+
+/// The modules a pattern is looked up in: the one its `MODULE:` names (the candidates found once,
+/// when first needed), else every executable.
+fn pattern_modules(
+    pattern: &FunctionPattern,
+    executables: &[PathBuf],
+    pids: &[u32],
+    candidates: &mut Option<ModuleCandidates>,
+) -> Result<Vec<PathBuf>, RecordError> {
+    Ok(match &pattern.module {
+        None => executables.to_vec(),
+        Some(spec) => {
+            let candidates = candidates.get_or_insert_with(|| ModuleCandidates::new(executables, pids));
+            vec![candidates.resolve(spec)?]
+        }
+    })
 }
 
 /// What [`select_functions`] chose.
