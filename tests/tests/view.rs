@@ -455,12 +455,33 @@ fn a_live_recording_s_counts_grow_between_two_reads() {
     let second = ticks(&browser.html_when(ready));
     assert!(first > 0 && second > first, "tick calls in the page: {first}, then {second}");
     drop(browser);
+
+    // A stream open when the recording ends gets the final state as its `end` message before
+    // tracer exits: as many tick calls as the trace file has returns of tick.
+    let mut stream = EventStream::open(base, token);
+    assert_eq!(stream.next().0, "state");
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let end = loop {
+        match stream.next() {
+            (event, state) if event == "end" => break state,
+            (event, _) => assert_eq!(event, "state"),
+        }
+    };
     let mut rest = String::new();
     stderr.read_to_string(&mut rest).unwrap();
     let run = wait_with_timeout(child, "tracer");
     assert!(run.code() == 0 || run.code() == 130, "{run:?} {rest}");
+    assert_eq!(end["live"], false, "{end}");
+    assert!(end["end"].is_object(), "{end}");
+    let returns = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["kind"] == "return" && e["function"] == "tick")
+        .count() as u64;
+    assert!(returns > 0);
+    assert_eq!(calls_in(&end, "tick"), returns, "the end message against {}", out.display());
 }
 
 /// Another address than loopback is refused without TLS, before anything is traced.

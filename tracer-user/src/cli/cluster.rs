@@ -253,7 +253,7 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
 /// events as they arrive (on their hosts' clocks, receives not yet linked to their sends: the
 /// merge does that once the trace stops).
 struct Live {
-    _viewer: tracer_user::view::server::Viewer,
+    viewer: tracer_user::view::server::Viewer,
     model: tracer_user::view::model::SharedSink,
     feeding: std::thread::JoinHandle<()>,
 }
@@ -266,6 +266,7 @@ impl Live {
         let mut model = self.model;
         // The model only aggregates: it has no output that could fail.
         let _ = model.end(end);
+        self.viewer.finish();
     }
 }
 
@@ -282,7 +283,7 @@ fn serve_live(args: &super::view::ServeArgs, trace: &collector::ClusterTrace) ->
     let feeding = trace.on_event(move |e| {
         let _ = sink.event(e);
     });
-    Ok(Some(Live { _viewer: viewer, model, feeding }))
+    Ok(Some(Live { viewer, model, feeding }))
 }
 
 /// The merged trace's first and last lines: what the summary reads.

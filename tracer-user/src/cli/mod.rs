@@ -585,7 +585,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
             let counters = Arc::new(move || (progress.events_written(), progress.lost()));
             args.serve.start(tracer_user::view::model::ViewModel::default(), counters)?
         };
-        let _viewer = served.map(|(model_sink, viewer)| {
+        let viewer = served.map(|(model_sink, viewer)| {
             let file = std::mem::replace(&mut sink, Box::new(Vec::new()));
             sink = Box::new(vec![file, Box::new(model_sink) as Box<dyn Sink + Send>]);
             viewer
@@ -619,6 +619,10 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
             other => other?,
         };
         drop(sink);
+        // The page open on the live view gets the whole trace before tracer exits.
+        if let Some(viewer) = viewer {
+            viewer.finish();
+        }
         output_file.map(OutputFile::commit).transpose()?;
         if let Some(path) = &spool {
             drop(spool_file);

@@ -95,12 +95,30 @@ pub struct Viewer {
     /// The address to open, with the token.
     pub url: String,
     thread: std::thread::JoinHandle<()>,
+    /// Set once the trace ended: every open event stream sends its `end` message at once.
+    ended: tokio::sync::watch::Sender<bool>,
 }
+
+/// How long [`Viewer::finish`] waits for the open event streams to send their `end` message.
+pub const FINISH_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Viewer {
     /// Serves until the process ends.
     pub fn wait(self) {
         let _ = self.thread.join();
+    }
+
+    /// For a live trace that has ended (its model has its end): each open event stream sends
+    /// the final state as its `end` message now, rather than at its next tick, and this returns
+    /// once they have (or after [`FINISH_TIMEOUT`]), so that a page open when tracer exits
+    /// shows the trace whole instead of a broken stream.
+    pub fn finish(self) {
+        self.ended.send_replace(true);
+        let deadline = std::time::Instant::now() + FINISH_TIMEOUT;
+        // Each stream holds a receiver until it has sent its `end`; the server holds one more.
+        while self.ended.receiver_count() > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -115,6 +133,8 @@ struct App {
     slow_readers: AtomicU64,
     /// One call-tree page is read at a time (each reads the trace's file).
     calls: Semaphore,
+    /// Whether the trace ended ([`Viewer::finish`]); each event stream holds a clone.
+    ended: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Starts serving `content` on its own thread; returns once it listens.
@@ -133,6 +153,7 @@ pub fn serve(options: &ServeOptions, content: Content) -> Result<Viewer, ServeEr
     let token: String = secret.iter().map(|b| format!("{b:02x}")).collect();
     let scheme = if acceptor.is_some() { "https" } else { "http" };
     let url = format!("{scheme}://{addr}/?token={token}");
+    let (ended, ended_receiver) = tokio::sync::watch::channel(false);
     let app = Arc::new(App {
         content,
         token,
@@ -141,6 +162,7 @@ pub fn serve(options: &ServeOptions, content: Content) -> Result<Viewer, ServeEr
         refused: AtomicU64::new(0),
         slow_readers: AtomicU64::new(0),
         calls: Semaphore::new(1),
+        ended: ended_receiver,
     });
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ServeError::Start)?;
     let thread = std::thread::Builder::new()
@@ -155,7 +177,7 @@ pub fn serve(options: &ServeOptions, content: Content) -> Result<Viewer, ServeEr
             })
         })
         .map_err(ServeError::Start)?;
-    Ok(Viewer { url, thread })
+    Ok(Viewer { url, thread, ended })
 }
 
 async fn accept_loop(listener: tokio::net::TcpListener, acceptor: Option<tokio_rustls::TlsAcceptor>, app: Arc<App>) {
@@ -399,16 +421,23 @@ impl App {
 }
 
 /// `/api/events`: the state every [`STREAM_INTERVAL`] while the trace runs, then once more as an
-/// `end` message. Each message is written within [`STREAM_WRITE_TIMEOUT`] or the stream is closed.
+/// `end` message (at once when [`Viewer::finish`] says the trace ended). Each message is written
+/// within [`STREAM_WRITE_TIMEOUT`] or the stream is closed.
 async fn events(mut stream: Box<dyn Transport>, app: &App) -> std::io::Result<()> {
+    let mut ended = app.ended.clone();
     let mut head = Response::new(200, "text/event-stream; charset=utf-8", Vec::new()).head(None).into_bytes();
     // Tells the browser to reopen a dropped stream after a second.
     head.extend_from_slice(b"retry: 1000\n\n");
     let mut message = head;
     let mut tick = tokio::time::interval(STREAM_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Until the viewer is dropped without finishing (an error ended the recording).
+    let mut listening = true;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = ended.changed(), if listening => listening = changed.is_ok(),
+        }
         let state = app.state();
         let live = state.live;
         let json = serde_json::to_string(&state).map_err(std::io::Error::other)?;
@@ -492,10 +521,69 @@ mod tests {
             refused: AtomicU64::new(0),
             slow_readers: AtomicU64::new(0),
             calls: Semaphore::new(1),
+            ended: tokio::sync::watch::channel(false).1,
         };
         let (server_end, _reader) = tokio::io::duplex(1024);
         let ended = events(Box::new(server_end), &app).await;
         assert_eq!(ended.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
         assert_eq!(app.slow_readers.load(Ordering::Relaxed), 1);
+    }
+
+    /// A live viewer with [`MAX_CONNECTIONS`] event streams open closes the next connection
+    /// unanswered, serves again once a stream is closed, and when the trace ends every open
+    /// stream gets its `end` message before [`Viewer::finish`] returns.
+    #[test]
+    fn event_streams_hold_connections_up_to_the_limit_and_all_get_the_end() {
+        use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+        let model = Arc::new(Mutex::new(ViewModel::default()));
+        let options = ServeOptions { addr: "127.0.0.1:0".parse().unwrap(), tls_cert: None, tls_key: None };
+        let viewer = serve(&options, Content { model: model.clone(), trace_file: None, counters: None }).unwrap();
+        let (base, token) = viewer.url.trim_start_matches("http://").split_once("/?token=").unwrap();
+        let open = || {
+            let mut stream = std::net::TcpStream::connect(base).unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            // A connection closed unanswered may be closed before the request is written.
+            let _ = write!(stream, "GET /api/events HTTP/1.1\r\nHost: x\r\nCookie: {COOKIE}={token}\r\n\r\n");
+            BufReader::new(stream)
+        };
+        // Reads up to the next message's event name.
+        let next_event = |reader: &mut BufReader<std::net::TcpStream>| loop {
+            let mut line = String::new();
+            assert!(reader.read_line(&mut line).unwrap() > 0, "the stream closed");
+            if let Some(name) = line.strip_prefix("event: ") {
+                return name.trim_end().to_string();
+            }
+        };
+        let mut streams: Vec<_> = (0..MAX_CONNECTIONS).map(|_| open()).collect();
+        for stream in &mut streams {
+            assert_eq!(next_event(stream), "state");
+        }
+        let mut refused = open();
+        let mut answer = Vec::new();
+        // Closed unanswered: an end of stream, or a reset since the request was left unread.
+        let _ = refused.read_to_end(&mut answer);
+        assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+
+        // One stream closed frees its connection (the server sees it at its next write).
+        drop(streams.pop());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut again = loop {
+            let mut stream = open();
+            let mut first = String::new();
+            if stream.read_line(&mut first).unwrap_or(0) > 0 {
+                assert!(first.starts_with("HTTP/1.1 200 "), "{first}");
+                break stream;
+            }
+            assert!(std::time::Instant::now() < deadline, "no connection was freed");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(next_event(&mut again), "state");
+        streams.push(again);
+
+        crate::sink::Sink::end(&mut *model.lock().unwrap(), &crate::event::test_events::end(1000)).unwrap();
+        viewer.finish();
+        for stream in &mut streams {
+            while next_event(stream) != "end" {}
+        }
     }
 }

@@ -321,7 +321,7 @@ function listen() {
   source.addEventListener("error", () => {
     // The browser reopens a dropped stream by itself; one it closed (an error answer) is
     // opened again here while the trace still runs.
-    const note = state ? "the recording ended or the server stopped" : "cannot load the trace";
+    const note = state ? "the server stopped" : "cannot load the trace";
     document.getElementById("status").textContent = note + "; reconnecting…";
     if (source.readyState === EventSource.CLOSED) setTimeout(listen, RECONNECT_MS);
   });
