@@ -102,6 +102,65 @@ fn a_hundred_thousand_patterns_are_refused_at_once_and_a_large_plan_keeps_no_col
     });
 }
 
+/// The trigger fields of a request (`--start-at`, `--stop-at`, `--depth`) from a hostile
+/// collector: each refused with its sentence before anything is probed, the target untouched.
+#[test]
+fn hostile_trigger_fields_are_refused_with_their_sentence() {
+    let dir = temp_dir();
+    let agent = LocalAgent::start(dir.path(), "h", &[]);
+    let victim = Background::start(&fixture("calls"), &["loop"]);
+    runtime().block_on(async {
+        let cluster = connect(&agent).await;
+        let on_victim = |request: TraceRequest| TraceRequest {
+            pids: vec![victim.pid()],
+            functions: vec!["tick".to_string()],
+            ..request
+        };
+        // A hundred thousand triggers cost a thousand strings and count with the patterns.
+        let many = on_victim(TraceRequest { stop_at: vec!["t*".to_string(); 100_000], ..Default::default() });
+        assert_eq!(
+            refused(&cluster, many).await,
+            "agent h could not start tracing: the request has more than 1000 function and USDT patterns: an agent takes at most 1000 per request"
+        );
+        let split = on_victim(TraceRequest {
+            start_at: vec!["t*".to_string(); 500],
+            stop_at: vec!["t*".to_string(); 500],
+            ..Default::default()
+        });
+        assert!(refused(&cluster, split).await.contains("more than 1000 function and USDT patterns"));
+        for depth in [u32::MAX, 65] {
+            let deep = on_victim(TraceRequest { depth, ..Default::default() });
+            assert_eq!(
+                refused(&cluster, deep).await,
+                format!(
+                    "agent h could not start tracing: --depth must be between 1 (only the outermost traced calls) and 64, got {depth}"
+                )
+            );
+        }
+        // A trigger over every function of a large program is held to the probe bound.
+        let everything = TraceRequest {
+            binaries: vec![tracer_bin().display().to_string()],
+            functions: vec!["main".to_string()],
+            start_at: vec!["*".to_string()],
+            ..Default::default()
+        };
+        let said = refused(&cluster, everything).await;
+        assert!(said.contains("functions would be probed, more than --max-probes (4096)"), "{said}");
+        let unknown = on_victim(TraceRequest { start_at: vec!["no_such_function".to_string()], ..Default::default() });
+        let said = refused(&cluster, unknown).await;
+        assert!(
+            said.starts_with("agent h could not start tracing: --start-at 'no_such_function' matches no function in "),
+            "{said}"
+        );
+    });
+    // Still running, neither stopped nor gone: it prints its line when asked to end.
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", victim.pid())).unwrap();
+    let state = stat.rsplit(") ").next().unwrap().chars().next().unwrap();
+    assert!(matches!(state, 'R' | 'S'), "the target is in state {state}");
+    let (code, _) = victim.finish();
+    assert_eq!(code, 0);
+}
+
 /// `MemTotal`, in bytes.
 fn mem_total() -> u64 {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();

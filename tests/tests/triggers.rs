@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use tracer_tests::{Trace, fixture, record, temp_dir, tracer};
+use tracer_tests::{LocalAgent, Trace, fixture, gen_secret, record, temp_dir, tracer};
 
 fn traced(args: &[&str]) -> Trace {
     let dir = temp_dir();
@@ -64,6 +64,47 @@ fn start_at_writes_each_threads_calls_from_its_entry_on() {
     assert!(t.calls("off_").is_empty() && t.calls("work").is_empty(), "only -f and trigger functions");
     assert_eq!(counters(&t, "a"), (20, 14, 6, 6, 0));
     assert_eq!(counters(&t, "on_"), (2, 2, 0, 0, 0));
+}
+
+/// A collector's `--start-at` and `--depth` are decided in the agent's kernel as `record`'s
+/// are: the merged trace has the same calls per thread and the same counters.
+#[test]
+fn an_agent_applies_the_triggers_a_collector_asks_for() {
+    let dir = temp_dir();
+    let secret = gen_secret(dir.path(), "s");
+    let secret = secret.to_str().unwrap();
+    let agent =
+        LocalAgent::start(dir.path(), "h", &["--listen", "127.0.0.1:0", "--secret-file", secret, "--allow-commands"]);
+    let exe = fixture("filters");
+    let out = dir.path().join("merged.jsonl");
+    let (spec, command) = (agent.spec("h"), format!("h:{} triggers", exe.display()));
+    let run = tracer(&[
+        "collect",
+        "--agent",
+        &spec,
+        "--secret-file",
+        secret,
+        "-f",
+        "a",
+        "-f",
+        "rec",
+        "--start-at",
+        "on_",
+        "--depth",
+        "2",
+        "-c",
+        &command,
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let t = Trace::load(&out);
+    assert_eq!(t.lost(), 0, "{}", t.end);
+    t.check_nesting();
+    assert_eq!(per_thread(&t, "a"), [7, 7]);
+    assert_eq!(counters(&t, "a"), (20, 14, 6, 6, 0));
+    // The recursion runs last on the main thread, which records since its on_(): two levels of five.
+    assert_eq!(counters(&t, "rec"), (5, 2, 3, 0, 3));
 }
 
 #[test]

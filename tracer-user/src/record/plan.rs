@@ -467,6 +467,10 @@ pub(crate) fn select_functions(
     {
         for text in patterns {
             let pattern = FunctionPattern::parse(text)?;
+            // A `MODULE:` trigger names a module resolved at start, as a `-f` pattern's is.
+            if scope.exec_image && pattern.module.is_some() {
+                continue;
+            }
             let modules = pattern_modules(&pattern, executables, &pids, &mut module_candidates)?;
             let mut matched = 0;
             for module in &modules {
@@ -778,7 +782,7 @@ fn source_level(
                         "debug file {} does not fit {}: {}",
                         r.path.display(),
                         module.display(),
-                        r.why
+                        crate::errors::report(&r.why)
                     ));
                 }
                 for i in indexes {
