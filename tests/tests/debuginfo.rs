@@ -370,7 +370,7 @@ fn a_debug_file_whose_crc_differs_is_refused_and_said_why() {
     assert!(found.info.is_none());
     assert_eq!(found.rejected.len(), 1, "{:?}", found.rejected);
     assert_eq!(found.rejected[0].path, beside);
-    assert!(found.rejected[0].why.starts_with("its CRC-32 is "), "{:?}", found.rejected);
+    assert!(found.rejected[0].why.to_string().starts_with("its CRC-32 is "), "{:?}", found.rejected);
 }
 
 #[test]
@@ -385,7 +385,7 @@ fn a_debuglink_that_leaves_its_directory_is_refused() {
         let found = find_in(&copy);
         assert!(found.info.is_none(), "{name:?}");
         assert_eq!(found.rejected.len(), 1, "{name:?}: {:?}", found.rejected);
-        assert_eq!(found.rejected[0].why, "a .gnu_debuglink that is not a plain file name");
+        assert_eq!(found.rejected[0].why.to_string(), "a .gnu_debuglink that is not a plain file name");
     }
 }
 
@@ -413,7 +413,10 @@ fn a_fifo_in_place_of_the_debug_file_is_refused_without_blocking() {
     std::thread::spawn(move || tx.send(find_in(&path).rejected).unwrap());
     let rejected = rx.recv_timeout(Duration::from_secs(10)).expect("looking for a debug file blocked on a FIFO");
     assert_eq!(rejected.len(), 1, "{rejected:?}");
-    assert_eq!((rejected[0].path.as_path(), rejected[0].why.as_str()), (fifo.as_path(), "not a regular file"));
+    assert_eq!(
+        (rejected[0].path.as_path(), rejected[0].why.to_string()),
+        (fifo.as_path(), "not a regular file".into())
+    );
 }
 
 /// The offset in the file of a section's contents.

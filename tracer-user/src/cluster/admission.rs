@@ -42,7 +42,7 @@ struct Waiting {
     /// It sent a valid hello: it is authenticating, not idling.
     started: bool,
     /// Tells its task to close it, and why.
-    evict: oneshot::Sender<String>,
+    evict: oneshot::Sender<Refused>,
 }
 
 /// The connections waiting to authenticate, oldest first.
@@ -51,25 +51,33 @@ pub struct Admission {
     waiting: VecDeque<Waiting>,
 }
 
-/// What a connection closed to make room is told.
-pub const EVICTED: &str = "closed to make room for a newer connection: this one had not said hello yet";
+/// Why a connection is closed before it authenticates: what its peer is told.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("uid {uid} is neither root nor in group {group}")]
+    NotInGroup { uid: u32, group: String },
+    #[error("uid {0} is not root")]
+    NotRoot(u32),
+    #[error("{MAX_PER_SOURCE} connections from {0} are authenticating already: try again when one is done")]
+    SourceBusy(Source),
+    #[error("{MAX_UNAUTHENTICATED} connections are authenticating already: try again when one is done")]
+    Busy,
+    #[error("closed to make room for a newer connection: this one had not said hello yet")]
+    Evicted,
+}
 
 impl Admission {
     /// Admits connection `id` from `source`, closing an idle one if a bound is reached (through
-    /// its `evict` channel); `Err(sentence)`: refused, and why. `evict` is how this connection
-    /// will be told, if it is closed for another.
-    pub fn admit(&mut self, id: u64, source: Source, evict: oneshot::Sender<String>) -> Result<(), String> {
+    /// its `evict` channel); `Err`: refused, and why. `evict` is how this connection will be
+    /// told, if it is closed for another.
+    pub fn admit(&mut self, id: u64, source: Source, evict: oneshot::Sender<Refused>) -> Result<(), Refused> {
         let own = self.waiting.iter().filter(|w| w.source == source).count();
         if own >= MAX_PER_SOURCE {
             if !self.evict_oldest_idle(|w| w.source == source) {
-                return Err(format!(
-                    "{MAX_PER_SOURCE} connections from {source} are authenticating already: try again when one is done"
-                ));
+                return Err(Refused::SourceBusy(source));
             }
         } else if self.waiting.len() >= MAX_UNAUTHENTICATED && !self.evict_oldest_idle(|_| true) {
-            return Err(format!(
-                "{MAX_UNAUTHENTICATED} connections are authenticating already: try again when one is done"
-            ));
+            return Err(Refused::Busy);
         }
         self.waiting.push_back(Waiting { id, source, started: false, evict });
         Ok(())
@@ -84,7 +92,7 @@ impl Admission {
     fn evict_oldest_idle(&mut self, of: impl Fn(&Waiting) -> bool) -> bool {
         let Some(i) = self.waiting.iter().position(|w| !w.started && of(w)) else { return false };
         let w = self.waiting.remove(i).expect("found");
-        let _ = w.evict.send(EVICTED.to_string());
+        let _ = w.evict.send(Refused::Evicted);
         true
     }
 
@@ -113,7 +121,7 @@ impl Admission {
 mod tests {
     use super::*;
 
-    fn admit(a: &mut Admission, id: u64, source: Source) -> (Result<(), String>, oneshot::Receiver<String>) {
+    fn admit(a: &mut Admission, id: u64, source: Source) -> (Result<(), Refused>, oneshot::Receiver<Refused>) {
         let (tx, rx) = oneshot::channel();
         (a.admit(id, source, tx), rx)
     }
@@ -134,7 +142,7 @@ mod tests {
         // A ninth from nobody closes nobody's oldest idle one, never root's.
         let (r, _) = admit(&mut a, 8, nobody);
         assert_eq!(r, Ok(()));
-        assert_eq!(told[0].try_recv().unwrap(), EVICTED);
+        assert_eq!(told[0].try_recv().unwrap(), Refused::Evicted);
         assert!(root.try_recv().is_err(), "root's connection stays");
         // Once all of nobody's have said hello, nobody's next is refused, and nobody is closed.
         for id in 1..=8 {
@@ -142,7 +150,7 @@ mod tests {
         }
         let (r, _) = admit(&mut a, 9, nobody);
         assert_eq!(
-            r.unwrap_err(),
+            r.unwrap_err().to_string(),
             "8 connections from uid 65534 are authenticating already: try again when one is done"
         );
         assert!(told[1].try_recv().is_err(), "a started handshake is never closed for a newer connection");
@@ -167,12 +175,12 @@ mod tests {
         let (r, _) = admit(&mut a, 64, Source::Ip(IpAddr::from([10, 1, 0, 1])));
         assert_eq!(r, Ok(()));
         assert!(told[0].try_recv().is_err());
-        assert_eq!(told[1].try_recv().unwrap(), EVICTED);
+        assert_eq!(told[1].try_recv().unwrap(), Refused::Evicted);
         for id in 0..=64 {
             a.started(id);
         }
         let (r, _) = admit(&mut a, 65, Source::Ip(IpAddr::from([10, 2, 0, 1])));
-        assert_eq!(r.unwrap_err(), "64 connections are authenticating already: try again when one is done");
+        assert_eq!(r.unwrap_err().to_string(), "64 connections are authenticating already: try again when one is done");
         assert!(!a.evict_any_idle(), "none idle");
     }
 }

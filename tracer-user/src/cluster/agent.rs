@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_rustls::TlsAcceptor;
 
 use super::{
-    admission::{self, Admission},
+    admission::{self, Admission, Refused},
     auth::{self, Key, Secret},
     command_output,
     listener::{self, ListenError, Listener, Peer, PeerCreds},
@@ -308,10 +308,10 @@ pub async fn serve(opts: AgentOptions, shutdown: impl Future<Output = ()>) -> Re
 }
 
 /// Starts serving a new connection, within the bounds on unauthenticated ones.
-fn admit(agent: &Rc<Agent>, stream: Box<dyn Transport>, peer: Peer, verdict: Result<(), String>) {
+fn admit(agent: &Rc<Agent>, stream: Box<dyn Transport>, peer: Peer, verdict: Result<(), Refused>) {
     if let Err(reason) = verdict {
         agent.drops.note("peers refused", format_args!("refused {}: {reason}", peer.name));
-        agent.refuse(stream, reason);
+        agent.refuse(stream, reason.to_string());
         return;
     }
     let id = agent.next_conn.get();
@@ -320,7 +320,7 @@ fn admit(agent: &Rc<Agent>, stream: Box<dyn Transport>, peer: Peer, verdict: Res
     let admitted = agent.admission.borrow_mut().admit(id, peer.source, evict);
     if let Err(reason) = admitted {
         agent.drops.note("connections refused at admission", format_args!("refused {}: {reason}", peer.name));
-        agent.refuse(stream, reason);
+        agent.refuse(stream, reason.to_string());
         return;
     }
     tokio::task::spawn_local(connection(agent.clone(), id, stream, peer, evicted));
@@ -372,7 +372,7 @@ async fn handshake(
     agent: &Agent,
     id: u64,
     stream: Box<dyn Transport>,
-    evicted: &mut oneshot::Receiver<String>,
+    evicted: &mut oneshot::Receiver<Refused>,
 ) -> Result<Session, NoSession> {
     let failed = |e: &(dyn std::error::Error + 'static)| NoSession::Failed(report(e));
     let mut stream = tokio::select! {
@@ -383,7 +383,7 @@ async fn handshake(
     let hello = tokio::select! {
         hello = session::read_hello(&mut stream) => hello.map_err(|e| failed(&e))?,
         reason = &mut *evicted => {
-            session::refuse(&mut stream, &reason.unwrap_or_else(|_| admission::EVICTED.to_string())).await;
+            session::refuse(&mut stream, &reason.unwrap_or(Refused::Evicted).to_string()).await;
             return Err(NoSession::Evicted);
         }
     };
@@ -399,7 +399,7 @@ async fn connection(
     id: u64,
     stream: Box<dyn Transport>,
     peer: Peer,
-    mut evicted: oneshot::Receiver<String>,
+    mut evicted: oneshot::Receiver<Refused>,
 ) {
     let result = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&agent, id, stream, &mut evicted)).await;
     agent.admission.borrow_mut().done(id);
@@ -487,7 +487,7 @@ async fn serve_session(agent: &Rc<Agent>, id: u64, session: Session, creds: Opti
                         let exports_otlp = agent.opts.otlp.is_some();
                         Message::Started { trace_id, trace_start: start, exports_otlp }
                     }
-                    Err(error) => Message::Failed { trace_id, error },
+                    Err(error) => Message::Failed { trace_id, error: report(&error) },
                 };
                 if let Err(e) = writer.send(&reply).await {
                     break report(&e);
@@ -757,11 +757,37 @@ fn command_user(conn: &Conn) -> RunAs {
     }
 }
 
+/// Why an agent does not start the trace a collector asks for: what the collector is told.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error(transparent)]
+    Limits(#[from] request_limits::RequestError),
+    #[error("a trace is being started on this agent")]
+    Starting,
+    #[error("a trace is already running on this agent")]
+    Running,
+    #[error("the previous trace has not been collected yet (it waits for its collector)")]
+    NotCollected,
+    #[error("this agent does not launch commands: start it with --allow-commands")]
+    NoCommands,
+    /// An event kind the agent does not know (the sentence names it).
+    #[error("{0}")]
+    EventKind(String),
+    #[error(transparent)]
+    Output(#[from] command_output::CommandOutputError),
+    #[error(transparent)]
+    Record(#[from] record::RecordError),
+    #[error("cannot start planning")]
+    PlanThread(#[source] std::io::Error),
+    #[error("planning stopped before it finished")]
+    PlanLost,
+}
+
 /// `start`: how the request's command (if any) starts.
-fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordOptions, String> {
+fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordOptions, StartError> {
     let mut events = BTreeSet::new();
     for name in &request.events {
-        events.extend(EventKind::parse_list_item(name)?);
+        events.extend(EventKind::parse_list_item(name).map_err(StartError::EventKind)?);
     }
     let defaults = RecordOptions::default();
     Ok(RecordOptions {
@@ -817,16 +843,16 @@ impl Drop for Starting<'_> {
 /// collectors, clock probes and SIGTERM. A plain thread, not tokio's blocking pool: an agent told
 /// to stop exits without waiting for a plan nobody will use (planning attaches and launches
 /// nothing).
-async fn plan_apart(options: RecordOptions) -> Result<record::Plan, String> {
+async fn plan_apart(options: RecordOptions) -> Result<record::Plan, StartError> {
     let (tx, rx) = oneshot::channel();
     std::thread::Builder::new()
         .name("tracer-plan".to_string())
         .spawn(move || {
             let plan = record::check_root().and_then(|()| record::plan(options));
-            let _ = tx.send(plan.map_err(|e| report(&e)));
+            let _ = tx.send(plan.map_err(StartError::from));
         })
-        .map_err(|e| format!("cannot start planning: {e}"))?;
-    rx.await.unwrap_or_else(|_| Err("planning stopped before it finished".to_string()))
+        .map_err(StartError::PlanThread)?;
+    rx.await.unwrap_or(Err(StartError::PlanLost))
 }
 
 /// Starts recording for `conn`, which then owns the trace; returns the trace's first line (JSON).
@@ -835,21 +861,21 @@ async fn start_trace(
     conn: &Conn,
     trace_id: u64,
     request: TraceRequest,
-) -> Result<Box<TraceStart>, String> {
-    request_limits::check(&request).map_err(|e| e.to_string())?;
+) -> Result<Box<TraceStart>, StartError> {
+    request_limits::check(&request)?;
     if agent.starting.get() {
-        return Err("a trace is being started on this agent".to_string());
+        return Err(StartError::Starting);
     }
     if let Some(s) = agent.slot.borrow().as_ref() {
         if s.end.is_none() {
-            return Err("a trace is already running on this agent".to_string());
+            return Err(StartError::Running);
         }
         if s.owner.is_some_and(|o| o != conn.id) || (s.owner.is_none() && !s.outbox.is_empty()) {
-            return Err("the previous trace has not been collected yet (it waits for its collector)".to_string());
+            return Err(StartError::NotCollected);
         }
     }
     if !request.command.is_empty() && !agent.opts.allow_commands {
-        return Err("this agent does not launch commands: start it with --allow-commands".to_string());
+        return Err(StartError::NoCommands);
     }
     // The collector's key for this host's ids, so that it can link to them (all zero: none).
     let ids = match request.otlp_key {
@@ -862,8 +888,7 @@ async fn start_trace(
         (Start::Inherit, None)
     } else {
         let user = command_user(conn);
-        let output = command_output::create(&agent.opts.command_output_dir, user.uid, user.gid, trace_id)
-            .map_err(|e| report(&e))?;
+        let output = command_output::create(&agent.opts.command_output_dir, user.uid, user.gid, trace_id)?;
         let mut detached = Detached::new(user);
         if let Some(cwd) = &request.cwd {
             detached.cwd = PathBuf::from(cwd);
@@ -876,7 +901,7 @@ async fn start_trace(
             for w in &plan.warnings {
                 tracing::warn!(target: LOG, "warning: {w}");
             }
-            plan.start().map_err(|e| report(&e))
+            plan.start().map_err(StartError::from)
         }),
         Err(e) => Err(e),
     };

@@ -13,7 +13,10 @@ use std::{
 
 use tokio::net::{TcpListener, UnixListener};
 
-use super::{admission::Source, tls::Transport};
+use super::{
+    admission::{Refused, Source},
+    tls::Transport,
+};
 
 /// The default socket of `tracer agent`.
 pub const DEFAULT_SOCKET: &str = "/run/tracer/agent.sock";
@@ -164,7 +167,7 @@ impl Listener {
 
     /// The next connection. A Unix peer that is neither root nor in the group is returned with
     /// `Err(reason)` inside, to be told and closed.
-    pub async fn accept(&self) -> std::io::Result<(Box<dyn Transport>, Peer, Result<(), String>)> {
+    pub async fn accept(&self) -> std::io::Result<(Box<dyn Transport>, Peer, Result<(), Refused>)> {
         match self {
             Listener::Tcp(l) => {
                 let (tcp, addr) = l.accept().await?;
@@ -181,8 +184,8 @@ impl Listener {
                     Ok(())
                 } else {
                     Err(match group {
-                        Some((g, _)) => format!("uid {} is neither root nor in group {g}", creds.uid),
-                        None => format!("uid {} is not root", creds.uid),
+                        Some((g, _)) => Refused::NotInGroup { uid: creds.uid, group: g.clone() },
+                        None => Refused::NotRoot(creds.uid),
                     })
                 };
                 let source = Source::Uid(creds.uid);

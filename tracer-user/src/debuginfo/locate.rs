@@ -42,10 +42,35 @@ pub enum DebugOrigin {
 }
 
 /// A candidate debug file that exists but was not used, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Rejected {
     pub path: PathBuf,
-    pub why: String,
+    pub why: RejectedWhy,
+}
+
+/// Why a candidate debug file was not used.
+#[derive(Debug, thiserror::Error)]
+pub enum RejectedWhy {
+    #[error("cannot open it")]
+    Open(#[source] std::io::Error),
+    #[error("cannot stat it")]
+    Stat(#[source] std::io::Error),
+    #[error("not a regular file")]
+    NotAFile,
+    #[error("{0} bytes, more than the {MAX_DEBUG_FILE} read at most")]
+    TooLarge(u64),
+    #[error("cannot read it")]
+    Read(#[source] std::io::Error),
+    #[error("not an ELF file ({0})")]
+    NotElf(object::Error),
+    #[error("its build id differs")]
+    OtherBuildId,
+    #[error("its CRC-32 is {actual:08x}, the link says {expected:08x}")]
+    OtherCrc { actual: u32, expected: u32 },
+    #[error("it has no .debug_info")]
+    NoDwarf,
+    #[error("a .gnu_debuglink that is not a plain file name")]
+    NotAFileName,
 }
 
 /// Whether an ELF file carries DWARF of its own.
@@ -55,31 +80,34 @@ pub fn has_dwarf(file: &object::File) -> bool {
 
 /// A debug file's contents, mapped (a debug file is often hundreds of MiB, of which DWARF
 /// reading touches a part), or why it cannot be one (`None`: it does not exist).
-fn read_candidate(path: &Path) -> Option<Result<MappedFile, String>> {
+fn read_candidate(path: &Path) -> Option<Result<MappedFile, RejectedWhy>> {
     let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(e) => return Some(Err(format!("cannot open it: {e}"))),
+        Err(e) => return Some(Err(RejectedWhy::Open(e))),
     };
-    let check = || -> Result<MappedFile, String> {
-        let meta = file.metadata().map_err(|e| format!("cannot stat it: {e}"))?;
+    let check = || -> Result<MappedFile, RejectedWhy> {
+        let meta = file.metadata().map_err(RejectedWhy::Stat)?;
         if !meta.is_file() {
-            return Err("not a regular file".into());
+            return Err(RejectedWhy::NotAFile);
         }
         if meta.len() > MAX_DEBUG_FILE {
-            return Err(format!("{} bytes, more than the {MAX_DEBUG_FILE} read at most", meta.len()));
+            return Err(RejectedWhy::TooLarge(meta.len()));
         }
-        MappedFile::of(&file, MAX_DEBUG_FILE).map_err(|e| format!("cannot read it: {e}"))
+        MappedFile::of(&file, MAX_DEBUG_FILE).map_err(RejectedWhy::Read)
     };
     Some(check())
 }
 
 /// A candidate's data if it is an ELF file with DWARF, else why not.
-fn usable(data: MappedFile, check: impl FnOnce(&object::File) -> Result<(), String>) -> Result<MappedFile, String> {
-    let file = object::File::parse(&*data).map_err(|e| format!("not an ELF file ({e})"))?;
+fn usable(
+    data: MappedFile,
+    check: impl FnOnce(&object::File) -> Result<(), RejectedWhy>,
+) -> Result<MappedFile, RejectedWhy> {
+    let file = object::File::parse(&*data).map_err(RejectedWhy::NotElf)?;
     check(&file)?;
     if !has_dwarf(&file) {
-        return Err("it has no .debug_info".into());
+        return Err(RejectedWhy::NoDwarf);
     }
     Ok(data)
 }
@@ -112,7 +140,7 @@ pub fn find_separate(
             let Some(read) = read_candidate(&path) else { continue };
             let same_id = |f: &object::File| match f.build_id() {
                 Ok(Some(other)) if other == id => Ok(()),
-                _ => Err("its build id differs".to_string()),
+                _ => Err(RejectedWhy::OtherBuildId),
             };
             match read.and_then(|data| usable(data, same_id)) {
                 Ok(data) => return (Some((DebugOrigin::BuildId(path), data)), rejected),
@@ -124,7 +152,7 @@ pub fn find_separate(
         let Some(name) = plain_file_name(raw_name) else {
             rejected.push(Rejected {
                 path: PathBuf::from(String::from_utf8_lossy(raw_name).into_owned()),
-                why: "a .gnu_debuglink that is not a plain file name".into(),
+                why: RejectedWhy::NotAFileName,
             });
             return (None, rejected);
         };
@@ -142,11 +170,7 @@ pub fn find_separate(
             let Some(read) = read_candidate(&path) else { continue };
             let same_crc = |data: MappedFile| {
                 let actual = crc32fast::hash(&data);
-                if actual == crc {
-                    Ok(data)
-                } else {
-                    Err(format!("its CRC-32 is {actual:08x}, the link says {crc:08x}"))
-                }
+                if actual == crc { Ok(data) } else { Err(RejectedWhy::OtherCrc { actual, expected: crc }) }
             };
             match read.and_then(same_crc).and_then(|data| usable(data, |_| Ok(()))) {
                 Ok(data) => return (Some((DebugOrigin::DebugLink(path), data)), rejected),

@@ -46,7 +46,7 @@ use object::{Object as _, ObjectSection as _};
 
 use crate::mapped_file::MappedFile;
 
-pub use self::locate::{DebugOrigin, DebugSearch, Rejected};
+pub use self::locate::{DebugOrigin, DebugSearch, Rejected, RejectedWhy};
 use self::{
     abi::{DwarfEntry, Place, Unknown},
     types::Type,

@@ -164,7 +164,38 @@ pub struct ArgSpec {
 #[error("argument '{text}': {reason}")]
 pub struct ArgError {
     pub text: String,
-    pub reason: String,
+    pub reason: ArgReason,
+}
+
+/// Why an argument cannot be evaluated; each names the part of the argument it is about.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ArgReason {
+    #[error("size {0} is not 1, 2, 4 or 8 bytes")]
+    Size(i64),
+    #[error("'{0}' is not a register")]
+    NotARegister(String),
+    #[error("register '{0}' is not supported")]
+    Register(String),
+    #[error("'{0}' is not a displacement")]
+    Displacement(String),
+    #[error("'{0}' is not an integer constant")]
+    Constant(String),
+    #[error("'{0}' is not an operand this tracer reads")]
+    Operand(String),
+    #[error("'{0}' has no closing ')'")]
+    Unclosed(String),
+    #[error("'{0}' has no base register")]
+    NoBase(String),
+    #[error("'{0}' is not a scale (1, 2, 4 or 8)")]
+    Scale(String),
+    #[error("'{0}' has too many parts")]
+    TooManyParts(String),
+    #[error("'{0}': a symbol is only supported relative to %rip (a link-time address)")]
+    SymbolOffRip(String),
+    #[error("'{0}': a numeric offset from %rip depends on an instruction the note does not have")]
+    NumberOffRip(String),
+    #[error("symbol '{0}' is not in the file's symbol tables")]
+    UnknownSymbol(String),
 }
 
 /// A decimal or `0x` hexadecimal integer, possibly negative.
@@ -182,9 +213,9 @@ fn parse_int(text: &str) -> Option<i64> {
     Some(if negative { (magnitude as i64).wrapping_neg() } else { magnitude as i64 })
 }
 
-fn register(text: &str) -> Result<Register, String> {
-    let name = text.strip_prefix('%').ok_or_else(|| format!("'{text}' is not a register"))?;
-    Register::parse(name).ok_or_else(|| format!("register '{text}' is not supported"))
+fn register(text: &str) -> Result<Register, ArgReason> {
+    let name = text.strip_prefix('%').ok_or_else(|| ArgReason::NotARegister(text.into()))?;
+    Register::parse(name).ok_or_else(|| ArgReason::Register(text.into()))
 }
 
 /// A displacement: a number, or a symbol with an optional `+N`/`-N`.
@@ -193,7 +224,7 @@ enum Displacement {
     Symbol(String, i64),
 }
 
-fn displacement(text: &str) -> Result<Displacement, String> {
+fn displacement(text: &str) -> Result<Displacement, ArgReason> {
     if text.is_empty() {
         return Ok(Displacement::Number(0));
     }
@@ -211,24 +242,24 @@ fn displacement(text: &str) -> Result<Displacement, String> {
     };
     let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$' | '@');
     if name.is_empty() || !name.chars().all(valid) || name.starts_with(|c: char| c.is_ascii_digit()) {
-        return Err(format!("'{text}' is not a displacement"));
+        return Err(ArgReason::Displacement(text.into()));
     }
     Ok(Displacement::Symbol(name.to_string(), offset))
 }
 
-fn location(operand: &str) -> Result<Location, String> {
+fn location(operand: &str) -> Result<Location, ArgReason> {
     if let Some(imm) = operand.strip_prefix('$') {
-        return parse_int(imm).map(Location::Const).ok_or_else(|| format!("'{operand}' is not an integer constant"));
+        return parse_int(imm).map(Location::Const).ok_or_else(|| ArgReason::Constant(operand.into()));
     }
     if operand.starts_with('%') {
         return register(operand).map(Location::Register);
     }
-    let open = operand.find('(').ok_or_else(|| format!("'{operand}' is not an operand this tracer reads"))?;
-    let inner = operand[open + 1..].strip_suffix(')').ok_or_else(|| format!("'{operand}' has no closing ')'"))?;
+    let open = operand.find('(').ok_or_else(|| ArgReason::Operand(operand.into()))?;
+    let inner = operand[open + 1..].strip_suffix(')').ok_or_else(|| ArgReason::Unclosed(operand.into()))?;
     let disp = displacement(&operand[..open])?;
     let parts: Vec<&str> = inner.split(',').map(str::trim).collect();
     let base = match parts[0] {
-        "" => return Err(format!("'{operand}' has no base register")),
+        "" => return Err(ArgReason::NoBase(operand.into())),
         b => register(b)?,
     };
     let index = match parts.as_slice() {
@@ -236,18 +267,14 @@ fn location(operand: &str) -> Result<Location, String> {
         [_, i] | [_, i, ""] => Some((register(i)?, 1)),
         [_, i, s] => match s.parse::<u8>() {
             Ok(scale @ (1 | 2 | 4 | 8)) => Some((register(i)?, scale)),
-            _ => return Err(format!("'{s}' is not a scale (1, 2, 4 or 8)")),
+            _ => return Err(ArgReason::Scale(s.to_string())),
         },
-        _ => return Err(format!("'{operand}' has too many parts")),
+        _ => return Err(ArgReason::TooManyParts(operand.into())),
     };
     match (disp, base, index) {
         (Displacement::Symbol(name, offset), Register::Ip, None) => Ok(Location::Symbol { name, offset }),
-        (Displacement::Symbol(..), _, _) => {
-            Err(format!("'{operand}': a symbol is only supported relative to %rip (a link-time address)"))
-        }
-        (Displacement::Number(_), Register::Ip, _) => {
-            Err(format!("'{operand}': a numeric offset from %rip depends on an instruction the note does not have"))
-        }
+        (Displacement::Symbol(..), _, _) => Err(ArgReason::SymbolOffRip(operand.into())),
+        (Displacement::Number(_), Register::Ip, _) => Err(ArgReason::NumberOffRip(operand.into())),
         (Displacement::Number(offset), base, index) => Ok(Location::Memory { base, index, offset }),
     }
 }
@@ -255,14 +282,14 @@ fn location(operand: &str) -> Result<Location, String> {
 /// Parses one argument (`-4@-12(%rbp)`). Without a size prefix an argument is an unsigned 8-byte
 /// value (the oldest notes have none).
 pub fn parse_arg(text: &str) -> Result<ArgSpec, ArgError> {
-    let error = |reason: String| ArgError { text: text.to_string(), reason };
+    let error = |reason: ArgReason| ArgError { text: text.to_string(), reason };
     let (size, signed, operand) = match text.split_once('@') {
         // `@` can only separate a size from the operand when what precedes it is a number.
         Some((size, operand)) if parse_int(size).is_some() => {
             let n = parse_int(size).expect("checked");
             match n.unsigned_abs() {
                 s @ (1 | 2 | 4 | 8) => (s as u8, n < 0, operand),
-                _ => return Err(error(format!("size {n} is not 1, 2, 4 or 8 bytes"))),
+                _ => return Err(error(ArgReason::Size(n))),
             }
         }
         _ => (8, false, text),
@@ -355,7 +382,8 @@ mod tests {
             ("-4@$x", "'$x' is not an integer constant"),
             ("8@4(%rax", "'4(%rax' has no closing ')'"),
         ] {
-            assert_eq!(parse_arg(text), Err(ArgError { text: text.into(), reason: reason.into() }), "{text}");
+            let error = parse_arg(text).unwrap_err();
+            assert_eq!((error.text.as_str(), error.reason.to_string()), (text, reason.to_string()), "{text}");
         }
     }
 }

@@ -18,7 +18,7 @@ use object::{
     read::elf::{ElfFile64, FileHeader as _, ProgramHeader as _, SectionHeader as _},
 };
 
-use super::args::{ArgError, ArgSpec, Location, Register, parse_args};
+use super::args::{ArgError, ArgReason, ArgSpec, Location, Register, parse_args};
 
 /// `NT_STAPSDT`.
 const NOTE_TYPE: u32 = 3;
@@ -59,13 +59,26 @@ pub struct UsdtNote {
     pub args: Vec<Result<ArgSpec, ArgError>>,
 }
 
+/// Why a probe note was skipped (the file's other notes are still used).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SkippedNote {
+    #[error("a probe note of {0} bytes is too short")]
+    TooShort(usize),
+    #[error("a probe note is cut short")]
+    CutShort,
+    #[error("{probe} at {address:#x} is in no loadable segment of the file")]
+    Unloaded { probe: String, address: u64 },
+    #[error("{probe} has its semaphore at {address:#x}, which the file does not hold")]
+    SemaphoreOutside { probe: String, address: u64 },
+}
+
 /// The probes of one file.
 #[derive(Clone, Debug)]
 pub struct UsdtFile {
     pub path: PathBuf,
     pub notes: Vec<UsdtNote>,
     /// Notes that were skipped, and why (a probe in no loadable segment, a cut note).
-    pub skipped: Vec<String>,
+    pub skipped: Vec<SkippedNote>,
 }
 
 /// The `PT_LOAD` segments: (address, size in the file, file offset).
@@ -131,15 +144,14 @@ impl UsdtFile {
     }
 
     /// One note's description: three addresses, then provider, name and arguments.
-    fn probe(desc: &[u8], base_section: Option<u64>, segments: &Segments) -> Result<UsdtNote, String> {
+    fn probe(desc: &[u8], base_section: Option<u64>, segments: &Segments) -> Result<UsdtNote, SkippedNote> {
         if desc.len() < 24 {
-            return Err(format!("a probe note of {} bytes is too short", desc.len()));
+            return Err(SkippedNote::TooShort(desc.len()));
         }
         let word = |i: usize| u64::from_le_bytes(desc[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
         let (pc, base, semaphore) = (word(0), word(1), word(2));
-        let cut = || "a probe note is cut short".to_string();
-        let (provider, rest) = c_string(&desc[24..]).ok_or_else(cut)?;
-        let (name, rest) = c_string(rest).ok_or_else(cut)?;
+        let (provider, rest) = c_string(&desc[24..]).ok_or(SkippedNote::CutShort)?;
+        let (name, rest) = c_string(rest).ok_or(SkippedNote::CutShort)?;
         let (args_text, _) = c_string(rest).unwrap_or_default();
         // A prelinked file moved everything by the same amount as `.stapsdt.base`.
         let shift = match base_section {
@@ -149,14 +161,14 @@ impl UsdtFile {
         let address = pc.wrapping_add(shift);
         let file_offset = segments
             .file_offset(address)
-            .ok_or_else(|| format!("{provider}:{name} at {address:#x} is in no loadable segment of the file"))?;
+            .ok_or_else(|| SkippedNote::Unloaded { probe: format!("{provider}:{name}"), address })?;
         let semaphore = match semaphore {
             0 => None,
             s => {
                 let address = s.wrapping_add(shift);
-                let file_offset = segments.file_offset(address).ok_or_else(|| {
-                    format!("{provider}:{name} has its semaphore at {address:#x}, which the file does not hold")
-                })?;
+                let file_offset = segments
+                    .file_offset(address)
+                    .ok_or_else(|| SkippedNote::SemaphoreOutside { probe: format!("{provider}:{name}"), address })?;
                 Some(Semaphore { address, file_offset })
             }
         };
@@ -203,7 +215,7 @@ impl UsdtFile {
                     }),
                     None => Err(ArgError {
                         text: format!("{}{}@{name}{offset:+}(%rip)", if spec.signed { "-" } else { "" }, spec.size),
-                        reason: format!("symbol '{name}' is not in the file's symbol tables"),
+                        reason: ArgReason::UnknownSymbol(name.clone()),
                     }),
                 };
             }
@@ -375,9 +387,9 @@ mod tests {
         // A semaphore the file does not hold (in .bss) cannot be bumped by the kernel.
         let segments = Segments(vec![(0x1000, 0x1000, 0x1000)]);
         let err = UsdtFile::probe(&desc, Some(0x4000), &segments).unwrap_err();
-        assert_eq!(err, "p:n has its semaphore at 0x4010, which the file does not hold");
+        assert_eq!(err.to_string(), "p:n has its semaphore at 0x4010, which the file does not hold");
         assert!(UsdtFile::probe(&desc[..20], None, &segments).is_err());
-        assert_eq!(UsdtFile::probe(&desc[..26], None, &segments).unwrap_err(), "a probe note is cut short");
+        assert_eq!(UsdtFile::probe(&desc[..26], None, &segments).unwrap_err(), SkippedNote::CutShort);
     }
 
     #[test]

@@ -32,20 +32,33 @@ pub struct GoInfo {
     /// `go1.19.8`, when the build info says.
     pub version: Option<String>,
     /// Where `runtime.g.goid` lies, or why that is not known.
-    pub goid_offset: Result<u16, String>,
+    pub goid_offset: Result<u16, GoRefusal>,
+}
+
+/// Why a Go file's functions cannot be probed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GoRefusal {
+    #[error("it is built with {0}; the tracer needs Go 1.17 or later (register ABI)")]
+    TooOld(String),
+    #[error("cannot tell its goroutines apart: it has no DWARF and no readable Go version")]
+    NoVersion,
+    #[error(
+        "cannot tell its goroutines apart: it has no DWARF, and the layout of {0}'s goroutines is not known to the tracer"
+    )]
+    UnknownLayout(String),
 }
 
 impl GoInfo {
     /// Why this file's Go functions cannot be probed, if they cannot: before Go 1.17 `g` is not
     /// in r14 (nor the arguments in registers), and without the goroutine id offset calls cannot
     /// be paired per goroutine.
-    pub fn refusal(&self) -> Option<String> {
+    pub fn refusal(&self) -> Option<GoRefusal> {
         if let Some(version) = &self.version
             && major_minor(version).is_some_and(|v| v < (1, 17))
         {
-            return Some(format!("it is built with {version}; the tracer needs Go 1.17 or later (register ABI)"));
+            return Some(GoRefusal::TooOld(version.clone()));
         }
-        self.goid_offset.as_ref().err().map(|why| format!("cannot tell its goroutines apart: {why}"))
+        self.goid_offset.as_ref().err().cloned()
     }
 
     /// The offset of `runtime.g.goid` (0 when unknown: [`GoInfo::refusal`] says why).
@@ -109,13 +122,13 @@ fn major_minor(version: &str) -> Option<(u32, u32)> {
     Some((major, minor_text.parse().ok()?))
 }
 
-fn version_goid_offset(version: Option<&str>) -> Result<u16, String> {
+fn version_goid_offset(version: Option<&str>) -> Result<u16, GoRefusal> {
     let Some(version) = version else {
-        return Err("it has no DWARF and no readable Go version".to_string());
+        return Err(GoRefusal::NoVersion);
     };
     let known = major_minor(version)
         .and_then(|v| GOID_OFFSETS.iter().find(|known| (known.from..=known.to).contains(&v)).map(|known| known.offset));
-    known.ok_or_else(|| format!("it has no DWARF, and the layout of {version}'s goroutines is not known to the tracer"))
+    known.ok_or_else(|| GoRefusal::UnknownLayout(version.to_string()))
 }
 
 /// `DW_AT_data_member_location` of `goid` in the `runtime.g` structure, from the file's DWARF
@@ -165,10 +178,10 @@ mod tests {
         assert_eq!(major_minor("go1.21rc2"), Some((1, 21)));
         assert_eq!(major_minor("devel"), None);
         assert_eq!(version_goid_offset(Some("go1.19.8")), Ok(152));
-        assert!(version_goid_offset(Some("go1.16")).unwrap_err().contains("go1.16"));
+        assert_eq!(version_goid_offset(Some("go1.16")), Err(GoRefusal::UnknownLayout("go1.16".into())));
         assert!(version_goid_offset(None).is_err());
         let old = GoInfo { version: Some("go1.16.3".into()), goid_offset: Ok(152) };
-        assert!(old.refusal().unwrap().contains("Go 1.17 or later"), "{old:?}");
+        assert!(old.refusal().unwrap().to_string().contains("Go 1.17 or later"), "{old:?}");
         let new = GoInfo { version: Some("go1.19.8".into()), goid_offset: Ok(152) };
         assert_eq!((new.refusal(), new.goid_offset()), (None, 152));
     }

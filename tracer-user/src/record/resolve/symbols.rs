@@ -264,7 +264,7 @@ impl SymbolTable {
                         .and_then(|&(a, size)| Some(Part { address: a, offset: file_offset(a)?, size }));
                     native_placement(data, Part { address, offset, size }, cold)
                 }
-                (Some(_), Some(why)) => Placement::Refused(why.clone()),
+                (Some(_), Some(why)) => Placement::Refused(why.to_string()),
                 (Some(_), None) => go_placement(data, address, offset, size),
             };
             // Prefer a global name as the primary one, then the shortest.
