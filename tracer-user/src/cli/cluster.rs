@@ -6,8 +6,8 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 
 use super::{
-    TraceOptions, describe_output, open_output, output_format, parse_bytes, print_summary, still_running_code,
-    stop_signal, values,
+    TraceOptions, describe_output, open_output, output_format, parse_bytes, pattern_list, print_summary,
+    still_running_code, stop_signal, values,
 };
 use tracer_user::{
     cluster::{
@@ -191,8 +191,8 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
         .iter()
         .map(|a| {
             let request = TraceRequest {
-                functions: args.trace.functions.clone(),
-                usdt: args.trace.usdt.clone(),
+                functions: pattern_list::flatten(args.trace.functions.clone()),
+                usdt: pattern_list::flatten(args.trace.usdt.clone()),
                 events: events.clone(),
                 follow_children: !args.trace.no_follow,
                 // 0: the agent fits the ring to the trace.
@@ -200,8 +200,8 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
                 max_probes: args.trace.max_probes as u32,
                 capture_bytes: args.trace.capture_bytes,
                 string_size: args.trace.string_size,
-                start_at: args.trace.triggers.start_at.clone(),
-                stop_at: args.trace.triggers.stop_at.clone(),
+                start_at: pattern_list::flatten(args.trace.triggers.start_at.clone()),
+                stop_at: pattern_list::flatten(args.trace.triggers.stop_at.clone()),
                 depth: args.trace.triggers.depth.unwrap_or(0),
                 ..Default::default()
             };

@@ -14,13 +14,13 @@ use tracer_user::record::{
 pub struct ListArgs {
     /// List the functions matching this pattern (repeatable), as `record -f` takes it. Default:
     /// the functions `record` probes by default (unless only -u is given).
-    #[arg(short, long = "functions", visible_alias = "function", value_name = "PATTERN")]
-    pub functions: Vec<String>,
+    #[arg(short, long = "functions", visible_alias = "function", value_name = "PATTERN", value_parser = super::pattern_list::parse)]
+    pub functions: Vec<super::pattern_list::PatternList>,
     /// List the USDT probes matching this pattern (repeatable), as `record -u` takes it:
     /// [MODULE:]PROVIDER:NAME. Default: every USDT probe of the targets and their libraries
     /// (unless only -f is given).
-    #[arg(short, long = "usdt", value_name = "PATTERN")]
-    pub usdt: Vec<String>,
+    #[arg(short, long = "usdt", value_name = "PATTERN", value_parser = super::pattern_list::parse)]
+    pub usdt: Vec<super::pattern_list::PatternList>,
     /// The executable of this running process, and what it has loaded (repeatable).
     #[arg(short, long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
@@ -46,8 +46,8 @@ pub fn list(args: ListArgs) -> anyhow::Result<i32> {
         pids: args.pids,
         binaries: args.binaries.into_iter().chain(args.paths).collect(),
         command: args.command,
-        functions: args.functions,
-        usdt: args.usdt,
+        functions: super::pattern_list::flatten(args.functions),
+        usdt: super::pattern_list::flatten(args.usdt),
     })?;
     super::print_warnings(&listing.warnings);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());

@@ -7,6 +7,7 @@ mod docs;
 mod examples;
 pub mod kernel_log;
 mod list;
+mod pattern_list;
 mod status;
 pub mod stderr;
 mod top;
@@ -25,6 +26,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
+use pattern_list::PatternList;
 
 use tracer_user::{
     analysis::{
@@ -150,15 +152,15 @@ pub struct TraceOptions {
     /// Functions to probe (repeatable): a glob over demangled names, optionally prefixed by a
     /// module or by a source file glob (ending in .c .cc .cpp .cxx .h .hpp .rs: the functions
     /// its DWARF says are defined there), e.g. 'fib', 'app::*', 'libc.so.6:malloc',
-    /// 'src/net.c:*'. Default: every function of the main executable.
-    #[arg(short, long = "functions", value_name = "PATTERN")]
-    pub functions: Vec<String>,
+    /// 'src/net.c:*'; or a comma list of them. Default: every function of the main executable.
+    #[arg(short, long = "functions", visible_alias = "function", value_name = "PATTERN", value_parser = pattern_list::parse)]
+    pub functions: Vec<PatternList>,
     #[command(flatten)]
     pub triggers: Triggers,
     /// USDT probes to trace (repeatable): [MODULE:]PROVIDER:NAME with globs, in the targets and
-    /// their libraries, e.g. 'libc:setjmp', 'libstdc++.so.6:libstdcxx:throw'.
-    #[arg(short, long = "usdt", value_name = "PATTERN")]
-    pub usdt: Vec<String>,
+    /// their libraries, e.g. 'libc:setjmp', 'libstdc++.so.6:libstdcxx:throw'; or a comma list.
+    #[arg(short, long = "usdt", value_name = "PATTERN", value_parser = pattern_list::parse)]
+    pub usdt: Vec<PatternList>,
     /// Comma list of call,return,spawn,exit,ipc,log,usdt,break,watch (ipc: send,recv,signal; log:
     /// what the targets say through tracer-events; usdt: the -u probes; break, watch: the -B
     /// breakpoints and -w watchpoints of `record`).
@@ -205,13 +207,13 @@ pub struct Triggers {
     /// On each thread, take function calls only from its entry into a function matching this
     /// pattern on, that call included (repeatable, or a comma list; patterns as -f's, probed
     /// even if no -f names them): uftrace's trace_on.
-    #[arg(long, value_name = "PATTERN", value_delimiter = ',')]
-    pub start_at: Vec<String>,
+    #[arg(long, value_name = "PATTERN", value_parser = pattern_list::parse)]
+    pub start_at: Vec<PatternList>,
     /// When a thread enters a function matching this pattern, stop taking its function calls
     /// (that call included) until it enters a --start-at function (repeatable, or a comma list):
     /// uftrace's trace_off. With --stop-at alone, threads start taking calls.
-    #[arg(long, value_name = "PATTERN", value_delimiter = ',')]
-    pub stop_at: Vec<String>,
+    #[arg(long, value_name = "PATTERN", value_parser = pattern_list::parse)]
+    pub stop_at: Vec<PatternList>,
     /// Take only the native calls nested at most N traced calls deep on their thread (1: only
     /// the outermost traced calls; 1 to 64), with their returns.
     #[arg(long, value_name = "N")]
@@ -526,8 +528,8 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         binaries: args.binaries,
         command: args.command,
         events: args.trace.event_kinds(),
-        functions: args.trace.functions,
-        usdt: args.trace.usdt,
+        functions: pattern_list::flatten(args.trace.functions),
+        usdt: pattern_list::flatten(args.trace.usdt),
         breaks: args.breaks,
         watches: args.watches,
         follow_children: !args.trace.no_follow,
@@ -542,8 +544,8 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         return_probes: args.returns,
         no_sleepable: args.no_sleepable,
         min_duration_ns: args.min_duration.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-        start_at: args.trace.triggers.start_at,
-        stop_at: args.trace.triggers.stop_at,
+        start_at: pattern_list::flatten(args.trace.triggers.start_at),
+        stop_at: pattern_list::flatten(args.trace.triggers.stop_at),
         depth: args.trace.triggers.depth,
         // With `-o -`, standard output is the trace: the command's goes to stderr.
         start: if args.output == Path::new("-") { Start::InheritStdoutToStderr } else { Start::Inherit },
@@ -844,7 +846,7 @@ mod tests {
         let Command::Record(r) = cli.command else { panic!("record") };
         assert_eq!(r.pids, [1, 2]);
         assert_eq!(r.binaries, [PathBuf::from("/bin/x")]);
-        assert_eq!(r.trace.functions, ["fib", "libc.so.6:malloc"]);
+        assert_eq!(pattern_list::flatten(r.trace.functions.clone()), ["fib", "libc.so.6:malloc"]);
         assert_eq!(r.trace.event_kinds(), BTreeSet::from([EventKind::Call, EventKind::Exit]));
         assert!(r.trace.no_follow);
         assert_eq!(r.trace.format, Some(Format::Chrome));
@@ -863,6 +865,34 @@ mod tests {
         };
         assert_eq!(r.pids, [1, 2, 3]);
         assert_eq!(r.trace.duration, Some(Duration::from_millis(250)));
+        // Patterns too, in every subcommand that takes them, with --function as -f.
+        let Command::Record(r) = Cli::try_parse_from([
+            "tracer",
+            "record",
+            "-f",
+            "fib,f(int, char)",
+            "--function",
+            "main",
+            "-u",
+            "p:a,p:b",
+            "--start-at",
+            "on_,x",
+            "--",
+            "prog",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("record")
+        };
+        assert_eq!(pattern_list::flatten(r.trace.functions), ["fib", "f(int, char)", "main"]);
+        assert_eq!(pattern_list::flatten(r.trace.usdt), ["p:a", "p:b"]);
+        assert_eq!(pattern_list::flatten(r.trace.triggers.start_at), ["on_", "x"]);
+        for (subcommand, rest) in [("top", &["-p", "1"][..]), ("list", &["-p", "1"][..])] {
+            let mut args = vec!["tracer", subcommand, "--function", "a,b"];
+            args.extend(rest);
+            assert!(Cli::try_parse_from(&args).is_ok(), "{args:?}");
+        }
         let Command::Calls(c) = Cli::try_parse_from(["tracer", "calls", "--min-duration", "1.5ms"]).unwrap().command
         else {
             panic!("calls")

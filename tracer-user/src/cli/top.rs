@@ -32,8 +32,8 @@ pub struct TopArgs {
     pub binaries: Vec<PathBuf>,
     /// Functions to probe (repeatable), as for `record`. Default: every function of the main
     /// executable.
-    #[arg(short, long = "functions", value_name = "PATTERN")]
-    pub functions: Vec<String>,
+    #[arg(short, long = "functions", visible_alias = "function", value_name = "PATTERN", value_parser = super::pattern_list::parse)]
+    pub functions: Vec<super::pattern_list::PatternList>,
     #[command(flatten)]
     pub triggers: super::Triggers,
     /// Time between updates: 1.5 (seconds), 500ms.
@@ -69,9 +69,9 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
         pids: args.pids,
         binaries: args.binaries,
         command: args.command,
-        functions: args.functions,
-        start_at: args.triggers.start_at,
-        stop_at: args.triggers.stop_at,
+        functions: super::pattern_list::flatten(args.functions),
+        start_at: super::pattern_list::flatten(args.triggers.start_at),
+        stop_at: super::pattern_list::flatten(args.triggers.stop_at),
         depth: args.triggers.depth,
         follow_children: !args.no_follow,
         duration: args.duration,
