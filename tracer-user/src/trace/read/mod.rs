@@ -1,15 +1,113 @@
-//! Reading a recorded trace in whichever format it was written, told by its first bytes (not by
-//! its name): JSON lines, or the native format. A file that is neither is told apart by its first
-//! bytes too, so that the user hears what it is (a packet capture, a Perfetto or Chrome trace)
-//! rather than a parser's complaint about its first byte.
+//! Reading a recorded trace back, in every format tracer reads: JSON lines ([`jsonl`]), the
+//! native format ([`native`]), and Perfetto's protobuf ([`perfetto`], which tests and exports
+//! check their output with). `report`, `calls`, `export`, the viewer and the collector's spill all
+//! read through here.
+//!
+//! A trace's format is told by its first bytes (not by its name): JSON lines, or the native
+//! format. A file that is neither is told apart by its first bytes too, so that the user hears
+//! what it is (a packet capture, a Perfetto or Chrome trace) rather than a parser's complaint
+//! about its first byte.
+
+pub mod jsonl;
+pub mod native;
+pub mod perfetto;
 
 use std::io::{self, BufRead};
 
-use super::{
-    jsonl::{ItemReader, ReadError, TraceReader},
-    native::{self, NativeReader},
+use self::{
+    jsonl::TraceReader,
+    native::{NativeReader, is_native},
 };
-use crate::event::TraceItem;
+use crate::{
+    event::{EndReason, Event, TraceEnd, TraceItem},
+    sink::Sink,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("line {line}: {message}")]
+    Malformed { line: u64, message: String },
+    #[error("cannot read the trace")]
+    Io(#[from] io::Error),
+    /// The output the trace was replayed into failed (a full disk, a reader that went away):
+    /// not the trace's fault.
+    #[error("cannot write the output")]
+    Write(#[source] io::Error),
+    #[error("the trace is empty")]
+    Empty,
+    #[error("line 1: a trace must start with a trace_start line")]
+    NoStart,
+    #[error("batch {batch}: {message}")]
+    Batch { batch: u64, message: String },
+    #[error("not a native trace: {0}")]
+    Header(String),
+}
+
+/// A reader of a trace's items, in any format, for [`replay`].
+pub trait ItemReader: Iterator<Item = Result<TraceItem, ReadError>> {
+    /// What was left out at the end because the writer was killed while writing it, if anything.
+    fn torn(&self) -> Option<String>;
+    /// An error at the reader's position.
+    fn error_here(&self, message: &str) -> ReadError;
+    /// Hands each event to `each` until an item that is not an event, which it returns (`None`
+    /// at the end). A reader that decodes events one by one overrides it to skip the moves of
+    /// [`TraceItem`]s, which dominate replaying a compact trace.
+    fn feed_events(&mut self, each: &mut dyn FnMut(&Event) -> io::Result<()>) -> Option<Result<TraceItem, ReadError>> {
+        loop {
+            match self.next()? {
+                Ok(TraceItem::Event(e)) => {
+                    if let Err(e) = each(&e) {
+                        return Some(Err(ReadError::Write(e)));
+                    }
+                }
+                other => return Some(other),
+            }
+        }
+    }
+}
+
+/// What replaying a trace into a sink found.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Replayed {
+    pub events: u64,
+    /// The trace had no `trace_end` (it was cut short); one was made up from the last event.
+    pub end_missing: bool,
+    /// What was torn at its end (the writer was killed while writing it) and left out.
+    pub torn: Option<String>,
+}
+
+/// Feeds a whole trace to a sink: the start line, each event, the end line.
+pub fn replay(reader: impl ItemReader, sink: &mut dyn Sink) -> Result<Replayed, ReadError> {
+    let mut lines = reader;
+    let start = match lines.next() {
+        None => return Err(ReadError::Empty),
+        Some(Ok(TraceItem::Start(start))) => start,
+        Some(Ok(_)) => return Err(ReadError::NoStart),
+        Some(Err(e)) => return Err(e),
+    };
+    sink.begin(&start).map_err(ReadError::Write)?;
+    let mut events = 0;
+    let mut last_ts = start.ts;
+    let mut each = |e: &Event| {
+        last_ts = last_ts.max(e.ts);
+        events += 1;
+        sink.event(e)
+    };
+    while let Some(item) = lines.feed_events(&mut each) {
+        match item? {
+            TraceItem::Event(e) => each(&e).map_err(ReadError::Write)?,
+            TraceItem::End(end) => {
+                sink.end(&end).map_err(ReadError::Write)?;
+                return Ok(Replayed { events, end_missing: false, torn: None });
+            }
+            TraceItem::Start(_) => {
+                return Err(lines.error_here("a second trace_start"));
+            }
+        }
+    }
+    sink.end(&TraceEnd::new(last_ts, EndReason::InputEnded, events)).map_err(ReadError::Write)?;
+    Ok(Replayed { events, end_missing: true, torn: lines.torn() })
+}
 
 /// A trace being read.
 pub enum AnyReader<R: BufRead> {
@@ -29,7 +127,7 @@ pub enum OpenError {
 /// What a file is when its first bytes show it is not a trace `tracer record` wrote (JSON lines or
 /// native); `None` when it may be one (the readers then say what is wrong with it, and where).
 pub fn not_a_trace(head: &[u8]) -> Option<&'static str> {
-    if head.is_empty() || native::is_native(head) {
+    if head.is_empty() || is_native(head) {
         return None;
     }
     match head {
@@ -82,7 +180,7 @@ impl<R: BufRead> AnyReader<R> {
         if let Some(what) = not_a_trace(head) {
             return Err(OpenError::NotATrace(what));
         }
-        Ok(if native::is_native(head) {
+        Ok(if is_native(head) {
             AnyReader::Native(NativeReader::new(input))
         } else {
             AnyReader::Jsonl(TraceReader::new(input))
@@ -114,10 +212,7 @@ impl<R: BufRead> ItemReader for AnyReader<R> {
             AnyReader::Native(r) => r.error_here(message),
         }
     }
-    fn feed_events(
-        &mut self,
-        each: &mut dyn FnMut(&crate::event::Event) -> io::Result<()>,
-    ) -> Option<Result<TraceItem, ReadError>> {
+    fn feed_events(&mut self, each: &mut dyn FnMut(&Event) -> io::Result<()>) -> Option<Result<TraceItem, ReadError>> {
         match self {
             AnyReader::Jsonl(r) => r.feed_events(each),
             AnyReader::Native(r) => r.feed_events(each),
