@@ -10,20 +10,29 @@ use serde::{
 use super::{KIND, TYPE};
 use crate::event::{Event, EventData, Interner, TraceEnd, TraceItem, TraceStart};
 
-/// Parses one line of a trace. `Err` is one sentence (without a position: the caller names the
-/// line).
-pub fn parse_line(text: &str, interner: &mut Interner) -> Result<TraceItem, String> {
+/// Why a line is not one of a trace: one sentence, without a position (the caller names the
+/// line). The JSON error is said in the sentence, not as a source: it is the whole cause.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    #[error("{}", message(.0))]
+    Json(serde_json::Error),
+    #[error("a line needs a `{KIND}`")]
+    NoKind,
+}
+
+/// Parses one line of a trace.
+pub fn parse_line(text: &str, interner: &mut Interner) -> Result<TraceItem, ParseError> {
     match parse_in_order(text, interner) {
         Err(LineError::TagNotFirst) => {
-            let value: serde_json::Value = serde_json::from_str(text).map_err(|e| message(&e))?;
-            let reordered = serde_json::to_string(&TagsFirst(&value)).map_err(|e| message(&e))?;
+            let value: serde_json::Value = serde_json::from_str(text).map_err(ParseError::Json)?;
+            let reordered = serde_json::to_string(&TagsFirst(&value)).map_err(ParseError::Json)?;
             match parse_in_order(&reordered, interner) {
-                Err(LineError::TagNotFirst) => Err(format!("a line needs a `{KIND}`")),
-                Err(LineError::Json(e)) => Err(message(&e)),
+                Err(LineError::TagNotFirst) => Err(ParseError::NoKind),
+                Err(LineError::Json(e)) => Err(ParseError::Json(e)),
                 Ok(item) => Ok(item),
             }
         }
-        Err(LineError::Json(e)) => Err(message(&e)),
+        Err(LineError::Json(e)) => Err(ParseError::Json(e)),
         Ok(item) => Ok(item),
     }
 }

@@ -20,7 +20,7 @@ mod ser;
 
 use serde::{Serialize, Serializer};
 
-pub use de::{Name, parse_line};
+pub use de::{Name, ParseError, parse_line};
 pub use ser::Json;
 
 use super::{Event, TraceEnd, TraceItem, TraceStart};

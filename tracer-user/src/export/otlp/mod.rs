@@ -40,7 +40,7 @@ pub use ids::{HostIds, IdKey, host_key, random_key};
 pub use log_records::log_record;
 pub use sink::OtlpSink;
 pub use transport::{
-    Counters, Outcome, RetryPolicy, UrlError, classify, logs_endpoint, send_with_retries, traces_endpoint,
+    Counters, Outcome, RetryPolicy, SendError, UrlError, classify, logs_endpoint, send_with_retries, traces_endpoint,
 };
 
 /// The Rust types of the vendored OTLP protos (messages only).

@@ -197,13 +197,24 @@ pub(super) fn export_loop(
     }
 }
 
+/// Why a batch was not sent.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The collector refused it for good (or the trace's drain deadline passed).
+    #[error("{0}")]
+    Refused(String),
+    /// Every attempt the policy allows failed; the last one's reason.
+    #[error("{last} (after {attempts} attempts)")]
+    GaveUp { last: String, attempts: u32 },
+}
+
 /// Tries `attempt` until it sends, is refused, or the policy's attempts run out, sleeping an
 /// exponentially growing back-off between tries.
 pub fn send_with_retries(
     policy: &RetryPolicy,
     counters: &Counters,
     mut attempt: impl FnMut() -> Outcome,
-) -> Result<(), String> {
+) -> Result<(), SendError> {
     let mut backoff = policy.first_backoff;
     let mut last = String::new();
     for n in 0..policy.attempts.max(1) {
@@ -214,11 +225,11 @@ pub fn send_with_retries(
         }
         match attempt() {
             Outcome::Sent => return Ok(()),
-            Outcome::Refused(why) => return Err(why),
+            Outcome::Refused(why) => return Err(SendError::Refused(why)),
             Outcome::Retry(why) => last = why,
         }
     }
-    Err(format!("{last} (after {} attempts)", policy.attempts.max(1)))
+    Err(SendError::GaveUp { last, attempts: policy.attempts.max(1) })
 }
 
 fn post(agent: &ureq::Agent, endpoint: &str, body: &[u8]) -> Outcome {

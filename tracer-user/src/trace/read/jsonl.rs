@@ -2,15 +2,15 @@
 
 use std::io::BufRead;
 
-use super::{ItemReader, ReadError};
+use super::{ItemReader, LineError, Misplaced, ReadError};
 use crate::event::{Interner, TraceItem, json};
 
 impl<R: BufRead> ItemReader for TraceReader<R> {
     fn torn(&self) -> Option<String> {
         self.torn.then(|| "its last line is torn".to_string())
     }
-    fn error_here(&self, message: &str) -> ReadError {
-        ReadError::Malformed { line: self.line, message: message.to_string() }
+    fn error_here(&self, misplaced: Misplaced) -> ReadError {
+        ReadError::Malformed { line: self.line, problem: LineError::Misplaced(misplaced) }
     }
 }
 
@@ -33,7 +33,7 @@ impl<R: BufRead> TraceReader<R> {
 
     fn parse(&mut self) -> Result<TraceItem, ReadError> {
         json::parse_line(self.buf.trim_end(), &mut self.interner)
-            .map_err(|message| ReadError::Malformed { line: self.line, message })
+            .map_err(|e| ReadError::Malformed { line: self.line, problem: LineError::Parse(e) })
     }
 }
 

@@ -19,14 +19,14 @@ use self::{
     native::{NativeReader, is_native},
 };
 use crate::{
-    event::{EndReason, Event, TraceEnd, TraceItem},
+    event::{EndReason, Event, TraceEnd, TraceItem, json},
     sink::Sink,
 };
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("line {line}: {message}")]
-    Malformed { line: u64, message: String },
+    #[error("line {line}: {problem}")]
+    Malformed { line: u64, problem: LineError },
     #[error("cannot read the trace")]
     Io(#[from] io::Error),
     /// The output the trace was replayed into failed (a full disk, a reader that went away):
@@ -37,10 +37,27 @@ pub enum ReadError {
     Empty,
     #[error("line 1: a trace must start with a trace_start line")]
     NoStart,
-    #[error("batch {batch}: {message}")]
-    Batch { batch: u64, message: String },
+    #[error("batch {batch}: {problem}")]
+    Batch { batch: u64, problem: native::BatchError },
     #[error("not a native trace: {0}")]
-    Header(String),
+    Header(native::HeaderError),
+}
+
+/// What is wrong with a line of JSON lines. Said in the line's error, not as its source: it is
+/// the whole cause.
+#[derive(Debug, thiserror::Error)]
+pub enum LineError {
+    #[error("{0}")]
+    Parse(json::ParseError),
+    #[error("{0}")]
+    Misplaced(Misplaced),
+}
+
+/// An item where a trace may not have it, whatever the format.
+#[derive(Debug, thiserror::Error)]
+pub enum Misplaced {
+    #[error("a second trace_start")]
+    SecondStart,
 }
 
 /// A reader of a trace's items, in any format, for [`replay`].
@@ -48,7 +65,7 @@ pub trait ItemReader: Iterator<Item = Result<TraceItem, ReadError>> {
     /// What was left out at the end because the writer was killed while writing it, if anything.
     fn torn(&self) -> Option<String>;
     /// An error at the reader's position.
-    fn error_here(&self, message: &str) -> ReadError;
+    fn error_here(&self, misplaced: Misplaced) -> ReadError;
     /// Hands each event to `each` until an item that is not an event, which it returns (`None`
     /// at the end). A reader that decodes events one by one overrides it to skip the moves of
     /// [`TraceItem`]s, which dominate replaying a compact trace.
@@ -101,7 +118,7 @@ pub fn replay(reader: impl ItemReader, sink: &mut dyn Sink) -> Result<Replayed, 
                 return Ok(Replayed { events, end_missing: false, torn: None });
             }
             TraceItem::Start(_) => {
-                return Err(lines.error_here("a second trace_start"));
+                return Err(lines.error_here(Misplaced::SecondStart));
             }
         }
     }
@@ -206,10 +223,10 @@ impl<R: BufRead> ItemReader for AnyReader<R> {
             AnyReader::Native(r) => r.torn(),
         }
     }
-    fn error_here(&self, message: &str) -> ReadError {
+    fn error_here(&self, misplaced: Misplaced) -> ReadError {
         match self {
-            AnyReader::Jsonl(r) => r.error_here(message),
-            AnyReader::Native(r) => r.error_here(message),
+            AnyReader::Jsonl(r) => r.error_here(misplaced),
+            AnyReader::Native(r) => r.error_here(misplaced),
         }
     }
     fn feed_events(&mut self, each: &mut dyn FnMut(&Event) -> io::Result<()>) -> Option<Result<TraceItem, ReadError>> {

@@ -6,7 +6,7 @@ use std::{
     sync::Arc,
 };
 
-use super::{ItemReader, ReadError};
+use super::{ItemReader, Misplaced, ReadError};
 use crate::{
     event::{Args, Event, EventData, Interner, MAX_ARGS, TraceItem, data, json, set_name},
     export::native::{
@@ -35,6 +35,73 @@ pub struct NativeReader<R: Read> {
     done: bool,
 }
 
+/// Why a native trace's header was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum HeaderError {
+    #[error("it does not start with the native magic")]
+    NoMagic,
+    #[error("native format version {0}, this tracer reads {VERSION}")]
+    Version(u32),
+}
+
+/// What is wrong inside one batch of a native trace. Each is the whole sentence: a cause (the
+/// JSON or postcard error) is said in it, not again as a source.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    #[error("an empty batch")]
+    Empty,
+    #[error("unknown batch kind {0}")]
+    UnknownKind(u8),
+    #[error("its JSON is not UTF-8")]
+    JsonNotUtf8,
+    #[error("{0}")]
+    Line(json::ParseError),
+    #[error("its JSON line is not of the batch's kind")]
+    LineOfAnotherKind,
+    #[error("{count} events claimed in {bytes} bytes")]
+    EventsClaimed { count: u64, bytes: usize },
+    #[error("{0} bytes after the last event")]
+    BytesAfterLastEvent(usize),
+    #[error("{count} strings claimed in {bytes} bytes")]
+    StringsClaimed { count: u64, bytes: usize },
+    #[error("a string of {0} bytes, more than {MAX_STRING_BYTES}")]
+    LongString(u64),
+    #[error("a string is not UTF-8")]
+    StringNotUtf8,
+    #[error("the string table grows past {MAX_TABLE_BYTES} bytes")]
+    TableFull,
+    #[error("string number {0} was never defined")]
+    UndefinedString(u32),
+    #[error("the batch ends inside an event")]
+    EndsInsideAnEvent,
+    #[error("a number is longer than 64 bits")]
+    LongNumber,
+    #[error("{what} {value} is more than 32 bits")]
+    Over32Bits { what: &'static str, value: u64 },
+    #[error("a string runs past its batch")]
+    StringPastBatch,
+    #[error("an event names no host")]
+    NoHost,
+    #[error("an event on the same thread as none")]
+    NoThread,
+    #[error("tag {0:#x} has flags its kind does not")]
+    FlagsOfAnotherKind(u8),
+    #[error("a {0} with the same names as none")]
+    SameNamesAsNone(&'static str),
+    #[error("argument spec {0:#x} is out of range")]
+    ArgumentSpec(u64),
+    #[error("a call with a duration")]
+    CallWithDuration,
+    #[error("an event does not decode: {0}")]
+    Postcard(postcard::Error),
+    #[error("a call or return encoded as another kind")]
+    PlainCallAsAnotherKind,
+    #[error("unknown event kind {0}")]
+    UnknownEventKind(u8),
+    #[error("{0}")]
+    Misplaced(Misplaced),
+}
+
 /// A bounds-checked cursor over one batch's payload.
 struct Cursor<'a> {
     bytes: &'a [u8],
@@ -42,8 +109,8 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    fn byte(&mut self) -> Result<u8, String> {
-        let b = *self.bytes.get(self.pos).ok_or("the batch ends inside an event")?;
+    fn byte(&mut self) -> Result<u8, BatchError> {
+        let b = *self.bytes.get(self.pos).ok_or(BatchError::EndsInsideAnEvent)?;
         self.pos += 1;
         Ok(b)
     }
@@ -51,7 +118,7 @@ impl<'a> Cursor<'a> {
     /// A LEB128 number; one that fits in a byte (a flag, a name's number, a small delta) without
     /// the loop.
     #[inline]
-    fn varint(&mut self) -> Result<u64, String> {
+    fn varint(&mut self) -> Result<u64, BatchError> {
         match self.bytes.get(self.pos) {
             Some(&b) if b < 0x80 => {
                 self.pos += 1;
@@ -61,28 +128,28 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    fn long_varint(&mut self) -> Result<u64, String> {
+    fn long_varint(&mut self) -> Result<u64, BatchError> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;
             if shift == 63 && b > 1 {
-                return Err("a number is longer than 64 bits".into());
+                return Err(BatchError::LongNumber);
             }
             v |= ((b & 0x7f) as u64) << shift;
             if b & 0x80 == 0 {
                 return Ok(v);
             }
         }
-        Err("a number is longer than 64 bits".into())
+        Err(BatchError::LongNumber)
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32, String> {
+    fn u32(&mut self, what: &'static str) -> Result<u32, BatchError> {
         let v = self.varint()?;
-        u32::try_from(v).map_err(|_| format!("{what} {v} is more than 32 bits"))
+        u32::try_from(v).map_err(|_| BatchError::Over32Bits { what, value: v })
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or("a string runs past its batch")?;
+    fn take(&mut self, n: usize) -> Result<&'a [u8], BatchError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or(BatchError::StringPastBatch)?;
         let s = &self.bytes[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -114,8 +181,8 @@ impl<R: Read> NativeReader<R> {
         self.batch
     }
 
-    fn malformed(&self, message: impl Into<String>) -> ReadError {
-        ReadError::Batch { batch: self.batch, message: message.into() }
+    fn malformed(&self, problem: BatchError) -> ReadError {
+        ReadError::Batch { batch: self.batch, problem }
     }
 
     /// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean end of file before any of them.
@@ -139,11 +206,11 @@ impl<R: Read> NativeReader<R> {
             return Err(ReadError::Empty);
         }
         if got < 12 || !is_native(&header) {
-            return Err(ReadError::Header("it does not start with the native magic".into()));
+            return Err(ReadError::Header(HeaderError::NoMagic));
         }
         let version = u32::from_le_bytes(header[8..].try_into().expect("4 bytes"));
         if version != VERSION {
-            return Err(ReadError::Header(format!("native format version {version}, this tracer reads {VERSION}")));
+            return Err(ReadError::Header(HeaderError::Version(version)));
         }
         Ok(())
     }
@@ -191,15 +258,15 @@ impl<R: Read> NativeReader<R> {
         result.map_err(|m| self.malformed(m))
     }
 
-    fn start_payload_in(&mut self, payload: &[u8]) -> Result<Option<TraceItem>, String> {
-        let (&kind, rest) = payload.split_first().ok_or("an empty batch")?;
+    fn start_payload_in(&mut self, payload: &[u8]) -> Result<Option<TraceItem>, BatchError> {
+        let (&kind, rest) = payload.split_first().ok_or(BatchError::Empty)?;
         match kind {
             START | END => {
-                let text = std::str::from_utf8(rest).map_err(|_| "its JSON is not UTF-8")?;
-                let item = json::parse_line(text, &mut self.interner)?;
+                let text = std::str::from_utf8(rest).map_err(|_| BatchError::JsonNotUtf8)?;
+                let item = json::parse_line(text, &mut self.interner).map_err(BatchError::Line)?;
                 match (&item, kind) {
                     (TraceItem::Start(_), START) | (TraceItem::End(_), END) => Ok(Some(item)),
-                    _ => Err("its JSON line is not of the batch's kind".into()),
+                    _ => Err(BatchError::LineOfAnotherKind),
                 }
             }
             EVENTS => {
@@ -208,33 +275,33 @@ impl<R: Read> NativeReader<R> {
                 let count = c.varint()?;
                 // Each event takes at least two bytes.
                 if count > c.left() as u64 / 2 {
-                    return Err(format!("{count} events claimed in {} bytes", c.left()));
+                    return Err(BatchError::EventsClaimed { count, bytes: c.left() });
                 }
                 if count == 0 && c.left() != 0 {
-                    return Err(format!("{} bytes after the last event", c.left()));
+                    return Err(BatchError::BytesAfterLastEvent(c.left()));
                 }
                 *self.current = Batch { pos: c.pos, left: count, ..Batch::default() };
                 Ok(None)
             }
-            other => Err(format!("unknown batch kind {other}")),
+            other => Err(BatchError::UnknownKind(other)),
         }
     }
 
-    fn read_strings(&mut self, c: &mut Cursor) -> Result<(), String> {
+    fn read_strings(&mut self, c: &mut Cursor) -> Result<(), BatchError> {
         let count = c.varint()?;
         // Each string takes at least one byte: a count larger than the batch is a lie.
         if count > c.left() as u64 {
-            return Err(format!("{count} strings claimed in {} bytes", c.left()));
+            return Err(BatchError::StringsClaimed { count, bytes: c.left() });
         }
         for _ in 0..count {
             let len = c.varint()?;
             if len > MAX_STRING_BYTES as u64 {
-                return Err(format!("a string of {len} bytes, more than {MAX_STRING_BYTES}"));
+                return Err(BatchError::LongString(len));
             }
             let bytes = c.take(len as usize)?;
-            let s = std::str::from_utf8(bytes).map_err(|_| "a string is not UTF-8")?;
+            let s = std::str::from_utf8(bytes).map_err(|_| BatchError::StringNotUtf8)?;
             if self.table_bytes + s.len() > MAX_TABLE_BYTES {
-                return Err(format!("the string table grows past {MAX_TABLE_BYTES} bytes"));
+                return Err(BatchError::TableFull);
             }
             self.table_bytes += s.len();
             self.strings.push(Arc::from(s));
@@ -270,7 +337,7 @@ impl<R: Read> NativeReader<R> {
     fn next_event(&mut self) -> Result<&Event, ReadError> {
         match decode_event(&self.payload, &mut self.current, &self.strings) {
             Ok(e) => Ok(e),
-            Err(m) => Err(ReadError::Batch { batch: self.batch, message: m }),
+            Err(problem) => Err(ReadError::Batch { batch: self.batch, problem }),
         }
     }
 
@@ -340,8 +407,8 @@ impl Default for Batch {
     }
 }
 
-fn string(strings: &[Arc<str>], n: u32) -> Result<Arc<str>, String> {
-    strings.get(n as usize).cloned().ok_or_else(|| format!("string number {n} was never defined"))
+fn string(strings: &[Arc<str>], n: u32) -> Result<Arc<str>, BatchError> {
+    strings.get(n as usize).cloned().ok_or(BatchError::UndefinedString(n))
 }
 
 /// Decodes one event of a batch, at `batch.pos` in `payload`; the last one must end the payload.
@@ -349,20 +416,20 @@ fn string(strings: &[Arc<str>], n: u32) -> Result<Arc<str>, String> {
 /// Calls and returns are decoded in place into the batch's reusable [`Batch::call`] and
 /// [`Batch::ret`]: an event is large, and building and moving one per event was a fifth of
 /// `report`'s time on a compact trace.
-fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) -> Result<&'b Event, String> {
+fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) -> Result<&'b Event, BatchError> {
     let c = &mut Cursor { bytes: payload, pos: batch.pos };
     let cx = &mut batch.cx;
     let tag = c.byte()?;
     if tag & NEW_HOST != 0 {
         batch.host = Some(string(strings, c.u32("a host number")?)?);
     }
-    let host = batch.host.as_ref().ok_or("an event names no host")?;
+    let host = batch.host.as_ref().ok_or(BatchError::NoHost)?;
     let ts = cx.ts.wrapping_add(unzigzag(c.varint()?) as u64);
     cx.ts = ts;
     if tag & SAME_THREAD == 0 {
         cx.thread = Some((c.u32("a pid")?, c.u32("a tid")?));
     }
-    let (pid, tid) = cx.thread.ok_or("an event on the same thread as none")?;
+    let (pid, tid) = cx.thread.ok_or(BatchError::NoThread)?;
     let kind = tag & KIND_MASK;
     if kind == KIND_CALL || kind == KIND_RETURN {
         if tag & SAME_NAMES == 0 {
@@ -371,16 +438,16 @@ fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) 
             batch.names = Some((function, module));
         }
     } else if tag & (SAME_NAMES | DURATION | GOID) != 0 {
-        return Err(format!("tag {tag:#x} has flags its kind does not"));
+        return Err(BatchError::FlagsOfAnotherKind(tag));
     }
     let event = match kind {
         KIND_CALL => {
-            let (function, module) = batch.names.as_ref().ok_or("a call with the same names as none")?;
+            let (function, module) = batch.names.as_ref().ok_or(BatchError::SameNamesAsNone("call"))?;
             let spec = c.varint()?;
             let len = (spec & 0xf) as usize;
             let mask = spec >> 4;
             if len > MAX_ARGS || mask >> len != 0 {
-                return Err(format!("argument spec {spec:#x} is out of range"));
+                return Err(BatchError::ArgumentSpec(spec));
             }
             let prev = cx.args.of(tid);
             for (i, p) in prev.iter_mut().take(len).enumerate() {
@@ -390,7 +457,7 @@ fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) 
             }
             let goid = if tag & GOID != 0 { Some(c.varint()?) } else { None };
             if tag & DURATION != 0 {
-                return Err("a call with a duration".into());
+                return Err(BatchError::CallWithDuration);
             }
             let event = &mut batch.call;
             // Every field is named: the slot's others stay empty (a plain call's).
@@ -413,7 +480,7 @@ fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) 
             event
         }
         KIND_RETURN => {
-            let (function, module) = batch.names.as_ref().ok_or("a return with the same names as none")?;
+            let (function, module) = batch.names.as_ref().ok_or(BatchError::SameNamesAsNone("return"))?;
             let retval = unzigzag(c.varint()?) as u64;
             let duration_ns = if tag & DURATION != 0 { Some(c.varint()?) } else { None };
             let goid = if tag & GOID != 0 { Some(c.varint()?) } else { None };
@@ -440,17 +507,17 @@ fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) 
             event
         }
         KIND_OTHER => {
-            let (wire, rest) = postcard::take_from_bytes::<EventData<u32>>(&c.bytes[c.pos..])
-                .map_err(|e| format!("an event does not decode: {e}"))?;
+            let (wire, rest) =
+                postcard::take_from_bytes::<EventData<u32>>(&c.bytes[c.pos..]).map_err(BatchError::Postcard)?;
             c.pos = c.bytes.len() - rest.len();
             let data = wire.map_names(|n| string(strings, n))?;
             if data.is_plain_call() {
-                return Err("a call or return encoded as another kind".into());
+                return Err(BatchError::PlainCallAsAnotherKind);
             }
             batch.other = Some(Event { ts, host: host.clone(), pid, tid, data });
             batch.other.as_mut().expect("just set")
         }
-        other => return Err(format!("unknown event kind {other}")),
+        other => return Err(BatchError::UnknownEventKind(other)),
     };
     event.ts = ts;
     set_name(&mut event.host, host);
@@ -459,7 +526,7 @@ fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) 
     batch.pos = c.pos;
     batch.left -= 1;
     if batch.left == 0 && c.left() != 0 {
-        return Err(format!("{} bytes after the last event", c.left()));
+        return Err(BatchError::BytesAfterLastEvent(c.left()));
     }
     Ok(event)
 }
@@ -468,8 +535,8 @@ impl<R: Read> ItemReader for NativeReader<R> {
     fn torn(&self) -> Option<String> {
         self.torn.clone()
     }
-    fn error_here(&self, message: &str) -> ReadError {
-        self.malformed(message)
+    fn error_here(&self, misplaced: Misplaced) -> ReadError {
+        self.malformed(BatchError::Misplaced(misplaced))
     }
 
     /// Decodes each event straight into `each`: no item is built or moved for it.
