@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracer_user::export::native::NativeReader;
+use tracer_user::trace::read::native::NativeReader;
 
 fuzz_target!(|data: &[u8]| {
     for item in NativeReader::new(data) {

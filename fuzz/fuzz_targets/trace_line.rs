@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracer_user::export::jsonl::TraceReader;
+use tracer_user::trace::read::jsonl::TraceReader;
 
 fuzz_target!(|data: &[u8]| {
     for line in TraceReader::new(data) {

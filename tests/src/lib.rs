@@ -40,7 +40,7 @@ pub mod perfetto {
         use prost::Message as _;
         let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
         let packets =
-            tracer_user::export::perfetto::read::resolve(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            tracer_user::trace::read::perfetto::resolve(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let plain = tracer_user::export::perfetto::protos::Trace { packet: packets }.encode_to_vec();
         Trace::decode(&plain[..]).expect("a Perfetto trace").packet
     }

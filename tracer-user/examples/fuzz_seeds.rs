@@ -26,11 +26,9 @@ use tracer_user::{
         Channel, ClockInfo, EndReason, Event, EventData, EventKind, ProbePaths, SignalId, SpawnHow, Syscall,
         TargetInfo, TraceEnd, TraceStart, data,
     },
-    export::{
-        jsonl::{JsonlWriter, TraceReader},
-        native::{NativeReader, NativeWriter},
-    },
+    export::{jsonl::JsonlWriter, native::NativeWriter},
     sink::Sink,
+    trace::read::{jsonl::TraceReader, native::NativeReader},
 };
 
 fn main() -> Result<()> {

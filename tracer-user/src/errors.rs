@@ -56,7 +56,7 @@ mod tests {
                 "cannot start /x: Permission denied (os error 13)",
             ),
             (
-                Box::new(crate::export::jsonl::ReadError::Io(permission_denied())),
+                Box::new(crate::trace::read::ReadError::Io(permission_denied())),
                 "cannot read the trace: Permission denied (os error 13)",
             ),
             (

@@ -12,7 +12,8 @@
 //!   ([`pipeline::flows`]), filtered to the kinds asked for.
 //! - [`event`]: the one event model and its JSON lines encoding; [`sink::Sink`] is where a trace goes,
 //!   and [`output_file`] how its file is made (private, never through another user's link or file).
-//! - [`export`]: file formats and OTLP; [`analysis`]: call slices, flame stacks, reports, call
+//! - [`export`]: file formats and OTLP; [`trace::read`]: a recorded trace read back, whatever its
+//!   format; [`analysis`]: call slices, flame stacks, reports, call
 //!   listings; [`cluster`]: agents, the collector and the protocol between them; [`top`]: live
 //!   statistics aggregated in the kernel; [`view`]: the trace as a page in the browser, recorded or
 //!   live.
@@ -34,5 +35,6 @@ pub mod pipeline;
 pub mod record;
 pub mod sink;
 pub mod top;
+pub mod trace;
 pub mod usdt;
 pub mod view;

@@ -10,7 +10,8 @@ use crate::event::data;
 use std::sync::Arc;
 
 use tracer_common::{
-    cookie,
+    CallRecord, ExecRecord, ExitRecord, ForkRecord, GoCallRecord, GoReturnRecord, RecordHeader, ReturnRecord,
+    UsdtRecord, UserEventRecord, cookie,
     decode::{Record, c_bytes, decode},
 };
 
@@ -203,203 +204,204 @@ impl EventAssembler {
         let h = *record.header();
         self.unwound_at = (h.ts_boot_ns, h.pid);
         let ts = self.clock.to_unix_ns(h.ts_boot_ns);
-        let function = |c: u64| self.functions.get(cookie::function(c) as usize);
         let data = match record {
-            Record::Call(r, tail) => {
-                let Some(f) = function(r.cookie) else {
-                    self.undecodable += 1;
-                    return None;
-                };
-                let source = f.source.as_deref();
-                let data = EventData::Call(data::Call {
-                    function: f.name.clone(),
-                    module: f.module.clone(),
-                    args: Args::new(&r.args),
-                    goid: None,
-                    params: source
-                        .and_then(|s| s.layout.as_ref())
-                        .map(|l| params(l, &r.args, tail))
-                        .unwrap_or_default(),
-                    file: source.and_then(|s| s.file.clone()),
-                    line: source.and_then(|s| s.line),
-                });
-                let key = cookie::function(r.cookie);
-                match f.returns {
-                    NativeReturns::None => {}
-                    NativeReturns::ReturnAddress => self.stacks.call(h.tid, key, h.ts_boot_ns),
-                    NativeReturns::AtExits { .. } => {
-                        self.native_stacks.call(h.tid, key, r.sp, h.ts_boot_ns, &mut self.unwound)
-                    }
-                }
-                data
+            Record::Call(r, tail) => self.call(&h, &r, tail)?,
+            Record::Return(r, tail) => self.ret(&h, &r, tail)?,
+            Record::GoCall(r) => self.go_call(&h, &r)?,
+            Record::GoReturn(r) => self.go_return(&h, &r)?,
+            Record::Fork(r) => fork(&h, &r),
+            Record::Exec(r) => self.exec(&h, &r),
+            Record::Exit(r) => self.exit(&h, &r),
+            Record::Ipc(r, captured) => {
+                let data = self.channels.ipc_event(h.pid, &r, captured);
+                self.counted(data)?
             }
-            Record::Return(r, tail) => {
-                let Some(f) = function(r.cookie) else {
-                    self.undecodable += 1;
-                    return None;
-                };
-                let key = cookie::function(r.cookie);
-                let (function, module) = (f.name.clone(), f.module.clone());
-                if !cookie::is_ret_site(r.cookie) {
-                    let ret =
-                        f.source.as_deref().and_then(|s| s.layout.as_ref()).and_then(|l| ret(l, r.retval, r.rdx, tail));
-                    let duration_ns = self.stacks.ret(h.tid, key, h.ts_boot_ns);
-                    EventData::Return(data::Return {
-                        function,
-                        module,
-                        retval: r.retval,
-                        duration_ns,
-                        goid: None,
-                        ret,
-                        unwound: None,
-                        tail_call: None,
-                    })
-                } else {
-                    if cookie::is_indirect(r.cookie)
-                        && let NativeReturns::AtExits { extent } = &f.returns
-                        && extent.iter().any(|&(start, len)| r.retval.wrapping_sub(start) < len)
-                    {
-                        // `jmp reg` within the function (a switch): not an exit.
-                        return None;
-                    }
-                    let tail_call = cookie::is_tail_call(r.cookie);
-                    let duration_ns = self.native_stacks.ret(h.tid, key, r.sp, h.ts_boot_ns, &mut self.unwound);
-                    let ret = match f.source.as_deref().and_then(|s| s.layout.as_ref()) {
-                        Some(l) if !tail_call => ret(l, r.retval, r.rdx, tail),
-                        _ => None,
-                    };
-                    EventData::Return(data::Return {
-                        function,
-                        module,
-                        retval: if tail_call { 0 } else { r.retval },
-                        duration_ns,
-                        goid: None,
-                        ret,
-                        unwound: None,
-                        tail_call: tail_call.then_some(true),
-                    })
-                }
-            }
-            Record::GoCall(r) => {
-                let Some(f) = function(r.cookie) else {
-                    self.undecodable += 1;
-                    return None;
-                };
-                let data = EventData::Call(data::Call {
-                    function: f.name.clone(),
-                    module: f.module.clone(),
-                    args: Args::new(&r.args),
-                    goid: Some(r.goid),
-                    params: data::Params::default(),
-                    file: None,
-                    line: None,
-                });
-                let key = cookie::function(r.cookie);
-                self.go_stacks.call(h.pid, h.tid, r.goid, key, r.stack_depth, h.ts_boot_ns);
-                data
-            }
-            Record::GoReturn(r) => {
-                let Some(f) = function(r.cookie) else {
-                    self.undecodable += 1;
-                    return None;
-                };
-                let (function, module) = (f.name.clone(), f.module.clone());
-                let key = cookie::function(r.cookie);
-                let duration_ns = self.go_stacks.ret(h.pid, h.tid, r.goid, key, r.stack_depth, h.ts_boot_ns);
-                EventData::Return(data::Return {
-                    function,
-                    module,
-                    retval: r.retval,
-                    duration_ns,
-                    goid: Some(r.goid),
-                    ret: None,
-                    unwound: None,
-                    tail_call: None,
-                })
-            }
-            Record::Fork(r) => EventData::Spawn(data::Spawn {
-                parent_pid: h.pid,
-                child_pid: r.child_pid,
-                child_tid: r.child_tid,
-                how: if r.is_thread != 0 { SpawnHow::Thread } else { SpawnHow::Fork },
-                comm: comm(&r.comm),
-                filename: None,
-            }),
-            Record::Exec(r) => {
-                // The old program's calls end with it.
-                self.native_stacks.thread_ended(h.tid, &mut self.unwound);
-                if r.old_tid != h.tid {
-                    self.native_stacks.thread_ended(r.old_tid, &mut self.unwound);
-                }
-                EventData::Spawn(data::Spawn {
-                    parent_pid: h.pid,
-                    child_pid: h.pid,
-                    child_tid: h.tid,
-                    how: SpawnHow::Exec,
-                    comm: comm(&r.comm),
-                    filename: Some(String::from_utf8_lossy(c_bytes(&r.filename)).into_owned()),
-                })
-            }
-            Record::Exit(r) => {
-                self.stacks.thread_exited(h.tid);
-                self.native_stacks.thread_ended(h.tid, &mut self.unwound);
-                self.go_stacks.thread_exited(h.pid, h.tid);
-                if r.group_dead != 0 {
-                    self.go_stacks.process_exited(h.pid);
-                }
-                let (exit_code, signal) = exit_status(r.exit_code);
-                EventData::Exit(data::Exit { exit_code, signal, thread: r.group_dead == 0, comm: comm(&r.comm) })
-            }
-            Record::Ipc(r, captured) => match self.channels.ipc_event(h.pid, &r, captured) {
-                Some(data) => data,
-                None => {
-                    self.undecodable += 1;
-                    return None;
-                }
-            },
             Record::Signal(r) => signal_event(h.pid, &r),
-            Record::UserEvent(r, payload) => {
-                if self.usdt.get(r.cookie as usize).is_none() {
-                    self.undecodable += 1;
-                    return None;
-                }
-                match program_event(&r, payload) {
-                    Ok(log) => EventData::Log(log),
-                    Err(_) => {
-                        self.unreadable_logs += 1;
-                        return None;
-                    }
-                }
+            Record::UserEvent(r, payload) => self.user_event(&r, payload)?,
+            Record::Usdt(r) => self.usdt(&r)?,
+            Record::Break(r) => {
+                let data = self.breaks.event(&r).map(EventData::Break);
+                self.counted(data)?
             }
-            Record::Usdt(r) => {
-                let Some(probe) = self.usdt.get(r.cookie as usize) else {
-                    self.undecodable += 1;
-                    return None;
-                };
-                EventData::Usdt(data::Usdt {
-                    provider: probe.provider.clone(),
-                    name: probe.name.clone(),
-                    module: probe.module.clone(),
-                    args: probe_args(&r, probe),
-                })
+            Record::Watch(r) => {
+                let data = self.watches.event(&r).map(EventData::Watch);
+                self.counted(data)?
             }
-            Record::Break(r) => match self.breaks.event(&r) {
-                Some(b) => EventData::Break(b),
-                None => {
-                    self.undecodable += 1;
-                    return None;
-                }
-            },
-            Record::Watch(r) => match self.watches.event(&r) {
-                Some(w) => EventData::Watch(w),
-                None => {
-                    self.undecodable += 1;
-                    return None;
-                }
-            },
         };
         Some(Event { ts, host: self.host.clone(), pid: h.pid, tid: h.tid, data })
     }
+
+    /// `value`, counting it as undecodable when there is none.
+    fn counted<T>(&mut self, value: Option<T>) -> Option<T> {
+        if value.is_none() {
+            self.undecodable += 1;
+        }
+        value
+    }
+
+    fn call(&mut self, h: &RecordHeader, r: &CallRecord, tail: &[u8]) -> Option<EventData> {
+        let f = known(&self.functions, cookie::function(r.cookie) as usize, &mut self.undecodable)?;
+        let source = f.source.as_deref();
+        let data = EventData::Call(data::Call {
+            function: f.name.clone(),
+            module: f.module.clone(),
+            args: Args::new(&r.args),
+            goid: None,
+            params: source.and_then(|s| s.layout.as_ref()).map(|l| params(l, &r.args, tail)).unwrap_or_default(),
+            file: source.and_then(|s| s.file.clone()),
+            line: source.and_then(|s| s.line),
+        });
+        let key = cookie::function(r.cookie);
+        match f.returns {
+            NativeReturns::None => {}
+            NativeReturns::ReturnAddress => self.stacks.call(h.tid, key, h.ts_boot_ns),
+            NativeReturns::AtExits { .. } => self.native_stacks.call(h.tid, key, r.sp, h.ts_boot_ns, &mut self.unwound),
+        }
+        Some(data)
+    }
+
+    fn ret(&mut self, h: &RecordHeader, r: &ReturnRecord, tail: &[u8]) -> Option<EventData> {
+        let f = known(&self.functions, cookie::function(r.cookie) as usize, &mut self.undecodable)?;
+        let key = cookie::function(r.cookie);
+        let (function, module) = (f.name.clone(), f.module.clone());
+        if !cookie::is_ret_site(r.cookie) {
+            let ret = f.source.as_deref().and_then(|s| s.layout.as_ref()).and_then(|l| ret(l, r.retval, r.rdx, tail));
+            let duration_ns = self.stacks.ret(h.tid, key, h.ts_boot_ns);
+            return Some(EventData::Return(data::Return {
+                function,
+                module,
+                retval: r.retval,
+                duration_ns,
+                goid: None,
+                ret,
+                unwound: None,
+                tail_call: None,
+            }));
+        }
+        if cookie::is_indirect(r.cookie)
+            && let NativeReturns::AtExits { extent } = &f.returns
+            && extent.iter().any(|&(start, len)| r.retval.wrapping_sub(start) < len)
+        {
+            // `jmp reg` within the function (a switch): not an exit.
+            return None;
+        }
+        let tail_call = cookie::is_tail_call(r.cookie);
+        let duration_ns = self.native_stacks.ret(h.tid, key, r.sp, h.ts_boot_ns, &mut self.unwound);
+        let ret = match f.source.as_deref().and_then(|s| s.layout.as_ref()) {
+            Some(l) if !tail_call => ret(l, r.retval, r.rdx, tail),
+            _ => None,
+        };
+        Some(EventData::Return(data::Return {
+            function,
+            module,
+            retval: if tail_call { 0 } else { r.retval },
+            duration_ns,
+            goid: None,
+            ret,
+            unwound: None,
+            tail_call: tail_call.then_some(true),
+        }))
+    }
+
+    fn go_call(&mut self, h: &RecordHeader, r: &GoCallRecord) -> Option<EventData> {
+        let f = known(&self.functions, cookie::function(r.cookie) as usize, &mut self.undecodable)?;
+        let key = cookie::function(r.cookie);
+        self.go_stacks.call(h.pid, h.tid, r.goid, key, r.stack_depth, h.ts_boot_ns);
+        Some(EventData::Call(data::Call {
+            function: f.name.clone(),
+            module: f.module.clone(),
+            args: Args::new(&r.args),
+            goid: Some(r.goid),
+            params: data::Params::default(),
+            file: None,
+            line: None,
+        }))
+    }
+
+    fn go_return(&mut self, h: &RecordHeader, r: &GoReturnRecord) -> Option<EventData> {
+        let f = known(&self.functions, cookie::function(r.cookie) as usize, &mut self.undecodable)?;
+        let key = cookie::function(r.cookie);
+        let duration_ns = self.go_stacks.ret(h.pid, h.tid, r.goid, key, r.stack_depth, h.ts_boot_ns);
+        Some(EventData::Return(data::Return {
+            function: f.name.clone(),
+            module: f.module.clone(),
+            retval: r.retval,
+            duration_ns,
+            goid: Some(r.goid),
+            ret: None,
+            unwound: None,
+            tail_call: None,
+        }))
+    }
+
+    fn exec(&mut self, h: &RecordHeader, r: &ExecRecord) -> EventData {
+        // The old program's calls end with it.
+        self.native_stacks.thread_ended(h.tid, &mut self.unwound);
+        if r.old_tid != h.tid {
+            self.native_stacks.thread_ended(r.old_tid, &mut self.unwound);
+        }
+        EventData::Spawn(data::Spawn {
+            parent_pid: h.pid,
+            child_pid: h.pid,
+            child_tid: h.tid,
+            how: SpawnHow::Exec,
+            comm: comm(&r.comm),
+            filename: Some(String::from_utf8_lossy(c_bytes(&r.filename)).into_owned()),
+        })
+    }
+
+    fn exit(&mut self, h: &RecordHeader, r: &ExitRecord) -> EventData {
+        self.stacks.thread_exited(h.tid);
+        self.native_stacks.thread_ended(h.tid, &mut self.unwound);
+        self.go_stacks.thread_exited(h.pid, h.tid);
+        if r.group_dead != 0 {
+            self.go_stacks.process_exited(h.pid);
+        }
+        let (exit_code, signal) = exit_status(r.exit_code);
+        EventData::Exit(data::Exit { exit_code, signal, thread: r.group_dead == 0, comm: comm(&r.comm) })
+    }
+
+    fn user_event(&mut self, r: &UserEventRecord, payload: &[u8]) -> Option<EventData> {
+        known(&self.usdt, r.cookie as usize, &mut self.undecodable)?;
+        match program_event(r, payload) {
+            Ok(log) => Some(EventData::Log(log)),
+            Err(_) => {
+                self.unreadable_logs += 1;
+                None
+            }
+        }
+    }
+
+    fn usdt(&mut self, r: &UsdtRecord) -> Option<EventData> {
+        let probe = known(&self.usdt, r.cookie as usize, &mut self.undecodable)?;
+        Some(EventData::Usdt(data::Usdt {
+            provider: probe.provider.clone(),
+            name: probe.name.clone(),
+            module: probe.module.clone(),
+            args: probe_args(r, probe),
+        }))
+    }
+}
+
+/// The entry of a table (of functions, of probes) a record names by its cookie; a cookie that
+/// names none is counted as undecodable.
+fn known<'t, T>(table: &'t [T], index: usize, undecodable: &mut u64) -> Option<&'t T> {
+    let entry = table.get(index);
+    if entry.is_none() {
+        *undecodable += 1;
+    }
+    entry
+}
+
+fn fork(h: &RecordHeader, r: &ForkRecord) -> EventData {
+    EventData::Spawn(data::Spawn {
+        parent_pid: h.pid,
+        child_pid: r.child_pid,
+        child_tid: r.child_tid,
+        how: if r.is_thread != 0 { SpawnHow::Thread } else { SpawnHow::Fork },
+        comm: comm(&r.comm),
+        filename: None,
+    })
 }
 
 #[cfg(test)]

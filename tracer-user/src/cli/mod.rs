@@ -39,10 +39,11 @@ use tracer_user::{
     },
     event::host,
     event::{EndReason, EventKind, TraceEnd, why_lost},
-    export::{Format, hosts::HostGrouping, input, jsonl, otlp},
+    export::{Format, hosts::HostGrouping, jsonl, otlp},
     output_file::OutputFile,
     record::{self, RecordOptions, attach::launch::Start},
     sink::Sink,
+    trace::read,
 };
 
 #[derive(Debug, Parser)]
@@ -691,13 +692,13 @@ pub(crate) fn print_summary(end: &TraceEnd, output: &Path) {
     }
 }
 
-type Trace = input::AnyReader<BufReader<File>>;
+type Trace = read::AnyReader<BufReader<File>>;
 
 /// Opens a recorded trace (before any output is created, so that a wrong path costs nothing).
 fn open_trace(input: &Path) -> anyhow::Result<Trace> {
     let file = File::open(input).with_context(|| format!("cannot read {}", input.display()))?;
-    input::AnyReader::detect(BufReader::with_capacity(1 << 20, file)).map_err(|e| match e {
-        input::OpenError::NotATrace(what) => anyhow::anyhow!(
+    read::AnyReader::detect(BufReader::with_capacity(1 << 20, file)).map_err(|e| match e {
+        read::OpenError::NotATrace(what) => anyhow::anyhow!(
             "{} is {what}, not a trace: report, calls and export read the JSON lines (.jsonl) and native (.trc) traces that tracer record writes",
             input.display()
         ),
@@ -706,9 +707,9 @@ fn open_trace(input: &Path) -> anyhow::Result<Trace> {
 }
 
 /// Replays a recorded trace into a sink, saying on stderr if it was cut short.
-fn replay(input: &Path, trace: Trace, sink: &mut dyn Sink) -> anyhow::Result<jsonl::Replayed> {
-    let replayed = jsonl::replay(trace, sink).map_err(|e| match e {
-        jsonl::ReadError::Write(_) => anyhow::Error::from(e),
+fn replay(input: &Path, trace: Trace, sink: &mut dyn Sink) -> anyhow::Result<read::Replayed> {
+    let replayed = read::replay(trace, sink).map_err(|e| match e {
+        read::ReadError::Write(_) => anyhow::Error::from(e),
         e => anyhow::Error::from(e).context(format!("{} is not a valid trace", input.display())),
     })?;
     if replayed.end_missing {
@@ -756,8 +757,8 @@ pub(crate) const EXIT_OTLP_LOST: i32 = 3;
 /// Whether an error is standard output closing early (`tracer report t.jsonl | head`): not a failure.
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|cause| {
-        let kind = match cause.downcast_ref::<jsonl::ReadError>() {
-            Some(jsonl::ReadError::Io(io) | jsonl::ReadError::Write(io)) => Some(io.kind()),
+        let kind = match cause.downcast_ref::<read::ReadError>() {
+            Some(read::ReadError::Io(io) | read::ReadError::Write(io)) => Some(io.kind()),
             _ => cause
                 .downcast_ref::<std::io::Error>()
                 .map(std::io::Error::kind)

@@ -14,8 +14,9 @@ use std::{
 
 use crate::{
     event::{Event, TraceItem},
-    export::native::{NativeReader, NativeWriter},
+    export::native::NativeWriter,
     sink::Sink as _,
+    trace::read::native::NativeReader,
 };
 
 /// The private directory of one trace's spill files; removed when the last of its files is

@@ -322,7 +322,7 @@ mod tests {
     }
 
     fn parse(line: &str) -> Result<TraceItem, String> {
-        json::parse_line(line, &mut Interner::default())
+        json::parse_line(line, &mut Interner::default()).map_err(|e| e.to_string())
     }
 
     fn round_trip(e: &Event) -> Event {

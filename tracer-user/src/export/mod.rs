@@ -4,7 +4,6 @@ pub mod chrome;
 pub mod flame;
 pub mod folded;
 pub mod hosts;
-pub mod input;
 pub mod jsonl;
 pub mod native;
 pub mod otlp;

@@ -29,23 +29,18 @@
 //! Writing buffers one batch (at most [`FLUSH_EVENTS`] events or about [`FLUSH_BYTES`] bytes, and
 //! whatever [`Sink::flush`] asks for, which `record` calls on its flush interval), so memory does
 //! not grow with the trace. A writer killed mid-batch leaves a short or corrupt last batch: the
-//! reader stops there and says so ([`ItemReader::torn`]), losing that batch only. Every length,
+//! reader stops there and says so ([`crate::trace::read::ItemReader::torn`]), losing that batch only. Every length,
 //! count and string number read is checked against [`MAX_BATCH_BYTES`], [`MAX_STRING_BYTES`],
 //! [`MAX_TABLE_BYTES`] and what the batch actually holds before it is used.
 
 use std::{
     collections::HashMap,
-    io::{self, BufWriter, Read, Write},
+    io::{self, BufWriter, Write},
     sync::Arc,
 };
 
 use crate::{
-    event::{
-        Args, Event, EventData, Interner, MAX_ARGS, TraceEnd, TraceItem, TraceStart, data,
-        json::{self, Line},
-        set_name,
-    },
-    export::jsonl::{ItemReader, ReadError},
+    event::{Args, Event, EventData, MAX_ARGS, TraceEnd, TraceStart, data, json::Line},
     sink::Sink,
 };
 
@@ -72,15 +67,15 @@ pub const MAX_STRING_BYTES: usize = 1 << 20;
 /// Most bytes of strings a file's table may hold.
 pub const MAX_TABLE_BYTES: usize = 256 << 20;
 
-const KIND_MASK: u8 = 0b111;
-const KIND_CALL: u8 = 0;
-const KIND_RETURN: u8 = 1;
-const KIND_OTHER: u8 = 2;
-const NEW_HOST: u8 = 1 << 3;
-const SAME_THREAD: u8 = 1 << 4;
-const SAME_NAMES: u8 = 1 << 5;
-const GOID: u8 = 1 << 6;
-const DURATION: u8 = 1 << 7;
+pub(crate) const KIND_MASK: u8 = 0b111;
+pub(crate) const KIND_CALL: u8 = 0;
+pub(crate) const KIND_RETURN: u8 = 1;
+pub(crate) const KIND_OTHER: u8 = 2;
+pub(crate) const NEW_HOST: u8 = 1 << 3;
+pub(crate) const SAME_THREAD: u8 = 1 << 4;
+pub(crate) const SAME_NAMES: u8 = 1 << 5;
+pub(crate) const GOID: u8 = 1 << 6;
+pub(crate) const DURATION: u8 = 1 << 7;
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
@@ -94,18 +89,18 @@ fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
 
-fn unzigzag(v: u64) -> i64 {
+pub(crate) fn unzigzag(v: u64) -> i64 {
     (v >> 1) as i64 ^ -((v & 1) as i64)
 }
 
 /// What each batch's events are encoded against; reset at every batch.
 #[derive(Default)]
-struct Context {
-    ts: u64,
-    host: Option<u32>,
-    thread: Option<(u32, u32)>,
-    names: Option<(u32, u32)>,
-    args: ThreadArgs,
+pub(crate) struct Context {
+    pub(crate) ts: u64,
+    pub(crate) host: Option<u32>,
+    pub(crate) thread: Option<(u32, u32)>,
+    pub(crate) names: Option<(u32, u32)>,
+    pub(crate) args: ThreadArgs,
 }
 
 /// Each thread's registers at its last call, which its next call is encoded against.
@@ -114,14 +109,14 @@ struct Context {
 /// one thread), others through an FNV map of tids (not chosen by an attacker of this map: a trace
 /// holds few threads, and a hostile one only slows its own reading).
 #[derive(Default)]
-struct ThreadArgs {
+pub(crate) struct ThreadArgs {
     slots: fnv::FnvHashMap<u32, usize>,
     values: Vec<[u64; MAX_ARGS]>,
     last: Option<(u32, usize)>,
 }
 
 impl ThreadArgs {
-    fn of(&mut self, tid: u32) -> &mut [u64; MAX_ARGS] {
+    pub(crate) fn of(&mut self, tid: u32) -> &mut [u64; MAX_ARGS] {
         let slot = match self.last {
             Some((t, slot)) if t == tid => slot,
             _ => {
@@ -386,509 +381,16 @@ impl<W: Write> Sink for NativeWriter<W> {
     }
 }
 
-/// Whether a file starts like a native trace.
-pub fn is_native(head: &[u8]) -> bool {
-    head.starts_with(MAGIC)
-}
-
-/// Reads a native trace one batch at a time (memory holds one batch and the string table).
-pub struct NativeReader<R: Read> {
-    input: R,
-    header_read: bool,
-    batch: u64,
-    strings: Vec<Arc<str>>,
-    table_bytes: usize,
-    interner: Interner,
-    /// The batch of events being decoded (boxed: it holds three events).
-    current: Box<Batch>,
-    payload: Vec<u8>,
-    torn: Option<String>,
-    done: bool,
-}
-
-/// A bounds-checked cursor over one batch's payload.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn byte(&mut self) -> Result<u8, String> {
-        let b = *self.bytes.get(self.pos).ok_or("the batch ends inside an event")?;
-        self.pos += 1;
-        Ok(b)
-    }
-
-    /// A LEB128 number; one that fits in a byte (a flag, a name's number, a small delta) without
-    /// the loop.
-    #[inline]
-    fn varint(&mut self) -> Result<u64, String> {
-        match self.bytes.get(self.pos) {
-            Some(&b) if b < 0x80 => {
-                self.pos += 1;
-                Ok(b as u64)
-            }
-            _ => self.long_varint(),
-        }
-    }
-
-    fn long_varint(&mut self) -> Result<u64, String> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.byte()?;
-            if shift == 63 && b > 1 {
-                return Err("a number is longer than 64 bits".into());
-            }
-            v |= ((b & 0x7f) as u64) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err("a number is longer than 64 bits".into())
-    }
-
-    fn u32(&mut self, what: &str) -> Result<u32, String> {
-        let v = self.varint()?;
-        u32::try_from(v).map_err(|_| format!("{what} {v} is more than 32 bits"))
-    }
-
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or("a string runs past its batch")?;
-        let s = &self.bytes[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-
-    fn left(&self) -> usize {
-        self.bytes.len() - self.pos
-    }
-}
-
-impl<R: Read> NativeReader<R> {
-    pub fn new(input: R) -> Self {
-        NativeReader {
-            input,
-            header_read: false,
-            batch: 0,
-            strings: Vec::new(),
-            table_bytes: 0,
-            interner: Interner::default(),
-            current: Box::default(),
-            payload: Vec::new(),
-            torn: None,
-            done: false,
-        }
-    }
-
-    /// Batches read so far.
-    pub fn batches(&self) -> u64 {
-        self.batch
-    }
-
-    fn malformed(&self, message: impl Into<String>) -> ReadError {
-        ReadError::Batch { batch: self.batch, message: message.into() }
-    }
-
-    /// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean end of file before any of them.
-    fn read_full(&mut self, buf: &mut [u8]) -> Result<usize, io::Error> {
-        let mut got = 0;
-        while got < buf.len() {
-            match self.input.read(&mut buf[got..]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(got)
-    }
-
-    fn read_header(&mut self) -> Result<(), ReadError> {
-        let mut header = [0u8; 12];
-        let got = self.read_full(&mut header)?;
-        if got == 0 {
-            return Err(ReadError::Empty);
-        }
-        if got < 12 || !is_native(&header) {
-            return Err(ReadError::Header("it does not start with the native magic".into()));
-        }
-        let version = u32::from_le_bytes(header[8..].try_into().expect("4 bytes"));
-        if version != VERSION {
-            return Err(ReadError::Header(format!("native format version {version}, this tracer reads {VERSION}")));
-        }
-        Ok(())
-    }
-
-    /// Reads the next batch's payload; `None` at the end of the file or at a torn batch.
-    fn next_payload(&mut self) -> Result<Option<()>, ReadError> {
-        let mut frame = [0u8; 8];
-        let got = self.read_full(&mut frame)?;
-        if got == 0 {
-            return Ok(None);
-        }
-        let batch = self.batch + 1;
-        if got < 8 {
-            self.torn = Some(format!("batch {batch} is cut short in its frame"));
-            return Ok(None);
-        }
-        let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(frame[4..].try_into().expect("4 bytes"));
-        if len > MAX_BATCH_BYTES {
-            self.torn = Some(format!("batch {batch} claims {len} bytes, more than {MAX_BATCH_BYTES}"));
-            return Ok(None);
-        }
-        let mut payload = std::mem::take(&mut self.payload);
-        payload.resize(len, 0);
-        let got = self.read_full(&mut payload)?;
-        self.payload = payload;
-        if got < len {
-            self.torn = Some(format!("batch {batch} is cut short ({got} of {len} bytes)"));
-            return Ok(None);
-        }
-        if crc32fast::hash(&self.payload) != crc {
-            self.torn = Some(format!("batch {batch} fails its checksum"));
-            return Ok(None);
-        }
-        self.batch = batch;
-        Ok(Some(()))
-    }
-
-    /// Starts on the payload just read: a `trace_start` or `trace_end` is returned, a batch of
-    /// events has its strings added to the table and becomes the current one.
-    fn start_payload(&mut self) -> Result<Option<TraceItem>, ReadError> {
-        let payload = std::mem::take(&mut self.payload);
-        let result = self.start_payload_in(&payload);
-        self.payload = payload;
-        result.map_err(|m| self.malformed(m))
-    }
-
-    fn start_payload_in(&mut self, payload: &[u8]) -> Result<Option<TraceItem>, String> {
-        let (&kind, rest) = payload.split_first().ok_or("an empty batch")?;
-        match kind {
-            START | END => {
-                let text = std::str::from_utf8(rest).map_err(|_| "its JSON is not UTF-8")?;
-                let item = json::parse_line(text, &mut self.interner)?;
-                match (&item, kind) {
-                    (TraceItem::Start(_), START) | (TraceItem::End(_), END) => Ok(Some(item)),
-                    _ => Err("its JSON line is not of the batch's kind".into()),
-                }
-            }
-            EVENTS => {
-                let mut c = Cursor { bytes: payload, pos: 1 };
-                self.read_strings(&mut c)?;
-                let count = c.varint()?;
-                // Each event takes at least two bytes.
-                if count > c.left() as u64 / 2 {
-                    return Err(format!("{count} events claimed in {} bytes", c.left()));
-                }
-                if count == 0 && c.left() != 0 {
-                    return Err(format!("{} bytes after the last event", c.left()));
-                }
-                *self.current = Batch { pos: c.pos, left: count, ..Batch::default() };
-                Ok(None)
-            }
-            other => Err(format!("unknown batch kind {other}")),
-        }
-    }
-
-    fn read_strings(&mut self, c: &mut Cursor) -> Result<(), String> {
-        let count = c.varint()?;
-        // Each string takes at least one byte: a count larger than the batch is a lie.
-        if count > c.left() as u64 {
-            return Err(format!("{count} strings claimed in {} bytes", c.left()));
-        }
-        for _ in 0..count {
-            let len = c.varint()?;
-            if len > MAX_STRING_BYTES as u64 {
-                return Err(format!("a string of {len} bytes, more than {MAX_STRING_BYTES}"));
-            }
-            let bytes = c.take(len as usize)?;
-            let s = std::str::from_utf8(bytes).map_err(|_| "a string is not UTF-8")?;
-            if self.table_bytes + s.len() > MAX_TABLE_BYTES {
-                return Err(format!("the string table grows past {MAX_TABLE_BYTES} bytes"));
-            }
-            self.table_bytes += s.len();
-            self.strings.push(Arc::from(s));
-        }
-        Ok(())
-    }
-
-    /// Reads up to the next item: a batch of events with events left, a start or end, or the end
-    /// of the file (or a torn batch).
-    fn step(&mut self) -> Result<Step, ReadError> {
-        loop {
-            if self.current.left > 0 {
-                return Ok(Step::Events);
-            }
-            if self.done {
-                return Ok(Step::Done);
-            }
-            if !self.header_read {
-                self.read_header()?;
-                self.header_read = true;
-            }
-            if self.next_payload()?.is_none() {
-                self.done = true;
-                return Ok(Step::Done);
-            }
-            if let Some(item) = self.start_payload()? {
-                return Ok(Step::Item(Box::new(item)));
-            }
-        }
-    }
-
-    /// Decodes the batch's next event (there is one: `current.left > 0`).
-    fn next_event(&mut self) -> Result<&Event, ReadError> {
-        match decode_event(&self.payload, &mut self.current, &self.strings) {
-            Ok(e) => Ok(e),
-            Err(m) => Err(ReadError::Batch { batch: self.batch, message: m }),
-        }
-    }
-
-    fn fail(&mut self, e: ReadError) -> Option<Result<TraceItem, ReadError>> {
-        self.done = true;
-        self.current.left = 0;
-        Some(Err(e))
-    }
-}
-
-/// What [`NativeReader::step`] found next.
-enum Step {
-    Events,
-    /// Boxed: a start is large, and rare.
-    Item(Box<TraceItem>),
-    Done,
-}
-
-/// Where the reader is in a batch of events, and what its next event is encoded against.
-struct Batch {
-    /// Of the next event, in the payload.
-    pos: usize,
-    /// Events not yet decoded.
-    left: u64,
-    cx: Context,
-    host: Option<Arc<str>>,
-    names: Option<(Arc<str>, Arc<str>)>,
-    /// The last call decoded, overwritten by the next one.
-    call: Event,
-    /// The last return decoded, overwritten by the next one.
-    ret: Event,
-    /// The last event of another kind.
-    other: Option<Event>,
-}
-
-impl Default for Batch {
-    fn default() -> Self {
-        let empty: Arc<str> = Arc::from("");
-        let event = |data| Event { ts: 0, host: empty.clone(), pid: 0, tid: 0, data };
-        Batch {
-            pos: 0,
-            left: 0,
-            cx: Context::default(),
-            host: None,
-            names: None,
-            call: event(EventData::Call(data::Call {
-                function: empty.clone(),
-                module: empty.clone(),
-                args: Args::default(),
-                goid: None,
-                params: data::Params::default(),
-                file: None,
-                line: None,
-            })),
-            ret: event(EventData::Return(data::Return {
-                function: empty.clone(),
-                module: empty.clone(),
-                retval: 0,
-                duration_ns: None,
-                goid: None,
-                ret: None,
-                unwound: None,
-                tail_call: None,
-            })),
-            other: None,
-        }
-    }
-}
-
-fn string(strings: &[Arc<str>], n: u32) -> Result<Arc<str>, String> {
-    strings.get(n as usize).cloned().ok_or_else(|| format!("string number {n} was never defined"))
-}
-
-/// Decodes one event of a batch, at `batch.pos` in `payload`; the last one must end the payload.
-///
-/// Calls and returns are decoded in place into the batch's reusable [`Batch::call`] and
-/// [`Batch::ret`]: an event is large, and building and moving one per event was a fifth of
-/// `report`'s time on a compact trace.
-fn decode_event<'b>(payload: &[u8], batch: &'b mut Batch, strings: &[Arc<str>]) -> Result<&'b Event, String> {
-    let c = &mut Cursor { bytes: payload, pos: batch.pos };
-    let cx = &mut batch.cx;
-    let tag = c.byte()?;
-    if tag & NEW_HOST != 0 {
-        batch.host = Some(string(strings, c.u32("a host number")?)?);
-    }
-    let host = batch.host.as_ref().ok_or("an event names no host")?;
-    let ts = cx.ts.wrapping_add(unzigzag(c.varint()?) as u64);
-    cx.ts = ts;
-    if tag & SAME_THREAD == 0 {
-        cx.thread = Some((c.u32("a pid")?, c.u32("a tid")?));
-    }
-    let (pid, tid) = cx.thread.ok_or("an event on the same thread as none")?;
-    let kind = tag & KIND_MASK;
-    if kind == KIND_CALL || kind == KIND_RETURN {
-        if tag & SAME_NAMES == 0 {
-            let function = string(strings, c.u32("a function number")?)?;
-            let module = string(strings, c.u32("a module number")?)?;
-            batch.names = Some((function, module));
-        }
-    } else if tag & (SAME_NAMES | DURATION | GOID) != 0 {
-        return Err(format!("tag {tag:#x} has flags its kind does not"));
-    }
-    let event = match kind {
-        KIND_CALL => {
-            let (function, module) = batch.names.as_ref().ok_or("a call with the same names as none")?;
-            let spec = c.varint()?;
-            let len = (spec & 0xf) as usize;
-            let mask = spec >> 4;
-            if len > MAX_ARGS || mask >> len != 0 {
-                return Err(format!("argument spec {spec:#x} is out of range"));
-            }
-            let prev = cx.args.of(tid);
-            for (i, p) in prev.iter_mut().take(len).enumerate() {
-                if mask & (1 << i) != 0 {
-                    *p = p.wrapping_add(unzigzag(c.varint()?) as u64);
-                }
-            }
-            let goid = if tag & GOID != 0 { Some(c.varint()?) } else { None };
-            if tag & DURATION != 0 {
-                return Err("a call with a duration".into());
-            }
-            let event = &mut batch.call;
-            // Every field is named: the slot's others stay empty (a plain call's).
-            let EventData::Call(data::Call {
-                function: slot_function,
-                module: slot_module,
-                args: slot_args,
-                goid: slot_goid,
-                params: _,
-                file: _,
-                line: _,
-            }) = &mut event.data
-            else {
-                unreachable!("the call slot holds a call")
-            };
-            set_name(slot_function, function);
-            set_name(slot_module, module);
-            *slot_args = Args::new(&prev[..len]);
-            *slot_goid = goid;
-            event
-        }
-        KIND_RETURN => {
-            let (function, module) = batch.names.as_ref().ok_or("a return with the same names as none")?;
-            let retval = unzigzag(c.varint()?) as u64;
-            let duration_ns = if tag & DURATION != 0 { Some(c.varint()?) } else { None };
-            let goid = if tag & GOID != 0 { Some(c.varint()?) } else { None };
-            let event = &mut batch.ret;
-            // Every field is named: the slot's others stay empty (a plain return's).
-            let EventData::Return(data::Return {
-                function: slot_function,
-                module: slot_module,
-                retval: slot_retval,
-                duration_ns: slot_duration,
-                goid: slot_goid,
-                ret: _,
-                unwound: _,
-                tail_call: _,
-            }) = &mut event.data
-            else {
-                unreachable!("the return slot holds a return")
-            };
-            set_name(slot_function, function);
-            set_name(slot_module, module);
-            *slot_retval = retval;
-            *slot_duration = duration_ns;
-            *slot_goid = goid;
-            event
-        }
-        KIND_OTHER => {
-            let (wire, rest) = postcard::take_from_bytes::<EventData<u32>>(&c.bytes[c.pos..])
-                .map_err(|e| format!("an event does not decode: {e}"))?;
-            c.pos = c.bytes.len() - rest.len();
-            let data = wire.map_names(|n| string(strings, n))?;
-            if data.is_plain_call() {
-                return Err("a call or return encoded as another kind".into());
-            }
-            batch.other = Some(Event { ts, host: host.clone(), pid, tid, data });
-            batch.other.as_mut().expect("just set")
-        }
-        other => return Err(format!("unknown event kind {other}")),
-    };
-    event.ts = ts;
-    set_name(&mut event.host, host);
-    event.pid = pid;
-    event.tid = tid;
-    batch.pos = c.pos;
-    batch.left -= 1;
-    if batch.left == 0 && c.left() != 0 {
-        return Err(format!("{} bytes after the last event", c.left()));
-    }
-    Ok(event)
-}
-
-impl<R: Read> ItemReader for NativeReader<R> {
-    fn torn(&self) -> Option<String> {
-        self.torn.clone()
-    }
-    fn error_here(&self, message: &str) -> ReadError {
-        self.malformed(message)
-    }
-
-    /// Decodes each event straight into `each`: no item is built or moved for it.
-    fn feed_events(&mut self, each: &mut dyn FnMut(&Event) -> io::Result<()>) -> Option<Result<TraceItem, ReadError>> {
-        loop {
-            match self.step() {
-                Ok(Step::Events) => {
-                    while self.current.left > 0 {
-                        match self.next_event() {
-                            Ok(e) => {
-                                if let Err(e) = each(e) {
-                                    return self.fail(ReadError::Write(e));
-                                }
-                            }
-                            Err(e) => return self.fail(e),
-                        }
-                    }
-                }
-                Ok(Step::Item(item)) => return Some(Ok(*item)),
-                Ok(Step::Done) => return None,
-                Err(e) => return self.fail(e),
-            }
-        }
-    }
-}
-
-impl<R: Read> Iterator for NativeReader<R> {
-    type Item = Result<TraceItem, ReadError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        match self.step() {
-            Ok(Step::Events) => match self.next_event() {
-                Ok(e) => Some(Ok(TraceItem::Event(e.clone()))),
-                Err(e) => self.fail(e),
-            },
-            Ok(Step::Item(item)) => Some(Ok(*item)),
-            Ok(Step::Done) => None,
-            Err(e) => self.fail(e),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{
-        event::{Channel, SignalId, SpawnHow, Syscall, test_events},
-        export::jsonl::{Replayed, replay},
+        event::{Channel, SignalId, SpawnHow, Syscall, TraceItem, test_events},
+        trace::read::{
+            ItemReader, ReadError, Replayed,
+            native::{NativeReader, is_native},
+            replay,
+        },
     };
 
     /// One event of every kind, on two hosts and several threads, with the values that stress

@@ -71,8 +71,6 @@ use protos::{
     TrackEvent, TrackEventDefaults, clock_snapshot, debug_annotation, trace_packet, track_event,
 };
 
-pub mod read;
-
 /// The sequence the track descriptors are on: it has no incremental state.
 const DESCRIPTOR_SEQUENCE: u32 = 1;
 
@@ -741,6 +739,7 @@ mod tests {
         event::test_events::{call, ev, go_call, go_ret, ret},
         event::test_events::{end, start},
         event::{Channel, SignalId, Syscall},
+        trace::read::perfetto as read,
     };
 
     /// The file's bytes.
@@ -1087,11 +1086,14 @@ mod tests {
         // Without the packet that sets the state up: no incremental state (the two descriptors
         // before the first event need none).
         let unset: Vec<TracePacket> = raw.iter().filter(|p| p.sequence_flags != CLEARED).cloned().collect();
-        assert!(matches!(read::resolve(&bytes(&unset)), Err(read::ReadError::NoState { packet: 2 })));
+        assert!(matches!(read::resolve(&bytes(&unset)), Err(read::ResolveError::NoState { packet: 2 })));
         for p in &mut raw {
             p.interned_data = None;
         }
-        assert!(matches!(read::resolve(&bytes(&raw)), Err(read::ReadError::UnknownIid { .. })), "names not interned");
+        assert!(
+            matches!(read::resolve(&bytes(&raw)), Err(read::ResolveError::UnknownIid { .. })),
+            "names not interned"
+        );
     }
 
     #[test]

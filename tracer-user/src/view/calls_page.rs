@@ -15,8 +15,8 @@ use serde::Serialize;
 use crate::{
     analysis::call_listing::{CallFilter, CallPrinter},
     event::{Event, TraceEnd, TraceStart},
-    export::{input::AnyReader, jsonl},
     sink::Sink,
+    trace::read::{self, AnyReader},
 };
 
 /// Lines in a page.
@@ -36,9 +36,9 @@ pub enum CallsPageError {
     #[error("cannot read {path}")]
     Open { path: String, source: io::Error },
     #[error("cannot read {path}")]
-    Detect { path: String, source: crate::export::input::OpenError },
+    Detect { path: String, source: read::OpenError },
     #[error("{path} is not a valid trace")]
-    Read { path: String, source: jsonl::ReadError },
+    Read { path: String, source: read::ReadError },
 }
 
 /// Keeps the lines of one page; fails once it has them and the next, which ends the replay.
@@ -103,11 +103,11 @@ pub fn read(path: &Path, host: Option<&str>, tid: u32, page: u64) -> Result<Call
     let printer = CallPrinter::new(&mut writer, CallFilter { tid: Some(tid), ..CallFilter::default() });
     let mut printer = OneHost { host: host.unwrap_or(""), sink: printer };
     let replayed = match host {
-        Some(_) => jsonl::replay(trace, &mut printer),
-        None => jsonl::replay(trace, &mut printer.sink),
+        Some(_) => read::replay(trace, &mut printer),
+        None => read::replay(trace, &mut printer.sink),
     };
     match replayed {
-        Ok(_) | Err(jsonl::ReadError::Write(_)) => {}
+        Ok(_) | Err(read::ReadError::Write(_)) => {}
         Err(source) => return Err(CallsPageError::Read { path: name(), source }),
     }
     drop(printer);

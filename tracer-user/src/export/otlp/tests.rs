@@ -2,15 +2,32 @@
 //! rules, against a listener that answers what each test scripts.
 
 use std::{
+    collections::HashMap,
     io::{BufRead, BufReader, Read, Write},
     net::TcpListener,
-    sync::{Mutex, mpsc},
+    sync::{Arc, Mutex, atomic::Ordering, mpsc},
+    thread,
+    time::Duration,
 };
 
-use super::*;
-use crate::event::{
-    Channel, Syscall,
-    test_events::{call, end, ev, ret, start},
+use prost::Message as _;
+
+use super::{
+    proto::{
+        collector::{logs::v1::ExportLogsServiceRequest, trace::v1::ExportTraceServiceRequest},
+        common::v1::{KeyValue, any_value},
+        logs::v1::{LogRecord, SeverityNumber},
+        resource::v1::Resource,
+        trace::v1::{Span, span},
+    },
+    *,
+};
+use crate::{
+    event::{
+        Channel, Event, EventData, Syscall, data,
+        test_events::{call, end, ev, ret, start},
+    },
+    sink::Sink,
 };
 
 /// A collector stand-in: answers each request with the next status of `statuses` (then 200),

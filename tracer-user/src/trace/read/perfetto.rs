@@ -1,4 +1,4 @@
-//! Reads a Perfetto trace back into plain packets, resolving what a Perfetto reader resolves:
+//! Reads a Perfetto trace ([`crate::export::perfetto`]) back into plain packets, resolving what a Perfetto reader resolves:
 //! interned names and strings (per sequence, reset by `SEQ_INCREMENTAL_STATE_CLEARED`), the
 //! sequence's defaults (`TracePacketDefaults`: its default clock and its events' default track,
 //! replaced whole by new defaults and dropped when the state is cleared, as `trace_processor`
@@ -14,13 +14,13 @@ use std::collections::HashMap;
 
 use prost::Message as _;
 
-use super::{
+use crate::export::perfetto::{
     TRACE_CLOCK,
     protos::{Trace, TracePacket, debug_annotation, trace_packet, track_event},
 };
 
 #[derive(Debug, thiserror::Error)]
-pub enum ReadError {
+pub enum ResolveError {
     #[error("not a Perfetto trace")]
     Decode(#[from] prost::DecodeError),
     #[error("packet {packet} refers to {table} iid {iid}, which its sequence did not intern")]
@@ -49,12 +49,12 @@ struct Sequence {
     last: HashMap<u32, u64>,
 }
 
-fn lookup(table: &HashMap<u64, String>, name: &'static str, iid: u64, packet: usize) -> Result<String, ReadError> {
-    table.get(&iid).cloned().ok_or(ReadError::UnknownIid { packet, table: name, iid })
+fn lookup(table: &HashMap<u64, String>, name: &'static str, iid: u64, packet: usize) -> Result<String, ResolveError> {
+    table.get(&iid).cloned().ok_or(ResolveError::UnknownIid { packet, table: name, iid })
 }
 
 /// The track events and track descriptors of a trace, resolved.
-pub fn resolve(bytes: &[u8]) -> Result<Vec<TracePacket>, ReadError> {
+pub fn resolve(bytes: &[u8]) -> Result<Vec<TracePacket>, ResolveError> {
     let mut sequences: HashMap<u32, Sequence> = HashMap::new();
     let mut out = Vec::new();
     for (i, mut p) in Trace::decode(bytes)?.packet.into_iter().enumerate() {
@@ -67,7 +67,7 @@ pub fn resolve(bytes: &[u8]) -> Result<Vec<TracePacket>, ReadError> {
         if flags & trace_packet::SequenceFlags::SeqIncrementalStateCleared as u32 != 0 {
             *seq = Sequence { valid: true, ..Sequence::default() };
         } else if flags & trace_packet::SequenceFlags::SeqNeedsIncrementalState as u32 != 0 && !seq.valid {
-            return Err(ReadError::NoState { packet: i });
+            return Err(ResolveError::NoState { packet: i });
         }
         if let Some(defaults) = p.trace_packet_defaults.take() {
             seq.default_clock = defaults.timestamp_clock_id;
@@ -106,7 +106,7 @@ pub fn resolve(bytes: &[u8]) -> Result<Vec<TracePacket>, ReadError> {
                 ts
             } else {
                 let &(offset, incremental) =
-                    seq.clocks.get(&clock).ok_or(ReadError::UnknownClock { packet: i, clock })?;
+                    seq.clocks.get(&clock).ok_or(ResolveError::UnknownClock { packet: i, clock })?;
                 let value = if incremental {
                     let last = seq.last.entry(clock).or_default();
                     *last += ts;

@@ -1,0 +1,3 @@
+//! A recorded trace, as it is read back: [`read`].
+
+pub mod read;
