@@ -66,9 +66,10 @@ pub(crate) fn measure_alternating(configs: &mut [(&str, &mut dyn FnMut() -> Comm
     Ok(runs.into_iter().map(|(walls, loops)| Sample { wall: median(walls), loop_ns: median(loops) }).collect())
 }
 
-/// One run of `cmd`: its wall time and the loop time the fixture printed (`calls N ns T`).
+/// One run of `cmd`: its wall time and the loop time the fixture printed (`calls N ns T`), on
+/// stdout, or on stderr where the tracer keeps stdout for itself (`top --json`).
 fn run_once(what: &str, mut cmd: Command) -> Result<(Duration, u64)> {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let start = Instant::now();
     let out = cmd.output().with_context(|| format!("cannot run {what}"))?;
     let wall = start.elapsed();
@@ -76,8 +77,10 @@ fn run_once(what: &str, mut cmd: Command) -> Result<(Duration, u64)> {
         bail!("{what} failed ({})", out.status);
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
     let ns = stdout
         .lines()
+        .chain(stderr.lines())
         .find_map(|l| l.strip_prefix("calls ").and_then(|rest| rest.split(" ns ").nth(1)))
         .and_then(|ns| ns.trim().parse().ok())
         .with_context(|| format!("{what} printed no loop time: {stdout}"))?;
