@@ -26,8 +26,7 @@ use tracer_common::{
 };
 
 use crate::maps::{
-    EVENTS, config, count_lost, count_lost_by, current_ids, enabled, header_at, is_traced, now, read_kernel,
-    submit_flags,
+    config, count_lost, count_lost_by, current_ids, emit_bytes, enabled, header_at, is_traced, now, read_kernel,
 };
 
 const S_IFMT: u32 = 0o170000;
@@ -631,11 +630,8 @@ fn emit(t: &Transfer) {
     }
     let size = size_of::<IpcRecord>() as u64 + (r.captured_len as u64 & (CAPTURE_BYTES_MAX as u64 * 2 - 1));
     let size = if size > size_of::<IpcBuffer>() as u64 { size_of::<IpcBuffer>() as u64 } else { size };
-    // SAFETY: `buffer` holds at least `size` bytes (bounded just above).
-    let out = unsafe { core::slice::from_raw_parts(buffer.cast::<u8>(), size as usize) };
-    if EVENTS.output::<[u8]>(out, submit_flags()).is_err() {
-        count_lost(LostSlot::ring_full(RecordKind::Ipc));
-    }
+    // `buffer` holds at least `size` bytes (bounded just above).
+    emit_bytes(RecordKind::Ipc, buffer.cast::<u8>(), size);
 }
 
 /// A datagram receive with `MSG_TRUNC` returns the message's length even where it exceeds the

@@ -10,8 +10,8 @@ use aya_ebpf::{
 use tracer_common::{ExecRecord, ExitRecord, ForkRecord, InodeKey, LostSlot, RecordKind};
 
 use crate::maps::{
-    EVENTS, RESOLVED_IMAGES, TARGET_INODES, THREAD_COUNTS, TRACED_PIDS, add_threads, config, count_lost, current_ids,
-    enabled, header, is_traced, read_kernel, submit_flags, untrace,
+    RESOLVED_IMAGES, TARGET_INODES, THREAD_COUNTS, TRACED_PIDS, add_threads, config, count_lost, current_ids, emit,
+    enabled, header, is_traced, read_kernel, reserve, submit_flags, untrace,
 };
 
 /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`, run by the parent.
@@ -46,20 +46,18 @@ fn try_sched_fork(ctx: &RawTracePointContext) -> Result<i32, i64> {
     if !enabled(RecordKind::Fork) {
         return Ok(0);
     }
-    let Some(mut entry) = EVENTS.reserve::<ForkRecord>(0) else {
-        count_lost(LostSlot::ring_full(RecordKind::Fork));
-        return Ok(0);
-    };
-    entry.write(ForkRecord {
-        header: header(RecordKind::Fork, tgid, tid),
-        child_pid,
-        child_tid,
-        is_thread: is_thread as u32,
-        followed,
-        // The child's name is its parent's until it execs.
-        comm: bpf_get_current_comm().unwrap_or_default(),
-    });
-    entry.submit(submit_flags());
+    emit(
+        RecordKind::Fork,
+        ForkRecord {
+            header: header(RecordKind::Fork, tgid, tid),
+            child_pid,
+            child_tid,
+            is_thread: is_thread as u32,
+            followed,
+            // The child's name is its parent's until it execs.
+            comm: bpf_get_current_comm().unwrap_or_default(),
+        },
+    );
     Ok(0)
 }
 
@@ -98,8 +96,7 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
     let filename: *const u8 = read_kernel(bprm, cfg.offsets.bprm_filename)?;
     // Reserved before the process is stopped: one whose record user space will never see must
     // not be stopped (it would never be continued).
-    let Some(mut entry) = EVENTS.reserve::<ExecRecord>(0) else {
-        count_lost(LostSlot::ring_full(RecordKind::Exec));
+    let Some(mut entry) = reserve::<ExecRecord>(RecordKind::Exec) else {
         return Ok(0);
     };
     // The signal is taken on the way back to user space, before the new image runs. A process
@@ -193,18 +190,15 @@ fn try_sched_exit(ctx: &RawTracePointContext, has_group_dead: bool) -> Result<i3
         let exit_code =
             if group_dead { process_status(task) } else { read_kernel(task, config().offsets.task_exit_code) };
         let exit_code: i32 = exit_code.unwrap_or(0);
-        match EVENTS.reserve::<ExitRecord>(0) {
-            Some(mut entry) => {
-                entry.write(ExitRecord {
-                    header: header(RecordKind::Exit, tgid, tid),
-                    exit_code: exit_code as u32,
-                    group_dead: group_dead as u32,
-                    comm: bpf_get_current_comm().unwrap_or_default(),
-                });
-                entry.submit(submit_flags());
-            }
-            None => count_lost(LostSlot::ring_full(RecordKind::Exit)),
-        }
+        emit(
+            RecordKind::Exit,
+            ExitRecord {
+                header: header(RecordKind::Exit, tgid, tid),
+                exit_code: exit_code as u32,
+                group_dead: group_dead as u32,
+                comm: bpf_get_current_comm().unwrap_or_default(),
+            },
+        );
     }
     if group_dead {
         untrace(tgid);

@@ -2,23 +2,13 @@
 //! `signal_generate` and `signal_deliver`.
 
 use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
-use tracer_common::{LostSlot, RecordKind, SignalRecord};
+use tracer_common::{RecordKind, SignalRecord};
 
-use crate::maps::{EVENTS, config, count_lost, current_ids, enabled, header, is_traced, read_kernel, submit_flags};
+use crate::maps::{config, current_ids, emit, enabled, header, is_traced, read_kernel};
 
 /// `SEND_SIG_NOINFO` and `SEND_SIG_PRIV` are small integers passed instead of a siginfo pointer.
 fn siginfo(ptr: u64) -> Option<*const u8> {
     (ptr > 4096).then_some(ptr as *const u8)
-}
-
-fn emit(record: SignalRecord) {
-    match EVENTS.reserve::<SignalRecord>(0) {
-        Some(mut entry) => {
-            entry.write(record);
-            entry.submit(submit_flags());
-        }
-        None => count_lost(LostSlot::ring_full(RecordKind::Signal)),
-    }
 }
 
 /// `signal_generate(int sig, struct kernel_siginfo *info, struct task_struct *task, int group,
@@ -41,17 +31,20 @@ fn try_generate(ctx: &RawTracePointContext) -> Result<i32, i64> {
         return Ok(0);
     }
     let code = siginfo(ctx.arg(1)).map_or(0, |info| read_kernel::<i32>(info, o.siginfo_code).unwrap_or(0));
-    emit(SignalRecord {
-        header: header(RecordKind::Signal, tgid, tid),
-        signal: ctx.arg::<u64>(0) as u32,
-        delivered: 0,
-        target_pid: target_pid as u32,
-        target_tid: target_tid as u32,
-        code,
-        si_pid: 0,
-        group: ctx.arg::<u64>(3) as u32,
-        result: ctx.arg::<u64>(4) as u32,
-    });
+    emit(
+        RecordKind::Signal,
+        SignalRecord {
+            header: header(RecordKind::Signal, tgid, tid),
+            signal: ctx.arg::<u64>(0) as u32,
+            delivered: 0,
+            target_pid: target_pid as u32,
+            target_tid: target_tid as u32,
+            code,
+            si_pid: 0,
+            group: ctx.arg::<u64>(3) as u32,
+            result: ctx.arg::<u64>(4) as u32,
+        },
+    );
     Ok(0)
 }
 
@@ -75,16 +68,19 @@ fn try_deliver(ctx: &RawTracePointContext) -> Result<i32, i64> {
         ),
         None => (0, 0),
     };
-    emit(SignalRecord {
-        header: header(RecordKind::Signal, tgid, tid),
-        signal: ctx.arg::<u64>(0) as u32,
-        delivered: 1,
-        target_pid: tgid,
-        target_tid: tid,
-        code,
-        si_pid,
-        group: 0,
-        result: 0,
-    });
+    emit(
+        RecordKind::Signal,
+        SignalRecord {
+            header: header(RecordKind::Signal, tgid, tid),
+            signal: ctx.arg::<u64>(0) as u32,
+            delivered: 1,
+            target_pid: tgid,
+            target_tid: tid,
+            code,
+            si_pid,
+            group: 0,
+            result: 0,
+        },
+    );
     Ok(0)
 }

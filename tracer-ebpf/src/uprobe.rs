@@ -39,7 +39,7 @@ use tracer_common::{
 };
 
 use crate::maps::{
-    EVENTS, FAULTS, Faults, LAYOUTS, SCRATCH, count_lost, current_ids, header, is_traced, opaque, submit_flags,
+    FAULTS, Faults, LAYOUTS, SCRATCH, count_lost, current_ids, emit, emit_bytes, header, is_traced, opaque,
 };
 use crate::{filter, gate};
 
@@ -109,11 +109,8 @@ fn try_call_entry<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64>
     } else if cookie::reads_strings(cookie) {
         let regs = [record.args[0], record.args[1], record.args[2], record.args[3], record.args[4], record.args[5], 0];
         with_strings::<_, SLEEPABLE>(record, RecordKind::Call, cookie, &regs, false)?;
-    } else if let Some(mut entry) = EVENTS.reserve::<CallRecord>(0) {
-        entry.write(record);
-        entry.submit(submit_flags());
     } else {
-        count_lost(LostSlot::ring_full(RecordKind::Call));
+        emit(RecordKind::Call, record);
     }
     if cookie::is_also_exit(cookie) {
         return ret_site::<SLEEPABLE, false>(regs, cookie::exit_of(cookie), tgid, tid);
@@ -135,6 +132,7 @@ fn with_strings<T: Copy, const SLEEPABLE: bool>(
     ret: bool,
 ) -> Result<u32, i64> {
     let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+        // Never (the map has its one entry): counted as a full ring would be.
         count_lost(LostSlot::ring_full(kind));
         return Ok(0);
     };
@@ -157,18 +155,8 @@ fn with_strings<T: Copy, const SLEEPABLE: bool>(
     if off > SCRATCH_SIZE {
         off = SCRATCH_SIZE;
     }
-    // SAFETY: `off` bytes of the scratch buffer, bounded above.
-    let written = unsafe {
-        generated::bpf_ringbuf_output(
-            (&raw const EVENTS).cast_mut().cast::<c_void>(),
-            buf.as_mut_ptr().cast::<c_void>(),
-            off as u64,
-            submit_flags(),
-        )
-    };
-    if written < 0 {
-        count_lost(LostSlot::ring_full(kind));
-    }
+    // `off` bytes of the scratch buffer, bounded above.
+    emit_bytes(kind, buf.as_ptr(), off as u64);
     Ok(0)
 }
 
@@ -335,36 +323,26 @@ fn goroutine(regs: &pt_regs, cookie: u64) -> (u64, u64) {
 #[inline(always)]
 fn go_call(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i64> {
     let (goid, stack_depth) = goroutine(regs, cookie);
-    let Some(mut entry) = EVENTS.reserve::<GoCallRecord>(0) else {
-        count_lost(LostSlot::ring_full(RecordKind::GoCall));
-        return Ok(0);
-    };
-    entry.write(GoCallRecord {
-        header: header(RecordKind::GoCall, tgid, tid),
-        cookie,
-        goid,
-        stack_depth,
-        args: [regs.rax, regs.rbx, regs.rcx, regs.rdi, regs.rsi, regs.r8, regs.r9, regs.r10, regs.r11],
-    });
-    entry.submit(submit_flags());
+    emit(
+        RecordKind::GoCall,
+        GoCallRecord {
+            header: header(RecordKind::GoCall, tgid, tid),
+            cookie,
+            goid,
+            stack_depth,
+            args: [regs.rax, regs.rbx, regs.rcx, regs.rdi, regs.rsi, regs.r8, regs.r9, regs.r10, regs.r11],
+        },
+    );
     Ok(0)
 }
 
 #[inline(always)]
 fn go_return(regs: &pt_regs, cookie: u64, tgid: u32, tid: u32) -> Result<u32, i64> {
     let (goid, stack_depth) = goroutine(regs, cookie);
-    let Some(mut entry) = EVENTS.reserve::<GoReturnRecord>(0) else {
-        count_lost(LostSlot::ring_full(RecordKind::GoReturn));
-        return Ok(0);
-    };
-    entry.write(GoReturnRecord {
-        header: header(RecordKind::GoReturn, tgid, tid),
-        cookie,
-        goid,
-        stack_depth,
-        retval: regs.rax,
-    });
-    entry.submit(submit_flags());
+    emit(
+        RecordKind::GoReturn,
+        GoReturnRecord { header: header(RecordKind::GoReturn, tgid, tid), cookie, goid, stack_depth, retval: regs.rax },
+    );
     Ok(0)
 }
 
@@ -418,11 +396,8 @@ fn release_entry(cookie: u64, tid: u32, entry_sp: u64, retval: u64) -> bool {
         let a = record.args;
         let regs = [a[0], a[1], a[2], a[3], a[4], a[5], 0];
         let _ = with_strings::<_, false>(record, RecordKind::Call, record.cookie, &regs, false);
-    } else if let Some(mut entry) = EVENTS.reserve::<CallRecord>(0) {
-        entry.write(record);
-        entry.submit(submit_flags());
     } else {
-        count_lost(LostSlot::ring_full(RecordKind::Call));
+        emit(RecordKind::Call, record);
     }
     true
 }
@@ -435,12 +410,7 @@ fn submit_return<const SLEEPABLE: bool>(record: ReturnRecord, strings: bool) -> 
         let regs = [0, 0, record.rdx, 0, 0, 0, record.retval];
         return with_strings::<_, SLEEPABLE>(record, RecordKind::Return, record.cookie, &regs, true);
     }
-    let Some(mut entry) = EVENTS.reserve::<ReturnRecord>(0) else {
-        count_lost(LostSlot::ring_full(RecordKind::Return));
-        return Ok(0);
-    };
-    entry.write(record);
-    entry.submit(submit_flags());
+    emit(RecordKind::Return, record);
     Ok(0)
 }
 

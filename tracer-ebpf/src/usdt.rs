@@ -26,11 +26,11 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use tracer_common::{
-    LostSlot, RecordKind, USDT_MAX_ARGS, USDT_NO_REGISTER, USER_EVENT_PAYLOAD_MAX, UsdtArgKind, UsdtArgSpec,
-    UsdtRecord, UsdtSpec, UserEventRecord, user_event_flags,
+    RecordKind, USDT_MAX_ARGS, USDT_NO_REGISTER, USER_EVENT_PAYLOAD_MAX, UsdtArgKind, UsdtArgSpec, UsdtRecord,
+    UsdtSpec, UserEventRecord, user_event_flags,
 };
 
-use crate::maps::{EVENTS, count_lost, current_ids, enabled, header, is_traced, submit_flags};
+use crate::maps::{current_ids, emit, emit_bytes, enabled, header, is_traced};
 
 /// Argument specs by attach cookie. User space sizes it to the probes it attaches.
 #[map]
@@ -150,11 +150,8 @@ fn try_usdt_event(ctx: &ProbeContext) -> Result<u32, i64> {
     buffer.record = UserEventRecord { header, cookie, payload_len, copied_len: copied, flags };
     let size = size_of::<UserEventRecord>() as u64 + (copied as u64 & (USER_EVENT_PAYLOAD_MAX as u64 * 2 - 1));
     let size = if size > size_of::<UserEventBuffer>() as u64 { size_of::<UserEventBuffer>() as u64 } else { size };
-    // SAFETY: `buffer` holds at least `size` bytes (bounded just above).
-    let bytes = unsafe { core::slice::from_raw_parts((buffer as *const UserEventBuffer).cast::<u8>(), size as usize) };
-    if EVENTS.output::<[u8]>(bytes, submit_flags()).is_err() {
-        count_lost(LostSlot::ring_full(RecordKind::UserEvent));
-    }
+    // `buffer` holds at least `size` bytes (bounded just above).
+    emit_bytes(RecordKind::UserEvent, (buffer as *const UserEventBuffer).cast::<u8>(), size);
     Ok(0)
 }
 
@@ -186,12 +183,7 @@ fn try_usdt_probe(ctx: &ProbeContext) -> Result<u32, i64> {
         // SAFETY: the callback gets `each` back as its context, valid for the whole call.
         unsafe { bpf_loop(count, evaluate_one as *mut c_void, (&raw mut each).cast(), 0) };
     }
-    let Some(mut entry) = EVENTS.reserve::<UsdtRecord>(0) else {
-        count_lost(LostSlot::ring_full(kind));
-        return Ok(0);
-    };
-    entry.write(record);
-    entry.submit(submit_flags());
+    emit(kind, record);
     Ok(0)
 }
 

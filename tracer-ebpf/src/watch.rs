@@ -17,9 +17,9 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::PerfEventContext,
 };
-use tracer_common::{LostSlot, RecordKind, WatchRecord, watch_flags};
+use tracer_common::{RecordKind, WatchRecord, watch_flags};
 
-use crate::maps::{EVENTS, count_lost, current_ids, enabled, header, is_traced, submit_flags};
+use crate::maps::{current_ids, emit, enabled, header, is_traced};
 
 /// The lowest kernel address on x86-64: an `ip` at or above it means the trap came from kernel
 /// mode: the kernel accessed the variable on the program's behalf (exec clearing `.bss` byte by
@@ -88,11 +88,6 @@ fn try_watch_hit(ctx: &PerfEventContext) -> Result<u32, i64> {
     // which at worst lets a repeat through.
     let _ = LAST_HIT.insert(&key, &value, 0);
     let record = WatchRecord { header: header(RecordKind::Watch, tgid, tid), address, ip, value, flags, _pad: 0 };
-    let Some(mut entry) = EVENTS.reserve::<WatchRecord>(0) else {
-        count_lost(LostSlot::ring_full(RecordKind::Watch));
-        return Ok(0);
-    };
-    entry.write(record);
-    entry.submit(submit_flags());
+    emit(RecordKind::Watch, record);
     Ok(0)
 }

@@ -47,25 +47,44 @@ pub(crate) struct Sample {
 
 /// Runs `make()` `RUNS` times; the fixture's `calls N ns T` line is read from its standard output.
 pub(crate) fn measure(what: &str, mut make: impl FnMut() -> Command) -> Result<Sample> {
-    let (mut walls, mut loops) = (Vec::with_capacity(RUNS), Vec::with_capacity(RUNS));
+    let mut samples = measure_alternating(&mut [(what, &mut make)])?;
+    Ok(samples.remove(0))
+}
+
+/// Runs each of `configs` `RUNS` times, taking turns (one run of each, then the next round), so
+/// that the machine's load, which changes by the minute here, weighs on each alike: a ratio of
+/// two of them is then fair even where their medians are not those of a quiet machine.
+pub(crate) fn measure_alternating(configs: &mut [(&str, &mut dyn FnMut() -> Command)]) -> Result<Vec<Sample>> {
+    let mut runs = vec![(Vec::with_capacity(RUNS), Vec::with_capacity(RUNS)); configs.len()];
     for _ in 0..RUNS {
-        let mut cmd = make();
-        cmd.stdout(Stdio::piped()).stderr(Stdio::null());
-        let start = Instant::now();
-        let out = cmd.output().with_context(|| format!("cannot run {what}"))?;
-        walls.push(start.elapsed());
-        if !out.status.success() {
-            bail!("{what} failed ({})", out.status);
+        for ((what, make), (walls, loops)) in configs.iter_mut().zip(&mut runs) {
+            let (wall, loop_ns) = run_once(what, make())?;
+            walls.push(wall);
+            loops.push(loop_ns);
         }
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let ns = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("calls ").and_then(|rest| rest.split(" ns ").nth(1)))
-            .and_then(|ns| ns.trim().parse().ok())
-            .with_context(|| format!("{what} printed no loop time: {stdout}"))?;
-        loops.push(ns);
     }
-    Ok(Sample { wall: median(walls), loop_ns: median(loops) })
+    Ok(runs.into_iter().map(|(walls, loops)| Sample { wall: median(walls), loop_ns: median(loops) }).collect())
+}
+
+/// One run of `cmd`: its wall time and the loop time the fixture printed (`calls N ns T`), on
+/// stdout, or on stderr where the tracer keeps stdout for itself (`top --json`).
+fn run_once(what: &str, mut cmd: Command) -> Result<(Duration, u64)> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let start = Instant::now();
+    let out = cmd.output().with_context(|| format!("cannot run {what}"))?;
+    let wall = start.elapsed();
+    if !out.status.success() {
+        bail!("{what} failed ({})", out.status);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let ns = stdout
+        .lines()
+        .chain(stderr.lines())
+        .find_map(|l| l.strip_prefix("calls ").and_then(|rest| rest.split(" ns ").nth(1)))
+        .and_then(|ns| ns.trim().parse().ok())
+        .with_context(|| format!("{what} printed no loop time: {stdout}"))?;
+    Ok((wall, ns))
 }
 
 fn ms(d: Duration) -> String {
@@ -390,18 +409,40 @@ fn overhead(tracer: &Path) -> Result<()> {
             }
         };
         let entry = per_call_ns(&measure("bpftrace count() on uprobe", bpftrace("entry"))?, &base, CALLS);
-        let both = per_call_ns(&measure("bpftrace count() on uprobe + uretprobe", bpftrace("both"))?, &base, CALLS);
         let printf = per_call_ns(&measure("bpftrace printf on uprobe + uretprobe", bpftrace("printf"))?, &base, CALLS);
+        // The ratios: the untraced loop, tracer record, tracer top and bpftrace `count()` taking
+        // turns run by run, so that each meets the same load.
+        let samples = measure_alternating(&mut [
+            ("bench", &mut untraced(bench.clone(), CALLS)),
+            ("tracer on bench", &mut traced(bench.clone(), CALLS)),
+            ("tracer top on bench", &mut || {
+                let mut c = Command::new(tracer);
+                c.args(["top", "--json", "-f", "work", "--"]).arg(&bench).arg(CALLS.to_string());
+                c
+            }),
+            ("bpftrace count() on uprobe + uretprobe", &mut bpftrace("both")),
+        ])?;
+        let [alt_base, alt_record, alt_top, alt_both] = samples.as_slice() else {
+            unreachable!("four configurations measured")
+        };
+        let (record, top, both) = (
+            per_call_ns(alt_record, alt_base, CALLS),
+            per_call_ns(alt_top, alt_base, CALLS),
+            per_call_ns(alt_both, alt_base, CALLS),
+        );
         println!("| bpftrace `count()` on uprobe only, per call | {entry:.0} ns |");
-        println!("| bpftrace `count()` on uprobe + uretprobe, per call | {both:.0} ns |");
         println!("| bpftrace `printf` of every call and return (recording everything), per call | {printf:.0} ns |");
         println!(
-            "| **tracer record / bpftrace `count()`** (both uprobe + uretprobe), per call | **{:.2}** |",
-            ours_per_call / both
+            "| runs alternated: tracer record / tracer top / bpftrace `count()` on uprobe + uretprobe, per call \
+             | {record:.0} / {top:.0} / {both:.0} ns |"
         );
         println!(
-            "| **tracer top / bpftrace `count()`** (both uprobe + uretprobe), per call | **{:.2}** |",
-            top_per_call / both
+            "| **tracer record / bpftrace `count()`** (both uprobe + uretprobe), per call, runs alternated | **{:.2}** |",
+            record / both
+        );
+        println!(
+            "| **tracer top / bpftrace `count()`** (both uprobe + uretprobe), per call, runs alternated | **{:.2}** |",
+            top / both
         );
         println!("| tracer record / bpftrace `printf`, per call | {:.2} |", ours_per_call / printf);
     } else {
