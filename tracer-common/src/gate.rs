@@ -1,6 +1,6 @@
 /// Gated calls a thread may have open: a call nested deeper is not written (the kernel gives
-/// no return probe past 64 nested ones either).
-pub const MAX_OPEN: usize = 64;
+/// no return probe past these either).
+pub const MAX_OPEN: usize = crate::MAX_URETPROBE_DEPTH;
 const _: () = assert!(MAX_OPEN.is_power_of_two() && MAX_OPEN <= 64);
 /// Threads with a gate at once (the `GATES` LRU map's size): past it the least recently used
 /// thread's gate is dropped, and that thread starts again as a new one would.

@@ -47,6 +47,11 @@ macro_rules! numbered_enum {
     };
 }
 
+/// The kernel's `MAX_URETPROBE_DEPTH` (include/linux/uprobes.h): a thread with this many return
+/// probes pending gets none for a deeper call. The per-thread stacks of open calls (the gates',
+/// `tracer top`'s, user space's pairing) are this deep, one definition for all.
+pub const MAX_URETPROBE_DEPTH: usize = 64;
+
 mod records;
 pub use records::*;
 mod lost;

@@ -1,6 +1,5 @@
-/// Calls a thread may have open before the kernel stops giving them return probes (its
-/// `MAX_URETPROBE_DEPTH`).
-pub const MAX_DEPTH: usize = 64;
+/// Calls a thread may have open before the kernel stops giving them return probes.
+pub const MAX_DEPTH: usize = crate::MAX_URETPROBE_DEPTH;
 // The eBPF return program masks its index with `MAX_DEPTH - 1`.
 const _: () = assert!(MAX_DEPTH.is_power_of_two());
 /// Sub-buckets per power of two of the latency histogram: a bucket is at most 1/16 = 6.25%

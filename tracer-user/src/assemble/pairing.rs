@@ -10,8 +10,7 @@
 
 use std::collections::HashMap;
 
-/// The kernel's `MAX_URETPROBE_DEPTH` (include/linux/uprobes.h).
-pub const MAX_URETPROBE_DEPTH: usize = 64;
+pub use tracer_common::MAX_URETPROBE_DEPTH;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Frame<K> {
