@@ -65,6 +65,8 @@ pub mod programs {
     pub const USDT_EVENT: &str = "usdt_event";
     /// Any other USDT probe: its arguments, evaluated from the probe's argument spec.
     pub const USDT_PROBE: &str = "usdt_probe";
+    /// The same, sleepable (Linux 6.0+), for breakpoints that read strings.
+    pub const USDT_PROBE_SLEEPABLE: &str = "usdt_probe_s";
     /// A hardware watchpoint fired (a `perf_event` program on `PERF_TYPE_BREAKPOINT` events).
     pub const WATCH_HIT: &str = "watch_hit";
 
@@ -865,6 +867,9 @@ numbered_enum! {
         /// Memory at `reg + index_reg * scale + value` (`-12(%rbp)`, `8(%rax,%rbx,4)`, and
         /// `sym(%rip)` resolved to an offset from the probe's address).
         Memory = 3,
+        /// The address `reg + value` itself, not read: where a breakpoint's `char[N]` local is
+        /// (its string is read from there, see [`UsdtSpec::strings`]).
+        Address = 4,
     }
 }
 
@@ -901,10 +906,16 @@ pub struct UsdtSpec {
     /// "arguments" are the locals in scope, located by DWARF). 0 means `Usdt`.
     pub record_kind: u32,
     pub args: [UsdtArgSpec; USDT_MAX_ARGS],
+    /// A breakpoint's string reads, in a function's layout ([`strings`]) whose register numbers
+    /// index `args`: the strings at the addresses its `char *` and `char[N]` locals hold, written
+    /// after the record. All zero (no strings) for a USDT probe.
+    pub strings: ProbeLayoutBytes,
+    pub _pad: [u8; 4],
 }
 
 /// A breakpoint's record: the locals in scope at its address, each evaluated from its spec as a
-/// USDT argument is (the `usdt_probe` program writes both).
+/// USDT argument is (the `usdt_probe` program writes both), followed by the strings its spec's
+/// `strings` names, as a call record is by its function's.
 pub type BreakRecord = UsdtRecord;
 
 /// Most watchpoints at once: x86-64 has four debug address registers per thread.
@@ -938,7 +949,7 @@ pub struct WatchRecord {
 /// Key of the `TARGET_INODES` map: a process that exec's a file with this device and inode
 /// becomes traced (`--binary`).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct InodeKey {
     /// The kernel's `dev_t` encoding: `major << 20 | minor`.
     pub dev: u64,
@@ -1010,6 +1021,9 @@ pub struct KernelOffsets {
     pub regs_dx: u32,
     pub regs_r10: u32,
     pub regs_r8: u32,
+    /// `task_struct.mm` and `mm_struct.exe_file`: the image a process runs (for watchpoints).
+    pub task_mm: u32,
+    pub mm_exe_file: u32,
 }
 
 /// Read-only configuration of the eBPF programs, set by user space at load time.
@@ -1044,6 +1058,10 @@ pub struct Config {
     /// `RESOLVED_IMAGES` is stopped until user space has resolved the patterns against it.
     pub resolve_execs: u32,
     pub _pad0: u32,
+    /// With `-w`: the executable the watched variables were found in. A hit in a process that
+    /// runs another image (it exec'd one after the watchpoints were opened, which survive exec)
+    /// is not the variable's and is dropped. All zero: no such check.
+    pub watch_image: InodeKey,
     pub offsets: KernelOffsets,
 }
 

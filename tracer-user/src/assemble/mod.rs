@@ -383,7 +383,7 @@ impl EventAssembler {
                     args: probe_args(&r, probe),
                 })
             }
-            Record::Break(r) => match self.breaks.event(&r) {
+            Record::Break(r, tail) => match self.breaks.event(&r, tail) {
                 Some(b) => EventData::Break(b),
                 None => {
                     self.undecodable += 1;
