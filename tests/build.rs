@@ -76,6 +76,14 @@ fn main() {
         run(Command::new(&cc).args(["-g", opt, "-pthread", "-o"]).arg(&exe).arg(src.join("c/breakpoints.c")));
         breakpoint_builds.push((name.to_uppercase(), exe));
     }
+    // The same program with `counter` renamed `tally` (at the same address: nothing else differs)
+    // and written with other values: what the first build execs in the watchpoint-at-exec test.
+    let renamed = out.join("breakpoints_renamed");
+    run(Command::new(&cc)
+        .args(["-g", "-O0", "-pthread", "-Dcounter=tally", "-DSTEP=3", "-o"])
+        .arg(&renamed)
+        .arg(src.join("c/breakpoints.c")));
+    breakpoint_builds.push(("BREAKPOINTS_RENAMED".to_string(), renamed));
 
     let demo = out.join("client_server_demo");
     run(Command::new(&cc).args(["-O0", "-pthread", "-o"]).arg(&demo).arg(src.join("c/client_server_demo.c")));

@@ -89,6 +89,7 @@ pub fn fixture(name: &str) -> PathBuf {
         "gofmt_symbols" => env!("FIXTURE_GOFMT_SYMBOLS"),
         "breakpoints_o0" => env!("FIXTURE_BREAKPOINTS_O0"),
         "breakpoints_o1" => env!("FIXTURE_BREAKPOINTS_O1"),
+        "breakpoints_renamed" => env!("FIXTURE_BREAKPOINTS_RENAMED"),
         other => panic!("no fixture named {other}"),
     })
 }

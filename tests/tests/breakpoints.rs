@@ -1,8 +1,9 @@
 //! Breakpoints (`-B`) and hardware watchpoints (`-w`) in the real kernel, through `tracer
 //! record`, on `breakpoints.c`: `bump(i)` writes `counter = i * 2` on the line marked
-//! `BUMP_LINE` for i = 1..50, then a thread writes 7 into `shared` and a forked child 9. Values,
-//! functions, lines and counts are checked exactly, at -O0 (locals in the frame) and -O1 (in
-//! registers).
+//! `BUMP_LINE` for i = 1..50, then a thread writes 7 into `shared` and a forked child 9, then
+//! `label(name, n)` has strings in scope at the line marked `LABEL_LINE`, then the program execs
+//! its argument if it has one. Values, functions, lines and counts are checked exactly, at -O0
+//! (locals in the frame) and -O1 (in registers).
 
 use std::{ffi::OsStr, path::Path};
 
@@ -11,16 +12,55 @@ use tracer_tests::{Run, Trace, fixture, temp_dir, tracer, u64_field};
 
 const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/c/breakpoints.c");
 
-/// The line of the fixture that writes `counter`.
-fn bump_line() -> u64 {
+/// The line of the fixture marked `/* MARKER */`.
+fn marked_line(marker: &str) -> u64 {
     let text = std::fs::read_to_string(SOURCE).unwrap();
-    text.lines().position(|l| l.contains("/* BUMP_LINE */")).expect("the marker") as u64 + 1
+    text.lines().position(|l| l.contains(&format!("/* {marker} */"))).expect("the marker") as u64 + 1
 }
 
-/// Why this machine cannot run the watchpoint tests, if it cannot (they then say so and stop).
-fn no_hardware_breakpoints() -> Option<&'static str> {
-    (!Path::new("/sys/bus/event_source/devices/breakpoint").exists())
-        .then_some("this kernel has no hardware breakpoints (/sys/bus/event_source/devices/breakpoint is missing)")
+/// The line of the fixture that writes `counter`.
+fn bump_line() -> u64 {
+    marked_line("BUMP_LINE")
+}
+
+/// Why this machine cannot run the watchpoint tests, if it cannot (they then say so and stop): a
+/// hardware breakpoint on a variable of this thread is refused with the errno of a kernel without
+/// them (no breakpoint PMU: `ENOENT` or `ENODEV`; none for this CPU: `EOPNOTSUPP`). Any other
+/// failure is a real one, and fails the test rather than skip it.
+fn no_hardware_breakpoints() -> Option<String> {
+    const PERF_TYPE_BREAKPOINT: u64 = 5;
+    const HW_BREAKPOINT_W: u64 = 2;
+    const ATTR_SIZE: u64 = 72; // PERF_ATTR_SIZE_VER1: up to `bp_len`.
+    const DISABLED: u64 = 1;
+    let watched = 0u64;
+    // `struct perf_event_attr` up to `bp_len`, as u64 words: type | size << 32, config,
+    // sample_period, sample_type, read_format, flags, wakeup_events | bp_type << 32, bp_addr,
+    // bp_len.
+    let attr: [u64; 9] = [
+        PERF_TYPE_BREAKPOINT | ATTR_SIZE << 32,
+        0,
+        1,
+        0,
+        0,
+        DISABLED,
+        HW_BREAKPOINT_W << 32,
+        &raw const watched as u64,
+        8,
+    ];
+    // SAFETY: perf_event_open reads ATTR_SIZE bytes of `attr`; the event is on this thread, any CPU.
+    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), 0, -1, -1, 0) };
+    if fd >= 0 {
+        // SAFETY: the descriptor just opened, closed once.
+        unsafe { libc::close(fd as i32) };
+        return None;
+    }
+    let error = std::io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::ENOENT | libc::ENODEV | libc::EOPNOTSUPP) => {
+            Some(format!("this kernel has no hardware breakpoints (perf_event_open: {error})"))
+        }
+        _ => panic!("a hardware breakpoint could not be opened, for a reason other than its absence: {error}"),
+    }
 }
 
 macro_rules! require_hardware_breakpoints {
@@ -89,6 +129,38 @@ fn a_watchpoint_follows_threads_and_children_created_later() {
     assert_eq!(thread["address"], child["address"], "the same variable, at the same address after fork");
 }
 
+/// The watchpoints survive an exec, but in another program the address is not the variable: the
+/// second image (`counter` renamed `tally`, at the same address, written 50 times with 3, 6, ...,
+/// 150) is not reported.
+#[test]
+fn a_watchpoint_ends_where_its_process_execs_another_program() {
+    require_hardware_breakpoints!();
+    let dir = temp_dir();
+    let exe = fixture("breakpoints_o0");
+    let other = fixture("breakpoints_renamed");
+    let (_, trace) = record(
+        dir.path(),
+        &[
+            "-e".as_ref(),
+            "watch,spawn".as_ref(),
+            "-w".as_ref(),
+            "counter".as_ref(),
+            "--".as_ref(),
+            exe.as_os_str(),
+            other.as_os_str(),
+        ],
+    );
+    let command = u64_field(&trace.start["targets"][0], "pid");
+    let execs: Vec<&Value> = trace
+        .of_kind("spawn")
+        .filter(|e| e["how"] == "exec" && u64_field(e, "pid") == command && e["filename"] == other.to_str().unwrap())
+        .collect();
+    assert_eq!(execs.len(), 1, "the command execs the renamed build: {:#?}", trace.events);
+    let watches: Vec<(u64, &str)> =
+        trace.of_kind("watch").map(|w| (u64_field(w, "value"), w["function"].as_str().unwrap_or("?"))).collect();
+    assert_eq!(watches, (1..=50).map(|i| (i * 2, "bump")).collect::<Vec<_>>(), "only the first image's writes");
+}
+
 #[test]
 fn more_variables_than_debug_registers_are_refused() {
     let dir = temp_dir();
@@ -121,6 +193,38 @@ fn a_breakpoint_gives_the_locals_in_scope_at_o0_and_o1() {
             assert_eq!(u64_field(b, "line"), line);
             assert_eq!(file_name(b), "breakpoints.c");
         }
+    }
+}
+
+/// `const char *name` and `char tag[16]` at a breakpoint: read as strings, as call parameters
+/// are (a null pointer as `null`, a string longer than the limit cut, with the same marker).
+#[test]
+fn a_breakpoint_reads_the_strings_in_scope_at_o0_and_o1() {
+    let line = marked_line("LABEL_LINE");
+    let long = "a name of eighty bytes, longer than the string limit of sixty-four bytes: cut here";
+    let names = [
+        json!("item-1"),
+        json!("item-2"),
+        json!("item-3"),
+        Value::Null,
+        json!({"string": &long[..64], "truncated": true}),
+    ];
+    for build in ["breakpoints_o0", "breakpoints_o1"] {
+        let dir = temp_dir();
+        let exe = fixture(build);
+        let at = format!("breakpoints.c:{line}");
+        let (run, trace) = record(
+            dir.path(),
+            &["-e".as_ref(), "break".as_ref(), "-B".as_ref(), at.as_ref(), "--".as_ref(), exe.as_os_str()],
+        );
+        assert!(!run.stderr.contains("warning"), "{build}: {}", run.stderr);
+        let locals: Vec<&Value> = trace.of_kind("break").map(|b| &b["locals"]).collect();
+        let expected: Vec<Value> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| json!({"name": name, "n": i + 1, "tag": format!("tag-{}", i + 1)}))
+            .collect();
+        assert_eq!(locals, expected.iter().collect::<Vec<_>>(), "{build}");
     }
 }
 

@@ -37,6 +37,23 @@ fn strings_in_untouched_pages_are_read_exactly() {
     assert!(!run.stderr.contains("marked unreadable"), "{}", run.stderr);
 }
 
+/// A breakpoint's `char *` local in an untouched page: read exactly, through the sleepable USDT
+/// program, as a call's parameter is.
+#[test]
+fn a_breakpoint_reads_strings_in_untouched_pages() {
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/c/cold_strings.c")).unwrap();
+    let line = source.lines().position(|l| l.contains("sink = name[0] + n;")).expect("hello's line") + 1;
+    let dir = temp_dir();
+    let at = format!("cold_strings.c:{line}");
+    let exe = fixture("cold_strings").display().to_string();
+    let (run, trace) = record(dir.path(), &["-e", "break", "-B", &at, "--", &exe]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert!(!run.stderr.contains("marked unreadable"), "{}", run.stderr);
+    let locals: Vec<Value> = trace.of_kind("break").map(|b| b["locals"].clone()).collect();
+    let expected: Vec<Value> = CALLS.iter().enumerate().map(|(n, s)| json!({"name": s, "n": n})).collect();
+    assert_eq!(locals, expected);
+}
+
 #[test]
 fn without_sleepable_probes_they_stay_unreadable_and_stderr_says_why_once() {
     let (run, trace) = run(&["--no-sleepable"]);

@@ -3,7 +3,7 @@
 /// Key of the `TARGET_INODES` map: a process that exec's a file with this device and inode
 /// becomes traced (`--binary`).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct InodeKey {
     /// The kernel's `dev_t` encoding: `major << 20 | minor`.
     pub dev: u64,
@@ -75,6 +75,9 @@ pub struct KernelOffsets {
     pub regs_dx: u32,
     pub regs_r10: u32,
     pub regs_r8: u32,
+    /// `task_struct.mm` and `mm_struct.exe_file`: the image a process runs (for watchpoints).
+    pub task_mm: u32,
+    pub mm_exe_file: u32,
 }
 
 /// Read-only configuration of the eBPF programs, set by user space at load time.
@@ -109,5 +112,9 @@ pub struct Config {
     /// `RESOLVED_IMAGES` is stopped until user space has resolved the patterns against it.
     pub resolve_execs: u32,
     pub _pad0: u32,
+    /// With `-w`: the executable the watched variables were found in. A hit in a process that
+    /// runs another image (it exec'd one after the watchpoints were opened, which survive exec)
+    /// is not the variable's and is dropped. All zero: no such check.
+    pub watch_image: InodeKey,
     pub offsets: KernelOffsets,
 }

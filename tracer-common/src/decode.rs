@@ -26,8 +26,9 @@ pub enum Record<'a> {
     /// The record and the payload bytes that followed it (`copied_len` of them).
     UserEvent(UserEventRecord, &'a [u8]),
     Usdt(UsdtRecord),
-    /// A breakpoint's locals, in a USDT record's layout.
-    Break(UsdtRecord),
+    /// A breakpoint's locals, in a USDT record's layout, and the bytes after it: the strings its
+    /// spec read (see [`crate::strings`]).
+    Break(UsdtRecord, &'a [u8]),
     Watch(WatchRecord),
 }
 
@@ -45,7 +46,7 @@ impl Record<'_> {
             Record::GoReturn(r) => &r.header,
             Record::UserEvent(r, _) => &r.header,
             Record::Usdt(r) => &r.header,
-            Record::Break(r) => &r.header,
+            Record::Break(r, _) => &r.header,
             Record::Watch(r) => &r.header,
         }
     }
@@ -154,7 +155,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
             if record.arg_count as usize > USDT_MAX_ARGS {
                 return Err(DecodeError::BadArgCount { arg_count: record.arg_count });
             }
-            Record::Break(record)
+            Record::Break(record, &bytes[size_of::<UsdtRecord>()..])
         }
         RecordKind::Watch => Record::Watch(read(kind, bytes)?),
     })

@@ -22,6 +22,8 @@ pub const SIGNAL_DELIVER: &str = "signal_deliver";
 pub const USDT_EVENT: &str = "usdt_event";
 /// Any other USDT probe: its arguments, evaluated from the probe's argument spec.
 pub const USDT_PROBE: &str = "usdt_probe";
+/// The same, sleepable (Linux 6.0+), for breakpoints that read strings.
+pub const USDT_PROBE_SLEEPABLE: &str = "usdt_probe_s";
 /// A hardware watchpoint fired (a `perf_event` program on `PERF_TYPE_BREAKPOINT` events).
 pub const WATCH_HIT: &str = "watch_hit";
 

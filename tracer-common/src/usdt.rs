@@ -1,6 +1,6 @@
 //! USDT probes (and breakpoints, read as they are): their records and argument specs.
 
-use crate::RecordHeader;
+use crate::{ProbeLayoutBytes, RecordHeader};
 
 /// Most arguments a USDT probe has (`<sys/sdt.h>` allows 12).
 pub const USDT_MAX_ARGS: usize = 12;
@@ -34,6 +34,9 @@ numbered_enum! {
         /// Memory at `reg + index_reg * scale + value` (`-12(%rbp)`, `8(%rax,%rbx,4)`, and
         /// `sym(%rip)` resolved to an offset from the probe's address).
         Memory = 3,
+        /// The address `reg + value` itself, not read: where a breakpoint's `char[N]` local is
+        /// (its string is read from there, see [`UsdtSpec::strings`]).
+        Address = 4,
     }
 }
 
@@ -70,8 +73,14 @@ pub struct UsdtSpec {
     /// "arguments" are the locals in scope, located by DWARF). 0 means `Usdt`.
     pub record_kind: u32,
     pub args: [UsdtArgSpec; USDT_MAX_ARGS],
+    /// A breakpoint's string reads, in a function's layout ([`crate::strings`]) whose register
+    /// numbers index `args`: the strings at the addresses its `char *` and `char[N]` locals hold,
+    /// written after the record. All zero (no strings) for a USDT probe.
+    pub strings: ProbeLayoutBytes,
+    pub _pad: [u8; 4],
 }
 
 /// A breakpoint's record: the locals in scope at its address, each evaluated from its spec as a
-/// USDT argument is (the `usdt_probe` program writes both).
+/// USDT argument is (the `usdt_probe` program writes both), followed by the strings its spec's
+/// `strings` names, as a call record is by its function's.
 pub type BreakRecord = UsdtRecord;

@@ -17,6 +17,7 @@ mod ipc;
 mod maps;
 mod sched;
 mod signal;
+mod strings;
 mod top;
 mod uprobe;
 mod usdt;

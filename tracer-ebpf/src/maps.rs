@@ -70,7 +70,7 @@ pub static LAYOUTS: HashMap<u32, ProbeLayoutBytes> = HashMap::with_max_entries(1
 pub static SCRATCH: PerCpuArray<[u8; SCRATCH_SIZE]> = PerCpuArray::with_max_entries(1, 0);
 
 /// The strings a sleepable program's fast read could not reach, to fault in (see
-/// `uprobe::with_strings`). Kept in a map, not in registers: the verifier then sees the count as
+/// `strings::with_strings`). Kept in a map, not in registers: the verifier then sees the count as
 /// an unknown number, instead of following each string's outcome as a separate path.
 #[map]
 pub static FAULTS: PerCpuArray<Faults> = PerCpuArray::with_max_entries(1, 0);
@@ -260,6 +260,18 @@ pub fn header(kind: RecordKind, tgid: u32, tid: u32) -> tracer_common::RecordHea
 #[inline(always)]
 pub fn header_at(kind: RecordKind, tgid: u32, tid: u32, ts_boot_ns: u64) -> tracer_common::RecordHeader {
     tracer_common::RecordHeader { kind: kind as u32, _pad: 0, ts_boot_ns, pid: tgid, tid }
+}
+
+/// The (device, inode) of a `struct file`: what `TARGET_INODES`, `RESOLVED_IMAGES` and
+/// `Config::watch_image` hold.
+#[inline(always)]
+pub fn file_key(file: *const u8, cfg: &Config) -> Result<InodeKey, i64> {
+    let o = &cfg.offsets;
+    let inode: *const u8 = read_kernel(file, o.file_inode)?;
+    let ino: u64 = read_kernel(inode, o.inode_ino)?;
+    let sb: *const u8 = read_kernel(inode, o.inode_sb)?;
+    let dev: u32 = read_kernel(sb, o.sb_dev)?;
+    Ok(InodeKey { dev: dev as u64, ino })
 }
 
 /// Reads a `T` at `base + offset` in kernel memory.

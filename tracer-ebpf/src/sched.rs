@@ -11,7 +11,7 @@ use tracer_common::{ExecRecord, ExitRecord, ForkRecord, InodeKey, LostSlot, Reco
 
 use crate::maps::{
     RESOLVED_IMAGES, TARGET_INODES, THREAD_COUNTS, TRACED_PIDS, add_threads, config, count_lost, current_ids, emit,
-    enabled, header, is_traced, read_kernel, reserve, submit_flags, untrace,
+    enabled, file_key, header, is_traced, read_kernel, reserve, submit_flags, untrace,
 };
 
 /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`, run by the parent.
@@ -127,13 +127,7 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
 /// has replaced `bprm->file` by then).
 #[inline(always)]
 fn image_key(bprm: *const u8, cfg: &tracer_common::Config) -> Result<InodeKey, i64> {
-    let o = &cfg.offsets;
-    let file: *const u8 = read_kernel(bprm, o.bprm_file)?;
-    let inode: *const u8 = read_kernel(file, o.file_inode)?;
-    let ino: u64 = read_kernel(inode, o.inode_ino)?;
-    let sb: *const u8 = read_kernel(inode, o.inode_sb)?;
-    let dev: u32 = read_kernel(sb, o.sb_dev)?;
-    Ok(InodeKey { dev: dev as u64, ino })
+    file_key(read_kernel(bprm, cfg.offsets.bprm_file)?, cfg)
 }
 
 /// Whether the file being exec'd is one of the `--binary` targets (same device and inode).

@@ -15,33 +15,19 @@
 //! them after the record (see `tracer_common::strings`); other probes look nothing up.
 //!
 //! Those probes run the sleepable variants of the same programs (`call_entry_s`, `call_return_s`)
-//! where the kernel has them (Linux 6.0+): a string the fast, non-faulting read cannot reach (a
-//! page of `.rodata` the target has not touched yet) is faulted in with `bpf_copy_from_user`,
-//! which may sleep, before the record is built with fast reads only, so that nothing another
-//! program writes into this CPU's `SCRATCH` while this one sleeps can mix into it.
-
-use core::mem::size_of;
+//! where the kernel has them (Linux 6.0+), which fault in a string's page first (see `strings`).
 
 use aya_ebpf::{
     EbpfContext as _,
     bindings::pt_regs,
-    cty::c_void,
-    helpers::{
-        bpf_probe_read_user,
-        generated::{self, bpf_get_attach_cookie},
-    },
+    helpers::{bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_common::{
-    CallRecord, GoCallRecord, GoReturnRecord, LostSlot, ProbeLayoutBytes, RecordKind, ReturnRecord, cookie,
-    strings::{self, HEADER, MAX_STRING_SIZE, MAX_STRINGS, SCRATCH_SIZE},
-};
+use tracer_common::{CallRecord, GoCallRecord, GoReturnRecord, ProbeLayoutBytes, RecordKind, ReturnRecord, cookie};
 
-use crate::maps::{
-    FAULTS, Faults, LAYOUTS, SCRATCH, count_lost, current_ids, emit, emit_bytes, header, is_traced, opaque,
-};
-use crate::{filter, gate};
+use crate::maps::{LAYOUTS, current_ids, emit, header, is_traced};
+use crate::{filter, gate, strings::with_strings};
 
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
@@ -108,7 +94,7 @@ fn try_call_entry<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64>
         filter::hold(&record, tid, regs.rsp, !cookie::is_filtered(cookie) && !gated);
     } else if cookie::reads_strings(cookie) {
         let regs = [record.args[0], record.args[1], record.args[2], record.args[3], record.args[4], record.args[5], 0];
-        with_strings::<_, SLEEPABLE>(record, RecordKind::Call, cookie, &regs, false)?;
+        with_strings::<_, 7, SLEEPABLE>(record, RecordKind::Call, layout(cookie), &regs, false)?;
     } else {
         emit(RecordKind::Call, record);
     }
@@ -118,192 +104,11 @@ fn try_call_entry<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64>
     Ok(0)
 }
 
-/// Writes `record` and the strings its function's layout names (the entry strings, or the return
-/// value's when `ret`) through the per-CPU scratch buffer. `regs` is indexed as the layout's
-/// register numbers are (rdi, rsi, rdx, rcx, r8, r9, rax). Without a layout (user space could not
-/// insert it) the record goes out without strings, and user space marks each string unread.
-/// `SLEEPABLE`: the strings' pages that are not resident are faulted in first (`fault_in`).
+/// The string reads of the function a cookie names (see `strings`).
 #[inline(always)]
-fn with_strings<T: Copy, const SLEEPABLE: bool>(
-    record: T,
-    kind: RecordKind,
-    cookie: u64,
-    regs: &[u64; 7],
-    ret: bool,
-) -> Result<u32, i64> {
-    let Some(buf) = SCRATCH.get_ptr_mut(0) else {
-        // Never (the map has its one entry): counted as a full ring would be.
-        count_lost(LostSlot::ring_full(kind));
-        return Ok(0);
-    };
-    // SAFETY: a per-CPU map value; a program runs with migration disabled, so it stays this
-    // CPU's even across a sleep (see `fault_in`).
-    let buf = unsafe { &mut *buf };
+fn layout(cookie: u64) -> Option<&'static ProbeLayoutBytes> {
     // SAFETY: a map value, read in place; user space never removes a layout while probes run.
-    let layout = LAYOUTS.get_ptr(cookie::function(cookie)).map(|l| unsafe { &*l });
-    // SAFETY: a per-CPU map value, as `buf`.
-    let mut faults = if SLEEPABLE { FAULTS.get_ptr_mut(0).map(|f| unsafe { &mut *f }) } else { None };
-    let mut off = fill(buf, record, layout, regs, ret, faults.as_deref_mut());
-    if let Some(faults) = faults
-        && faults.count > 0
-    {
-        fault_in(faults);
-        // Built again whole: while this program slept, another one on this CPU may have used
-        // the buffer. No read below sleeps, so what is sent is this record's.
-        off = fill(buf, record, layout, regs, ret, None);
-    }
-    if off > SCRATCH_SIZE {
-        off = SCRATCH_SIZE;
-    }
-    // `off` bytes of the scratch buffer, bounded above.
-    emit_bytes(kind, buf.as_ptr(), off as u64);
-    Ok(0)
-}
-
-/// The string size of `layout` (`--string-size`), bounded.
-#[inline(always)]
-fn string_size(layout: &ProbeLayoutBytes) -> usize {
-    let size = u16::from_le_bytes([layout[2], layout[3]]) as usize;
-    if size > MAX_STRING_SIZE as usize { MAX_STRING_SIZE as usize } else { size }
-}
-
-/// Writes `record` and its strings into `buf` with the fast reads; returns the length. With
-/// `faults`, each string that could not be read is noted there (its count first set to 0).
-#[inline(always)]
-fn fill<T: Copy>(
-    buf: &mut [u8; SCRATCH_SIZE],
-    record: T,
-    layout: Option<&ProbeLayoutBytes>,
-    regs: &[u64; 7],
-    ret: bool,
-    mut faults: Option<&mut Faults>,
-) -> usize {
-    // SAFETY: the buffer is larger than any record; the write is unaligned-safe.
-    unsafe { core::ptr::write_unaligned(buf.as_mut_ptr().cast::<T>(), record) };
-    let mut off = size_of::<T>();
-    if let Some(faults) = faults.as_deref_mut() {
-        faults.count = 0;
-    }
-    if let Some(layout) = layout {
-        let size = string_size(layout);
-        let (first, count) = if ret { (MAX_STRINGS, 1) } else { (0, layout[1] as usize) };
-        for i in 0..MAX_STRINGS {
-            if i >= count {
-                break;
-            }
-            let at = 4 + 4 * (first + i);
-            let (read, ptr, len) = (layout[at], layout[at + 1] as usize, layout[at + 2] as usize);
-            if read == strings::KIND_NONE || ptr >= regs.len() || len >= regs.len() {
-                break;
-            }
-            off = read_string(buf, off, read, regs[ptr], regs[len], size, faults.as_deref_mut());
-        }
-    }
-    off
-}
-
-/// Faults in the pages of the strings in `faults`, one byte of each with `bpf_copy_from_user`,
-/// which takes the page fault a uprobe's fast reads cannot (as `strace` or a debugger reading
-/// the same string would); this may sleep. Failures are ignored (a page past a string's end may
-/// not exist): the reads that follow say what could not be read.
-#[inline(always)]
-fn fault_in(faults: &Faults) {
-    let mut byte = 0u8;
-    for i in 0..MAX_STRINGS {
-        if i as u64 >= faults.count {
-            break;
-        }
-        let end = faults.at[i].saturating_add(faults.bytes[i]);
-        let mut page = faults.at[i];
-        // At most MAX_STRING_SIZE + 2 bytes: three pages.
-        for _ in 0..3 {
-            if page >= end {
-                break;
-            }
-            // SAFETY: one byte into a stack variable; the helper checks the user address.
-            unsafe {
-                generated::bpf_copy_from_user((&raw mut byte).cast::<c_void>(), 1, page as *const c_void);
-            }
-            page = (page & !(PAGE_SIZE - 1)) + PAGE_SIZE;
-        }
-    }
-}
-
-/// Notes in `faults` (if any) that `bytes` at `ptr` could not be read.
-#[inline(always)]
-fn note_fault(faults: Option<&mut Faults>, ptr: u64, bytes: u64) {
-    if let Some(faults) = faults {
-        let i = faults.count as usize;
-        if i < MAX_STRINGS {
-            faults.at[i] = ptr;
-            faults.bytes[i] = bytes;
-            faults.count = i as u64 + 1;
-        }
-    }
-}
-
-/// x86-64's page size.
-const PAGE_SIZE: u64 = 4096;
-
-/// Reads one string at `ptr` (a NUL-terminated one, or `len` bytes of a slice) into `buf` at
-/// `off`, after its header, at most `size` bytes; returns the offset after it.
-#[inline(always)]
-fn read_string(
-    buf: &mut [u8; SCRATCH_SIZE],
-    off: usize,
-    kind: u8,
-    ptr: u64,
-    len: u64,
-    size: usize,
-    faults: Option<&mut Faults>,
-) -> usize {
-    // Never true (six strings of the largest size fit); it bounds the offset for the verifier.
-    if off > SCRATCH_SIZE - HEADER - MAX_STRING_SIZE as usize - 2 {
-        return off;
-    }
-    let dst = buf[off + HEADER..].as_mut_ptr().cast::<c_void>();
-    let (status, n) = if ptr == 0 {
-        (strings::NULL, 0)
-    } else if kind == strings::KIND_C_STRING {
-        // Room for one byte more than `size` and the NUL: a string that fills it is longer than
-        // `size` (one of exactly `size` bytes ends with its NUL inside).
-        let room = opaque(size as u64 + 2);
-        if room > MAX_STRING_SIZE as u64 + 2 {
-            return off;
-        }
-        // SAFETY: `room` bytes at `dst` are in the buffer (checked above); the helper checks the
-        // user address.
-        let got = unsafe { generated::bpf_probe_read_user_str(dst, room as u32, ptr as *const c_void) };
-        if got < 1 {
-            note_fault(faults, ptr, room);
-            (strings::FAULT, 0)
-        } else if got as usize - 1 > size {
-            (strings::TRUNCATED, size)
-        } else {
-            (strings::COMPLETE, got as usize - 1)
-        }
-    } else {
-        let (status, n) =
-            if len > size as u64 { (strings::TRUNCATED, size) } else { (strings::COMPLETE, len as usize) };
-        let n = opaque(n as u64) as usize;
-        if n > MAX_STRING_SIZE as usize {
-            return off;
-        }
-        // SAFETY: as above, `n <= MAX_STRING_SIZE`.
-        let got = unsafe { generated::bpf_probe_read_user(dst, n as u32, ptr as *const c_void) };
-        if got < 0 {
-            note_fault(faults, ptr, n as u64);
-            (strings::FAULT, 0)
-        } else {
-            (status, n)
-        }
-    };
-    let n16 = (n as u16).to_le_bytes();
-    buf[off] = status;
-    buf[off + 1] = 0;
-    buf[off + 2] = n16[0];
-    buf[off + 3] = n16[1];
-    off + HEADER + n
+    LAYOUTS.get_ptr(cookie::function(cookie)).map(|l| unsafe { &*l })
 }
 
 /// The running goroutine's id and how deep `rsp` is in its stack (`g.stack.hi - rsp`). Go keeps
@@ -395,7 +200,7 @@ fn release_entry(cookie: u64, tid: u32, entry_sp: u64, retval: u64) -> bool {
     if cookie::reads_strings(record.cookie) {
         let a = record.args;
         let regs = [a[0], a[1], a[2], a[3], a[4], a[5], 0];
-        let _ = with_strings::<_, false>(record, RecordKind::Call, record.cookie, &regs, false);
+        let _ = with_strings::<_, 7, false>(record, RecordKind::Call, layout(record.cookie), &regs, false);
     } else {
         emit(RecordKind::Call, record);
     }
@@ -408,7 +213,7 @@ fn release_entry(cookie: u64, tid: u32, entry_sp: u64, retval: u64) -> bool {
 fn submit_return<const SLEEPABLE: bool>(record: ReturnRecord, strings: bool) -> Result<u32, i64> {
     if strings {
         let regs = [0, 0, record.rdx, 0, 0, 0, record.retval];
-        return with_strings::<_, SLEEPABLE>(record, RecordKind::Return, record.cookie, &regs, true);
+        return with_strings::<_, 7, SLEEPABLE>(record, RecordKind::Return, layout(record.cookie), &regs, true);
     }
     emit(RecordKind::Return, record);
     Ok(0)

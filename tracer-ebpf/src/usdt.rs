@@ -13,7 +13,9 @@
 //!   holds only the bytes there are.
 //! - `usdt_probe`: every other probe: up to `USDT_MAX_ARGS` arguments, evaluated and
 //!   sign- or zero-extended as their specs say. Breakpoints (`-B FILE:LINE`) use it too: their
-//!   spec's `record_kind` is `Break` and their arguments are the locals DWARF locates there.
+//!   spec's `record_kind` is `Break` and their arguments are the locals DWARF locates there; the
+//!   strings their `char *` and `char[N]` locals point at follow the record, read as a call's
+//!   string parameters are (`strings`), by the sleepable `usdt_probe_s` where the kernel has it.
 
 use core::ffi::c_void;
 
@@ -30,7 +32,10 @@ use tracer_common::{
     UsdtSpec, UserEventRecord, user_event_flags,
 };
 
-use crate::maps::{current_ids, emit, emit_bytes, enabled, header, is_traced};
+use crate::{
+    maps::{current_ids, emit, emit_bytes, enabled, header, is_traced},
+    strings::with_strings,
+};
 
 /// Argument specs by attach cookie. User space sizes it to the probes it attaches.
 #[map]
@@ -98,6 +103,7 @@ fn evaluate(ctx: &ProbeContext, spec: &UsdtArgSpec) -> Option<u64> {
             // Little-endian: the `size` bytes read are the low bytes of `value`.
             value
         }
+        Some(UsdtArgKind::Address) => register(ctx, spec.reg)?.wrapping_add(spec.value as u64),
         Some(UsdtArgKind::Unsupported) | None => return None,
     };
     let shift = 64 - 8 * size;
@@ -157,10 +163,17 @@ fn try_usdt_event(ctx: &ProbeContext) -> Result<u32, i64> {
 
 #[uprobe]
 pub fn usdt_probe(ctx: ProbeContext) -> u32 {
-    try_usdt_probe(&ctx).unwrap_or(0)
+    try_usdt_probe::<false>(&ctx).unwrap_or(0)
 }
 
-fn try_usdt_probe(ctx: &ProbeContext) -> Result<u32, i64> {
+/// `usdt_probe` for breakpoints that read strings, where sleepable uprobes exist: a string's page
+/// the target has not touched yet is faulted in (see `strings`).
+#[uprobe(sleepable)]
+pub fn usdt_probe_s(ctx: ProbeContext) -> u32 {
+    try_usdt_probe::<true>(&ctx).unwrap_or(0)
+}
+
+fn try_usdt_probe<const SLEEPABLE: bool>(ctx: &ProbeContext) -> Result<u32, i64> {
     let (tgid, tid) = current_ids();
     let cookie = cookie(ctx);
     let spec = USDT_SPECS.get(cookie as u32);
@@ -182,6 +195,10 @@ fn try_usdt_probe(ctx: &ProbeContext) -> Result<u32, i64> {
         let mut each = Arguments { regs: ctx.regs, spec, record: &mut record };
         // SAFETY: the callback gets `each` back as its context, valid for the whole call.
         unsafe { bpf_loop(count, evaluate_one as *mut c_void, (&raw mut each).cast(), 0) };
+        // A breakpoint's `char *` and `char[N]` locals: the strings at the addresses evaluated.
+        if spec.strings[1] > 0 {
+            return with_strings::<_, USDT_MAX_ARGS, SLEEPABLE>(record, kind, Some(&spec.strings), &record.args, false);
+        }
     }
     emit(kind, record);
     Ok(0)

@@ -3,6 +3,10 @@
 //! program to it. x86 data breakpoints trap after the access, so the program reads the value the
 //! access left, and the instruction pointer it sees is the instruction after the one that made it.
 //!
+//! A hit in a process that no longer runs the executable the variables were found in is dropped:
+//! the perf events survive exec (and an inherited one cannot be closed for one process alone),
+//! but in the new image the address is some other variable's or nothing's.
+//!
 //! A hit during a single-step that repeats the thread's last report is left out: QEMU's emulated
 //! CPU (TCG, the test VMs) recomputes DR6 at every single-step trap from a per-watchpoint "hit"
 //! flag that stays set after the access that raised it (`helper_single_step` calls
@@ -12,14 +16,14 @@
 //! single-step only when the stepped instruction made the access.
 
 use aya_ebpf::{
-    helpers::generated::bpf_probe_read_user,
+    helpers::generated::{bpf_get_current_task, bpf_probe_read_user},
     macros::{map, perf_event},
     maps::LruHashMap,
     programs::PerfEventContext,
 };
 use tracer_common::{RecordKind, WatchRecord, watch_flags};
 
-use crate::maps::{current_ids, emit, enabled, header, is_traced};
+use crate::maps::{config, current_ids, emit, enabled, file_key, header, is_traced, read_kernel};
 
 /// The lowest kernel address on x86-64: an `ip` at or above it means the trap came from kernel
 /// mode: the kernel accessed the variable on the program's behalf (exec clearing `.bss` byte by
@@ -57,6 +61,23 @@ fn read_user<const N: u32>(address: u64) -> Option<u64> {
     (ret == 0).then_some(value)
 }
 
+/// Whether the current process runs the executable the watched variables were found in
+/// (`Config::watch_image`; always, when it is not set).
+#[inline(always)]
+fn runs_watched_image() -> Result<bool, i64> {
+    let cfg = config();
+    if cfg.watch_image.ino == 0 {
+        return Ok(true);
+    }
+    // SAFETY: a helper without arguments; the task pointer is only read through
+    // `bpf_probe_read_kernel`.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let mm: *const u8 = read_kernel(task, cfg.offsets.task_mm)?;
+    let exe: *const u8 = read_kernel(mm, cfg.offsets.mm_exe_file)?;
+    let image = file_key(exe, cfg)?;
+    Ok(image.dev == cfg.watch_image.dev && image.ino == cfg.watch_image.ino)
+}
+
 fn try_watch_hit(ctx: &PerfEventContext) -> Result<u32, i64> {
     let (tgid, tid) = current_ids();
     if !enabled(RecordKind::Watch) || !is_traced(tgid) {
@@ -66,7 +87,7 @@ fn try_watch_hit(ctx: &PerfEventContext) -> Result<u32, i64> {
     // these field loads into reads of the sample (`addr` is the breakpoint's address) and of the
     // registers at the trap.
     let (address, ip, eflags) = unsafe { ((*ctx.ctx).addr, (*ctx.ctx).regs.rip, (*ctx.ctx).regs.eflags) };
-    if ip >= KERNEL_START {
+    if ip >= KERNEL_START || !runs_watched_image()? {
         return Ok(0);
     }
     // A variable may end a few bytes before an unmapped page: read less when eight bytes fail.

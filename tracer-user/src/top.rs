@@ -105,6 +105,7 @@ impl Top {
             start_off: !options.start_at.is_empty() as u32,
             resolve_execs: 0,
             _pad0: 0,
+            watch_image: tracer_common::InodeKey::default(),
             offsets: btf.offsets().map_err(RecordError::from)?,
         };
         raise_fd_limit(1024 + probes.len() as u64);

@@ -264,7 +264,8 @@ fn fuzz(seconds: u64, only: Option<&str>) -> Result<()> {
 /// cluster and its security, crashes and signals, probe placement, returns through unwinding,
 /// predicates, triggers and depth evaluated in the kernel,
 /// strings in pages not yet faulted in (sleepable programs), commands behind wrappers (a process
-/// stopped at exec while its new image is resolved).
+/// stopped at exec while its new image is resolved), breakpoints and hardware watchpoints (which
+/// QEMU's emulated CPU has).
 /// The others (exporters, readers, benches of formats) do not depend on the kernel;
 /// `--kernel 6.1` runs them there too.
 const CORE_TESTS: &[&str] = &[
@@ -283,6 +284,7 @@ const CORE_TESTS: &[&str] = &[
     "unwinding",
     "cold_strings",
     "wrappers",
+    "breakpoints",
 ];
 
 fn test(filter: Option<&str>, kernels: &[vm::Kernel]) -> Result<()> {

@@ -219,8 +219,8 @@ impl EventAssembler {
             Record::Signal(r) => signal_event(h.pid, &r),
             Record::UserEvent(r, payload) => self.user_event(&r, payload)?,
             Record::Usdt(r) => self.usdt(&r)?,
-            Record::Break(r) => {
-                let data = self.breaks.event(&r).map(EventData::Break);
+            Record::Break(r, tail) => {
+                let data = self.breaks.event(&r, tail).map(EventData::Break);
                 self.counted(data)?
             }
             Record::Watch(r) => {

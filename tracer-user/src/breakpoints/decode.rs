@@ -7,7 +7,7 @@ use tracer_common::{UsdtRecord, WatchRecord, watch_flags};
 
 use super::select::{BreakSite, LocalRead};
 use crate::{
-    debuginfo::{format, source_map::SourceMap, types::Type},
+    debuginfo::{format, layout::parse_strings, source_map::SourceMap, types::Type},
     event::data::{self, Params, SourceValue},
 };
 
@@ -20,18 +20,25 @@ pub struct BreakTable {
 }
 
 impl BreakTable {
-    /// The event of a break record, `None` if its cookie names no site.
-    pub fn event(&self, r: &UsdtRecord) -> Option<data::Break> {
+    /// The event of a break record and the strings after it, `None` if its cookie names no site.
+    pub fn event(&self, r: &UsdtRecord, tail: &[u8]) -> Option<data::Break> {
         let site = self.sites.get(usize::try_from(r.cookie.checked_sub(self.first_cookie)?).ok()?)?;
+        let evaluated = |i: usize| i < r.arg_count as usize && r.failed_args & (1 << i) == 0;
+        // Checked whole before any is used: a record whose strings do not parse shows none.
+        let strings = parse_strings(site.string_size, site.strings, tail);
         let locals = site
             .locals
             .iter()
             .map(|l| {
                 let value = match &l.read {
-                    LocalRead::Arg(i) if *i < r.arg_count as usize && r.failed_args & (1 << i) == 0 => {
-                        format::scalar(&l.ty, r.args[*i])
+                    LocalRead::Arg(i) if evaluated(*i) => format::scalar(&l.ty, r.args[*i]),
+                    LocalRead::String { arg, index } if evaluated(*arg) => {
+                        match strings.as_ref().ok().and_then(|s| s.get(*index)) {
+                            Some(s) => format::string(s, r.args[*arg], None),
+                            None => format::unreadable("string not captured"),
+                        }
                     }
-                    LocalRead::Arg(_) => format::unreadable("its memory could not be read"),
+                    LocalRead::Arg(_) | LocalRead::String { .. } => format::unreadable("its memory could not be read"),
                     LocalRead::Bits(bits) => format::scalar(&l.ty, *bits),
                     LocalRead::OptimizedOut => Value::String("optimized_out".to_string()),
                     LocalRead::Unreadable(why) => format::unreadable(why),

@@ -8,7 +8,7 @@ use std::{
 };
 
 use object::{Object as _, ObjectSegment as _};
-use tracer_common::{RecordKind, USDT_MAX_ARGS, UsdtArgKind, UsdtArgSpec, UsdtSpec};
+use tracer_common::{ProbeLayoutBytes, RecordKind, USDT_MAX_ARGS, UsdtArgKind, UsdtArgSpec, UsdtSpec};
 
 use super::{
     BreakpointError,
@@ -17,8 +17,9 @@ use super::{
 use crate::{
     debuginfo::{
         DebugInfo, DebugSearch,
+        layout::{MAX_STRING_SIZE, MAX_STRINGS, ProbeLayout, StringKind, StringRead},
         source_map::{CallFrames, Local, LocalPlace, SourceMap},
-        types::{Kind, Type},
+        types::{AggregateKind, Kind, Type},
     },
     usdt::{
         args::{ArgSpec, Location, Register},
@@ -33,6 +34,8 @@ pub enum LocalRead {
     Arg(usize),
     /// Known without reading (a constant the compiler folded in).
     Bits(u64),
+    /// The string at the address in the record's argument `arg`: the record's `index`th string.
+    String { arg: usize, index: usize },
     /// `"optimized_out"`: DWARF has no location for it here.
     OptimizedOut,
     /// Shown as `{"unreadable": why}`.
@@ -54,6 +57,9 @@ pub struct BreakSite {
     pub line: u32,
     pub module: Arc<str>,
     pub locals: Vec<LocalSlot>,
+    /// How many strings follow its records, each of at most `string_size` bytes.
+    pub strings: usize,
+    pub string_size: u16,
 }
 
 /// One breakpoint probe to attach: where, and the spec of its locals.
@@ -105,26 +111,54 @@ impl Selection {
     }
 }
 
-/// Whether a type is one the kernel can read as one integer of 1 to 8 bytes.
-fn scalar_size(ty: &Type) -> Option<u8> {
-    let scalar = matches!(
-        ty.kind,
-        Kind::Int { .. } | Kind::Bool | Kind::Char { .. } | Kind::Enum { .. } | Kind::Pointer | Kind::CString
-    );
-    (scalar && (1..=8).contains(&ty.size)).then_some(ty.size as u8)
+/// How the kernel reads a local.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reading {
+    /// As one integer of this many bytes (1 to 8).
+    Scalar(u8),
+    /// A `char *`: the pointer, then the string it points at.
+    StringAt,
+    /// A `char[N]`: its address, then the string it holds.
+    StringIn,
 }
 
-/// A local's slot and, when the kernel reads it, its argument spec.
-fn local_slot(local: Local, args: &mut Vec<UsdtArgSpec>, regs: &RegisterOffsets) -> LocalSlot {
+fn reading(ty: &Type) -> Option<Reading> {
+    match &ty.kind {
+        Kind::CString if ty.size == 8 => Some(Reading::StringAt),
+        Kind::Aggregate(a) if a.what == AggregateKind::CharArray => Some(Reading::StringIn),
+        Kind::Int { .. } | Kind::Bool | Kind::Char { .. } | Kind::Enum { .. } | Kind::Pointer
+            if (1..=8).contains(&ty.size) =>
+        {
+            Some(Reading::Scalar(ty.size as u8))
+        }
+        _ => None,
+    }
+}
+
+/// A local's slot and, when the kernel reads it, its argument spec (and, for a string, the
+/// index of that argument in `strings`, the breakpoint's string reads).
+fn local_slot(
+    local: Local,
+    args: &mut Vec<UsdtArgSpec>,
+    strings: &mut Vec<usize>,
+    regs: &RegisterOffsets,
+) -> LocalSlot {
     let Local { name, ty, place } = local;
     let unreadable = |why: &str| LocalRead::Unreadable(why.to_string());
-    let read = match (place, scalar_size(&ty)) {
+    let read = match (place, reading(&ty)) {
         (LocalPlace::OptimizedOut, _) => LocalRead::OptimizedOut,
         (LocalPlace::Unsupported(why), _) => LocalRead::Unreadable(why),
-        (_, None) => unreadable("not a scalar (only integers, chars, enums and pointers are read at breakpoints)"),
-        (LocalPlace::Const(value), Some(_)) => LocalRead::Bits(value as u64),
+        (_, None) => unreadable(
+            "not a scalar or a string (only integers, chars, enums, pointers and strings are read at breakpoints)",
+        ),
+        (LocalPlace::Const(value), Some(Reading::Scalar(_))) => LocalRead::Bits(value as u64),
+        (LocalPlace::Const(_), Some(_)) => unreadable("a string whose address the compiler folded in"),
+        (LocalPlace::Register(_), Some(Reading::StringIn)) => unreadable("a char array kept in registers"),
         (_, Some(_)) if args.len() == USDT_MAX_ARGS => unreadable("more locals in scope than a breakpoint reads"),
-        (place, Some(size)) => {
+        (_, Some(Reading::StringAt | Reading::StringIn)) if strings.len() == MAX_STRINGS => {
+            unreadable("more strings in scope than a breakpoint reads")
+        }
+        (place, Some(reading)) => {
             let location = match place {
                 LocalPlace::Register(r) => Register::from_dwarf(r).map(Location::Register),
                 LocalPlace::Memory { register, offset } => {
@@ -134,14 +168,39 @@ fn local_slot(local: Local, args: &mut Vec<UsdtArgSpec>, regs: &RegisterOffsets)
             };
             match location {
                 Some(location) => {
-                    args.push(arg_spec(&ArgSpec { size, signed: false, location }, regs));
-                    LocalRead::Arg(args.len() - 1)
+                    let size = if let Reading::Scalar(size) = reading { size } else { 8 };
+                    let mut spec = arg_spec(&ArgSpec { size, signed: false, location }, regs);
+                    if reading == Reading::StringIn {
+                        // The array's bytes are the string: its address is what the read starts at.
+                        spec.kind = UsdtArgKind::Address as u32;
+                    }
+                    args.push(spec);
+                    let arg = args.len() - 1;
+                    if reading == Reading::Scalar(size) {
+                        LocalRead::Arg(arg)
+                    } else {
+                        strings.push(arg);
+                        LocalRead::String { arg, index: strings.len() - 1 }
+                    }
                 }
                 None => unreadable("in a register the kernel does not save"),
             }
         }
     };
     LocalSlot { name, ty, read }
+}
+
+/// A breakpoint's string reads in a probe layout whose "registers" are its evaluated locals.
+fn string_reads(strings: &[usize], string_size: u16) -> ProbeLayoutBytes {
+    if strings.is_empty() {
+        return [0; tracer_common::strings::LAYOUT_SIZE];
+    }
+    let mut layout = ProbeLayout::empty(string_size.min(MAX_STRING_SIZE));
+    layout.entry_strings = strings.len() as u8;
+    for (read, &arg) in layout.entry.iter_mut().zip(strings) {
+        *read = StringRead { kind: StringKind::CString as u8, ptr: arg as u8, len: 0, reserved: 0 };
+    }
+    layout.to_bytes()
 }
 
 /// The file offset of a link-time address, from the `PT_LOAD` segments.
@@ -159,6 +218,7 @@ pub fn select(
     breaks: &[BreakSpec],
     watches: &[WatchSpec],
     regs: &RegisterOffsets,
+    string_size: u16,
 ) -> Result<Selection, BreakpointError> {
     if watches.len() > tracer_common::MAX_WATCHPOINTS {
         return Err(BreakpointError::TooManyWatches(watches.len()));
@@ -251,16 +311,20 @@ pub fn select(
         for ((address, file_name, line), locals) in addresses.into_iter().zip(locals) {
             let file_offset = file_offset(&file, address)
                 .ok_or_else(|| BreakpointError::NotLoaded(format!("{file_name}:{line} ({address:#x})")))?;
-            let mut args = Vec::new();
+            let (mut args, mut strings) = (Vec::new(), Vec::new());
             let locals: Vec<LocalSlot> =
-                locals.unwrap_or_default().into_iter().map(|l| local_slot(l, &mut args, regs)).collect();
+                locals.unwrap_or_default().into_iter().map(|l| local_slot(l, &mut args, &mut strings, regs)).collect();
             for l in &locals {
                 if let LocalRead::Unreadable(why) = &l.read {
                     selection.warnings.push(format!("-B {file_name}:{line}: '{}' cannot be read: {why}", l.name));
                 }
             }
-            let mut spec =
-                UsdtSpec { arg_count: args.len() as u32, record_kind: RecordKind::Break as u32, ..UsdtSpec::default() };
+            let mut spec = UsdtSpec {
+                arg_count: args.len() as u32,
+                record_kind: RecordKind::Break as u32,
+                strings: string_reads(&strings, string_size),
+                ..UsdtSpec::default()
+            };
             for (slot, arg) in spec.args.iter_mut().zip(&args) {
                 *slot = *arg;
             }
@@ -272,6 +336,8 @@ pub fn select(
                 line,
                 module: module.clone(),
                 locals,
+                strings: strings.len(),
+                string_size: string_size.min(MAX_STRING_SIZE),
             });
         }
     }

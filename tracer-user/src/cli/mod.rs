@@ -100,12 +100,13 @@ pub struct RecordArgs {
     pub trace: TraceOptions,
     /// A breakpoint (repeatable): FILE:LINE or FUNCTION+OFFSET in the traced executable, found
     /// through its DWARF; every time a thread gets there, a `break` event with the parameters
-    /// and locals in scope.
+    /// and locals in scope (`char *` and `char[N]` read as strings, as parameters are).
     #[arg(short = 'B', long = "break", value_name = "FILE:LINE", value_parser = parse_break)]
     pub breaks: Vec<BreakSpec>,
     /// Watch a global or static variable (repeatable, at most 4): VARIABLE, VARIABLE:rw (reads
     /// too) or ADDRESS:LENGTH; every write is a `watch` event with the value written and the
-    /// function and line that wrote it (hardware breakpoints).
+    /// function and line that wrote it (hardware breakpoints). A process that execs another
+    /// program is no longer watched.
     #[arg(short = 'w', long = "watch", value_name = "VARIABLE", value_parser = parse_watch)]
     pub watches: Vec<WatchSpec>,
     /// Output file ('-' for standard output); the format comes from --format or the extension.
@@ -184,8 +185,8 @@ pub struct TraceOptions {
     /// Refuse to probe more functions than this without -f.
     #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
     pub max_probes: usize,
-    /// Bytes read of each string parameter (C `char *`, Rust `&str`) and string return value at
-    /// most; a longer one is marked truncated.
+    /// Bytes read of each string parameter (C `char *`, Rust `&str`), string return value and
+    /// string local at a breakpoint at most; a longer one is marked truncated.
     #[arg(long, value_name = "BYTES", default_value_t = tracer_user::debuginfo::layout::DEFAULT_STRING_SIZE,
           value_parser = clap::value_parser!(u16).range(1..=tracer_user::debuginfo::layout::MAX_STRING_SIZE as i64))]
     pub string_size: u16,

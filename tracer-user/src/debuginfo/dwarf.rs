@@ -671,6 +671,7 @@ impl<'d, 'a> Reader<'d, 'a> {
                 self.aggregate(unit, offset, &entry, name, size, depth)?
             }
             DW_TAG_array_type => {
+                let chars = self.target(unit, &entry).is_some_and(|(u, o)| self.is_plain_char(&u, o));
                 let elem = match self.target(unit, &entry) {
                     Some((u, o)) => self.type_at(&u, o, depth + 1),
                     None => Arc::new(Type::unknown("?", 0, "an array of nothing")),
@@ -694,7 +695,7 @@ impl<'d, 'a> Reader<'d, 'a> {
                     }
                     _ => None,
                 };
-                let what = AggregateKind::Array;
+                let what = if chars { AggregateKind::CharArray } else { AggregateKind::Array };
                 Type {
                     name,
                     size,

@@ -124,7 +124,9 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn string(s: &CapturedString, ptr: u64, len: Option<u64>) -> Value {
+/// A captured string: complete, truncated (with the full `length` of a `&str`), null, or
+/// unreadable at `ptr`.
+pub fn string(s: &CapturedString, ptr: u64, len: Option<u64>) -> Value {
     match s.status {
         StringStatus::Complete => Value::String(text(s.bytes)),
         StringStatus::Truncated => {

@@ -353,6 +353,7 @@ impl super::types::AggregateKind {
             super::types::AggregateKind::Struct => "a struct",
             super::types::AggregateKind::Union => "a union",
             super::types::AggregateKind::Array => "an array",
+            super::types::AggregateKind::CharArray => "a char array",
             super::types::AggregateKind::RustEnum => "an enum",
         }
     }

@@ -60,6 +60,9 @@ pub enum AggregateKind {
     Struct,
     Union,
     Array,
+    /// An array of plain `char` (`char name[16]`): a string buffer, read as a string at a
+    /// breakpoint.
+    CharArray,
     /// A Rust enum with data (a DWARF variant part): its layout is the compiler's choice.
     RustEnum,
 }

@@ -223,7 +223,7 @@ fn select_breakpoints(
     }
     let exe = executables.first().ok_or(breakpoints::BreakpointError::NoExecutable)?;
     let regs = RegisterOffsets::from_facts(KernelFacts::running()?)?;
-    Ok(breakpoints::select::select(exe, &options.breaks, &options.watches, &regs)?)
+    Ok(breakpoints::select::select(exe, &options.breaks, &options.watches, &regs, options.string_size)?)
 }
 
 /// The USDT sites to attach: every program-event probe of the targets' executables and libraries

@@ -154,6 +154,11 @@ impl Plan {
             start_off: !options.start_at.is_empty() as u32,
             resolve_execs: resolve_execs as u32,
             _pad0: 0,
+            // Watchpoints survive exec: a hit in a process that exec'd another image is dropped.
+            watch_image: match breakpoints.watches.is_empty() {
+                true => tracer_common::InodeKey::default(),
+                false => targets::FileId::of(&breakpoints.exe).map(|id| id.kernel_key()).unwrap_or_default(),
+            },
             offsets: btf.offsets()?,
         };
         // A perf-event link per probe site where the kernel has no uprobe-multi links.
@@ -213,12 +218,6 @@ impl Plan {
             }
         }
         let failures = kernel.attach_functions(&probes)?;
-        if let Some(why) = kernel.sleepable_unavailable() {
-            let why = if options.no_sleepable { "--no-sleepable asks for the non-faulting read only" } else { why };
-            warnings.push(format!(
-                "a string in a page the traced program has not touched yet (of .rodata, say) cannot be read and is marked unreadable: {why}"
-            ));
-        }
         // A function with any probe that failed counts as not probed (its other probes stay).
         let failed: BTreeSet<u32> = failures.iter().map(|f| cookie::function(f.cookie)).collect();
         let attached = functions.len() - failed.len();
@@ -261,6 +260,13 @@ impl Plan {
                 site.file,
                 site.line,
                 first.reason
+            ));
+        }
+        // Functions and breakpoints that read strings.
+        if let Some(why) = kernel.sleepable_unavailable() {
+            let why = if options.no_sleepable { "--no-sleepable asks for the non-faulting read only" } else { why };
+            warnings.push(format!(
+                "a string in a page the traced program has not touched yet (of .rodata, say) cannot be read and is marked unreadable: {why}"
             ));
         }
         let mut watch_table = WatchTable { by_address: Default::default(), source_map: breakpoints.source_map.clone() };

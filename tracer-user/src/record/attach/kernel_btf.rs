@@ -268,6 +268,8 @@ impl KernelBtf {
             regs_dx: self.offset("pt_regs", "dx")?,
             regs_r10: self.offset("pt_regs", "r10")?,
             regs_r8: self.offset("pt_regs", "r8")?,
+            task_mm: self.offset("task_struct", "mm")?,
+            mm_exe_file: self.offset("mm_struct", "exe_file")?,
         })
     }
 }

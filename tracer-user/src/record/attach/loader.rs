@@ -88,6 +88,9 @@ pub struct Kernel {
     usdt_links: Vec<OwnedFd>,
     /// The program-event and USDT programs, loaded on first use.
     usdt_programs: Option<(OwnedFd, OwnedFd)>,
+    /// The USDT program's sleepable variant, for breakpoints that read strings, loaded on first
+    /// use; or why there is none (as `sleepable_programs`).
+    sleepable_usdt: Option<Result<OwnedFd, String>>,
     /// The programs loaded into the kernel (verified) so far, by name, in load order: only what
     /// the trace asked for is.
     loaded: Vec<&'static str>,
@@ -95,6 +98,8 @@ pub struct Kernel {
     program_object: Option<uprobe_multi::ProgramObject>,
     ebpf: Ebpf,
 }
+
+const NO_SLEEPABLE_UPROBES: &str = "this kernel has no sleepable uprobe programs (Linux 6.0 and later have them)";
 
 fn load_error(e: impl std::fmt::Display) -> LoadError {
     LoadError::Load(format!("{e:#}"))
@@ -160,6 +165,7 @@ impl Kernel {
             program_object: None,
             usdt_links: Vec::new(),
             usdt_programs: None,
+            sleepable_usdt: None,
             loaded: Vec::new(),
             ebpf,
         })
@@ -229,7 +235,7 @@ impl Kernel {
     fn load_sleepable(&mut self) -> Result<(), String> {
         if self.sleepable_programs.is_none() {
             let loaded = if !self.features.sleepable_uprobes {
-                Err("this kernel has no sleepable uprobe programs (Linux 6.0 and later have them)".to_string())
+                Err(NO_SLEEPABLE_UPROBES.to_string())
             } else {
                 self.load_uprobe_programs(&[programs::CALL_ENTRY_SLEEPABLE, programs::CALL_RETURN_SLEEPABLE])
                     .map(|mut fds| {
@@ -244,6 +250,22 @@ impl Kernel {
             Ok(_) => Ok(()),
             Err(e) => Err(e.clone()),
         }
+    }
+
+    /// Loads the sleepable USDT program once, for breakpoints that read strings; the error says
+    /// why there is none.
+    fn load_sleepable_usdt(&mut self) -> Option<&OwnedFd> {
+        if self.sleepable_usdt.is_none() {
+            let loaded = if !self.features.sleepable_uprobes {
+                Err(NO_SLEEPABLE_UPROBES.to_string())
+            } else {
+                self.load_uprobe_programs(&[programs::USDT_PROBE_SLEEPABLE])
+                    .map(|mut fds| fds.pop().expect("one program"))
+                    .map_err(|e| format!("the sleepable USDT program could not be loaded: {e}"))
+            };
+            self.sleepable_usdt = Some(loaded);
+        }
+        self.sleepable_usdt.as_ref().and_then(|r| r.as_ref().ok())
     }
 
     /// Makes the uprobe programs loadable later, once their maps have been taken out of the
@@ -279,8 +301,8 @@ impl Kernel {
     /// Why probes that read strings run without faulting pages in, if they do: a string in a
     /// page the target has not touched yet is then unreadable.
     pub fn sleepable_unavailable(&self) -> Option<&str> {
-        match &self.sleepable_programs {
-            Some(Err(e)) => Some(e),
+        match (&self.sleepable_programs, &self.sleepable_usdt) {
+            (Some(Err(e)), _) | (_, Some(Err(e))) => Some(e),
             _ => None,
         }
     }
@@ -357,20 +379,25 @@ impl Kernel {
             let event = fds.pop().expect("two programs");
             self.usdt_programs = Some((event, probe));
         }
-        let (event_prog, probe_prog) = self.usdt_programs.as_ref().expect("loaded above");
-        let mut by_link: BTreeMap<(&Path, UsdtProgram), Vec<Site>> = BTreeMap::new();
+        // A breakpoint that reads strings runs the sleepable variant where there is one.
+        let reads_strings = |p: &UsdtProbe| p.program == UsdtProgram::Probe && p.spec.strings[1] > 0;
+        let sleepable = probes.iter().any(reads_strings) && self.load_sleepable_usdt().is_some();
+        let mut by_link: BTreeMap<(&Path, UsdtProgram, bool), Vec<Site>> = BTreeMap::new();
         for p in probes {
-            by_link.entry((&p.path, p.program)).or_default().push(Site {
+            by_link.entry((&p.path, p.program, sleepable && reads_strings(p))).or_default().push(Site {
                 file_offset: p.file_offset,
                 cookie: p.cookie,
                 ref_ctr_offset: p.semaphore_offset,
             });
         }
+        let (event_prog, probe_prog) = self.usdt_programs.as_ref().expect("loaded above");
+        let sleepable_prog = self.sleepable_usdt.as_ref().and_then(|r| r.as_ref().ok());
         let mut failures = Vec::new();
-        for ((path, program), sites) in by_link {
-            let prog = match program {
-                UsdtProgram::Event => event_prog,
-                UsdtProgram::Probe => probe_prog,
+        for ((path, program, sleepable), sites) in by_link {
+            let prog = match (program, sleepable_prog) {
+                (UsdtProgram::Event, _) => event_prog,
+                (UsdtProgram::Probe, Some(probe_s)) if sleepable => probe_s,
+                (UsdtProgram::Probe, _) => probe_prog,
             };
             attach_batch(self.features.attach, prog, path, &sites, false, "USDT", &mut self.usdt_links, &mut failures);
         }
