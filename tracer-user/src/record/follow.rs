@@ -23,7 +23,8 @@ use tracer_common::{
 
 use super::{
     RecordError, RecordOptions,
-    plan::{FilterSpec, Scope, Unmatched, select_functions},
+    choose::Unmatched,
+    plan::{FilterSpec, Scope, select_functions},
 };
 use crate::{
     assemble::EventAssembler, event::UnmatchedFunctions, record::attach::loader::Kernel,

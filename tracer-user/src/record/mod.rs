@@ -7,6 +7,7 @@
 //! options and the errors.
 
 pub mod attach;
+mod choose;
 pub mod drain;
 pub mod filter;
 mod follow;

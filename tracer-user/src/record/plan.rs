@@ -2,8 +2,8 @@
 //! functions (symbols, DWARF, source globs), USDT sites, and the probes they need.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
-    path::{Path, PathBuf},
+    collections::{BTreeMap, HashSet},
+    path::PathBuf,
     sync::Arc,
 };
 
@@ -11,8 +11,8 @@ use tracer_common::{CAPTURE_BYTES_MAX, cookie, gate};
 
 use super::{
     RecordError, RecordOptions, check_pid_namespace,
-    filter::{self, Predicates},
-    ring_size,
+    choose::{Choice, Tables, Unmatched},
+    filter, ring_size,
 };
 use crate::{
     assemble::{FunctionTable, NativeReturns, ProbedFunction},
@@ -26,9 +26,7 @@ use crate::{
     record::resolve::disasm::Exit,
     record::resolve::modules::ModuleCandidates,
     record::resolve::placement::{KernelProbes, ProbePath, ProbeSummary},
-    record::resolve::symbols::{
-        Exits, Function, FunctionPattern, NamesFrom, Placement, SymbolError, SymbolTable, is_go_program_code,
-    },
+    record::resolve::symbols::{Exits, Function, NamesFrom, Placement, SymbolTable},
     record::resolve::targets::{self, FileId, Process},
     record::resolve::unwinding::{self, ReturnProbes},
     usdt::{
@@ -251,26 +249,6 @@ fn select_usdt(
     Ok(selection)
 }
 
-/// The C runtime's start-up and shutdown code that the toolchain links into every executable:
-/// not the program's own, and left out of the default selection (it would top every report and
-/// flame graph); a pattern still probes it.
-const STARTUP_CODE: &[&str] = &[
-    "_start",
-    "_init",
-    "_fini",
-    "frame_dummy",
-    "register_tm_clones",
-    "deregister_tm_clones",
-    "__do_global_dtors_aux",
-    "__libc_csu_init",
-    "__libc_csu_fini",
-    "_dl_relocate_static_pie",
-];
-
-fn is_startup_code(name: &str) -> bool {
-    STARTUP_CODE.contains(&name)
-}
-
 /// How [`select_functions`] resolves: at plan time (strict, or lenient for a launched command,
 /// which may be a wrapper), or against an image a traced process exec'd.
 #[derive(Clone, Copy, Debug)]
@@ -289,23 +267,6 @@ impl Scope {
     const PLAN: Scope = Scope { first_function: 0, lenient: false, exec_image: false };
 }
 
-/// A `-f` pattern that matched no function of the images it was resolved against.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Unmatched {
-    /// The pattern as given (with its predicate).
-    pub pattern: String,
-    /// The images it was resolved against, comma-separated.
-    pub modules: String,
-    /// The "did you mean" names.
-    pub suggestions: Vec<String>,
-}
-
-/// Whether a file's functions cannot be read because it is no program of its own: not an ELF
-/// file (a `#!` script) or one without function symbols (a stripped `dash`).
-fn is_not_a_program(e: &RecordError) -> bool {
-    matches!(e, RecordError::Symbols(SymbolError::NotElf { .. } | SymbolError::NoFunctions { .. }))
-}
-
 /// The functions to probe: those matching `--functions`, or every function of the main
 /// executables but their C runtime start-up code.
 pub(crate) fn select_functions(
@@ -317,187 +278,19 @@ pub(crate) fn select_functions(
 ) -> Result<Selection, RecordError> {
     let entry = options.events.contains(&EventKind::Call);
     let exit = options.events.contains(&EventKind::Return);
-    let mut tables: BTreeMap<PathBuf, SymbolTable> = BTreeMap::new();
-    // The files the targets load, read once (from `/proc` and the executables' needed libraries)
-    // when a pattern names a module or the return probes' choice needs them.
     let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
-    let mut module_candidates: Option<ModuleCandidates> = None;
-    fn load<'a>(
-        tables: &'a mut BTreeMap<PathBuf, SymbolTable>,
-        path: &PathBuf,
-    ) -> Result<&'a SymbolTable, RecordError> {
-        if !tables.contains_key(path) {
-            tables.insert(path.clone(), SymbolTable::load(path)?);
-        }
-        Ok(&tables[path])
-    }
-    // (module, function index) in selection order, each once: the set answers "already chosen?"
-    // in constant time, so a thousand patterns matching the same functions cost n, not n².
-    // The name a function's events carry: the first of its names that the first pattern to
-    // choose it matched (`open64` when asked for, not its alias `open`).
-    let mut selected: Vec<(PathBuf, usize)> = Vec::new();
-    let mut chosen: HashMap<PathBuf, HashSet<usize>> = HashMap::new();
-    let mut event_names: HashMap<(PathBuf, usize), String> = HashMap::new();
-    // The predicate of the pattern that chose each function, if it has one.
-    let mut predicates: HashMap<(PathBuf, usize), Predicates> = HashMap::new();
-    // Leniently, the executables whose functions cannot be read are left out with a warning.
-    let readable: Vec<PathBuf>;
-    let executables = if scope.lenient {
-        let mut kept = Vec::new();
-        for exe in executables {
-            match load(&mut tables, exe) {
-                Ok(_) => kept.push(exe.clone()),
-                // Without patterns, the default selection below says this itself.
-                Err(RecordError::Symbols(SymbolError::NoFunctions { .. })) if options.functions.is_empty() => {
-                    kept.push(exe.clone())
-                }
-                Err(RecordError::Symbols(e @ (SymbolError::NotElf { .. } | SymbolError::NoFunctions { .. })))
-                    if !scope.exec_image =>
-                {
-                    let what = match e {
-                        SymbolError::NotElf { .. } => "is not an ELF executable",
-                        _ => "defines no functions",
-                    };
-                    let then = if options.functions.is_empty() {
-                        "tracing its processes only"
-                    } else {
-                        "the function patterns are resolved against each program it executes"
-                    };
-                    warnings.push(format!("{} {what}: {then}", exe.display()));
-                }
-                Err(e) if is_not_a_program(&e) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        readable = kept;
-        &readable[..]
-    } else {
-        executables
-    };
-    let mut unmatched: Vec<Unmatched> = Vec::new();
-    let mut select = |module: &PathBuf, index: usize, name: &str, predicate: Option<&Predicates>| {
-        let fresh = match chosen.get_mut(module) {
-            Some(indexes) => indexes.insert(index),
-            None => chosen.insert(module.clone(), HashSet::from([index])).is_none(),
-        };
-        if fresh {
-            selected.push((module.clone(), index));
-            event_names.insert((module.clone(), index), name.to_string());
-            if let Some(p) = predicate {
-                predicates.insert((module.clone(), index), p.clone());
-            }
-        }
-    };
-    if options.functions.is_empty() {
-        for exe in executables {
-            let table = match load(&mut tables, exe) {
-                Ok(table) => table,
-                // A stripped executable that exports nothing: still worth tracing its processes.
-                Err(RecordError::Symbols(SymbolError::NoFunctions { path, .. })) => {
-                    warnings.push(format!("{} has no function symbols: tracing its processes only", path.display()));
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            // Of a Go program, its own code: the runtime's and the standard library's thousands of
-            // functions (schedulers, the garbage collector) would bury it.
-            let go = table.go.is_some();
-            for (i, f) in table.functions.iter().enumerate() {
-                if f.names().any(is_startup_code) {
-                    continue;
-                }
-                if !go || f.names().any(is_go_program_code) {
-                    select(exe, i, &f.name, None);
-                }
-            }
-        }
-    } else {
-        // The file each function is defined in, per module, read only for source file patterns.
-        let mut source_files: BTreeMap<PathBuf, SourceFiles> = BTreeMap::new();
-        for text in &options.functions {
-            let (pattern_text, predicate) = filter::split(text)?;
-            let predicate = Some(predicate).filter(|p| !p.is_empty());
-            let pattern = FunctionPattern::parse(pattern_text)?;
-            if scope.exec_image && pattern.module.is_some() {
-                continue;
-            }
-            let modules = pattern_modules(&pattern, executables, &pids, &mut module_candidates)?;
-            let mut matched = 0;
-            let mut in_source = 0;
-            for module in &modules {
-                let table = load(&mut tables, module)?;
-                let mut found: Vec<(usize, &str)> = table.matching(&pattern.name).map(|(i, _, n)| (i, n)).collect();
-                if let Some(glob) = &pattern.source {
-                    let files = source_files.entry(module.clone()).or_insert_with(|| SourceFiles::of(module, table));
-                    in_source += files.defined_in(glob).count();
-                    found.retain(|&(i, _)| files.file_of(table.functions[i].address).is_some_and(|f| glob.matches(f)));
-                }
-                for (i, name) in found {
-                    select(module, i, name, predicate.as_ref());
-                    matched += 1;
-                }
-            }
-            // At start, a source glob that matches no file of a program's DWARF is a mistake to
-            // say now; an exec'd image's is only unmatched (reported at the end).
-            if let (Some(glob), 0, false, false) = (&pattern.source, in_source, scope.exec_image, modules.is_empty()) {
-                let modules = modules.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ");
-                let known: Vec<&SourceFiles> = source_files.values().collect();
-                return Err(RecordError::NoSourceMatch {
-                    glob: glob.as_str().to_string(),
-                    modules,
-                    available: SourceFiles::listing(&known, 10),
-                });
-            }
-            if matched == 0 {
-                let mut suggestions: Vec<String> =
-                    modules.iter().flat_map(|m| tables[m].suggestions(pattern.name.as_str(), 5)).collect();
-                suggestions.truncate(5);
-                let modules = modules.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ");
-                if !scope.lenient {
-                    return Err(RecordError::NoMatch { pattern: text.clone(), modules, suggestions });
-                }
-                unmatched.push(Unmatched { pattern: text.clone(), modules, suggestions });
-            }
-        }
-    }
-    // The trigger functions, probed whether or not a pattern above chose them.
-    let mut roles: HashMap<(PathBuf, usize), u8> = HashMap::new();
-    for (role, option, patterns) in
-        [(gate::START, "--start-at", &options.start_at), (gate::STOP, "--stop-at", &options.stop_at)]
-    {
-        for text in patterns {
-            let pattern = FunctionPattern::parse(text)?;
-            // A `MODULE:` trigger names a module resolved at start, as a `-f` pattern's is.
-            if scope.exec_image && pattern.module.is_some() {
-                continue;
-            }
-            let modules = pattern_modules(&pattern, executables, &pids, &mut module_candidates)?;
-            let mut matched = 0;
-            for module in &modules {
-                let table = load(&mut tables, module)?;
-                let found: Vec<(usize, String)> =
-                    table.matching(&pattern.name).map(|(i, _, n)| (i, n.to_string())).collect();
-                for (i, name) in found {
-                    select(module, i, &name, None);
-                    *roles.entry((module.clone(), i)).or_default() |= role;
-                    matched += 1;
-                }
-            }
-            // Checked once, at start: an image exec'd later that lacks a trigger function still
-            // has its `-f` functions traced.
-            if matched == 0 && !scope.exec_image {
-                let modules = modules.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ");
-                return Err(RecordError::NoTriggerMatch { option, pattern: text.clone(), modules });
-            }
-        }
-    }
+    let mut tables = Tables::new(pids);
+    let executables = tables.readable(executables, options, warnings, scope)?;
+    let executables = &executables[..];
+    let Choice { selected, mut event_names, mut predicates, roles, unmatched, .. } =
+        Choice::of(options, executables, &mut tables, warnings, scope)?;
     if selected.len() > options.max_probes {
         return Err(RecordError::TooManyProbes { count: selected.len(), max: options.max_probes });
     }
-    let mut sources = source_level(&selected, &tables, options.string_size, warnings);
+    let mut sources = source_level(&selected, &tables.tables, options.string_size, warnings);
     // A stripped file whose debug file was found (libc with libc6-dbg) gives its functions'
     // parameters: saying only that it is stripped would tell the user the opposite.
-    for (path, table) in &tables {
+    for (path, table) in &tables.tables {
         if table.names_from == NamesFrom::Dynsym && !sources.keys().any(|(module, _)| module == path) {
             warnings
                 .push(format!("{} is stripped: only its exported functions (.dynsym) can be probed", path.display()));
@@ -507,8 +300,7 @@ pub(crate) fn select_functions(
     // Returns by the return address, unless a program here unwinds stacks (see `unwinding`).
     let unwinder = if exit && options.return_probes.is_none() {
         // The executables first: their own use is the clearest reason to give.
-        let candidates = module_candidates.get_or_insert_with(|| ModuleCandidates::new(executables, &pids));
-        let files: Vec<PathBuf> = executables.iter().chain(candidates.files()).cloned().collect();
+        let files: Vec<PathBuf> = executables.iter().chain(tables.candidates(executables).files()).cloned().collect();
         unwinding::unwinder(&files)
     } else {
         None
@@ -530,7 +322,7 @@ pub(crate) fn select_functions(
     // The Go functions probed, by event name: the fast-path advice differs for them.
     let mut go_functions: HashSet<String> = HashSet::new();
     for (module, index) in selected {
-        let table = &tables[&module];
+        let table = &tables.tables[&module];
         let f = &table.functions[index];
         let name = event_names.remove(&(module.clone(), index)).unwrap_or_else(|| f.name.clone());
         let function = scope.first_function + functions.len() as u32;
@@ -798,71 +590,6 @@ fn source_level(
         }
     }
     out
-}
-
-/// The source file of each function of one module (DWARF `DW_AT_decl_file`), for `-f
-/// 'src/net.c:*'`.
-struct SourceFiles {
-    by_address: BTreeMap<u64, Arc<str>>,
-    /// Why there are none, when the DWARF could not be read.
-    error: Option<String>,
-}
-
-impl SourceFiles {
-    fn of(module: &Path, table: &SymbolTable) -> SourceFiles {
-        let addresses: Vec<u64> = table.functions.iter().map(|f| f.address).collect();
-        let size = crate::debuginfo::layout::DEFAULT_STRING_SIZE;
-        match crate::debuginfo::source_functions(module, &addresses, size) {
-            Ok((found, _)) => SourceFiles {
-                by_address: found.into_iter().filter_map(|(a, f)| Some((a, f.file?))).collect(),
-                error: None,
-            },
-            Err(e) => SourceFiles { by_address: BTreeMap::new(), error: Some(e.to_string()) },
-        }
-    }
-
-    fn file_of(&self, address: u64) -> Option<&str> {
-        self.by_address.get(&address).map(|f| &**f)
-    }
-
-    /// The functions defined in a file matching `glob`.
-    fn defined_in<'a>(
-        &'a self,
-        glob: &'a crate::record::resolve::symbols::SourceGlob,
-    ) -> impl Iterator<Item = u64> + 'a {
-        self.by_address.iter().filter(|(_, f)| glob.matches(f)).map(|(&a, _)| a)
-    }
-
-    /// The source files of `all`, at most `limit` of them named, for an error.
-    fn listing(all: &[&SourceFiles], limit: usize) -> String {
-        let files: BTreeSet<&str> = all.iter().flat_map(|s| s.by_address.values().map(|f| &**f)).collect();
-        if files.is_empty() {
-            return match all.iter().find_map(|s| s.error.as_deref()) {
-                Some(e) => format!("their DWARF could not be read ({e})"),
-                None => "they have no DWARF naming source files (build with -g)".to_string(),
-            };
-        }
-        let named: Vec<&str> = files.iter().take(limit).copied().collect();
-        let more = if files.len() > limit { format!(" and {} more", files.len() - limit) } else { String::new() };
-        format!("the source files there are {}{more}", named.join(", "))
-    }
-}
-
-/// The modules a pattern is looked up in: the one its `MODULE:` names (the candidates found once,
-/// when first needed), else every executable.
-fn pattern_modules(
-    pattern: &FunctionPattern,
-    executables: &[PathBuf],
-    pids: &[u32],
-    candidates: &mut Option<ModuleCandidates>,
-) -> Result<Vec<PathBuf>, RecordError> {
-    Ok(match &pattern.module {
-        None => executables.to_vec(),
-        Some(spec) => {
-            let candidates = candidates.get_or_insert_with(|| ModuleCandidates::new(executables, pids));
-            vec![candidates.resolve(spec)?]
-        }
-    })
 }
 
 /// What [`select_functions`] chose.
