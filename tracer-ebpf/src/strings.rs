@@ -12,7 +12,10 @@
 
 use core::mem::size_of;
 
-use aya_ebpf::{cty::c_void, helpers::generated};
+use aya_ebpf::{
+    cty::c_void,
+    helpers::generated::{self, bpf_loop},
+};
 use tracer_common::{
     LostSlot, ProbeLayoutBytes, RecordKind,
     strings::{self, HEADER, MAX_STRING_SIZE, MAX_STRINGS, SCRATCH_SIZE},
@@ -85,21 +88,55 @@ fn fill<T: Copy, const N: usize>(
         faults.count = 0;
     }
     if let Some(layout) = layout {
-        let size = string_size(layout);
         let (first, count) = if ret { (MAX_STRINGS, 1) } else { (0, layout[1] as usize) };
-        for i in 0..MAX_STRINGS {
-            if i >= count {
-                break;
-            }
-            let at = 4 + 4 * (first + i);
-            let (read, ptr, len) = (layout[at], layout[at + 1] as usize, layout[at + 2] as usize);
-            if read == strings::KIND_NONE || ptr >= regs.len() || len >= regs.len() {
-                break;
-            }
-            off = read_string(buf, off, read, regs[ptr], regs[len], size, faults.as_deref_mut());
-        }
+        let count = if count > MAX_STRINGS { MAX_STRINGS } else { count };
+        // A `bpf_loop` callback is verified once: the strings unrolled, each with its branches
+        // (null, a C string or a slice, read or faulted, cut or whole), and twice in a sleepable
+        // program, are more states than Linux 6.1's verifier explores.
+        let mut reads = Reads { buf, off, layout, regs, first, size: string_size(layout), faults };
+        // SAFETY: the callback gets `reads` back as its context, valid for the whole call.
+        unsafe { bpf_loop(count as u32, read_one::<N> as *mut c_void, (&raw mut reads).cast(), 0) };
+        off = reads.off;
     }
     off
+}
+
+/// The state `read_one` works on: one string read a call. Passed by reference: a BPF function
+/// takes at most five arguments.
+struct Reads<'a, const N: usize> {
+    buf: &'a mut [u8; SCRATCH_SIZE],
+    /// Where the next string goes.
+    off: usize,
+    layout: &'a ProbeLayoutBytes,
+    regs: &'a [u64; N],
+    /// The layout's first read: 0, or `MAX_STRINGS` for the return value's.
+    first: usize,
+    size: usize,
+    faults: Option<&'a mut Faults>,
+}
+
+/// `bpf_loop` callback: reads string `index` of the layout after the others; stops at the first
+/// read the layout does not have.
+extern "C" fn read_one<const N: usize>(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the `Reads` that `fill` passed to `bpf_loop`.
+    let reads = unsafe { &mut *ctx.cast::<Reads<'_, N>>() };
+    if index as usize >= MAX_STRINGS {
+        return 1;
+    }
+    // Each index is checked right where it is used (`opaque`): the verifier does not follow a
+    // bound the compiler proved on a copy, and an index the compiler cannot prove in bounds would
+    // leave a call to the panic handler, which no BPF program may have.
+    let at = opaque(4 + 4 * (reads.first as u64 + index)) as usize;
+    if at > strings::LAYOUT_SIZE - 3 {
+        return 1;
+    }
+    let (read, ptr, len) = (reads.layout[at], opaque(reads.layout[at + 1] as u64), opaque(reads.layout[at + 2] as u64));
+    if read == strings::KIND_NONE || ptr >= N as u64 || len >= N as u64 {
+        return 1;
+    }
+    let (value, length) = (reads.regs[ptr as usize], reads.regs[len as usize]);
+    reads.off = read_string(reads.buf, reads.off, read, value, length, reads.size, reads.faults.as_deref_mut());
+    0
 }
 
 /// Faults in the pages of the strings in `faults`, one byte of each with `bpf_copy_from_user`,
