@@ -84,6 +84,32 @@ fn file_name(e: &Value) -> &str {
     e["file"].as_str().unwrap_or_default().rsplit('/').next().unwrap()
 }
 
+/// tracer's own check agrees with this test's: where the machine has no hardware breakpoints, `-w`
+/// is refused with one sentence and exit 1 before anything runs; where it has them, `-w` records.
+#[test]
+fn watch_is_refused_with_one_sentence_exactly_where_the_machine_has_no_breakpoints() {
+    let dir = temp_dir();
+    let exe = fixture("breakpoints_o0");
+    let args = ["-e".as_ref(), "watch".as_ref(), "-w".as_ref(), "counter".as_ref(), "--".as_ref(), exe.as_os_str()];
+    match no_hardware_breakpoints() {
+        Some(why) => {
+            eprintln!("this machine: {why}");
+            let out = dir.path().join("trace.jsonl");
+            let mut all = vec!["record".as_ref(), "-o".as_ref(), out.as_os_str()];
+            all.extend(args);
+            let run = tracer_tests::tracer(&all);
+            assert_eq!(run.code(), 1, "{run:?}");
+            run.assert_error(
+                "-w cannot watch on this machine: it gives no hardware breakpoints (perf_event_open of one answers: ",
+            );
+        }
+        None => {
+            let (_, trace) = record(dir.path(), &args);
+            assert_eq!(trace.of_kind("watch").count(), 50, "{}", trace.end);
+        }
+    }
+}
+
 #[test]
 fn every_write_of_a_watched_variable_is_seen_with_its_value_and_line() {
     require_hardware_breakpoints!();

@@ -305,6 +305,12 @@ fn fixture_a_shows_fib_under_main_with_465_calls_from_json_lines_and_native() {
         assert!(calls.contains("rust_fixture::main"), "{calls}");
         assert!(calls.contains("  rust_fixture::fib"), "{calls}");
     }
+    // The address's fragment opens a tab (it survives the token's redirect), and only that one.
+    let viewer = Viewer::start(&jsonl);
+    let page = dom(&format!("{}#functions", viewer.url), 5000);
+    assert!(page.contains(r#"<section id="functions" class="tab active">"#), "{page}");
+    assert!(page.contains(r#"<section id="flame" class="tab">"#), "{page}");
+    assert!(page.contains(r#"<button data-tab="functions" class="active">"#), "{page}");
 }
 
 #[test]
@@ -662,6 +668,19 @@ fn sends_and_receives_are_inline_in_the_call_tree() {
     let tree = page.split("id=\"call-lines\">").nth(1).expect("the call tree").split("</pre>").next().unwrap();
     assert_eq!(tree.matches(" recv ").count(), 4, "{tree}");
     assert_eq!(tree.matches(&sender as &str).count(), 4, "{tree}");
+    // The messages table: one row per send a receive read from. The four 256-byte writes are read
+    // as 300, 300, 300 and 124 bytes, so the first three reads each take from two writes: 7 links,
+    // each named as the call tree names them, on the pipe.
+    let count = page.split("id=\"message-count\">").nth(1).unwrap().split('<').next().unwrap();
+    assert_eq!(count, "7 send → receive links", "{page}");
+    let table = page.split("id=\"message-table\">").nth(1).unwrap().split("</table>").next().unwrap();
+    let rows: Vec<&str> = table.split("<tr>").skip(2).collect();
+    assert_eq!(rows.len(), 7, "{table}");
+    for row in rows {
+        assert!(row.contains(&format!(">ipc ({child}) thread {child}</td>")), "{row}");
+        assert!(row.contains(&format!(">ipc ({parent}) thread {parent}</td>")), "{row}");
+        assert!(row.contains(">pipe "), "{row}");
+    }
 }
 
 /// A merged trace of two hosts whose processes have the same pid (7): two processes, two flame

@@ -11,18 +11,8 @@ use crate::{root, run_checked};
 pub fn run(tracer: &Path) -> Result<()> {
     let dir = root().join("target/demo");
     std::fs::create_dir_all(&dir)?;
-    // Built here, not with the test fixtures (whose build needs the C++ and Go compilers and
-    // <sys/sdt.h>): the demo needs only gcc.
-    let demo = dir.join("client_server_demo");
-    run_checked(
-        Command::new("gcc")
-            .args(["-O0", "-pthread", "-o"])
-            .arg(&demo)
-            .arg(root().join("tests/fixtures/c/client_server_demo.c")),
-    )?;
     let jsonl = dir.join("trace.jsonl");
-    println!("xtask: tracing {} (a server, 3 clients, 15 requests over TCP, results over a pipe)", demo.display());
-    run_checked(Command::new(tracer).arg("record").arg("-o").arg(&jsonl).arg("--").arg(&demo))?;
+    record(tracer, &dir, &jsonl)?;
     let exports = ["trace.json", "trace.pftrace", "trace.svg", "trace.folded"].map(|name| dir.join(name));
     for out in &exports {
         run_checked(Command::new(tracer).arg("export").arg(&jsonl).arg("-o").arg(out))?;
@@ -38,7 +28,23 @@ pub fn run(tracer: &Path) -> Result<()> {
     println!("flame graph:      {}   (a browser)", exports[2].display());
     println!("folded stacks:    {}   (speedscope, inferno, flamegraph.pl)", exports[3].display());
     println!("call tree:        {} calls {}", tracer.display(), jsonl.display());
+    println!("in the browser:   {} view {}", tracer.display(), jsonl.display());
     Ok(())
+}
+
+/// Builds the demo workload in `dir` and records it into `jsonl`.
+pub fn record(tracer: &Path, dir: &Path, jsonl: &Path) -> Result<()> {
+    // Built here, not with the test fixtures (whose build needs the C++ and Go compilers and
+    // <sys/sdt.h>): the demo needs only gcc.
+    let demo = dir.join("client_server_demo");
+    run_checked(
+        Command::new("gcc")
+            .args(["-O0", "-pthread", "-o"])
+            .arg(&demo)
+            .arg(root().join("tests/fixtures/c/client_server_demo.c")),
+    )?;
+    println!("xtask: tracing {} (a server, 3 clients, 15 requests over TCP, results over a pipe)", demo.display());
+    run_checked(Command::new(tracer).arg("record").arg("-o").arg(jsonl).arg("--").arg(&demo))
 }
 
 /// The trace's IPC link statistics, from its `trace_end` line.

@@ -16,6 +16,7 @@ mod bench_params;
 mod bench_startup;
 mod demo;
 mod dist;
+mod screenshots;
 mod toolchain;
 mod vm;
 
@@ -83,6 +84,9 @@ enum Task {
     },
     /// Trace the bundled demo workload into a Chrome trace for the Perfetto UI.
     Demo,
+    /// Take the pictures of `tracer view` in docs/ again, from the demo's trace (headless
+    /// Chromium, one per tab).
+    Screenshots,
     /// Fuzz the decoders of untrusted input (network frames, trace files, kernel records) with
     /// libFuzzer; needs a nightly toolchain (installs cargo-fuzz if missing).
     Fuzz {
@@ -160,6 +164,11 @@ fn run(cli: Cli) -> Result<()> {
             toolchain::setup(toolchain::Needs::Build)?;
             let tracer = build()?;
             demo::run(&tracer)
+        }
+        Task::Screenshots => {
+            toolchain::setup(toolchain::Needs::Tests)?;
+            let tracer = build()?;
+            screenshots::run(&tracer)
         }
         Task::Fuzz { seconds, target } => fuzz(seconds, target.as_deref()),
         Task::FuzzSeeds => {

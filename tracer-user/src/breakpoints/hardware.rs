@@ -9,7 +9,9 @@
 //! [`PIE_BASE_NO_ASLR`]. The perf events survive the exec and are inherited by every thread and
 //! child created after them.
 
-use std::path::Path;
+use std::{io, path::Path};
+
+use aya_obj::generated::{HW_BREAKPOINT_W, PERF_FLAG_FD_CLOEXEC, perf_event_attr, perf_type_id::PERF_TYPE_BREAKPOINT};
 
 use super::{
     select::{ExeLayout, WatchVariable},
@@ -22,9 +24,6 @@ pub const PIE_BASE_NO_ASLR: u64 = 0x5555_5555_4000;
 
 const PAGE: u64 = 0x1000;
 
-/// The perf event device of hardware breakpoints, if the kernel has one.
-const BREAKPOINT_PMU: &str = "/sys/bus/event_source/devices/breakpoint";
-
 /// One watchpoint to open: a thread, and what to watch in it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Watchpoint {
@@ -34,10 +33,41 @@ pub struct Watchpoint {
     pub access: Access,
 }
 
-/// Why this machine cannot watch, if it cannot.
+/// Why this machine cannot watch, if it cannot: a hardware breakpoint on a variable of the
+/// tracer's own thread (opened disabled, closed at once) is refused with the errno of a kernel or
+/// machine without them: no breakpoint PMU (`ENOENT`, `ENODEV`), or none this CPU or hypervisor
+/// gives (`EOPNOTSUPP`). The sysfs device alone is not enough: a VM can list it and still give
+/// no debug registers. Any other error is left to the real attach, which reports it per process.
 pub fn unavailable() -> Option<String> {
-    (!Path::new(BREAKPOINT_PMU).exists())
-        .then(|| format!("the kernel has no hardware breakpoints ({BREAKPOINT_PMU} is missing)"))
+    match open_probe_breakpoint() {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV | libc::EOPNOTSUPP)) => {
+            Some(format!("it gives no hardware breakpoints (perf_event_open of one answers: {e})"))
+        }
+        _ => None,
+    }
+}
+
+fn open_probe_breakpoint() -> io::Result<()> {
+    static WATCHED: u64 = 0;
+    // SAFETY: an all-zero `perf_event_attr` is the documented "unset" value of every field.
+    let mut attr: perf_event_attr = unsafe { std::mem::zeroed() };
+    attr.type_ = PERF_TYPE_BREAKPOINT as u32;
+    attr.size = size_of::<perf_event_attr>() as u32;
+    attr.set_disabled(1);
+    attr.bp_type = HW_BREAKPOINT_W;
+    attr.__bindgen_anon_3.bp_addr = &raw const WATCHED as u64;
+    attr.__bindgen_anon_4.bp_len = 8;
+    attr.__bindgen_anon_1.sample_period = 1;
+    // SAFETY: `attr` is initialised; the event is on this thread (pid 0), any CPU.
+    let fd = unsafe {
+        libc::syscall(libc::SYS_perf_event_open, &attr as *const perf_event_attr, 0, -1, -1, PERF_FLAG_FD_CLOEXEC)
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor just opened, closed once.
+    unsafe { libc::close(fd as i32) };
+    Ok(())
 }
 
 impl ExeLayout {

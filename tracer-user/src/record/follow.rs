@@ -12,7 +12,7 @@
 //! half-way (a panic).
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     path::PathBuf,
 };
 
@@ -27,7 +27,9 @@ use super::{
     plan::{FilterSpec, Scope, select_functions},
 };
 use crate::{
-    assemble::EventAssembler, event::UnmatchedFunctions, record::attach::loader::Kernel,
+    assemble::EventAssembler,
+    event::{Event, EventData, UnmatchedFunctions, data},
+    record::attach::loader::Kernel,
     record::resolve::symbols::FunctionPattern,
 };
 
@@ -54,6 +56,57 @@ impl StoppedExec {
             }
             _ => None,
         }
+    }
+}
+
+/// The signals of a stop for resolution, which are tracer's and not the program's, and are left
+/// out of the trace: the kernel's `SIGSTOP` (generated in the process that exec'd, by the exec
+/// program, and then delivered to it) and tracer's own `SIGCONT` to it. Each stop expects each of
+/// the three once; a pid's expectations end at its next exec or exit, so a `SIGSTOP` whose record
+/// was lost does not hide a later one the program really got.
+#[derive(Debug, Default)]
+pub(crate) struct OwnSignals {
+    expected: HashMap<u32, Expected>,
+}
+
+#[derive(Debug, Default)]
+struct Expected {
+    stop_generated: bool,
+    stop_delivered: bool,
+    continued: bool,
+}
+
+impl OwnSignals {
+    /// `pid` was stopped at exec (told after the exec's own event, which ends the expectations
+    /// of an earlier stop): its next `SIGSTOP` generation and delivery, and tracer's next
+    /// `SIGCONT` to it, are ours.
+    pub fn stopped(&mut self, pid: u32) {
+        self.expected.insert(pid, Expected::default());
+    }
+
+    /// Whether `e` is one of those signals (each is matched once).
+    pub fn is_ours(&mut self, e: &Event) -> bool {
+        let s = match &e.data {
+            EventData::Signal(s) => s,
+            EventData::Exit(data::Exit { thread: false, .. })
+            | EventData::Spawn(data::Spawn { how: data::SpawnHow::Exec, .. }) => {
+                self.expected.remove(&e.pid);
+                return false;
+            }
+            _ => return false,
+        };
+        let Some(expected) = self.expected.get_mut(&s.target_pid) else { return false };
+        let seen = match (s.signal.number, s.delivered) {
+            (libc::SIGSTOP, false) if s.sender_pid == s.target_pid => &mut expected.stop_generated,
+            (libc::SIGSTOP, true) => &mut expected.stop_delivered,
+            (libc::SIGCONT, false) if s.sender_pid == std::process::id() => &mut expected.continued,
+            _ => return false,
+        };
+        let ours = !std::mem::replace(seen, true);
+        if expected.stop_generated && expected.stop_delivered && expected.continued {
+            self.expected.remove(&s.target_pid);
+        }
+        ours
     }
 }
 

@@ -33,7 +33,7 @@ use crate::{
     record::attach::loader::{FilterCounters, Kernel, LostCounters, raise_fd_limit},
     record::attach::{features::KernelFeatures, kernel_btf::KernelFacts},
     record::drain::{Batch, RingDrain},
-    record::follow::{ExecFollower, StoppedExec},
+    record::follow::{ExecFollower, OwnSignals, StoppedExec},
     record::kernel_log::KernelLog,
     record::resolve::targets::{self},
     sink::Sink,
@@ -540,6 +540,7 @@ impl Recording {
         sink.begin(&start)?;
         sink.flush()?;
         let mut command_exit: Option<ChildExit> = None;
+        let mut own_signals = OwnSignals::default();
         let mut last_flush = tokio::time::Instant::now();
         let mut last_lost_count = tokio::time::Instant::now();
         let deadline = duration.map(|d| tokio::time::Instant::now() + d);
@@ -558,7 +559,7 @@ impl Recording {
                     _ = sleep_until(deadline) => break EndReason::Duration,
                     batch = drain.recv() => match batch {
                         Some(batch) => {
-                            let stops = push_batch(&batch, &mut assembler, &mut pipeline);
+                            let stops = push_batch(&batch, &mut assembler, &mut pipeline, &mut own_signals);
                             if let Some(follower) = &mut follower {
                                 let mut no_filters = Vec::new();
                                 let filters = filter_counters.as_mut().map_or(&mut no_filters, |(_, named)| named);
@@ -608,7 +609,7 @@ impl Recording {
         drain.finish();
         while let Some(batch) = drain.recv().await {
             // Too late to attach anything: the processes stopped meanwhile are only continued.
-            for stop in push_batch(&batch, &mut assembler, &mut pipeline) {
+            for stop in push_batch(&batch, &mut assembler, &mut pipeline, &mut own_signals) {
                 if let Some(follower) = &mut follower {
                     follower.release(stop);
                 }
@@ -703,16 +704,27 @@ pub(crate) fn wakeup_bytes(ring_bytes: u32) -> u64 {
 
 /// Turns a batch of records into events for the pipeline; returns the processes the kernel
 /// stopped at exec, for [`ExecFollower`].
-fn push_batch(batch: &Batch, assembler: &mut EventAssembler, pipeline: &mut EventPipeline) -> Vec<StoppedExec> {
+/// The signals of those stops are left out ([`OwnSignals`]).
+fn push_batch(
+    batch: &Batch,
+    assembler: &mut EventAssembler,
+    pipeline: &mut EventPipeline,
+    own_signals: &mut OwnSignals,
+) -> Vec<StoppedExec> {
     let mut stops = Vec::new();
     for record in batch.records() {
-        stops.extend(StoppedExec::of(record));
         let e = assembler.assemble(record);
         for unwound in assembler.drain_unwound() {
             pipeline.push(unwound);
         }
-        if let Some(e) = e {
+        if let Some(e) = e
+            && !own_signals.is_ours(&e)
+        {
             pipeline.push(e);
+        }
+        if let Some(stop) = StoppedExec::of(record) {
+            own_signals.stopped(stop.pid);
+            stops.push(stop);
         }
     }
     stops

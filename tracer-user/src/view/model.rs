@@ -82,7 +82,8 @@ pub struct Message {
     pub recv: End,
     /// What the receive read.
     pub bytes: u64,
-    pub channel: data::Channel,
+    /// As people read it ([`data::Channel::text`]), as `tracer calls` writes it.
+    pub channel: String,
     pub latency_ns: u64,
 }
 
@@ -274,19 +275,22 @@ impl ViewModel {
         End { host: e.host.to_string(), pid: e.pid, tid: e.tid, ts: e.ts }
     }
 
+    /// One row per send this receive read from (`flow_ids`). A send stays known after a first
+    /// receive: a reader that takes a message in two reads (a header, then the rest) links both
+    /// to it. Every link is counted; the rows stop at [`MAX_MESSAGES`].
     fn link(&mut self, e: &Event, recv: &data::Recv) {
         for flow in &recv.flow_ids {
             self.messages_total += 1;
             if self.messages.len() >= MAX_MESSAGES {
                 continue;
             }
-            if let Some(send) = self.sends.remove(flow) {
+            if let Some(send) = self.sends.get(flow) {
                 self.messages.push(Message {
                     latency_ns: e.ts.saturating_sub(send.end.ts),
-                    send: send.end,
+                    send: send.end.clone(),
                     recv: Self::end_of(e),
                     bytes: recv.bytes,
-                    channel: send.channel,
+                    channel: send.channel.text(),
                 });
             }
         }

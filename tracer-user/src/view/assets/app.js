@@ -36,13 +36,22 @@ function bytes(v) {
 
 // --- tabs -------------------------------------------------------------------------------
 
-for (const b of document.querySelectorAll("nav button")) {
-  b.addEventListener("click", () => {
-    for (const o of document.querySelectorAll("nav button, .tab")) o.classList.remove("active");
-    b.classList.add("active");
-    document.getElementById(b.dataset.tab).classList.add("active");
-  });
+// The open tab is the address's fragment (`#functions`), so that a tab can be linked to and
+// reloading or going back keeps it.
+const TABS = Array.from(document.querySelectorAll("nav button"), b => b.dataset.tab);
+
+function showTab() {
+  const wanted = location.hash.slice(1);
+  const tab = TABS.includes(wanted) ? wanted : TABS[0];
+  for (const b of document.querySelectorAll("nav button")) b.classList.toggle("active", b.dataset.tab === tab);
+  for (const t of TABS) document.getElementById(t).classList.toggle("active", t === tab);
 }
+
+for (const b of document.querySelectorAll("nav button")) {
+  b.addEventListener("click", () => { location.hash = b.dataset.tab; });
+}
+window.addEventListener("hashchange", showTab);
+showTab();
 
 // --- status -----------------------------------------------------------------------------
 
@@ -269,7 +278,9 @@ function renderProcesses() {
       p.signal !== null ? "killed by signal " + p.signal : "exit " + p.exit_code;
     const li = el("li", { data: { pid: String(p.pid), host: p.host } },
       (p.name || "pid") + " (" + p.pid + ")" + (severalHosts() ? " on " + p.host : "") + ": " + how +
-      ", lived " + ns(p.lifetime_ns) + ", " + p.threads + " threads, sent " + bytes(p.bytes_sent) +
+      ", lived " + ns(p.lifetime_ns) +
+      (p.threads ? ", started " + p.threads + (p.threads === 1 ? " thread" : " threads") : "") +
+      ", sent " + bytes(p.bytes_sent) +
       ", received " + bytes(p.bytes_received));
     const kids = byParent.get(processKey(p.host, p.pid)) || [];
     if (kids.length) {
@@ -283,18 +294,21 @@ function renderProcesses() {
   tree.replaceChildren(...(byParent.get(null) || []).map(item));
 
   document.getElementById("message-count").textContent = state.messages_total === 0 ? "No linked message." :
-    state.messages_total + " linked receives" + (state.messages_total > state.messages.length ?
-      ", the first " + state.messages.length + " shown" : "");
+    state.messages_total + (state.messages_total === 1 ? " send → receive link" : " send → receive links") +
+      (state.messages_total > state.messages.length ? ", the first " + state.messages.length + " shown" : "");
   const table = document.getElementById("message-table");
   const head = el("tr");
   for (const h of ["send", "receive", "bytes", "channel", "latency"]) head.append(el("th", { class: "text" }, h));
   table.tHead.replaceChildren(head);
   const body = el("tbody");
-  const end = e => e.host + " pid " + e.pid + " tid " + e.tid;
+  // Named as `tracer calls` names them: `comm (pid) thread tid`, with the host when there are several.
+  const names = new Map(state.processes.map(p => [processKey(p.host, p.pid), p.name]));
+  const end = e => (names.get(processKey(e.host, e.pid)) || "pid") + " (" + e.pid + ")" +
+    (severalHosts() ? " on " + e.host : "") + " thread " + e.tid;
   for (const m of state.messages) {
     const tr = el("tr");
     tr.append(el("td", { class: "text" }, end(m.send)), el("td", { class: "text" }, end(m.recv)),
-      el("td", {}, m.bytes), el("td", { class: "text" }, JSON.stringify(m.channel)), el("td", {}, ns(m.latency_ns)));
+      el("td", {}, m.bytes), el("td", { class: "text" }, m.channel), el("td", {}, ns(m.latency_ns)));
     body.append(tr);
   }
   table.replaceChild(body, table.tBodies[0]);
