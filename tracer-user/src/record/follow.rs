@@ -21,14 +21,9 @@ use tracer_common::{
     decode::{Record, decode},
 };
 
-use super::{
-    RecordError, RecordOptions,
-    choose::Unmatched,
-    plan::{FilterSpec, Scope, select_functions},
-};
+use crate::plan::{FilterSpec, RecordError, RecordOptions, Scope, choose::Unmatched, filter, select_functions};
 use crate::{
-    assemble::EventAssembler, event::UnmatchedFunctions, record::attach::loader::Kernel,
-    record::resolve::symbols::FunctionPattern,
+    assemble::EventAssembler, event::UnmatchedFunctions, functions::symbols::FunctionPattern, kernel::loader::Kernel,
 };
 
 /// Most "did you mean" names kept per report.
@@ -158,7 +153,7 @@ impl ExecFollower {
         filters: &mut Vec<(String, FilterSpec)>,
     ) -> Result<(), RecordError> {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
-            .map_err(|source| crate::record::resolve::targets::TargetError::Inspect { pid, source })?;
+            .map_err(|source| crate::target::TargetError::Inspect { pid, source })?;
         let name = exe.display().to_string();
         if !self.images.contains(&name) {
             self.images.push(name);
@@ -173,7 +168,7 @@ impl ExecFollower {
         // The patterns resolved here (those naming no module) that matched.
         let not_here: HashSet<&str> = selection.unmatched.iter().map(|u| u.pattern.as_str()).collect();
         for text in &self.options.functions {
-            let names_module = super::filter::split(text)
+            let names_module = filter::split(text)
                 .ok()
                 .and_then(|(p, _)| FunctionPattern::parse(p).ok())
                 .is_some_and(|p| p.module.is_some());

@@ -14,10 +14,7 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use tracer_common::{Config, LostSlot, RecordKind, cookie, kind_bit};
 
-use super::{
-    RecordError, TICK, kernel_log,
-    plan::{FilterSpec, Plan},
-};
+use super::TICK;
 use crate::{
     assemble::EventAssembler,
     assemble::clock::BootClock,
@@ -27,16 +24,17 @@ use crate::{
     },
     event::host::Machine,
     event::{EndReason, EventKind, FORMAT_VERSION, FilterStats, TargetInfo, TraceEnd, TraceStart},
+    kernel::loader::{FilterCounters, Kernel, LostCounters, raise_fd_limit},
+    kernel::log::{self as kernel_log, KernelLog},
+    kernel::{btf::KernelFacts, features::KernelFeatures},
     pipeline::EventPipeline,
     pipeline::order::REORDER_WINDOW_NS,
-    record::attach::launch::{ChildExit, OutputPipes, spawn_stopped, try_reap},
-    record::attach::loader::{FilterCounters, Kernel, LostCounters, raise_fd_limit},
-    record::attach::{features::KernelFeatures, kernel_btf::KernelFacts},
+    plan::{FilterSpec, Plan, RecordError},
     record::drain::{Batch, RingDrain},
     record::follow::{ExecFollower, StoppedExec},
-    record::kernel_log::KernelLog,
-    record::resolve::targets::{self},
     sink::Sink,
+    target::launch::{ChildExit, OutputPipes, spawn_stopped, try_reap},
+    target::{self as targets},
     usdt::select::{UsdtProbe, UsdtProgram},
 };
 
@@ -183,7 +181,7 @@ impl Plan {
         // kernel's predicate map holds.
         let later_filters = resolve_execs
             && (options.min_duration_ns > 0
-                || options.functions.iter().any(|f| super::filter::split(f).is_ok_and(|(_, p)| !p.is_empty())));
+                || options.functions.iter().any(|f| crate::plan::filter::split(f).is_ok_and(|(_, p)| !p.is_empty())));
         let filtered_functions = filters.iter().map(|f| f.function + 1).max().unwrap_or(1);
         let filtered_functions =
             if later_filters { filtered_functions.max(FOLLOWED_FILTERS) } else { filtered_functions };
@@ -476,7 +474,7 @@ impl Recording {
     /// programs loaded, and how often the kernel's BTF was parsed.
     pub fn startup_details(&self) -> String {
         let kernel = self.start.kernel.as_ref();
-        let parsed = crate::record::attach::kernel_btf::KernelBtf::times_parsed();
+        let parsed = crate::kernel::btf::KernelBtf::times_parsed();
         format!(
             "Linux {}, probes attached as {}, process ends from {}; ring buffer {} KiB; programs loaded: {}; \
              the kernel's BTF parsed {} by tracer (and once more by aya's loader)",

@@ -24,8 +24,8 @@ use aya_obj::generated::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::kernel_btf::KernelFacts;
-use crate::record::resolve::placement::KernelProbes;
+use super::btf::KernelFacts;
+use crate::functions::placement::KernelProbes;
 
 /// How function and USDT probes are attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -209,7 +209,7 @@ fn link_uprobe_multi(prog: &OwnedFd, path: &CString, offset: &u64) -> io::Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::attach::kernel_btf::KernelBtf;
+    use crate::kernel::btf::KernelBtf;
 
     /// The running kernel's answer must agree with what its BTF says the attach type is: the
     /// probe cannot be asked to fail here, so it is checked against an independent source.
