@@ -21,9 +21,8 @@ use crate::{
     assemble::FunctionTable,
     event::EventKind,
     kernel::loader::{Kernel, LostCounters, raise_fd_limit},
-    kernel::{btf::KernelFacts, features::KernelFeatures},
+    kernel::{btf::KernelFacts, features::KernelFeatures, traced::any_target_alive},
     plan::{Plan, RecordError, RecordOptions, plan},
-    record::any_target_alive,
     target::launch::{ChildExit, spawn_stopped, try_reap},
 };
 

@@ -6,7 +6,6 @@ pub mod drain;
 mod follow;
 mod run;
 
-pub(crate) use run::any_target_alive;
 pub use run::{Outcome, Progress, Recording};
 
 use std::time::Duration;

@@ -26,6 +26,7 @@ use crate::{
     event::{EndReason, EventKind, FORMAT_VERSION, FilterStats, TargetInfo, TraceEnd, TraceStart},
     kernel::loader::{FilterCounters, Kernel, LostCounters, raise_fd_limit},
     kernel::log::{self as kernel_log, KernelLog},
+    kernel::traced::any_target_alive,
     kernel::{btf::KernelFacts, features::KernelFeatures},
     pipeline::EventPipeline,
     pipeline::order::REORDER_WINDOW_NS,
@@ -714,20 +715,6 @@ fn push_batch(batch: &Batch, assembler: &mut EventAssembler, pipeline: &mut Even
         }
     }
     stops
-}
-
-/// Whether any traced process still lives; forgets the ones that are gone (a process that exited
-/// before it could be traced never produces the exit that would remove it).
-pub(crate) fn any_target_alive(kernel: &mut Kernel) -> bool {
-    let mut alive = false;
-    for pid in kernel.traced_pids() {
-        if targets::process_alive(pid) {
-            alive = true;
-        } else {
-            kernel.untrace_pid(pid);
-        }
-    }
-    alive
 }
 
 pub(crate) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
