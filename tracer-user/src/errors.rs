@@ -31,7 +31,7 @@ mod tests {
     fn causes_are_said_once() {
         let cases: Vec<(Box<dyn Error + Send + Sync>, &str)> = vec![
             (
-                Box::new(crate::plan::RecordError::Target(crate::target::TargetError::Inspect {
+                Box::new(crate::plan::RecordError::Target(crate::targets::TargetError::Inspect {
                     pid: 1,
                     source: permission_denied(),
                 })),
@@ -49,7 +49,7 @@ mod tests {
                 "cannot read /x: Permission denied (os error 13)",
             ),
             (
-                Box::new(crate::target::launch::LaunchError::Start {
+                Box::new(crate::targets::launch::LaunchError::Start {
                     path: PathBuf::from("/x"),
                     source: permission_denied(),
                 }),

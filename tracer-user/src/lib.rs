@@ -2,7 +2,7 @@
 //!
 //! The modules follow the path of an event:
 //! - [`plan`]: what to trace, resolved and checked before anything is attached: the targets
-//!   ([`target`]: processes, executables, a command and how it is launched, modules), their
+//!   ([`targets`]: processes, executables, a command and how it is launched, modules), their
 //!   functions ([`functions`]: symbols, probe placement, returns), USDT probes ([`usdt`]) and
 //!   breakpoints ([`breakpoints`]), read from what a binary says about itself ([`debuginfo`]: DWARF).
 //!   [`record`], [`top`] and the agent each start from a plan.
@@ -40,7 +40,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod record;
 pub mod sink;
-pub mod target;
+pub mod targets;
 pub mod top;
 pub mod trace;
 pub mod usdt;

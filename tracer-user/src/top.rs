@@ -23,7 +23,7 @@ use crate::{
     kernel::loader::{Kernel, LostCounters, raise_fd_limit},
     kernel::{btf::KernelFacts, features::KernelFeatures, traced::any_target_alive},
     plan::{Plan, RecordError, RecordOptions, plan},
-    target::launch::{ChildExit, spawn_stopped, try_reap},
+    targets::launch::{ChildExit, spawn_stopped, try_reap},
 };
 
 /// The smallest ring buffer the kernel allows: `top` writes no records, but the record programs

@@ -44,7 +44,7 @@ use tracer_user::{
     plan::{self, RecordOptions},
     record,
     sink::Sink,
-    target::launch::Start,
+    targets::launch::Start,
     trace::read,
 };
 

@@ -13,7 +13,7 @@ use super::{stop_signal, values};
 use tracer_user::{
     event::EndReason,
     plan::{self, RecordOptions},
-    target::launch::{ChildExit, Start},
+    targets::launch::{ChildExit, Start},
     top::{Snapshot, Top, plan_top},
 };
 

@@ -52,8 +52,8 @@ use crate::{
     event::{EndReason, Event, EventKind, TraceEnd, TraceStart},
     plan::{self, Plan, RecordError, RecordOptions},
     sink::Sink,
-    target::detached::Detached,
-    target::launch::{RunAs, Start, try_reap},
+    targets::detached::Detached,
+    targets::launch::{RunAs, Start, try_reap},
 };
 
 /// A collector that says nothing for this long (it probes the clock every second) is gone.

@@ -2,7 +2,7 @@
 //! `top` end when none does.
 
 use super::loader::Kernel;
-use crate::target as targets;
+use crate::targets;
 
 /// Whether any traced process still lives; forgets the ones that are gone (a process that exited
 /// before it could be traced never produces the exit that would remove it).

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     functions::symbols::{FunctionPattern, SymbolError, SymbolTable, is_go_program_code},
-    target::modules::ModuleCandidates,
+    targets::modules::ModuleCandidates,
 };
 
 /// The symbol tables read, by file, and the files the targets load (read from `/proc` and the

@@ -16,7 +16,7 @@ use super::{RecordError, RecordOptions, plan};
 use crate::{
     event::EventKind,
     functions::placement::ProbePath,
-    target::modules::ModuleCandidates,
+    targets::modules::ModuleCandidates,
     usdt::{
         notes::UsdtNote,
         select::{self, ProbeFiles, UsdtPattern},

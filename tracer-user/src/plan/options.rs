@@ -12,9 +12,9 @@ use crate::{
     functions::symbols::SymbolError,
     kernel::btf::KernelBtfError,
     kernel::loader::LoadError,
-    target::TargetError,
-    target::launch::{LaunchError, Start},
-    target::modules::ModuleError,
+    targets::TargetError,
+    targets::launch::{LaunchError, Start},
+    targets::modules::ModuleError,
 };
 
 /// Default `--max-probes`.

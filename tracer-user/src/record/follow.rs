@@ -153,7 +153,7 @@ impl ExecFollower {
         filters: &mut Vec<(String, FilterSpec)>,
     ) -> Result<(), RecordError> {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
-            .map_err(|source| crate::target::TargetError::Inspect { pid, source })?;
+            .map_err(|source| crate::targets::TargetError::Inspect { pid, source })?;
         let name = exe.display().to_string();
         if !self.images.contains(&name) {
             self.images.push(name);

@@ -37,8 +37,8 @@ use crate::{
     record::drain::{Batch, RingDrain},
     record::follow::{ExecFollower, StoppedExec},
     sink::Sink,
-    target::launch::{ChildExit, OutputPipes, StoppedChild, spawn_stopped, try_reap},
-    target::{self as targets, FileId, Process},
+    targets::launch::{ChildExit, OutputPipes, StoppedChild, spawn_stopped, try_reap},
+    targets::{self, FileId, Process},
     usdt::select::{Selection as UsdtSelection, UsdtProbe, UsdtProgram},
 };
 

@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     kernel::btf::{KernelBtfError, KernelFacts},
-    target::modules::{ModuleCandidates, ModuleError},
+    targets::modules::{ModuleCandidates, ModuleError},
 };
 
 /// Provider and name of the probe every program event goes through.
