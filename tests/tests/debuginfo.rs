@@ -20,7 +20,7 @@ use tracer_user::{
             StringRead, StringStatus,
         },
     },
-    record::resolve::symbols::SymbolTable,
+    functions::symbols::SymbolTable,
 };
 
 /// A fixture's functions as the tracer will read them: symbols first, then their DWARF.

@@ -21,7 +21,7 @@ use tracer_user::{
         },
         types::Kind,
     },
-    record::resolve::symbols::SymbolTable,
+    functions::symbols::SymbolTable,
 };
 
 /// One call as the probes would see it.

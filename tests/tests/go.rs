@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value;
 use tracer_tests::{Trace, args, fixture, record, temp_dir, u64_field};
-use tracer_user::record::resolve::symbols::{NamesFrom, SymbolTable};
+use tracer_user::functions::symbols::{NamesFrom, SymbolTable};
 
 /// The fixture's `deep` mode: goroutine `g`'s `i`-th `work(g, i)` recurses this deep.
 fn depth(g: u64, i: u64) -> u64 {

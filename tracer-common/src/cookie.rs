@@ -4,7 +4,7 @@ pub const GO_RETURN: u64 = 1 << 33;
 pub const STRINGS: u64 = 1 << 34;
 /// A native function's probe on one of its `ret` instructions (returns probed where they
 /// happen, so that no frame of the program holds a trampoline's address: see
-/// `record::resolve::unwinding` in user space): the probe writes a return record.
+/// `functions::unwinding` in user space): the probe writes a return record.
 pub const RET_SITE: u64 = 1 << 35;
 /// With `RET_SITE`: the probe is on a jump out of the function (a tail call), so the return
 /// value is the callee's, not known yet.

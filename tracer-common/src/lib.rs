@@ -73,7 +73,7 @@ pub use config::*;
 /// (the probe is on a `ret` instruction). Bit 34: the probe reads strings (see [`strings`]): only
 /// then does the program look the function's layout up.
 pub mod cookie;
-/// Predicates on calls (`-f 'FUNC if EXPR'`), compiled by user space (`record::filter`) into a
+/// Predicates on calls (`-f 'FUNC if EXPR'`), compiled by user space (`plan::filter`) into a
 /// branching program that the entry probe runs before anything is written: each op compares one
 /// argument register with a constant and jumps forward to another op, or ends with
 /// [`filter::ACCEPT`] or [`filter::REJECT`]. Jumps only go forward, so a program ends after at

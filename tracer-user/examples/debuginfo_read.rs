@@ -7,7 +7,7 @@ use std::{path::PathBuf, time::Instant};
 
 use tracer_user::{
     debuginfo::{DebugInfo, DebugSearch},
-    record::resolve::symbols::SymbolTable,
+    functions::symbols::SymbolTable,
 };
 
 fn main() -> anyhow::Result<()> {

@@ -31,25 +31,25 @@ mod tests {
     fn causes_are_said_once() {
         let cases: Vec<(Box<dyn Error + Send + Sync>, &str)> = vec![
             (
-                Box::new(crate::record::RecordError::Target(crate::record::resolve::targets::TargetError::Inspect {
+                Box::new(crate::plan::RecordError::Target(crate::targets::TargetError::Inspect {
                     pid: 1,
                     source: permission_denied(),
                 })),
                 "cannot inspect process 1: Permission denied (os error 13)",
             ),
             (
-                Box::new(crate::record::RecordError::Output(std::io::Error::from_raw_os_error(libc::EPIPE))),
+                Box::new(crate::plan::RecordError::Output(std::io::Error::from_raw_os_error(libc::EPIPE))),
                 "writing the trace failed: Broken pipe (os error 32)",
             ),
             (
-                Box::new(crate::record::resolve::symbols::SymbolError::Read {
+                Box::new(crate::functions::symbols::SymbolError::Read {
                     path: PathBuf::from("/x"),
                     source: permission_denied(),
                 }),
                 "cannot read /x: Permission denied (os error 13)",
             ),
             (
-                Box::new(crate::record::attach::launch::LaunchError::Start {
+                Box::new(crate::targets::launch::LaunchError::Start {
                     path: PathBuf::from("/x"),
                     source: permission_denied(),
                 }),

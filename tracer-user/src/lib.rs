@@ -1,10 +1,13 @@
 //! `tracer`'s user space: everything between the kernel's ring buffer and the files users open.
 //!
 //! The modules follow the path of an event:
-//! - [`record`]: resolve what to trace ([`record::resolve`]: targets, modules, symbols, probe
-//!   placement), put the probes in place ([`record::attach`]: loader, uprobe-multi, kernel BTF,
-//!   launch), and drain the ring buffer ([`record::drain`]). [`debuginfo`] (DWARF) and [`usdt`]
-//!   (`.note.stapsdt`) read what a binary says about its functions and probes.
+//! - [`plan`]: what to trace, resolved and checked before anything is attached: the targets
+//!   ([`targets`]: processes, executables, a command and how it is launched, modules), their
+//!   functions ([`functions`]: symbols, probe placement, returns), USDT probes ([`usdt`]) and
+//!   breakpoints ([`breakpoints`]), read from what a binary says about itself ([`debuginfo`]: DWARF).
+//!   [`record`], [`top`] and the agent each start from a plan.
+//! - [`record`]: load and attach the plan's probes into the running kernel ([`kernel`]: features,
+//!   BTF, loader, uprobe-multi), and drain the ring buffer ([`record::drain`]).
 //! - [`assemble`]: kernel records become [`event::Event`]s: the Unix clock ([`assemble::clock`]),
 //!   returns paired with calls ([`assemble::pairing`]), IPC channels and signals
 //!   ([`assemble::channels`]).
@@ -29,11 +32,15 @@ pub mod debuginfo;
 pub mod errors;
 pub mod event;
 pub mod export;
+pub mod functions;
+pub mod kernel;
 pub mod mapped_file;
 pub mod output_file;
 pub mod pipeline;
+pub mod plan;
 pub mod record;
 pub mod sink;
+pub mod targets;
 pub mod top;
 pub mod trace;
 pub mod usdt;

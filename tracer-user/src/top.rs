@@ -2,7 +2,7 @@
 //! no record per call crosses to user space, which reads the counters and histograms once an
 //! interval.
 //!
-//! Targets and functions are resolved by [`record::plan`] exactly as for `record`; the probes are
+//! Targets and functions are resolved by [`plan::plan`](crate::plan::plan) exactly as for `record`; the probes are
 //! the same points, running the `top_entry`/`top_return` programs. Latency percentiles come from
 //! the kernel's log-linear histograms (16 buckets per power of two): each is the midpoint of the
 //! bucket that holds that rank, within 3.2% of the true duration at that rank.
@@ -20,10 +20,10 @@ use crate::{
     analysis::{stats::human_ns, text_table},
     assemble::FunctionTable,
     event::EventKind,
-    record::attach::launch::{ChildExit, spawn_stopped, try_reap},
-    record::attach::loader::{Kernel, LostCounters, raise_fd_limit},
-    record::attach::{features::KernelFeatures, kernel_btf::KernelFacts},
-    record::{Plan, RecordError, RecordOptions, any_target_alive, plan},
+    kernel::loader::{Kernel, LostCounters, raise_fd_limit},
+    kernel::{btf::KernelFacts, features::KernelFeatures, traced::any_target_alive},
+    plan::{Plan, RecordError, RecordOptions, plan},
+    targets::launch::{ChildExit, spawn_stopped, try_reap},
 };
 
 /// The smallest ring buffer the kernel allows: `top` writes no records, but the record programs

@@ -181,7 +181,7 @@ struct NativeFrame<K> {
 }
 
 /// The open calls of native functions whose returns are probed where they happen (each `ret` and
-/// jump out, see `record::resolve::unwinding`), per thread, paired by stack position: a return
+/// jump out, see `functions::unwinding`), per thread, paired by stack position: a return
 /// sees the rsp its call saw at entry. The stack grows down, so a call or return at a position
 /// above an open call's means that call's frame is gone: left by unwinding (an exception, a
 /// panic, `longjmp`), which runs no `ret` of it. Such calls come back as [`Unwound`], to be given

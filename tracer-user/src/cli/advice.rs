@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use tracer_user::record::resolve::placement::ProbeSummary;
+use tracer_user::functions::placement::ProbeSummary;
 
 /// The marker's name: a new kind of advice gets a new name, and is shown once again.
 const SHOWN: &str = "probe-path-advice-shown";

@@ -22,7 +22,7 @@ use tracer_user::{
     event::EndReason,
     event::host,
     output_file::OutputFile,
-    record,
+    plan,
 };
 
 /// `collect`'s exit code when some host's trace could not be collected whole (`EX_TEMPFAIL`:
@@ -137,8 +137,8 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         eprintln!("tracer: wrote a new secret to {} (mode 0600)", path.display());
         return Ok(0);
     }
-    record::check_root()?;
-    record::check_pid_namespace()?;
+    plan::check_root()?;
+    plan::check_pid_namespace()?;
     let secret = args.secret_file.as_deref().map(Secret::from_file).transpose()?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),

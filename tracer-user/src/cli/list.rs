@@ -5,9 +5,9 @@ use std::{ffi::OsString, io::Write, path::PathBuf};
 use anyhow::bail;
 use clap::Args;
 
-use tracer_user::record::{
-    list::{ListOptions, ListedFunction, Listing, list as resolve},
-    resolve::placement::ProbePath,
+use tracer_user::{
+    functions::placement::ProbePath,
+    plan::list::{ListOptions, ListedFunction, Listing, list as resolve},
 };
 
 #[derive(Debug, Args)]

@@ -41,8 +41,10 @@ use tracer_user::{
     event::{EndReason, EventKind, TraceEnd, why_lost},
     export::{Format, hosts::HostGrouping, jsonl, otlp},
     output_file::OutputFile,
-    record::{self, RecordOptions, attach::launch::Start},
+    plan::{self, RecordOptions},
+    record,
     sink::Sink,
+    targets::launch::Start,
     trace::read,
 };
 
@@ -132,11 +134,11 @@ pub struct RecordArgs {
     /// Attach probes this way instead of the best way the kernel has (to compare the two on one
     /// kernel: tests and benches).
     #[arg(long, value_enum, hide = true)]
-    pub attach: Option<record::attach::features::AttachMechanism>,
+    pub attach: Option<tracer_user::kernel::features::AttachMechanism>,
     /// Probe native returns this way instead of the way the traced programs need (`exits` where
     /// they unwind stacks, else `return_address`): to compare the two (tests and benches).
     #[arg(long, value_enum, hide = true)]
-    pub returns: Option<record::resolve::unwinding::ReturnProbes>,
+    pub returns: Option<tracer_user::functions::unwinding::ReturnProbes>,
     /// Read strings without faulting their pages in, as on a kernel without sleepable uprobes
     /// (tests and benches).
     #[arg(long, hide = true)]
@@ -183,7 +185,7 @@ pub struct TraceOptions {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub buffer_size: Option<u32>,
     /// Refuse to probe more functions than this without -f.
-    #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
+    #[arg(long, value_name = "N", default_value_t = plan::DEFAULT_MAX_PROBES)]
     pub max_probes: usize,
     /// Bytes read of each string parameter (C `char *`, Rust `&str`), string return value and
     /// string local at a breakpoint at most; a longer one is marked truncated.
@@ -522,7 +524,7 @@ pub(crate) fn describe_output(path: &Path) -> String {
 }
 
 fn record(args: RecordArgs) -> anyhow::Result<i32> {
-    record::check_root()?;
+    plan::check_root()?;
     args.serve.check()?;
     let format = output_format(&args.output, args.trace.format)?;
     let options = RecordOptions {
@@ -556,7 +558,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
     runtime.block_on(async move {
         let mut signals = StopSignals::install()?;
         let plan = signals
-            .unless_interrupted(move || record::plan(options))
+            .unless_interrupted(move || plan::plan(options))
             .await
             .unwrap_or_else(|s| interrupted_at_start(s))?;
         let (out, output_file) = open_output(&args.output, Previous::Keep)?;
@@ -615,7 +617,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         let counts = || (progress.events_written(), progress.lost());
         let outcome = match status::with_status("written", counts, recording.run(&mut *sink, stop)).await {
             // A reader that stopped reading (`tracer record -o - | head`): not a failure.
-            Err(record::RecordError::Output(e))
+            Err(plan::RecordError::Output(e))
                 if args.output == Path::new("-") && e.kind() == std::io::ErrorKind::BrokenPipe =>
             {
                 return Ok(0);

@@ -12,8 +12,8 @@ use clap::Args;
 use super::{stop_signal, values};
 use tracer_user::{
     event::EndReason,
-    record::attach::launch::{ChildExit, Start},
-    record::{self, RecordOptions},
+    plan::{self, RecordOptions},
+    targets::launch::{ChildExit, Start},
     top::{Snapshot, Top, plan_top},
 };
 
@@ -52,7 +52,7 @@ pub struct TopArgs {
     #[arg(long)]
     pub no_follow: bool,
     /// Refuse to probe more functions than this without -f.
-    #[arg(long, value_name = "N", default_value_t = record::DEFAULT_MAX_PROBES)]
+    #[arg(long, value_name = "N", default_value_t = plan::DEFAULT_MAX_PROBES)]
     pub max_probes: usize,
     /// The command to launch and trace, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
@@ -60,8 +60,8 @@ pub struct TopArgs {
 }
 
 pub fn top(args: TopArgs) -> anyhow::Result<i32> {
-    record::check_root()?;
-    record::check_pid_namespace()?;
+    plan::check_root()?;
+    plan::check_pid_namespace()?;
     if args.interval.is_zero() {
         anyhow::bail!("--interval must be more than 0 seconds");
     }

@@ -50,10 +50,10 @@ use crate::{
     assemble::clock::BootClock,
     errors::report,
     event::{EndReason, Event, EventKind, TraceEnd, TraceStart},
-    record::attach::detached::Detached,
-    record::attach::launch::{RunAs, Start, try_reap},
-    record::{self, RecordOptions},
+    plan::{self, Plan, RecordError, RecordOptions},
     sink::Sink,
+    targets::detached::Detached,
+    targets::launch::{RunAs, Start, try_reap},
 };
 
 /// A collector that says nothing for this long (it probes the clock every second) is gone.
@@ -776,7 +776,7 @@ enum StartError {
     #[error(transparent)]
     Output(#[from] command_output::CommandOutputError),
     #[error(transparent)]
-    Record(#[from] record::RecordError),
+    Record(#[from] RecordError),
     #[error("cannot start planning")]
     PlanThread(#[source] std::io::Error),
     #[error("planning stopped before it finished")]
@@ -843,12 +843,12 @@ impl Drop for Starting<'_> {
 /// collectors, clock probes and SIGTERM. A plain thread, not tokio's blocking pool: an agent told
 /// to stop exits without waiting for a plan nobody will use (planning attaches and launches
 /// nothing).
-async fn plan_apart(options: RecordOptions) -> Result<record::Plan, StartError> {
+async fn plan_apart(options: RecordOptions) -> Result<Plan, StartError> {
     let (tx, rx) = oneshot::channel();
     std::thread::Builder::new()
         .name("tracer-plan".to_string())
         .spawn(move || {
-            let plan = record::check_root().and_then(|()| record::plan(options));
+            let plan = plan::check_root().and_then(|()| plan::plan(options));
             let _ = tx.send(plan.map_err(StartError::from));
         })
         .map_err(StartError::PlanThread)?;

@@ -33,7 +33,7 @@ use std::{
 use tokio::io::unix::AsyncFd;
 
 use super::protocol::{Message, OutputStream};
-use crate::record::attach::launch::OutputPipes;
+use crate::targets::launch::OutputPipes;
 
 /// Where command output goes unless `tracer agent --command-output-dir` says otherwise.
 pub const DEFAULT_DIR: &str = "/var/log/tracer-agent";

@@ -8,7 +8,7 @@
 use serde::Deserializer;
 
 use super::{bounded::keep_at_most, protocol::TraceRequest};
-use crate::record::DEFAULT_MAX_PROBES;
+use crate::plan::DEFAULT_MAX_PROBES;
 
 /// `-f` and `-u` patterns in one request, together, at most.
 pub const MAX_PATTERNS: usize = 1000;

@@ -176,7 +176,7 @@ pub struct Return<N = Arc<str>> {
     /// `Some(true)`: the call's frame was left without a return of its own (an exception, a
     /// panic or `longjmp` unwound past it, or its thread ended or replaced its program), as the
     /// next event at its stack position or above showed; `retval` is 0 and `ts` is when that was
-    /// seen. Only for returns probed where they happen (`record::resolve::unwinding`).
+    /// seen. Only for returns probed where they happen (`functions::unwinding`).
     #[serde(default, serialize_with = "omit_when_empty")]
     pub unwound: Option<bool>,
     /// `Some(true)`: the function ended by jumping to another (a tail call), whose return value

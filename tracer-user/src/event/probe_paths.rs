@@ -1,4 +1,4 @@
-//! Which path the kernel takes for each probe of a trace (see `record::resolve::placement`, which
+//! Which path the kernel takes for each probe of a trace (see `functions::placement`, which
 //! decides it): what `trace_start.probe_paths` records, so it lives with the events, below the
 //! stage that makes it.
 

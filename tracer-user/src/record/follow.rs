@@ -21,16 +21,12 @@ use tracer_common::{
     decode::{Record, decode},
 };
 
-use super::{
-    RecordError, RecordOptions,
-    choose::Unmatched,
-    plan::{FilterSpec, Scope, select_functions},
-};
+use crate::plan::{FilterSpec, RecordError, RecordOptions, Scope, choose::Unmatched, filter, select_functions};
 use crate::{
     assemble::EventAssembler,
     event::{Event, EventData, UnmatchedFunctions, data},
-    record::attach::loader::Kernel,
-    record::resolve::symbols::FunctionPattern,
+    functions::symbols::FunctionPattern,
+    kernel::loader::Kernel,
 };
 
 /// Most "did you mean" names kept per report.
@@ -211,7 +207,7 @@ impl ExecFollower {
         filters: &mut Vec<(String, FilterSpec)>,
     ) -> Result<(), RecordError> {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
-            .map_err(|source| crate::record::resolve::targets::TargetError::Inspect { pid, source })?;
+            .map_err(|source| crate::targets::TargetError::Inspect { pid, source })?;
         let name = exe.display().to_string();
         if !self.images.contains(&name) {
             self.images.push(name);
@@ -226,7 +222,7 @@ impl ExecFollower {
         // The patterns resolved here (those naming no module) that matched.
         let not_here: HashSet<&str> = selection.unmatched.iter().map(|u| u.pattern.as_str()).collect();
         for text in &self.options.functions {
-            let names_module = super::filter::split(text)
+            let names_module = filter::split(text)
                 .ok()
                 .and_then(|(p, _)| FunctionPattern::parse(p).ok())
                 .is_some_and(|p| p.module.is_some());

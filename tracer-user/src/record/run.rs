@@ -4,6 +4,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     future::Future,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -14,30 +15,31 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use tracer_common::{Config, LostSlot, RecordKind, cookie, kind_bit};
 
-use super::{
-    RecordError, TICK, kernel_log,
-    plan::{FilterSpec, Plan},
-};
+use super::TICK;
 use crate::{
     assemble::EventAssembler,
+    assemble::FunctionTable,
     assemble::clock::BootClock,
     breakpoints::{
         decode::{BreakTable, WatchEntry, WatchTable},
         hardware::{self, Watchpoint},
+        select::Selection as BreakpointSelection,
     },
     event::host::Machine,
     event::{EndReason, EventKind, FORMAT_VERSION, FilterStats, TargetInfo, TraceEnd, TraceStart},
+    kernel::loader::{FilterCounters, Kernel, LostCounters, ProbeSpec, raise_fd_limit},
+    kernel::log::{self as kernel_log, KernelLog},
+    kernel::traced::any_target_alive,
+    kernel::{btf::KernelFacts, features::KernelFeatures},
     pipeline::EventPipeline,
     pipeline::order::REORDER_WINDOW_NS,
-    record::attach::launch::{ChildExit, OutputPipes, spawn_stopped, try_reap},
-    record::attach::loader::{FilterCounters, Kernel, LostCounters, raise_fd_limit},
-    record::attach::{features::KernelFeatures, kernel_btf::KernelFacts},
+    plan::{FilterSpec, Plan, RecordError, RecordOptions},
     record::drain::{Batch, RingDrain},
     record::follow::{ExecFollower, OwnSignals, StoppedExec},
-    record::kernel_log::KernelLog,
-    record::resolve::targets::{self},
     sink::Sink,
-    usdt::select::{UsdtProbe, UsdtProgram},
+    targets::launch::{ChildExit, OutputPipes, StoppedChild, spawn_stopped, try_reap},
+    targets::{self, FileId, Process},
+    usdt::select::{Selection as UsdtSelection, UsdtProbe, UsdtProgram},
 };
 
 /// Runs `f` (which forks) with address-space randomization off for the children it makes; the
@@ -90,178 +92,27 @@ impl Plan {
         } = self;
         let mut warnings = Vec::new();
         let events = &options.events;
-        // A launched command's watchpoints are opened before it execs, at addresses that must be
-        // known then: a position-independent one starts with randomization off (see
-        // `breakpoints::hardware`).
-        let fixed_layout = !breakpoints.watches.is_empty() && breakpoints.layout.pie;
-        let mut child = match &command {
-            Some(path) if fixed_layout => {
-                Some(without_randomization(|| spawn_stopped(path, &options.command, &options.start))?)
-            }
-            Some(path) => Some(spawn_stopped(path, &options.command, &options.start)?),
-            None => None,
-        };
+        let mut child = launch(command.as_deref(), &options, &breakpoints)?;
         let command_output = child.as_mut().and_then(|c| c.take_output());
-
-        let btf = KernelFacts::running()?;
-        let mut features = KernelFeatures::probe(btf);
-        if let Some(mechanism) = options.attach {
-            features = features.with_attach(mechanism)?;
-        }
-        if options.no_sleepable {
-            features.sleepable_uprobes = false;
-        }
-        features.check(!probes.is_empty() || !usdt.probes.is_empty())?;
-        let mut enabled_kinds = 0;
-        if events.contains(&EventKind::Spawn) {
-            enabled_kinds |= kind_bit(RecordKind::Fork) | kind_bit(RecordKind::Exec);
-        }
-        if events.contains(&EventKind::Exit) {
-            enabled_kinds |= kind_bit(RecordKind::Exit);
-        }
-        let want_ipc = events.contains(&EventKind::Send) || events.contains(&EventKind::Recv);
-        if want_ipc {
-            enabled_kinds |= kind_bit(RecordKind::Ipc);
-        }
-        if events.contains(&EventKind::Signal) {
-            enabled_kinds |= kind_bit(RecordKind::Signal);
-        }
-        if events.contains(&EventKind::Log) {
-            enabled_kinds |= kind_bit(RecordKind::UserEvent);
-        }
-        if events.contains(&EventKind::Usdt) {
-            enabled_kinds |= kind_bit(RecordKind::Usdt);
-        }
-        if events.contains(&EventKind::Break) {
-            enabled_kinds |= kind_bit(RecordKind::Break);
-        }
-        if events.contains(&EventKind::Watch) {
-            enabled_kinds |= kind_bit(RecordKind::Watch);
-        }
+        let (btf, features) = kernel_features(&options, !probes.is_empty() || !usdt.probes.is_empty())?;
         // Function patterns apply to every image the traced processes exec (see `follow`).
         let want_calls = events.contains(&EventKind::Call) || events.contains(&EventKind::Return);
         let resolve_execs = want_calls && !options.functions.is_empty();
-        let config = Config {
-            enabled_kinds,
-            follow_children: options.follow_children as u32,
-            has_target_inodes: !binaries.is_empty() as u32,
-            top_by_process: 0,
-            wakeup_bytes: wakeup_bytes(ring_bytes),
-            capture_bytes: options.capture_bytes,
-            debug: options.debug_kernel as u32,
-            min_duration_ns: options.min_duration_ns,
-            max_depth: options.depth.unwrap_or(0),
-            start_off: !options.start_at.is_empty() as u32,
-            resolve_execs: resolve_execs as u32,
-            _pad0: 0,
-            // Watchpoints survive exec: a hit in a process that exec'd another image is dropped.
-            watch_image: match breakpoints.watches.is_empty() {
-                true => tracer_common::InodeKey::default(),
-                false => targets::FileId::of(&breakpoints.exe).map(|id| id.kernel_key()).unwrap_or_default(),
-            },
-            offsets: btf.offsets()?,
-        };
-        // A perf-event link per probe site where the kernel has no uprobe-multi links.
-        // Breakpoints share the USDT programs and specs, with cookies after the USDT probes'.
-        let first_break_cookie = usdt.probes.iter().map(|p| p.cookie + 1).max().unwrap_or(0);
-        let break_probes: Vec<UsdtProbe> = breakpoints
-            .break_probes
-            .iter()
-            .enumerate()
-            .map(|(i, b)| UsdtProbe {
-                path: b.path.clone(),
-                file_offset: b.file_offset,
-                semaphore_offset: 0,
-                cookie: first_break_cookie + i as u64,
-                program: UsdtProgram::Probe,
-                spec: b.spec,
-            })
-            .collect();
-        let spec_slots = first_break_cookie as usize + break_probes.len();
-        raise_fd_limit(1024 + probes.len() as u64 + usdt.probes.len() as u64 + break_probes.len() as u64);
-        // Functions found in exec'd images may have predicates too: room for as many as the
-        // kernel's predicate map holds.
-        let later_filters = resolve_execs
-            && (options.min_duration_ns > 0
-                || options.functions.iter().any(|f| super::filter::split(f).is_ok_and(|(_, p)| !p.is_empty())));
-        let filtered_functions = filters.iter().map(|f| f.function + 1).max().unwrap_or(1);
-        let filtered_functions =
-            if later_filters { filtered_functions.max(FOLLOWED_FILTERS) } else { filtered_functions };
+        let config = kernel_config(&options, ring_bytes, !binaries.is_empty(), resolve_execs, &breakpoints, btf)?;
+        let breaks = BreakProbes::after(&usdt.probes, &breakpoints);
+        raise_fd_limit(1024 + probes.len() as u64 + usdt.probes.len() as u64 + breaks.probes.len() as u64);
+        let room = PredicateRoom::of(&options, &filters, resolve_execs);
         let gated = filters.iter().any(|f| f.gate.is_some());
-        let mut kernel = Kernel::load_sized(&config, &features, ring_bytes, spec_slots, 1, filtered_functions, gated)?;
+        let mut kernel =
+            Kernel::load_sized(&config, &features, ring_bytes, breaks.spec_slots(), 1, room.functions, gated)?;
         // Started before any program is loaded, and kept for the whole run: its map's fd is in
         // the programs' code.
         let kernel_log = if options.debug_kernel { Some(kernel.start_kernel_log()?) } else { None };
-        kernel.attach_sched()?;
-        if want_ipc {
-            kernel.attach_ipc()?;
-        }
-        if events.contains(&EventKind::Signal) {
-            kernel.attach_signals()?;
-        }
-        for spec in &filters {
-            if let Some((program, _)) = &spec.entry {
-                kernel.set_filter(spec.function, *program)?;
-            }
-            if let Some((program, _)) = &spec.ret {
-                kernel.set_filter(tracer_common::filter::ret_key(spec.function), *program)?;
-            }
-            if let Some(role) = spec.gate.filter(|&role| role != 0) {
-                kernel.set_gate_role(spec.function, role)?;
-            }
-        }
-        for (i, f) in functions.iter().enumerate() {
-            if let Some(layout) = f.source.as_ref().and_then(|s| s.layout.as_ref())
-                && layout.probe.reads_memory()
-            {
-                kernel.set_layout(i as u32, layout.probe.to_bytes())?;
-            }
-        }
-        let failures = kernel.attach_functions(&probes)?;
-        // A function with any probe that failed counts as not probed (its other probes stay).
-        let failed: BTreeSet<u32> = failures.iter().map(|f| cookie::function(f.cookie)).collect();
-        let attached = functions.len() - failed.len();
-        if !probes.is_empty() && attached == 0 {
-            return Err(RecordError::NoProbeAttached(failures[0].reason.clone()));
-        }
-        if !failures.is_empty() {
-            let mut listed: Vec<String> = Vec::new();
-            for f in failures.iter().take(5) {
-                listed.push(format!("{} ({})", functions[cookie::function(f.cookie) as usize].name, f.reason));
-            }
-            warnings.push(format!(
-                "{} of {} functions could not be probed: {}{}",
-                failed.len(),
-                functions.len(),
-                listed.join(", "),
-                if failures.len() > 5 { ", ..." } else { "" }
-            ));
-        }
-        let usdt_failures = kernel.attach_usdt(&usdt.probes)?;
-        if let Some(first) = usdt_failures.first() {
-            let probe = &usdt.table[first.cookie as usize];
-            warnings.push(format!(
-                "{} of {} USDT probe sites could not be attached (first: {}:{} in {}: {})",
-                usdt_failures.len(),
-                usdt.probes.len(),
-                probe.provider,
-                probe.name,
-                probe.module,
-                first.reason
-            ));
-        }
-        let break_failures = kernel.attach_usdt(&break_probes)?;
-        if let Some(first) = break_failures.first() {
-            let site = &breakpoints.break_sites[(first.cookie - first_break_cookie) as usize];
-            warnings.push(format!(
-                "{} of {} breakpoint sites could not be attached (first: {}:{}: {})",
-                break_failures.len(),
-                break_probes.len(),
-                site.file,
-                site.line,
-                first.reason
-            ));
-        }
+        attach_tracepoints(&mut kernel, events)?;
+        set_predicates(&mut kernel, &filters, &functions)?;
+        let attached = attach_functions(&mut kernel, &probes, &functions, &mut warnings)?;
+        let usdt_sites = attach_usdt(&mut kernel, &usdt, &mut warnings)?;
+        let break_sites = attach_breakpoints(&mut kernel, &breaks, &breakpoints, &mut warnings)?;
         // Functions and breakpoints that read strings.
         if let Some(why) = kernel.sleepable_unavailable() {
             let why = if options.no_sleepable { "--no-sleepable asks for the non-faulting read only" } else { why };
@@ -269,84 +120,27 @@ impl Plan {
                 "a string in a page the traced program has not touched yet (of .rodata, say) cannot be read and is marked unreadable: {why}"
             ));
         }
-        let mut watch_table = WatchTable { by_address: Default::default(), source_map: breakpoints.source_map.clone() };
-        let mut watchpoints = Vec::new();
-        let mut watched = |pid: u32, bias: u64, watchpoints: &mut Vec<Watchpoint>| {
-            for w in &breakpoints.watches {
-                let address = w.address_with(bias);
-                let entry = WatchEntry { variable: w.name.clone(), ty: w.ty.clone(), bias };
-                watch_table.by_address.insert(address, entry);
-                for tid in hardware::threads(pid) {
-                    watchpoints.push(Watchpoint { tid, address, len: w.len, access: w.access });
-                }
-            }
-        };
-        if !breakpoints.watches.is_empty() {
-            for p in &processes {
-                match breakpoints.layout.bias_in(p.pid, &breakpoints.exe) {
-                    Some(bias) => watched(p.pid, bias, &mut watchpoints),
-                    None => warnings.push(format!(
-                        "process {} does not run {}: its variables are not watched",
-                        p.pid,
-                        breakpoints.exe.display()
-                    )),
-                }
-            }
-            if let Some(child) = &child {
-                watched(child.pid(), breakpoints.layout.bias_without_randomization(), &mut watchpoints);
-            }
-        }
+        let (watch_table, watchpoints) = watchpoints(&breakpoints, &processes, child.as_ref(), &mut warnings);
         kernel.attach_watchpoints(&watchpoints)?;
         if resolve_execs {
             kernel.prepare_uprobe_programs()?;
         }
         let ring = kernel.take_ring()?;
         let lost = kernel.take_lost_counters()?;
-        let filter_counters = if filters.is_empty() && !later_filters {
+        let filter_counters = if filters.is_empty() && !room.later {
             None
         } else {
             let named = filters.iter().map(|f| (functions[f.function as usize].name.to_string(), f.clone())).collect();
             Some((kernel.take_filter_counters()?, named))
         };
 
-        // Probes are in place: only now do the targets become traced, so every call they make
-        // from here on is seen whole.
-        for (_, id) in &binaries {
-            kernel.trace_executable(id.kernel_key())?;
-        }
-        for p in &processes {
-            kernel.trace_pid(p.pid)?;
-        }
         // The images resolved now: a traced process that execs one of them is not stopped.
-        let follower = if resolve_execs {
-            let mut follower = ExecFollower::new(options.clone(), &executables, unmatched, filtered_functions);
-            for exe in &executables {
-                if let Ok(id) = targets::FileId::of(exe) {
-                    kernel.mark_resolved(id.kernel_key())?;
-                    follower.resolved_at_start(id.kernel_key());
-                }
-            }
-            Some(follower)
-        } else {
-            None
-        };
-        if let Some(child) = &child {
-            kernel.trace_pid(child.pid())?;
-        }
+        let mut follower =
+            resolve_execs.then(|| ExecFollower::new(options.clone(), &executables, unmatched, room.functions));
+        trace_targets(&mut kernel, &binaries, &processes, &executables, follower.as_mut(), child.as_ref())?;
 
         let clock = BootClock::calibrate();
-        let mut targets: Vec<TargetInfo> = processes
-            .iter()
-            .map(|p| TargetInfo::Process { pid: p.pid, comm: p.comm.clone(), exe: p.exe.display().to_string() })
-            .collect();
-        targets.extend(binaries.iter().map(|(path, _)| TargetInfo::Binary { path: path.display().to_string() }));
-        if let (Some(child), Some(path)) = (&child, &command) {
-            targets.push(TargetInfo::Command {
-                pid: child.pid(),
-                argv: targets::command_display(&options.command),
-                exe: path.display().to_string(),
-            });
-        }
+        let targets = target_infos(&processes, &binaries, child.as_ref().zip(command.as_deref()), &options);
         let start = TraceStart {
             format_version: FORMAT_VERSION,
             host: options.host.clone(),
@@ -367,9 +161,10 @@ impl Plan {
         let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes)
             .with_usdt(usdt.table)
             .with_breakpoints(
-                BreakTable { first_cookie: first_break_cookie, sites: breakpoints.break_sites },
+                BreakTable { first_cookie: breaks.first_cookie, sites: breakpoints.break_sites },
                 watch_table,
             );
+        // Everything is in place: the command runs from its first instruction, traced.
         let child_pid = match child {
             Some(child) => Some(child.release()?),
             None => None,
@@ -389,14 +184,367 @@ impl Plan {
             duration: options.duration,
             kinds: options.events.clone(),
             min_duration_ns: options.min_duration_ns,
-            usdt_sites: usdt.probes.len() - usdt_failures.len(),
-            break_sites: break_probes.len() - break_failures.len(),
+            usdt_sites,
+            break_sites,
             watchpoints: watchpoints.len(),
             progress: Arc::default(),
             warnings,
             follower,
         })
     }
+}
+
+/// Launches the command, if there is one, stopped at its first instruction. A launched command's
+/// watchpoints are opened before it execs, at addresses that must be known then: a
+/// position-independent one starts with randomization off (see `breakpoints::hardware`).
+fn launch(
+    command: Option<&Path>,
+    options: &RecordOptions,
+    breakpoints: &BreakpointSelection,
+) -> Result<Option<StoppedChild>, RecordError> {
+    let fixed_layout = !breakpoints.watches.is_empty() && breakpoints.layout.pie;
+    Ok(match command {
+        Some(path) if fixed_layout => {
+            Some(without_randomization(|| spawn_stopped(path, &options.command, &options.start))?)
+        }
+        Some(path) => Some(spawn_stopped(path, &options.command, &options.start)?),
+        None => None,
+    })
+}
+
+/// What the running kernel offers, as `--attach` and `--no-sleepable` narrow it; an error when
+/// it cannot do what the plan needs.
+fn kernel_features(
+    options: &RecordOptions,
+    probes_uprobes: bool,
+) -> Result<(&'static KernelFacts, KernelFeatures), RecordError> {
+    let btf = KernelFacts::running()?;
+    let mut features = KernelFeatures::probe(btf);
+    if let Some(mechanism) = options.attach {
+        features = features.with_attach(mechanism)?;
+    }
+    if options.no_sleepable {
+        features.sleepable_uprobes = false;
+    }
+    features.check(probes_uprobes)?;
+    Ok((btf, features))
+}
+
+/// What the programs read at run time: the kinds to write, the options they decide, the kernel's
+/// structure offsets.
+fn kernel_config(
+    options: &RecordOptions,
+    ring_bytes: u32,
+    has_target_inodes: bool,
+    resolve_execs: bool,
+    breakpoints: &BreakpointSelection,
+    btf: &KernelFacts,
+) -> Result<Config, RecordError> {
+    Ok(Config {
+        enabled_kinds: enabled_kinds(&options.events),
+        follow_children: options.follow_children as u32,
+        has_target_inodes: has_target_inodes as u32,
+        top_by_process: 0,
+        wakeup_bytes: wakeup_bytes(ring_bytes),
+        capture_bytes: options.capture_bytes,
+        debug: options.debug_kernel as u32,
+        min_duration_ns: options.min_duration_ns,
+        max_depth: options.depth.unwrap_or(0),
+        start_off: !options.start_at.is_empty() as u32,
+        resolve_execs: resolve_execs as u32,
+        _pad0: 0,
+        // Watchpoints survive exec: a hit in a process that exec'd another image is dropped.
+        watch_image: match breakpoints.watches.is_empty() {
+            true => tracer_common::InodeKey::default(),
+            false => targets::FileId::of(&breakpoints.exe).map(|id| id.kernel_key()).unwrap_or_default(),
+        },
+        offsets: btf.offsets()?,
+    })
+}
+
+/// The record kinds the kernel writes, for the events asked for (calls and returns are decided
+/// by the probes placed).
+fn enabled_kinds(events: &BTreeSet<EventKind>) -> u32 {
+    let mut enabled_kinds = 0;
+    if events.contains(&EventKind::Spawn) {
+        enabled_kinds |= kind_bit(RecordKind::Fork) | kind_bit(RecordKind::Exec);
+    }
+    if events.contains(&EventKind::Exit) {
+        enabled_kinds |= kind_bit(RecordKind::Exit);
+    }
+    if wants_ipc(events) {
+        enabled_kinds |= kind_bit(RecordKind::Ipc);
+    }
+    if events.contains(&EventKind::Signal) {
+        enabled_kinds |= kind_bit(RecordKind::Signal);
+    }
+    if events.contains(&EventKind::Log) {
+        enabled_kinds |= kind_bit(RecordKind::UserEvent);
+    }
+    if events.contains(&EventKind::Usdt) {
+        enabled_kinds |= kind_bit(RecordKind::Usdt);
+    }
+    if events.contains(&EventKind::Break) {
+        enabled_kinds |= kind_bit(RecordKind::Break);
+    }
+    if events.contains(&EventKind::Watch) {
+        enabled_kinds |= kind_bit(RecordKind::Watch);
+    }
+    enabled_kinds
+}
+
+fn wants_ipc(events: &BTreeSet<EventKind>) -> bool {
+    events.contains(&EventKind::Send) || events.contains(&EventKind::Recv)
+}
+
+/// The breakpoints' probe sites: they share the USDT programs and specs, with cookies after the
+/// USDT probes'.
+struct BreakProbes {
+    first_cookie: u64,
+    probes: Vec<UsdtProbe>,
+}
+
+impl BreakProbes {
+    fn after(usdt: &[UsdtProbe], breakpoints: &BreakpointSelection) -> BreakProbes {
+        let first_cookie = usdt.iter().map(|p| p.cookie + 1).max().unwrap_or(0);
+        let probes = breakpoints
+            .break_probes
+            .iter()
+            .enumerate()
+            .map(|(i, b)| UsdtProbe {
+                path: b.path.clone(),
+                file_offset: b.file_offset,
+                semaphore_offset: 0,
+                cookie: first_cookie + i as u64,
+                program: UsdtProgram::Probe,
+                spec: b.spec,
+            })
+            .collect();
+        BreakProbes { first_cookie, probes }
+    }
+
+    /// The argument specs the USDT programs look up by cookie: the USDT probes' and these.
+    fn spec_slots(&self) -> usize {
+        self.first_cookie as usize + self.probes.len()
+    }
+}
+
+/// Room in the kernel's predicate and counter maps.
+struct PredicateRoom {
+    /// Functions found in exec'd images may have predicates too.
+    later: bool,
+    /// Functions the maps hold: the plan's, or as many as the kernel's predicate map holds when
+    /// exec'd images may add some.
+    functions: u32,
+}
+
+impl PredicateRoom {
+    fn of(options: &RecordOptions, filters: &[FilterSpec], resolve_execs: bool) -> PredicateRoom {
+        let later = resolve_execs
+            && (options.min_duration_ns > 0
+                || options.functions.iter().any(|f| crate::plan::filter::split(f).is_ok_and(|(_, p)| !p.is_empty())));
+        let functions = filters.iter().map(|f| f.function + 1).max().unwrap_or(1);
+        let functions = if later { functions.max(FOLLOWED_FILTERS) } else { functions };
+        PredicateRoom { later, functions }
+    }
+}
+
+/// The raw tracepoints the events asked for need.
+fn attach_tracepoints(kernel: &mut Kernel, events: &BTreeSet<EventKind>) -> Result<(), RecordError> {
+    kernel.attach_sched()?;
+    if wants_ipc(events) {
+        kernel.attach_ipc()?;
+    }
+    if events.contains(&EventKind::Signal) {
+        kernel.attach_signals()?;
+    }
+    Ok(())
+}
+
+/// What the probes look up by function before writing: predicates, `--start-at`/`--stop-at`
+/// roles, and the layouts of parameters read from memory.
+fn set_predicates(kernel: &mut Kernel, filters: &[FilterSpec], functions: &FunctionTable) -> Result<(), RecordError> {
+    for spec in filters {
+        if let Some((program, _)) = &spec.entry {
+            kernel.set_filter(spec.function, *program)?;
+        }
+        if let Some((program, _)) = &spec.ret {
+            kernel.set_filter(tracer_common::filter::ret_key(spec.function), *program)?;
+        }
+        if let Some(role) = spec.gate.filter(|&role| role != 0) {
+            kernel.set_gate_role(spec.function, role)?;
+        }
+    }
+    for (i, f) in functions.iter().enumerate() {
+        if let Some(layout) = f.source.as_ref().and_then(|s| s.layout.as_ref())
+            && layout.probe.reads_memory()
+        {
+            kernel.set_layout(i as u32, layout.probe.to_bytes())?;
+        }
+    }
+    Ok(())
+}
+
+/// Attaches the function probes; returns how many functions are probed. A function with any
+/// probe that failed counts as not probed (its other probes stay).
+fn attach_functions(
+    kernel: &mut Kernel,
+    probes: &[ProbeSpec],
+    functions: &FunctionTable,
+    warnings: &mut Vec<String>,
+) -> Result<usize, RecordError> {
+    let failures = kernel.attach_functions(probes)?;
+    let failed: BTreeSet<u32> = failures.iter().map(|f| cookie::function(f.cookie)).collect();
+    let attached = functions.len() - failed.len();
+    if !probes.is_empty() && attached == 0 {
+        return Err(RecordError::NoProbeAttached(failures[0].reason.clone()));
+    }
+    if !failures.is_empty() {
+        let mut listed: Vec<String> = Vec::new();
+        for f in failures.iter().take(5) {
+            listed.push(format!("{} ({})", functions[cookie::function(f.cookie) as usize].name, f.reason));
+        }
+        warnings.push(format!(
+            "{} of {} functions could not be probed: {}{}",
+            failed.len(),
+            functions.len(),
+            listed.join(", "),
+            if failures.len() > 5 { ", ..." } else { "" }
+        ));
+    }
+    Ok(attached)
+}
+
+/// Attaches the USDT probe sites; returns how many are attached.
+fn attach_usdt(kernel: &mut Kernel, usdt: &UsdtSelection, warnings: &mut Vec<String>) -> Result<usize, RecordError> {
+    let failures = kernel.attach_usdt(&usdt.probes)?;
+    if let Some(first) = failures.first() {
+        let probe = &usdt.table[first.cookie as usize];
+        warnings.push(format!(
+            "{} of {} USDT probe sites could not be attached (first: {}:{} in {}: {})",
+            failures.len(),
+            usdt.probes.len(),
+            probe.provider,
+            probe.name,
+            probe.module,
+            first.reason
+        ));
+    }
+    Ok(usdt.probes.len() - failures.len())
+}
+
+/// Attaches the breakpoint sites; returns how many are attached.
+fn attach_breakpoints(
+    kernel: &mut Kernel,
+    breaks: &BreakProbes,
+    breakpoints: &BreakpointSelection,
+    warnings: &mut Vec<String>,
+) -> Result<usize, RecordError> {
+    let failures = kernel.attach_usdt(&breaks.probes)?;
+    if let Some(first) = failures.first() {
+        let site = &breakpoints.break_sites[(first.cookie - breaks.first_cookie) as usize];
+        warnings.push(format!(
+            "{} of {} breakpoint sites could not be attached (first: {}:{}: {})",
+            failures.len(),
+            breaks.probes.len(),
+            site.file,
+            site.line,
+            first.reason
+        ));
+    }
+    Ok(breaks.probes.len() - failures.len())
+}
+
+/// The hardware watchpoints to open: each watched variable in each traced process that runs the
+/// watched executable, and in the launched command (started without randomization), on every
+/// thread; and the table that names their hits.
+fn watchpoints(
+    breakpoints: &BreakpointSelection,
+    processes: &[Process],
+    child: Option<&StoppedChild>,
+    warnings: &mut Vec<String>,
+) -> (WatchTable, Vec<Watchpoint>) {
+    let mut watch_table = WatchTable { by_address: Default::default(), source_map: breakpoints.source_map.clone() };
+    let mut watchpoints = Vec::new();
+    let mut watched = |pid: u32, bias: u64, watchpoints: &mut Vec<Watchpoint>| {
+        for w in &breakpoints.watches {
+            let address = w.address_with(bias);
+            let entry = WatchEntry { variable: w.name.clone(), ty: w.ty.clone(), bias };
+            watch_table.by_address.insert(address, entry);
+            for tid in hardware::threads(pid) {
+                watchpoints.push(Watchpoint { tid, address, len: w.len, access: w.access });
+            }
+        }
+    };
+    if !breakpoints.watches.is_empty() {
+        for p in processes {
+            match breakpoints.layout.bias_in(p.pid, &breakpoints.exe) {
+                Some(bias) => watched(p.pid, bias, &mut watchpoints),
+                None => warnings.push(format!(
+                    "process {} does not run {}: its variables are not watched",
+                    p.pid,
+                    breakpoints.exe.display()
+                )),
+            }
+        }
+        if let Some(child) = child {
+            watched(child.pid(), breakpoints.layout.bias_without_randomization(), &mut watchpoints);
+        }
+    }
+    (watch_table, watchpoints)
+}
+
+/// Probes are in place: only now do the targets become traced, so every call they make from here
+/// on is seen whole. The images resolved now are marked: a traced process that execs one of them
+/// is not stopped.
+fn trace_targets(
+    kernel: &mut Kernel,
+    binaries: &[(PathBuf, FileId)],
+    processes: &[Process],
+    executables: &[PathBuf],
+    follower: Option<&mut ExecFollower>,
+    child: Option<&StoppedChild>,
+) -> Result<(), RecordError> {
+    for (_, id) in binaries {
+        kernel.trace_executable(id.kernel_key())?;
+    }
+    for p in processes {
+        kernel.trace_pid(p.pid)?;
+    }
+    if let Some(follower) = follower {
+        for exe in executables {
+            if let Ok(id) = targets::FileId::of(exe) {
+                kernel.mark_resolved(id.kernel_key())?;
+                follower.resolved_at_start(id.kernel_key());
+            }
+        }
+    }
+    if let Some(child) = child {
+        kernel.trace_pid(child.pid())?;
+    }
+    Ok(())
+}
+
+/// What the trace's start says it traces: the processes, the executables, the launched command.
+fn target_infos(
+    processes: &[Process],
+    binaries: &[(PathBuf, FileId)],
+    command: Option<(&StoppedChild, &Path)>,
+    options: &RecordOptions,
+) -> Vec<TargetInfo> {
+    let mut targets: Vec<TargetInfo> = processes
+        .iter()
+        .map(|p| TargetInfo::Process { pid: p.pid, comm: p.comm.clone(), exe: p.exe.display().to_string() })
+        .collect();
+    targets.extend(binaries.iter().map(|(path, _)| TargetInfo::Binary { path: path.display().to_string() }));
+    if let Some((child, path)) = command {
+        targets.push(TargetInfo::Command {
+            pid: child.pid(),
+            argv: targets::command_display(&options.command),
+            exe: path.display().to_string(),
+        });
+    }
+    targets
 }
 
 /// A trace in progress: probes attached, targets running.
@@ -476,7 +624,7 @@ impl Recording {
     /// programs loaded, and how often the kernel's BTF was parsed.
     pub fn startup_details(&self) -> String {
         let kernel = self.start.kernel.as_ref();
-        let parsed = crate::record::attach::kernel_btf::KernelBtf::times_parsed();
+        let parsed = crate::kernel::btf::KernelBtf::times_parsed();
         format!(
             "Linux {}, probes attached as {}, process ends from {}; ring buffer {} KiB; programs loaded: {}; \
              the kernel's BTF parsed {} by tracer (and once more by aya's loader)",
@@ -728,20 +876,6 @@ fn push_batch(
         }
     }
     stops
-}
-
-/// Whether any traced process still lives; forgets the ones that are gone (a process that exited
-/// before it could be traced never produces the exit that would remove it).
-pub(crate) fn any_target_alive(kernel: &mut Kernel) -> bool {
-    let mut alive = false;
-    for pid in kernel.traced_pids() {
-        if targets::process_alive(pid) {
-            alive = true;
-        } else {
-            kernel.untrace_pid(pid);
-        }
-    }
-    alive
 }
 
 pub(crate) async fn sleep_until(deadline: Option<tokio::time::Instant>) {

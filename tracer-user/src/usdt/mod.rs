@@ -8,8 +8,8 @@
 //! for each the `tracer_common::UsdtSpec` the kernel evaluates its arguments with;
 //! `loader::Kernel::attach_usdt` attaches them as uprobe-multi links that raise their
 //! semaphores; [`decode`] turns the kernel's records back into a `log` event or a `usdt` event's
-//! arguments (`crate::assemble` calls it). `crate::record` plans and attaches them with
-//! everything else.
+//! arguments (`crate::assemble` calls it). `crate::plan` selects them and `crate::record`
+//! attaches them with everything else.
 
 pub mod args;
 pub mod decode;

@@ -20,8 +20,8 @@ use super::{
     notes::{NoteError, UsdtFile, UsdtNote},
 };
 use crate::{
-    record::attach::kernel_btf::{KernelBtfError, KernelFacts},
-    record::resolve::modules::{ModuleCandidates, ModuleError},
+    kernel::btf::{KernelBtfError, KernelFacts},
+    targets::modules::{ModuleCandidates, ModuleError},
 };
 
 /// Provider and name of the probe every program event goes through.

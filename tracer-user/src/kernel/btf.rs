@@ -92,6 +92,14 @@ impl KernelBtf {
         PARSED.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Held by every test that parses the BTF, so that `the_running_kernels_btf_is_parsed_once`
+    /// counts its own parses only (a test binary runs its tests on several threads at once).
+    #[cfg(test)]
+    pub(crate) fn parsing_alone() -> std::sync::MutexGuard<'static, ()> {
+        static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn find_struct(&self, name: &str) -> Result<btf_rs::Struct, KernelBtfError> {
         self.btf
             .resolve_types_by_name(name)
@@ -281,6 +289,7 @@ mod tests {
     /// Reads the BTF of the kernel these tests run on; every kernel the tracer supports has it.
     #[test]
     fn finds_every_offset_in_the_running_kernel() {
+        let _alone = KernelBtf::parsing_alone();
         let btf = KernelBtf::load().expect("kernel BTF");
         let o = btf.offsets().expect("offsets");
         // pid and tgid are adjacent `pid_t`s in every kernel since 2.6.
@@ -296,6 +305,7 @@ mod tests {
 
     #[test]
     fn the_running_kernels_btf_is_parsed_once() {
+        let _alone = KernelBtf::parsing_alone();
         let before = KernelBtf::times_parsed();
         let a = KernelFacts::running().expect("kernel BTF") as *const KernelFacts;
         let b = KernelFacts::running().expect("kernel BTF") as *const KernelFacts;
@@ -306,6 +316,7 @@ mod tests {
 
     #[test]
     fn finds_fields_inside_anonymous_members() {
+        let _alone = KernelBtf::parsing_alone();
         let btf = KernelBtf::load().expect("kernel BTF");
         // `mm_struct` keeps its fields in an anonymous struct.
         let off = btf.offset("mm_struct", "exe_file").expect("mm_struct.exe_file");
@@ -314,6 +325,7 @@ mod tests {
 
     #[test]
     fn names_what_is_missing() {
+        let _alone = KernelBtf::parsing_alone();
         let btf = KernelBtf::load().expect("kernel BTF");
         let err = btf.offset("task_struct", "no_such_field").unwrap_err();
         assert_eq!(err.to_string(), "the kernel's struct task_struct has no field no_such_field");

@@ -15,7 +15,8 @@ use serde::Serialize;
 use super::{RecordError, RecordOptions, plan};
 use crate::{
     event::EventKind,
-    record::resolve::{modules::ModuleCandidates, placement::ProbePath},
+    functions::placement::ProbePath,
+    targets::modules::ModuleCandidates,
     usdt::{
         notes::UsdtNote,
         select::{self, ProbeFiles, UsdtPattern},

@@ -2,8 +2,8 @@
 //!
 //! Everything attached lives in [`Kernel`]: dropping it detaches every probe and tracepoint (the
 //! kernel closes the links with their file descriptors), so a target is never left probed. The
-//! function and USDT probes are uprobe-multi links ([`crate::record::attach::uprobe_multi`]) or,
-//! on kernels without them, perf-event uprobes ([`crate::record::attach::uprobe_perf`]); the
+//! function and USDT probes are uprobe-multi links ([`crate::kernel::uprobe_multi`]) or,
+//! on kernels without them, perf-event uprobes ([`crate::kernel::uprobe_perf`]); the
 //! raw tracepoints go through aya. Which, and which program variants, the [`KernelFeatures`] say.
 
 use std::{
@@ -22,7 +22,7 @@ use tracer_common::{Config, InodeKey, LostSlot, names, programs};
 use crate::breakpoints::{hardware::Watchpoint, spec::Access};
 
 use crate::{
-    record::attach::{
+    kernel::{
         features::{AttachMechanism, KernelFeatures},
         uprobe_multi::{self, Site},
         uprobe_perf,
@@ -79,7 +79,7 @@ pub struct Kernel {
     /// detaches the probes.
     entry_links: Vec<OwnedFd>,
     return_links: Vec<OwnedFd>,
-    /// The entry and return programs, loaded on first use (see [`crate::record::attach::uprobe_multi`]).
+    /// The entry and return programs, loaded on first use (see [`crate::kernel::uprobe_multi`]).
     function_programs: Option<(OwnedFd, OwnedFd)>,
     /// Their sleepable variants, for probes that read strings, loaded on first use; or why there
     /// are none (the kernel has no sleepable uprobes, `--no-sleepable`, or they did not load).
@@ -541,8 +541,8 @@ impl Kernel {
     }
 
     /// `--debug-kernel`: takes the programs' aya-log ring (keep it for the whole run).
-    pub fn start_kernel_log(&mut self) -> Result<crate::record::kernel_log::KernelLog, LoadError> {
-        crate::record::kernel_log::KernelLog::start(&mut self.ebpf).map_err(load_error)
+    pub fn start_kernel_log(&mut self) -> Result<crate::kernel::log::KernelLog, LoadError> {
+        crate::kernel::log::KernelLog::start(&mut self.ebpf).map_err(load_error)
     }
 
     /// Takes the ring buffer, to be drained independently of the programs' lifetime.

@@ -1,5 +1,17 @@
 //! What to trace, resolved and checked before anything is attached or launched: targets,
-//! functions (symbols, DWARF, source globs), USDT sites, and the probes they need.
+//! functions (symbols, DWARF, source globs), USDT sites, and the probes they need. `record`, `top`,
+//! `list` and the agent all start from a [`Plan`].
+//!
+//! Everything a user can get wrong is checked in [`plan`], before anything is attached or
+//! launched; the options and the errors are in `options.rs`.
+
+pub(crate) mod choose;
+pub mod filter;
+pub mod list;
+mod options;
+pub mod ring_size;
+
+pub use options::{DEFAULT_MAX_PROBES, RecordError, RecordOptions, check_pid_namespace, check_root};
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -9,26 +21,22 @@ use std::{
 
 use tracer_common::{CAPTURE_BYTES_MAX, cookie, gate};
 
-use super::{
-    RecordError, RecordOptions, check_pid_namespace,
-    choose::{Choice, Tables, Unmatched},
-    filter, ring_size,
-};
+use self::choose::{Choice, Tables, Unmatched};
 use crate::{
     assemble::{FunctionTable, NativeReturns, ProbedFunction},
     breakpoints,
     event::host,
     event::{EventKind, ProbePaths},
-    record::attach::detached,
-    record::attach::kernel_btf::KernelFacts,
-    record::attach::launch::Start,
-    record::attach::loader::ProbeSpec,
-    record::resolve::disasm::Exit,
-    record::resolve::modules::ModuleCandidates,
-    record::resolve::placement::{KernelProbes, ProbePath, ProbeSummary},
-    record::resolve::symbols::{Exits, Function, NamesFrom, Placement, SymbolTable},
-    record::resolve::targets::{self, FileId, Process},
-    record::resolve::unwinding::{self, ReturnProbes},
+    functions::disasm::Exit,
+    functions::placement::{KernelProbes, ProbePath, ProbeSummary},
+    functions::symbols::{Exits, Function, NamesFrom, Placement, SymbolTable},
+    functions::unwinding::{self, ReturnProbes},
+    kernel::btf::KernelFacts,
+    kernel::loader::ProbeSpec,
+    targets::detached,
+    targets::launch::Start,
+    targets::modules::ModuleCandidates,
+    targets::{self, FileId, Process},
     usdt::{
         self,
         select::{ProbeFiles, RegisterOffsets, Selection as UsdtSelection, UsdtPattern},

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use object::read::elf::ElfFile64;
 
-use crate::record::resolve::targets;
+use crate::targets;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {

@@ -24,8 +24,8 @@ use aya_obj::generated::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::kernel_btf::KernelFacts;
-use crate::record::resolve::placement::KernelProbes;
+use super::btf::KernelFacts;
+use crate::functions::placement::KernelProbes;
 
 /// How function and USDT probes are attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -209,12 +209,13 @@ fn link_uprobe_multi(prog: &OwnedFd, path: &CString, offset: &u64) -> io::Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::attach::kernel_btf::KernelBtf;
+    use crate::kernel::btf::KernelBtf;
 
     /// The running kernel's answer must agree with what its BTF says the attach type is: the
     /// probe cannot be asked to fail here, so it is checked against an independent source.
     #[test]
     fn uprobe_multi_probe_agrees_with_the_kernels_btf() {
+        let _alone = KernelBtf::parsing_alone();
         let btf = KernelBtf::load().expect("kernel BTF");
         let in_btf = btf.enum_has_value("bpf_attach_type", "BPF_TRACE_UPROBE_MULTI");
         assert_eq!(has_uprobe_multi(), in_btf);
@@ -239,6 +240,7 @@ mod tests {
 
     #[test]
     fn sched_process_exit_arguments_are_read_from_btf() {
+        let _alone = KernelBtf::parsing_alone();
         let btf = KernelBtf::load().expect("kernel BTF");
         let n = btf.tracepoint_args("sched_process_exit").expect("sched_process_exit is in every kernel's BTF");
         assert!(n == 1 || n == 2, "{n}");

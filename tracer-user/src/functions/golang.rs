@@ -4,7 +4,7 @@
 //! A Go program's runtime moves goroutine stacks (it copies a stack whole when it grows) and walks
 //! them (tracebacks, garbage collection); a uretprobe's trampoline address in place of a return
 //! address makes it abort ("unexpected return pc"). So every function of a file recognised here is
-//! probed with ordinary uprobes only: see [`crate::record::resolve::disasm`] and `record::select_functions`.
+//! probed with ordinary uprobes only: see [`crate::functions::disasm`] and `plan::select_functions`.
 
 use object::{Object as _, ObjectSection as _};
 

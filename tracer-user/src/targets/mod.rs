@@ -1,4 +1,10 @@
-//! What the user asked to trace, checked and resolved: processes, executables, a command.
+//! What the user asked to trace, checked and resolved: processes, executables, a command; the ELF
+//! file a module name means ([`modules`]); and launching a traced command stopped at its first
+//! instruction ([`launch`]; for the agent, as a service manager would, [`detached`]).
+
+pub mod detached;
+pub mod launch;
+pub mod modules;
 
 use std::{
     ffi::{OsStr, OsString},

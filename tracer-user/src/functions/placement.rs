@@ -24,7 +24,7 @@
 use iced_x86::{Code as Opcode, Instruction, Mnemonic, OpKind};
 
 pub use crate::event::{ProbePath, ProbePaths};
-use crate::record::resolve::disasm::FunctionCode;
+use crate::functions::disasm::FunctionCode;
 
 /// Where a native function's entry (and return) probes go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -392,7 +392,7 @@ mod tests {
 
     #[test]
     fn reads_debian_stripped_gofmt() {
-        use crate::record::resolve::symbols::{NamesFrom, Placement, SymbolTable};
+        use crate::functions::symbols::{NamesFrom, Placement, SymbolTable};
         use object::{Object as _, ObjectSection as _};
         let path = debian_gofmt();
         let data = std::fs::read(&path).unwrap();

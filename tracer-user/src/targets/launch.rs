@@ -557,7 +557,7 @@ mod tests {
         let child = spawn_stopped(Path::new("/bin/true"), &["true".into()], &Start::Inherit).unwrap();
         let pid = child.pid();
         drop(child);
-        assert!(!crate::record::resolve::targets::process_alive(pid));
+        assert!(!crate::targets::process_alive(pid));
     }
 
     #[test]

@@ -9,10 +9,10 @@ use std::{
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
 use crate::{
-    record::resolve::disasm::{self, Entry, Exit, FunctionCode},
-    record::resolve::golang::{self, GoInfo},
-    record::resolve::gopclntab,
-    record::resolve::placement::{self, EntryPoint, KernelProbes, ProbePath},
+    functions::disasm::{self, Entry, Exit, FunctionCode},
+    functions::golang::{self, GoInfo},
+    functions::gopclntab,
+    functions::placement::{self, EntryPoint, KernelProbes, ProbePath},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -51,12 +51,12 @@ pub struct Function {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Placement {
     /// A uprobe and a uretprobe for its return, both at `entry` bytes after the symbol (past a
-    /// leading `endbr64` or nops when that reaches a faster path: see [`crate::record::resolve::placement`]) (System
+    /// leading `endbr64` or nops when that reaches a faster path: see [`crate::functions::placement`]) (System
     /// V code: C, C++, Rust).
     Native {
         entry: EntryPoint,
         /// Its exits as file offsets (each `ret`, each jump out), for programs that unwind
-        /// stacks, whose return probes go there (see [`crate::record::resolve::unwinding`]); `None`
+        /// stacks, whose return probes go there (see [`crate::functions::unwinding`]); `None`
         /// when they cannot all be told (undecodable bytes, a jump through memory).
         exits: Option<Exits>,
     },
@@ -776,7 +776,7 @@ mod tests {
         let len = std::fs::metadata(&exe).unwrap().len();
         assert!(t.functions.iter().all(|f| f.file_offset < len));
         // Rust functions are demangled without hash.
-        assert!(t.functions.iter().any(|f| f.name.starts_with("tracer_user::record::resolve::symbols::")));
+        assert!(t.functions.iter().any(|f| f.name.starts_with("tracer_user::functions::symbols::")));
         assert!(!t.functions.iter().any(|f| f.name.contains("::h") && f.name.ends_with('E')));
     }
 }

@@ -13,13 +13,12 @@ use std::{
 use tracer_common::gate;
 
 use super::{
-    RecordError, RecordOptions,
+    RecordError, RecordOptions, Scope,
     filter::{self, Predicates},
-    plan::Scope,
 };
-use crate::record::resolve::{
-    modules::ModuleCandidates,
-    symbols::{FunctionPattern, SymbolError, SymbolTable, is_go_program_code},
+use crate::{
+    functions::symbols::{FunctionPattern, SymbolError, SymbolTable, is_go_program_code},
+    targets::modules::ModuleCandidates,
 };
 
 /// The symbol tables read, by file, and the files the targets load (read from `/proc` and the
@@ -355,10 +354,7 @@ impl SourceFiles {
     }
 
     /// The functions defined in a file matching `glob`.
-    fn defined_in<'a>(
-        &'a self,
-        glob: &'a crate::record::resolve::symbols::SourceGlob,
-    ) -> impl Iterator<Item = u64> + 'a {
+    fn defined_in<'a>(&'a self, glob: &'a crate::functions::symbols::SourceGlob) -> impl Iterator<Item = u64> + 'a {
         self.by_address.iter().filter(|(_, f)| glob.matches(f)).map(|(&a, _)| a)
     }
 
