@@ -75,6 +75,14 @@ pub static SCRATCH: PerCpuArray<[u8; SCRATCH_SIZE]> = PerCpuArray::with_max_entr
 #[map]
 pub static FAULTS: PerCpuArray<Faults> = PerCpuArray::with_max_entries(1, 0);
 
+/// Where the next string goes in `SCRATCH` while `strings::fill` reads them, one per `bpf_loop`
+/// call. Kept in a map, not on the stack: the verifier then sees it as an unknown offset, bounded
+/// where it is used, and each call of the loop's callback is the same state (on the stack, each
+/// call's offset is a new range, and Linux 6.7+, which verifies a callback until its states
+/// repeat, went through hundreds of thousands of instructions).
+#[map]
+pub static STRING_END: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 /// Where a record's unreadable strings are: `count` of them, each at `at[i]` for `bytes[i]`.
 #[repr(C)]
 pub struct Faults {

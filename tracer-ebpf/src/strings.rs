@@ -21,7 +21,7 @@ use tracer_common::{
     strings::{self, HEADER, MAX_STRING_SIZE, MAX_STRINGS, SCRATCH_SIZE},
 };
 
-use crate::maps::{FAULTS, Faults, SCRATCH, count_lost, emit_bytes, opaque};
+use crate::maps::{FAULTS, Faults, SCRATCH, STRING_END, count_lost, emit_bytes, opaque};
 
 /// Writes `record` and the strings `layout` names (the entry strings, or the return value's when
 /// `ret`) through the per-CPU scratch buffer. `regs` is indexed as the layout's register numbers
@@ -92,11 +92,18 @@ fn fill<T: Copy, const N: usize>(
         let count = if count > MAX_STRINGS { MAX_STRINGS } else { count };
         // A `bpf_loop` callback is verified once: the strings unrolled, each with its branches
         // (null, a C string or a slice, read or faulted, cut or whole), and twice in a sleepable
-        // program, are more states than Linux 6.1's verifier explores.
-        let mut reads = Reads { buf, off, layout, regs, first, size: string_size(layout), faults };
+        // program, are more states than Linux 6.1's verifier explores. The offset the callback
+        // writes at is kept in a map (`STRING_END`), so that every call of it starts from the same
+        // state: call_entry's verification went from 377,286 processed instructions (1.4 s) to
+        // 61,154 (0.18 s) on 6.18.
+        let Some(end) = STRING_END.get_ptr_mut(0) else { return off };
+        // SAFETY: a per-CPU map value, as `buf`.
+        let end = unsafe { &mut *end };
+        *end = off as u64;
+        let mut reads = Reads { buf, end, layout, regs, first, size: string_size(layout), faults };
         // SAFETY: the callback gets `reads` back as its context, valid for the whole call.
         unsafe { bpf_loop(count as u32, read_one::<N> as *mut c_void, (&raw mut reads).cast(), 0) };
-        off = reads.off;
+        off = *reads.end as usize;
     }
     off
 }
@@ -105,8 +112,8 @@ fn fill<T: Copy, const N: usize>(
 /// takes at most five arguments.
 struct Reads<'a, const N: usize> {
     buf: &'a mut [u8; SCRATCH_SIZE],
-    /// Where the next string goes.
-    off: usize,
+    /// Where the next string goes (in `STRING_END`).
+    end: &'a mut u64,
     layout: &'a ProbeLayoutBytes,
     regs: &'a [u64; N],
     /// The layout's first read: 0, or `MAX_STRINGS` for the return value's.
@@ -135,7 +142,9 @@ extern "C" fn read_one<const N: usize>(index: u64, ctx: *mut c_void) -> i64 {
         return 1;
     }
     let (value, length) = (reads.regs[ptr as usize], reads.regs[len as usize]);
-    reads.off = read_string(reads.buf, reads.off, read, value, length, reads.size, reads.faults.as_deref_mut());
+    *reads.end =
+        read_string(reads.buf, *reads.end as usize, read, value, length, reads.size, reads.faults.as_deref_mut())
+            as u64;
     0
 }
 

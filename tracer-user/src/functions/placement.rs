@@ -24,7 +24,7 @@
 use iced_x86::{Code as Opcode, Instruction, Mnemonic, OpKind};
 
 pub use crate::event::{ProbePath, ProbePaths};
-use crate::functions::disasm::FunctionCode;
+use crate::{functions::disasm::FunctionCode, kernel::btf::KernelFacts};
 
 /// Where a native function's entry (and return) probes go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,30 +42,23 @@ pub struct KernelProbes {
 }
 
 impl KernelProbes {
-    /// This kernel's abilities: the `uprobe` syscall is in `/proc/kallsyms` (as root), or, when
-    /// the symbols are hidden, the release is 6.18 or later.
-    /// [`KernelProbes::detect`], once per process.
+    /// This kernel's abilities, [`KernelProbes::detect`]ed once per process.
     pub fn current() -> KernelProbes {
         static CURRENT: std::sync::OnceLock<KernelProbes> = std::sync::OnceLock::new();
         *CURRENT.get_or_init(KernelProbes::detect)
     }
 
+    /// The `uprobe` system call is in the kernel's BTF (read once for everything a trace needs;
+    /// reading `/proc/kallsyms` for it took tens of milliseconds, and a second with many BPF
+    /// programs loaded), or, without BTF, the release is 6.18 or later.
     pub fn detect() -> KernelProbes {
-        let from_kallsyms = std::fs::read_to_string("/proc/kallsyms").ok().and_then(|text| {
-            // Hidden addresses read as zeros: the names are still there.
-            let mut any = false;
-            for line in text.lines() {
-                any = true;
-                if line.ends_with(" __x64_sys_uprobe") {
-                    return Some(true);
-                }
+        let optimizes_nop5 = match KernelFacts::running() {
+            Ok(facts) => facts.uprobe_syscall(),
+            Err(_) => {
+                let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned());
+                release.is_ok_and(|r| release_at_least(&r, 6, 18))
             }
-            any.then_some(false)
-        });
-        let optimizes_nop5 = from_kallsyms.unwrap_or_else(|| {
-            let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned());
-            release.is_ok_and(|r| release_at_least(&r, 6, 18))
-        });
+        };
         KernelProbes { optimizes_nop5 }
     }
 }

@@ -34,12 +34,16 @@ pub struct KernelBtf {
 pub const PT_REGS_FIELDS: [&str; 17] =
     ["ax", "bx", "cx", "dx", "si", "di", "bp", "sp", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15", "ip"];
 
+/// The `uprobe` system call's functions, as the kernel's BTF names them (the first on x86-64).
+const UPROBE_SYSCALL: [&str; 2] = ["__x64_sys_uprobe", "__do_sys_uprobe"];
+
 /// What a trace needs from the running kernel's BTF, read once per process.
 #[derive(Clone, Debug)]
 pub struct KernelFacts {
     offsets: Result<KernelOffsets, KernelBtfError>,
     pt_regs: Result<Vec<(&'static str, u32)>, KernelBtfError>,
     sched_exit_args: Option<usize>,
+    uprobe_syscall: bool,
 }
 
 impl KernelFacts {
@@ -55,6 +59,7 @@ impl KernelFacts {
             offsets: btf.offsets(),
             pt_regs: PT_REGS_FIELDS.into_iter().map(|f| Ok((f, btf.offset("pt_regs", f)?))).collect(),
             sched_exit_args: btf.tracepoint_args("sched_process_exit"),
+            uprobe_syscall: UPROBE_SYSCALL.iter().any(|f| btf.has_function(f)),
         }
     }
 
@@ -71,6 +76,12 @@ impl KernelFacts {
     /// How many arguments `sched_process_exit` passes (see [`KernelBtf::tracepoint_args`]).
     pub fn sched_exit_args(&self) -> Option<usize> {
         self.sched_exit_args
+    }
+
+    /// Whether the kernel has the `uprobe` system call (Linux 6.18+), through which a uprobe on
+    /// a 5-byte nop, rewritten into a call, enters the kernel without a trap.
+    pub fn uprobe_syscall(&self) -> bool {
+        self.uprobe_syscall
     }
 }
 
@@ -202,6 +213,11 @@ impl KernelBtf {
         })
     }
 
+    /// Whether the kernel has a function named `name` (a `FUNC` in its BTF).
+    pub fn has_function(&self, name: &str) -> bool {
+        self.btf.resolve_types_by_name(name).is_ok_and(|types| types.iter().any(|t| matches!(t, Type::Func(_))))
+    }
+
     /// Whether the enum `name` has a value named `value` (a kernel ABI constant's existence).
     pub fn enum_has_value(&self, name: &str, value: &str) -> bool {
         let Ok(types) = self.btf.resolve_types_by_name(name) else { return false };
@@ -312,6 +328,19 @@ mod tests {
         assert_eq!(a, b);
         // Other tests of this binary may have parsed it first; either way, at most once here.
         assert!(KernelBtf::times_parsed() - before <= 1);
+    }
+
+    /// The `uprobe` system call is in the BTF exactly when it is in the kernel's symbols (an
+    /// independent source: `/proc/kallsyms`, which start-up no longer reads).
+    #[test]
+    fn the_uprobe_syscall_is_found_in_btf() {
+        let btf = KernelBtf::load().expect("kernel BTF");
+        let kallsyms = std::fs::read_to_string("/proc/kallsyms").expect("/proc/kallsyms");
+        let in_kallsyms = kallsyms.lines().any(|l| l.ends_with(" __x64_sys_uprobe"));
+        assert_eq!(UPROBE_SYSCALL.iter().any(|f| btf.has_function(f)), in_kallsyms);
+        assert!(btf.has_function("do_exit"));
+        assert!(!btf.has_function("task_struct"), "a struct is not a function");
+        assert!(!btf.has_function("no_such_function_xyz"));
     }
 
     #[test]

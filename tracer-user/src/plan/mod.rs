@@ -118,6 +118,9 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
     if options.gated() && !options.events.contains(&EventKind::Return) {
         return Err(RecordError::GateWithoutReturnEvents);
     }
+    // The kernel's BTF is parsed (once) while the targets' symbols and DWARF are read: both take
+    // tens of milliseconds, and they are independent.
+    std::thread::spawn(|| KernelFacts::running().is_ok());
     let mut warnings = Vec::new();
 
     let mut processes = Vec::new();
