@@ -22,6 +22,12 @@ pub trait Sink {
         let _ = host_ts;
         self.event(event)
     }
+    /// Whether the events this sink takes need their flow links ([`crate::pipeline::flows`]):
+    /// false for a sink that passes them on to be linked further on (an agent's: its collector
+    /// links flows across hosts, once).
+    fn wants_flow_links(&self) -> bool {
+        true
+    }
 }
 
 /// Sends every item to a channel. A closed receiver is an error (the trace would be lost).

@@ -2,9 +2,11 @@
 //! analysis uses, so that a Chrome trace, a Perfetto trace, a flame graph and a report of the same
 //! recording agree on every call's start, end and callers.
 //!
-//! - A return carries its call's duration (measured at record time), so its start is
-//!   `ts - duration_ns`; it ends the open call that started exactly then. Recursion pairs exactly,
-//!   as recorded, even when calls in between have no return.
+//! - Calls are paired once, when they are recorded (`assemble::pairing`: by the kernel's order of
+//!   uretprobes, by stack position for returns probed where they happen and for Go); a return
+//!   carries the result as its call's duration, so its call began at
+//!   [`data::Return::call_start`], and it ends the open call of its function that started exactly
+//!   then. Recursion pairs exactly, as recorded, even when calls in between have no return.
 //! - Calls that started inside a returning call and are still open never returned (their return
 //!   was lost, or the kernel gave them no return probe): they end when it returns.
 //! - A return whose call line is not in the trace (lost, or cut off) still places its slice; calls
@@ -59,7 +61,7 @@ pub enum Ending {
         retval: u64,
     },
     /// A call that encloses it returned first: its own return was lost, or the kernel gave it no
-    /// return probe (more than 64 probed calls deep).
+    /// return probe (deeper than [`crate::assemble::pairing::MAX_URETPROBE_DEPTH`] probed calls).
     CallerReturned,
     ThreadExited,
     /// Its process replaced its program.
@@ -354,11 +356,13 @@ impl CallTracker {
                     self.ops.push_back(Op::Begin { key, slot, tid: e.tid, depth });
                 }
             }
-            // A return without a duration (its call was not seen) has no slice.
-            EventData::Return(data::Return { function, module, retval, duration_ns: Some(duration), ret, .. }) => {
-                let start = e.ts.saturating_sub(*duration);
-                let ret = Return { function, module, start, end: e.ts, retval: *retval, value: ret.as_ref() };
-                self.plan_return(key, at, ret);
+            EventData::Return(r) => {
+                // A return whose call was not seen when it was recorded has no slice.
+                if let Some(start) = r.call_start(e.ts) {
+                    let data::Return { function, module, retval, ret, .. } = r;
+                    let ret = Return { function, module, start, end: e.ts, retval: *retval, value: ret.as_ref() };
+                    self.plan_return(key, at, ret);
+                }
             }
             EventData::Exit(data::Exit { thread, .. }) => {
                 let own = (e.pid, Track::Thread(e.tid));

@@ -707,6 +707,12 @@ impl Sink for OutboxSink {
         Ok(())
     }
 
+    /// The collector links flows, across hosts; the agent does only for its own OTLP exporter,
+    /// which shows this host's links.
+    fn wants_flow_links(&self) -> bool {
+        self.otlp.is_some()
+    }
+
     fn end(&mut self, end: &TraceEnd) -> std::io::Result<()> {
         if let Some(mut otlp) = self.otlp.take() {
             // Sending what is queued may take a while (at most the exporter's drain deadline): not

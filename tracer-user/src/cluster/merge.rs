@@ -19,12 +19,12 @@ use std::{
 };
 
 use super::{
-    clock_sync::{ClockModel, ClockSample, Link, estimate, refine},
+    clock_sync::{ClockModel, ClockSample, Link, Refined, estimate, refine},
     collector::ClusterError,
     spill::SpilledEvents,
 };
 use crate::{
-    event::{EndReason, Event, EventData, HostEnd, HostInfo, HostLoss, TraceEnd, TraceStart},
+    event::{EndReason, Event, EventData, HostEnd, HostInfo, HostLoss, IpcStats, TraceEnd, TraceStart},
     export::Format,
     output_file::OutputFile,
     pipeline::flows::FlowMatcher,
@@ -153,66 +153,108 @@ pub fn merge_into(
 ) -> io::Result<(TraceStart, TraceEnd)> {
     let models: Vec<ClockModel> = hosts.iter().map(|h| estimate(&h.samples).unwrap_or(ClockModel::ZERO)).collect();
     let counts: Vec<u64> = hosts.iter().map(|h| h.events.len()).collect();
+    let flows = Flows::link(&hosts, &models)?;
+    let clocks = Clocks::new(models, &flows.across);
+    let start = merged_start(&hosts, collector, &clocks, &counts);
+    sink.begin(&start)?;
+    let (written, last_ts) = write_in_time_order(&hosts, &clocks, &flows.first_flow, flows.linked, sink)?;
+    let end = merged_end(&hosts, reason, &clocks, &counts, written, last_ts.unwrap_or(start.ts), flows.stats);
+    sink.end(&end)?;
+    Ok((start, end))
+}
 
-    // Link first, every send registered before any receive looks for it. Sends are numbered in
-    // this order (host by host), so the last pass gives each its flow id again by counting.
-    let mut matcher = FlowMatcher::default();
-    let mut sends: HashMap<u64, (usize, i64)> = HashMap::new();
-    let mut first_flow = Vec::with_capacity(hosts.len());
-    let mut next_flow = 1;
-    for (h, t) in hosts.iter().enumerate() {
-        first_flow.push(next_flow);
-        for e in t.events.read()? {
-            let mut e = e?;
-            if is_send(&e) {
-                matcher.process(&mut e);
-                if let EventData::Send(data::Send { flow_id, .. }) = e.data {
-                    debug_assert_eq!(flow_id, next_flow);
-                    next_flow = flow_id + 1;
-                    sends.insert(flow_id, (h, without_drift(&models[h], e.ts)));
-                }
-            }
-        }
-    }
-    // Receives and signals, linked: kept by their position in their host's stream.
-    let mut linked: Vec<VecDeque<(u64, Event)>> = Vec::with_capacity(hosts.len());
-    let mut links = Vec::new();
-    for (h, t) in hosts.iter().enumerate() {
-        let mut mine = VecDeque::new();
-        for (i, e) in t.events.read()?.enumerate() {
-            let mut e = e?;
-            if !matches!(e.data, EventData::Recv(_) | EventData::Signal(_)) {
-                continue;
-            }
-            matcher.process(&mut e);
-            if let EventData::Recv(data::Recv { flow_ids, .. }) = &e.data {
-                for id in flow_ids {
-                    if let Some(&(from, sent)) = sends.get(id)
-                        && from != h
-                    {
-                        links.push(Link { from, to: h, sent, received: without_drift(&models[h], e.ts) });
+/// The flow links of a merged trace, made before anything is written: every send registered
+/// before any receive looks for it, so positions and digests, not timestamps, decide the links.
+struct Flows {
+    /// Per host: the flow id of its first send. Sends are numbered host by host, so the merge
+    /// gives each its flow id again by counting.
+    first_flow: Vec<u64>,
+    /// Per host: its receives and signals, linked, by their position in its stream.
+    linked: Vec<VecDeque<(u64, Event)>>,
+    /// The links between hosts, for the clocks.
+    across: Vec<Link>,
+    stats: IpcStats,
+}
+
+impl Flows {
+    fn link(hosts: &[HostTrace], models: &[ClockModel]) -> io::Result<Flows> {
+        let mut matcher = FlowMatcher::default();
+        let mut sends: HashMap<u64, (usize, i64)> = HashMap::new();
+        let mut first_flow = Vec::with_capacity(hosts.len());
+        let mut next_flow = 1;
+        for (h, t) in hosts.iter().enumerate() {
+            first_flow.push(next_flow);
+            for e in t.events.read()? {
+                let mut e = e?;
+                if is_send(&e) {
+                    matcher.process(&mut e);
+                    if let EventData::Send(data::Send { flow_id, .. }) = e.data {
+                        debug_assert_eq!(flow_id, next_flow);
+                        next_flow = flow_id + 1;
+                        sends.insert(flow_id, (h, without_drift(&models[h], e.ts)));
                     }
                 }
             }
-            mine.push_back((i as u64, e));
         }
-        linked.push(mine);
+        let mut linked = Vec::with_capacity(hosts.len());
+        let mut across = Vec::new();
+        for (h, t) in hosts.iter().enumerate() {
+            let mut mine = VecDeque::new();
+            for (i, e) in t.events.read()?.enumerate() {
+                let mut e = e?;
+                if !matches!(e.data, EventData::Recv(_) | EventData::Signal(_)) {
+                    continue;
+                }
+                matcher.process(&mut e);
+                if let EventData::Recv(data::Recv { flow_ids, .. }) = &e.data {
+                    for id in flow_ids {
+                        if let Some(&(from, sent)) = sends.get(id)
+                            && from != h
+                        {
+                            across.push(Link { from, to: h, sent, received: without_drift(&models[h], e.ts) });
+                        }
+                    }
+                }
+                mine.push_back((i as u64, e));
+            }
+            linked.push(mine);
+        }
+        Ok(Flows { first_flow, linked, across, stats: matcher.stats })
     }
-    drop(sends);
-    let estimates: Vec<(i64, u64)> = models.iter().map(|m| (m.offset_ns, m.uncertainty_ns)).collect();
-    let refined = refine(&estimates, &links);
-    let correct = |h: usize, ts: u64| (without_drift(&models[h], ts) - refined.offsets[h]).max(0) as u64;
+}
 
+/// Each host's clock model, refined by the links between hosts.
+struct Clocks {
+    models: Vec<ClockModel>,
+    refined: Refined,
+}
+
+impl Clocks {
+    fn new(models: Vec<ClockModel>, links: &[Link]) -> Clocks {
+        let estimates: Vec<(i64, u64)> = models.iter().map(|m| (m.offset_ns, m.uncertainty_ns)).collect();
+        let refined = refine(&estimates, links);
+        Clocks { models, refined }
+    }
+
+    /// A time of host `h`'s clock on the collector's.
+    fn correct(&self, h: usize, ts: u64) -> u64 {
+        (without_drift(&self.models[h], ts) - self.refined.offsets[h]).max(0) as u64
+    }
+}
+
+/// The merged trace's start: the collector's, from the earliest host start, with every host's
+/// clock and counts.
+fn merged_start(hosts: &[HostTrace], collector: &TraceStart, clocks: &Clocks, counts: &[u64]) -> TraceStart {
     let infos: Vec<HostInfo> = hosts
         .iter()
         .enumerate()
         .map(|(h, t)| HostInfo {
             name: t.host.clone(),
             machine: t.start.as_ref().and_then(|s| s.machine.clone()),
-            offset_ns: refined.offsets[h],
-            uncertainty_ns: refined.uncertainties[h],
-            round_trip_uncertainty_ns: models[h].uncertainty_ns,
-            drift_ppm: models[h].drift * 1e6,
+            offset_ns: clocks.refined.offsets[h],
+            uncertainty_ns: clocks.refined.uncertainties[h],
+            round_trip_uncertainty_ns: clocks.models[h].uncertainty_ns,
+            drift_ppm: clocks.models[h].drift * 1e6,
             events: counts[h],
             lost_in_transit: t.lost_in_transit,
             targets: t.start.as_ref().map(|s| s.targets.clone()).unwrap_or_default(),
@@ -222,26 +264,35 @@ pub fn merge_into(
     start.ts = hosts
         .iter()
         .enumerate()
-        .filter_map(|(h, t)| t.start.as_ref().map(|s| correct(h, s.ts)))
+        .filter_map(|(h, t)| t.start.as_ref().map(|s| clocks.correct(h, s.ts)))
         .min()
         .unwrap_or(collector.ts);
     start.targets = Vec::new();
     start.probes = hosts.iter().filter_map(|t| t.start.as_ref()).map(|s| s.probes).sum();
     start.hosts = infos;
-    if !refined.consistent {
+    if !clocks.refined.consistent {
         start.clock.source.push_str("; message links contradict the round trips, round-trip estimates kept");
     }
+    start
+}
 
-    // One time order: a k-way merge of the hosts' streams, each corrected on read. Ties go to the
-    // lower host index, then keep their host's order.
-    sink.begin(&start)?;
+/// One time order: a k-way merge of the hosts' streams, each corrected on read, sends given
+/// their flow ids and receives and signals their links. Ties go to the lower host index, then
+/// keep their host's order. Returns how many events were written, and the last one's time.
+fn write_in_time_order(
+    hosts: &[HostTrace],
+    clocks: &Clocks,
+    first_flow: &[u64],
+    mut linked: Vec<VecDeque<(u64, Event)>>,
+    sink: &mut dyn Sink,
+) -> io::Result<(u64, Option<u64>)> {
     let mut streams = Vec::with_capacity(hosts.len());
     let mut heap = BinaryHeap::new();
     for (h, t) in hosts.iter().enumerate() {
         let mut stream = t.events.read()?.enumerate();
         let head = stream.next().map(|(i, e)| e.map(|e| (i, e))).transpose()?;
         if let Some((i, e)) = &head {
-            heap.push(Reverse((correct(h, e.ts), h, *i)));
+            heap.push(Reverse((clocks.correct(h, e.ts), h, *i)));
         }
         streams.push(HostStream { stream, head: head.map(|(_, e)| e), next_flow: first_flow[h] });
     }
@@ -270,13 +321,26 @@ pub fn merge_into(
         last_ts = Some(ts);
         if let Some((next, n)) = s.stream.next() {
             let n = n?;
-            heap.push(Reverse((correct(h, n.ts), h, next)));
+            heap.push(Reverse((clocks.correct(h, n.ts), h, next)));
             s.head = Some(n);
         }
     }
+    Ok((written, last_ts))
+}
 
+/// The merged trace's end: the latest host end (or `last_ts`), the hosts' losses and counters
+/// summed, and each host's own end.
+fn merged_end(
+    hosts: &[HostTrace],
+    reason: EndReason,
+    clocks: &Clocks,
+    counts: &[u64],
+    written: u64,
+    last_ts: u64,
+    ipc: IpcStats,
+) -> TraceEnd {
     let mut lost: std::collections::BTreeMap<String, u64> = Default::default();
-    for t in &hosts {
+    for t in hosts {
         for (k, v) in t.end.iter().flat_map(|e| e.lost_events.iter()) {
             *lost.entry(k.clone()).or_default() += v;
         }
@@ -297,13 +361,13 @@ pub fn merge_into(
     // One command: its code; several: the first that failed, as a shell's `&&` would tell.
     let codes: Vec<i32> = host_ends.iter().filter_map(|h| h.command_exit_code).collect();
     let command_exit_code = codes.iter().copied().find(|&c| c != 0).or(codes.first().copied());
-    let end = TraceEnd {
+    TraceEnd {
         ts: hosts
             .iter()
             .enumerate()
-            .filter_map(|(h, t)| t.end.as_ref().map(|e| correct(h, e.ts)))
+            .filter_map(|(h, t)| t.end.as_ref().map(|e| clocks.correct(h, e.ts)))
             .max()
-            .unwrap_or_else(|| last_ts.unwrap_or(start.ts)),
+            .unwrap_or(last_ts),
         reason,
         events_written: written,
         lost_events: lost,
@@ -313,14 +377,12 @@ pub fn merge_into(
             .map(|e| e.calls_without_return_probe)
             .sum(),
         command_exit_code,
-        ipc: matcher.stats.clone(),
+        ipc,
         hosts: host_ends,
         filters: merged_filters(hosts.iter().filter_map(|t| t.end.as_ref())),
         // Each agent's own report says which of its patterns matched nothing there.
         unmatched_functions: None,
-    };
-    sink.end(&end)?;
-    Ok((start, end))
+    }
 }
 
 /// The hosts' predicate counters, summed by function name (the same program on several hosts).

@@ -90,12 +90,11 @@ impl Encoder {
         n
     }
 
-    /// Appends `event` to `out`, stamped `ts` (the agent's clock, skewed in tests), without its
-    /// flow links (the collector links flows across hosts itself); returns its length.
+    /// Appends `event` to `out`, stamped `ts` (the agent's clock, skewed in tests); returns its
+    /// length.
     pub fn encode(&mut self, event: &Event, ts: u64, out: &mut Vec<u8>) -> usize {
         let mut e = event.clone();
         e.ts = ts;
-        e.data.clear_flow_links();
         let Ok(wire) = e.map_names(|name| Ok::<_, std::convert::Infallible>(self.number(name)));
         let before = out.len();
         postcard::to_io(&wire, &mut *out).expect("writing to a Vec cannot fail");
@@ -195,6 +194,10 @@ impl Decoder {
             rest = tail;
             let mut e = w.map_names(|n| self.string(n))?;
             e.host = host.clone();
+            // The collector makes the trace's flow links, across hosts: links an agent made for
+            // its own OTLP exporter are not the trace's, nor is anything an agent says in their
+            // place.
+            e.data.clear_flow_links();
             events.push(e);
         }
         Ok(events)
@@ -344,6 +347,26 @@ mod tests {
         let received = decoder.events(&host, postcard::from_bytes(&wire).unwrap()).unwrap();
         assert_eq!(received, sent);
         assert_eq!(decoder.events(&host, again).unwrap(), sent[..2]);
+    }
+
+    #[test]
+    fn links_an_agent_sends_are_dropped_on_arrival() {
+        // An agent with an OTLP exporter links its own flows; the collector links the trace's.
+        let unlinked = events("h");
+        let mut linked = unlinked.clone();
+        for e in &mut linked {
+            match &mut e.data {
+                EventData::Send(s) => s.flow_id = 7,
+                EventData::Recv(r) => r.flow_ids = vec![7, 8],
+                EventData::Signal(s) => s.flow_id = Some(9),
+                _ => {}
+            }
+        }
+        assert_ne!(linked, unlinked);
+        let mut encoder = Encoder::default();
+        let bytes = encode(&mut encoder, &linked);
+        let received = Decoder::default().events(&"h".into(), batch(0, encoder.strings(), 0, &bytes)).unwrap();
+        assert_eq!(received, unlinked);
     }
 
     #[test]

@@ -185,6 +185,15 @@ pub struct Return<N = Arc<str>> {
     pub tail_call: Option<bool>,
 }
 
+impl<N> Return<N> {
+    /// When the call this return ends began, for a return at `ts`: the pairing made when the
+    /// trace was recorded (`assemble::pairing`), which is what the analyses nest calls by, not
+    /// a pairing of their own. `None` when that call was not seen.
+    pub fn call_start(&self, ts: u64) -> Option<u64> {
+        self.duration_ns.map(|d| ts.saturating_sub(d))
+    }
+}
+
 /// A value at source level (see `debuginfo::format`): a JSON value, which is what it is in JSON
 /// lines and JSON text in a binary encoding (postcard cannot read a self-describing value).
 /// `Eq` holds: the values made never hold a float (floating-point parameters are markers).

@@ -272,7 +272,8 @@ impl<N> EventData<N> {
     }
 
     /// Forgets the links between events that flow linking made (a send's `flow_id`, a receive's
-    /// `flow_ids`, a signal's `flow_id`): a collector links flows across hosts itself.
+    /// `flow_ids`, a signal's `flow_id`): a collector drops what an agent sends in their place,
+    /// as it links flows across hosts itself.
     pub fn clear_flow_links(&mut self) {
         match self {
             EventData::Send(s) => s.flow_id = 0,

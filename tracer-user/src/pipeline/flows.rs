@@ -235,15 +235,15 @@ impl FlowMatcher {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::event::{SignalId, Syscall};
 
-    fn tcp() -> Channel {
+    pub(crate) fn tcp() -> Channel {
         Channel::Tcp { src: "10.0.0.1:40000".parse().unwrap(), dst: "10.0.0.2:80".parse().unwrap() }
     }
 
-    fn send(host: &str, channel: Channel, bytes: u64, seq: Option<u64>, digest: Option<u64>) -> Event {
+    pub(crate) fn send(host: &str, channel: Channel, bytes: u64, seq: Option<u64>, digest: Option<u64>) -> Event {
         Event {
             ts: 0,
             host: host.into(),
@@ -264,7 +264,7 @@ mod tests {
         }
     }
 
-    fn recv(host: &str, channel: Channel, bytes: u64, seq: Option<u64>, digest: Option<u64>) -> Event {
+    pub(crate) fn recv(host: &str, channel: Channel, bytes: u64, seq: Option<u64>, digest: Option<u64>) -> Event {
         Event {
             ts: 0,
             host: host.into(),
