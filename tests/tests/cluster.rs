@@ -579,3 +579,50 @@ fn an_incomplete_trace_is_never_reported_as_complete() {
         }
     }
 }
+
+/// `collect -f` with a pattern that matches nothing on either host (the commands are `sh -c`
+/// wrappers, whose execs the agents follow) and one that matches on one host only: the merged
+/// `trace_end` names the first, with each host's images as `HOST:PATH`, and the collector says
+/// so on stderr; the pattern one host matched is not reported.
+#[test]
+fn patterns_that_matched_nothing_on_any_host_are_reported_once_by_the_collector() {
+    let dir = temp_dir();
+    let net = Network::new(2);
+    let s = secret(dir.path(), "swordfish");
+    let s = s.to_str().unwrap();
+    let _a = NetAgent::start(&net, 0, "a", dir.path(), &["--secret-file", s]);
+    let _b = NetAgent::start(&net, 1, "b", dir.path(), &["--secret-file", s]);
+    let calls = fixture("calls");
+    let calls = calls.to_str().unwrap();
+    let out = dir.path().join("merged.jsonl");
+    let run = tracer(&[
+        "collect",
+        "--agent",
+        &agent_arg(&net, 0, "a"),
+        "--agent",
+        &agent_arg(&net, 1, "b"),
+        "--secret-file",
+        s,
+        "-f",
+        "nosuchfn,fib",
+        "-c",
+        &format!("a:sh -c '{calls} run 0'"),
+        "-c",
+        "b:sh -c 'exit 0'",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let t = Trace::load(&out);
+    tracer_tests::check_schema(&t.end).unwrap_or_else(|e| panic!("trace_end: {e}"));
+    assert_eq!(t.calls("fib").len(), 177, "fib on a");
+    let unmatched = &t.end["unmatched_functions"];
+    assert_eq!(unmatched["patterns"], serde_json::json!(["nosuchfn"]), "{}", t.end);
+    let images: Vec<&str> = unmatched["images"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert!(images.iter().any(|i| i.starts_with("a:") && i.ends_with("/dash")), "{images:?}");
+    assert!(images.contains(&format!("a:{calls}").as_str()), "{images:?}");
+    assert!(images.iter().any(|i| i.starts_with("b:") && i.ends_with("/dash")), "{images:?}");
+    let said: Vec<&str> = run.stderr.lines().filter(|l| l.contains("no function matching")).collect();
+    assert_eq!(said.len(), 1, "once: {run:?}");
+    assert!(said[0].contains("no function matching 'nosuchfn' in any program the trace saw (a:"), "{said:?}");
+}

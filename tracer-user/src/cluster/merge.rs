@@ -380,9 +380,36 @@ fn merged_end(
         ipc,
         hosts: host_ends,
         filters: merged_filters(hosts.iter().filter_map(|t| t.end.as_ref())),
-        // Each agent's own report says which of its patterns matched nothing there.
-        unmatched_functions: None,
+        unmatched_functions: merged_unmatched(hosts),
     }
+}
+
+/// The `-f` patterns that matched nothing on any host: those every host that ended reports
+/// unmatched (a pattern one host matched, or did not report on, is not), with each host's images
+/// named `HOST:PATH` and the hosts' suggestions, first seen first.
+fn merged_unmatched(hosts: &[HostTrace]) -> Option<Box<crate::event::UnmatchedFunctions>> {
+    let ended: Vec<(&str, Option<&crate::event::UnmatchedFunctions>)> =
+        hosts.iter().filter_map(|t| Some((t.host.as_str(), t.end.as_ref()?.unmatched_functions.as_deref()))).collect();
+    let (_, first) = ended.first()?;
+    let patterns: Vec<String> = (*first)?
+        .patterns
+        .iter()
+        .filter(|p| ended.iter().all(|(_, u)| u.is_some_and(|u| u.patterns.contains(p))))
+        .cloned()
+        .collect();
+    if patterns.is_empty() {
+        return None;
+    }
+    let mut merged = crate::event::UnmatchedFunctions { patterns, ..Default::default() };
+    for (host, u) in ended.iter().filter_map(|(h, u)| Some((h, (*u)?))) {
+        merged.images.extend(u.images.iter().map(|i| format!("{host}:{i}")));
+        for s in &u.suggestions {
+            if !merged.suggestions.contains(s) {
+                merged.suggestions.push(s.clone());
+            }
+        }
+    }
+    Some(Box::new(merged))
 }
 
 /// The hosts' predicate counters, summed by function name (the same program on several hosts).
@@ -493,6 +520,44 @@ mod tests {
             t1: 1_000_000 + 2 * half_rtt,
             agent_ns: (1_000_000 + half_rtt as i64 + offset) as u64,
         }]
+    }
+
+    /// A host that ended, reporting `unmatched` (patterns, images, suggestions) or nothing.
+    fn ended(host: &str, unmatched: Option<(&[&str], &[&str], &[&str])>) -> HostTrace {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        let mut end = TraceEnd::new(100, EndReason::CommandExited, 0);
+        end.unmatched_functions = unmatched.map(|(patterns, images, suggestions)| {
+            Box::new(crate::event::UnmatchedFunctions {
+                patterns: strings(patterns),
+                images: strings(images),
+                suggestions: strings(suggestions),
+            })
+        });
+        HostTrace {
+            host: host.into(),
+            samples: samples(0, 10),
+            start: None,
+            end: Some(end),
+            events: Vec::<Event>::new().into(),
+            lost_in_transit: 0,
+            losses: vec![],
+        }
+    }
+
+    /// A pattern is unmatched in the merged trace only if every host that ended says so; the
+    /// images are named by host; a host that matched it (no report) keeps it out.
+    #[test]
+    fn a_pattern_is_unmatched_only_where_no_host_matched_it() {
+        let a = ended("a", Some((&["nosuch", "tick"], &["/bin/dash", "/x/calls"], &["fib"])));
+        let b = ended("b", Some((&["nosuch"], &["/x/calls"], &["fib", "tock"])));
+        let merged = merge(vec![a, b], &collector(), EndReason::TargetsExited).unwrap();
+        let u = merged.end.unmatched_functions.expect("nosuch matched nowhere");
+        assert_eq!(u.patterns, ["nosuch"], "tick matched on b");
+        assert_eq!(u.images, ["a:/bin/dash", "a:/x/calls", "b:/x/calls"]);
+        assert_eq!(u.suggestions, ["fib", "tock"]);
+        let a = ended("a", Some((&["nosuch"], &["/x/calls"], &[])));
+        let merged = merge(vec![a, ended("b", None)], &collector(), EndReason::TargetsExited).unwrap();
+        assert_eq!(merged.end.unmatched_functions, None, "b matched every pattern");
     }
 
     #[test]
