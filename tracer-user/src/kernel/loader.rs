@@ -24,7 +24,7 @@ use crate::breakpoints::{hardware::Watchpoint, spec::Access};
 use crate::{
     kernel::{
         features::{AttachMechanism, KernelFeatures},
-        uprobe_multi::{self, Site},
+        uprobe_multi::{self, ObjectError, Site},
         uprobe_perf,
     },
     usdt::select::{UsdtProbe, UsdtProgram},
@@ -37,14 +37,38 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 pub enum LoadError {
     #[error("this tracer binary was built without its eBPF programs; build it with `cargo xtask build`")]
     NoObject,
+    /// A program or map the object should have (a build that does not match this code).
+    #[error("cannot load the eBPF programs into the kernel: {0} is missing")]
+    Missing(String),
     #[error("cannot load the eBPF programs into the kernel: {0}")]
-    Load(String),
-    #[error("cannot attach {what}: {reason}")]
-    Attach { what: String, reason: String },
-    #[error("cannot update the {map} map: {reason}")]
-    Map { map: &'static str, reason: String },
-    #[error("cannot open a hardware watchpoint at {address:#x} in thread {tid}: {reason}")]
-    Watchpoint { address: u64, tid: u32, reason: String },
+    Ebpf(aya::EbpfError),
+    #[error("cannot load the eBPF programs into the kernel: {0}")]
+    Program(aya::programs::ProgramError),
+    #[error("cannot load the eBPF programs into the kernel: {name}: {error}")]
+    NamedProgram { name: &'static str, error: aya::programs::ProgramError },
+    #[error("cannot load the eBPF programs into the kernel: {0}")]
+    MapType(aya::maps::MapError),
+    #[error("cannot load the eBPF programs into the kernel: {0}")]
+    Object(ObjectError),
+    #[error("cannot load the eBPF programs into the kernel: {0}")]
+    KernelLog(aya_log::Error),
+    #[error("cannot attach {what}: {error}")]
+    Attach { what: String, error: aya::programs::ProgramError },
+    #[error("cannot update the {map} map: {error}")]
+    Map { map: &'static str, error: aya::maps::MapError },
+    #[error("cannot open a hardware watchpoint at {address:#x} in thread {tid}: {error}")]
+    Watchpoint { address: u64, tid: u32, error: aya::programs::ProgramError },
+}
+
+/// Why probes that read strings run without the sleepable programs (which may fault a page in).
+#[derive(Debug, thiserror::Error)]
+pub enum SleepableUnavailable {
+    #[error("this kernel has no sleepable uprobe programs (Linux 6.0 and later have them)")]
+    NoKernelSupport,
+    #[error("the sleepable uprobe programs could not be loaded: {0}")]
+    Calls(ObjectError),
+    #[error("the sleepable USDT program could not be loaded: {0}")]
+    Usdt(ObjectError),
 }
 
 /// One probe: a uprobe, or a uretprobe, at an offset of a file. A function has one or more (a Go
@@ -83,26 +107,20 @@ pub struct Kernel {
     function_programs: Option<(OwnedFd, OwnedFd)>,
     /// Their sleepable variants, for probes that read strings, loaded on first use; or why there
     /// are none (the kernel has no sleepable uprobes, `--no-sleepable`, or they did not load).
-    sleepable_programs: Option<Result<(OwnedFd, OwnedFd), String>>,
+    sleepable_programs: Option<Result<(OwnedFd, OwnedFd), SleepableUnavailable>>,
     /// Links of the USDT probes (closing them also lowers their semaphores).
     usdt_links: Vec<OwnedFd>,
     /// The program-event and USDT programs, loaded on first use.
     usdt_programs: Option<(OwnedFd, OwnedFd)>,
     /// The USDT program's sleepable variant, for breakpoints that read strings, loaded on first
     /// use; or why there is none (as `sleepable_programs`).
-    sleepable_usdt: Option<Result<OwnedFd, String>>,
+    sleepable_usdt: Option<Result<OwnedFd, SleepableUnavailable>>,
     /// The programs loaded into the kernel (verified) so far, by name, in load order: only what
     /// the trace asked for is.
     loaded: Vec<&'static str>,
     /// The object the uprobe programs are loaded from, parsed and relocated on first use.
     program_object: Option<uprobe_multi::ProgramObject>,
     ebpf: Ebpf,
-}
-
-const NO_SLEEPABLE_UPROBES: &str = "this kernel has no sleepable uprobe programs (Linux 6.0 and later have them)";
-
-fn load_error(e: impl std::fmt::Display) -> LoadError {
-    LoadError::Load(format!("{e:#}"))
 }
 
 /// Lets the process hold many file descriptors (aya's maps and programs, and the links).
@@ -155,7 +173,7 @@ impl Kernel {
             // A thread's gate is 528 bytes, preallocated: none without triggers or --depth.
             .map_max_entries(names::GATES, if gated { tracer_common::gate::MAX_THREADS } else { 1 })
             .load(EBPF_OBJECT)
-            .map_err(load_error)?;
+            .map_err(LoadError::Ebpf)?;
         Ok(Kernel {
             features: features.clone(),
             entry_links: Vec::new(),
@@ -182,19 +200,16 @@ impl Kernel {
 
     fn attach_raw_tracepoints(&mut self, pairs: &[(&'static str, &str)]) -> Result<(), LoadError> {
         for &(program, tracepoint) in pairs {
-            let attach_error = |e: &dyn std::fmt::Display| LoadError::Attach {
-                what: format!("raw tracepoint {tracepoint}"),
-                reason: format!("{e:#}"),
-            };
             let prog: &mut RawTracePoint = self
                 .ebpf
                 .program_mut(program)
-                .ok_or_else(|| load_error(format!("program {program} is missing")))?
+                .ok_or_else(|| LoadError::Missing(format!("program {program}")))?
                 .try_into()
-                .map_err(load_error)?;
-            prog.load().map_err(load_error)?;
+                .map_err(LoadError::Program)?;
+            prog.load().map_err(LoadError::Program)?;
             self.loaded.push(program);
-            prog.attach(tracepoint).map_err(|e| attach_error(&e))?;
+            prog.attach(tracepoint)
+                .map_err(|error| LoadError::Attach { what: format!("raw tracepoint {tracepoint}"), error })?;
         }
         Ok(())
     }
@@ -221,7 +236,7 @@ impl Kernel {
     pub fn attach_functions(&mut self, probes: &[ProbeSpec]) -> Result<Vec<AttachFailure>, LoadError> {
         let (strings, plain): (Vec<ProbeSpec>, Vec<ProbeSpec>) =
             probes.iter().cloned().partition(|p| tracer_common::cookie::reads_strings(p.cookie));
-        if strings.is_empty() || self.load_sleepable().is_err() {
+        if strings.is_empty() || !self.load_sleepable() {
             return self.attach_function_programs(probes, programs::CALL_ENTRY, programs::CALL_RETURN);
         }
         let mut failures = self.attach_function_programs(&plain, programs::CALL_ENTRY, programs::CALL_RETURN)?;
@@ -231,25 +246,23 @@ impl Kernel {
         Ok(failures)
     }
 
-    /// Loads the sleepable programs once; the error says why there are none.
-    fn load_sleepable(&mut self) -> Result<(), String> {
+    /// Loads the sleepable programs once; whether there are any ([`Kernel::sleepable_unavailable`]
+    /// says why not).
+    fn load_sleepable(&mut self) -> bool {
         if self.sleepable_programs.is_none() {
             let loaded = if !self.features.sleepable_uprobes {
-                Err(NO_SLEEPABLE_UPROBES.to_string())
+                Err(SleepableUnavailable::NoKernelSupport)
             } else {
                 self.load_uprobe_programs(&[programs::CALL_ENTRY_SLEEPABLE, programs::CALL_RETURN_SLEEPABLE])
                     .map(|mut fds| {
                         let ret = fds.pop().expect("two programs");
                         (fds.pop().expect("two programs"), ret)
                     })
-                    .map_err(|e| format!("the sleepable uprobe programs could not be loaded: {e}"))
+                    .map_err(SleepableUnavailable::Calls)
             };
             self.sleepable_programs = Some(loaded);
         }
-        match self.sleepable_programs.as_ref().expect("set above") {
-            Ok(_) => Ok(()),
-            Err(e) => Err(e.clone()),
-        }
+        matches!(self.sleepable_programs, Some(Ok(_)))
     }
 
     /// Loads the sleepable USDT program once, for breakpoints that read strings; the error says
@@ -257,11 +270,11 @@ impl Kernel {
     fn load_sleepable_usdt(&mut self) -> Option<&OwnedFd> {
         if self.sleepable_usdt.is_none() {
             let loaded = if !self.features.sleepable_uprobes {
-                Err(NO_SLEEPABLE_UPROBES.to_string())
+                Err(SleepableUnavailable::NoKernelSupport)
             } else {
                 self.load_uprobe_programs(&[programs::USDT_PROBE_SLEEPABLE])
                     .map(|mut fds| fds.pop().expect("one program"))
-                    .map_err(|e| format!("the sleepable USDT program could not be loaded: {e}"))
+                    .map_err(SleepableUnavailable::Usdt)
             };
             self.sleepable_usdt = Some(loaded);
         }
@@ -275,7 +288,7 @@ impl Kernel {
         if self.program_object.is_none() {
             self.program_object = Some(
                 uprobe_multi::ProgramObject::prepare(&self.ebpf, EBPF_OBJECT, self.features.attach)
-                    .map_err(LoadError::Load)?,
+                    .map_err(LoadError::Object)?,
             );
         }
         Ok(())
@@ -283,7 +296,7 @@ impl Kernel {
 
     /// Loads the uprobe programs `names` for this kernel's attach mechanism (see
     /// [`uprobe_multi::ProgramObject`]).
-    fn load_uprobe_programs(&mut self, names: &[&'static str]) -> Result<Vec<OwnedFd>, String> {
+    fn load_uprobe_programs(&mut self, names: &[&'static str]) -> Result<Vec<OwnedFd>, ObjectError> {
         if self.program_object.is_none() {
             self.program_object =
                 Some(uprobe_multi::ProgramObject::prepare(&self.ebpf, EBPF_OBJECT, self.features.attach)?);
@@ -300,7 +313,7 @@ impl Kernel {
 
     /// Why probes that read strings run without faulting pages in, if they do: a string in a
     /// page the target has not touched yet is then unreadable.
-    pub fn sleepable_unavailable(&self) -> Option<&str> {
+    pub fn sleepable_unavailable(&self) -> Option<&SleepableUnavailable> {
         match (&self.sleepable_programs, &self.sleepable_usdt) {
             (Some(Err(e)), _) | (_, Some(Err(e))) => Some(e),
             _ => None,
@@ -319,7 +332,7 @@ impl Kernel {
             return Ok(Vec::new());
         }
         if self.function_programs.is_none() {
-            let mut fds = self.load_uprobe_programs(&[entry, ret]).map_err(LoadError::Load)?;
+            let mut fds = self.load_uprobe_programs(&[entry, ret]).map_err(LoadError::Object)?;
             let ret = fds.pop().expect("two programs");
             let entry = fds.pop().expect("two programs");
             self.function_programs = Some((entry, ret));
@@ -364,17 +377,19 @@ impl Kernel {
             return Ok(Vec::new());
         }
         {
-            let map = self.ebpf.map_mut(names::USDT_SPECS).ok_or_else(|| load_error("USDT_SPECS map is missing"))?;
-            let mut specs: Array<&mut MapData, tracer_common::UsdtSpec> = Array::try_from(map).map_err(load_error)?;
+            let map =
+                self.ebpf.map_mut(names::USDT_SPECS).ok_or_else(|| LoadError::Missing("USDT_SPECS map".into()))?;
+            let mut specs: Array<&mut MapData, tracer_common::UsdtSpec> =
+                Array::try_from(map).map_err(LoadError::MapType)?;
             for p in probes {
                 specs
                     .set(p.cookie as u32, p.spec, 0)
-                    .map_err(|e| LoadError::Map { map: names::USDT_SPECS, reason: e.to_string() })?;
+                    .map_err(|e| LoadError::Map { map: names::USDT_SPECS, error: e })?;
             }
         }
         if self.usdt_programs.is_none() {
             let mut fds =
-                self.load_uprobe_programs(&[programs::USDT_EVENT, programs::USDT_PROBE]).map_err(LoadError::Load)?;
+                self.load_uprobe_programs(&[programs::USDT_EVENT, programs::USDT_PROBE]).map_err(LoadError::Object)?;
             let probe = fds.pop().expect("two programs");
             let event = fds.pop().expect("two programs");
             self.usdt_programs = Some((event, probe));
@@ -417,11 +432,11 @@ impl Kernel {
         let program: &mut PerfEvent = self
             .ebpf
             .program_mut(programs::WATCH_HIT)
-            .ok_or_else(|| load_error("the watch_hit program is missing"))?
+            .ok_or_else(|| LoadError::Missing("the watch_hit program".into()))?
             .try_into()
-            .map_err(load_error)?;
+            .map_err(LoadError::Program)?;
         if !self.loaded.contains(&programs::WATCH_HIT) {
-            program.load().map_err(|e| LoadError::Load(format!("{}: {e:#}", programs::WATCH_HIT)))?;
+            program.load().map_err(|error| LoadError::NamedProgram { name: programs::WATCH_HIT, error })?;
             self.loaded.push(programs::WATCH_HIT);
         }
         for p in points {
@@ -439,7 +454,7 @@ impl Kernel {
             let config = PerfEventConfig::Breakpoint(BreakpointConfig::Data { r#type, address: p.address, length });
             program
                 .attach(config, PerfEventScope::OneProcess { pid: p.tid, cpu: None }, SamplePolicy::Period(1), true)
-                .map_err(|e| LoadError::Watchpoint { address: p.address, tid: p.tid, reason: format!("{e:#}") })?;
+                .map_err(|error| LoadError::Watchpoint { address: p.address, tid: p.tid, error })?;
         }
         Ok(())
     }
@@ -455,18 +470,17 @@ impl Kernel {
     /// or ended between the count and its write can make the count one off (the process's end
     /// then comes a thread early or late). A launched command has one thread, held before exec.
     pub fn trace_pid(&mut self, pid: u32) -> Result<(), LoadError> {
-        self.traced_pids_map()?
-            .insert(pid, 1, 0)
-            .map_err(|e| LoadError::Map { map: names::TRACED_PIDS, reason: e.to_string() })?;
+        self.traced_pids_map()?.insert(pid, 1, 0).map_err(|e| LoadError::Map { map: names::TRACED_PIDS, error: e })?;
         let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count() as u64).unwrap_or(1).max(1);
         self.thread_counts_map()?
             .insert(pid, threads, 0)
-            .map_err(|e| LoadError::Map { map: names::THREAD_COUNTS, reason: e.to_string() })
+            .map_err(|e| LoadError::Map { map: names::THREAD_COUNTS, error: e })
     }
 
     fn thread_counts_map(&mut self) -> Result<BpfHashMap<&mut MapData, u32, u64>, LoadError> {
-        let map = self.ebpf.map_mut(names::THREAD_COUNTS).ok_or_else(|| load_error("THREAD_COUNTS map is missing"))?;
-        BpfHashMap::try_from(map).map_err(load_error)
+        let map =
+            self.ebpf.map_mut(names::THREAD_COUNTS).ok_or_else(|| LoadError::Missing("THREAD_COUNTS map".into()))?;
+        BpfHashMap::try_from(map).map_err(LoadError::MapType)
     }
 
     /// Removes a process from the traced set (one that exited before the kernel saw it exit), and
@@ -494,8 +508,8 @@ impl Kernel {
     }
 
     fn traced_pids_map(&mut self) -> Result<BpfHashMap<&mut MapData, u32, u32>, LoadError> {
-        let map = self.ebpf.map_mut(names::TRACED_PIDS).ok_or_else(|| load_error("TRACED_PIDS map is missing"))?;
-        BpfHashMap::try_from(map).map_err(load_error)
+        let map = self.ebpf.map_mut(names::TRACED_PIDS).ok_or_else(|| LoadError::Missing("TRACED_PIDS map".into()))?;
+        BpfHashMap::try_from(map).map_err(LoadError::MapType)
     }
 
     /// Stops recording: no process is traced any more (the probes stay until dropped). Calls
@@ -518,71 +532,75 @@ impl Kernel {
     /// Hands the kernel a function's string reads (see `tracer_common::strings`), before its
     /// probes are attached with `cookie::STRINGS`.
     pub fn set_layout(&mut self, function: u32, layout: tracer_common::ProbeLayoutBytes) -> Result<(), LoadError> {
-        let map = self.ebpf.map_mut(names::LAYOUTS).ok_or_else(|| load_error("LAYOUTS map is missing"))?;
+        let map = self.ebpf.map_mut(names::LAYOUTS).ok_or_else(|| LoadError::Missing("LAYOUTS map".into()))?;
         let mut map: BpfHashMap<&mut MapData, u32, tracer_common::ProbeLayoutBytes> =
-            BpfHashMap::try_from(map).map_err(load_error)?;
-        map.insert(function, layout, 0).map_err(|e| LoadError::Map { map: names::LAYOUTS, reason: e.to_string() })
+            BpfHashMap::try_from(map).map_err(LoadError::MapType)?;
+        map.insert(function, layout, 0).map_err(|e| LoadError::Map { map: names::LAYOUTS, error: e })
     }
 
     /// Makes processes that exec this file traced from their first instruction.
     pub fn trace_executable(&mut self, key: InodeKey) -> Result<(), LoadError> {
-        let map = self.ebpf.map_mut(names::TARGET_INODES).ok_or_else(|| load_error("TARGET_INODES map is missing"))?;
-        let mut map: BpfHashMap<&mut MapData, InodeKey, u32> = BpfHashMap::try_from(map).map_err(load_error)?;
-        map.insert(key, 1, 0).map_err(|e| LoadError::Map { map: names::TARGET_INODES, reason: e.to_string() })
+        let map =
+            self.ebpf.map_mut(names::TARGET_INODES).ok_or_else(|| LoadError::Missing("TARGET_INODES map".into()))?;
+        let mut map: BpfHashMap<&mut MapData, InodeKey, u32> = BpfHashMap::try_from(map).map_err(LoadError::MapType)?;
+        map.insert(key, 1, 0).map_err(|e| LoadError::Map { map: names::TARGET_INODES, error: e })
     }
 
     /// Marks an image as resolved: a traced process that execs it is no longer stopped for
     /// resolution (see `RESOLVED_IMAGES` in tracer-ebpf/src/maps.rs).
     pub fn mark_resolved(&mut self, key: InodeKey) -> Result<(), LoadError> {
-        let map =
-            self.ebpf.map_mut(names::RESOLVED_IMAGES).ok_or_else(|| load_error("RESOLVED_IMAGES map is missing"))?;
-        let mut map: BpfHashMap<&mut MapData, InodeKey, u8> = BpfHashMap::try_from(map).map_err(load_error)?;
-        map.insert(key, 1, 0).map_err(|e| LoadError::Map { map: names::RESOLVED_IMAGES, reason: e.to_string() })
+        let map = self
+            .ebpf
+            .map_mut(names::RESOLVED_IMAGES)
+            .ok_or_else(|| LoadError::Missing("RESOLVED_IMAGES map".into()))?;
+        let mut map: BpfHashMap<&mut MapData, InodeKey, u8> = BpfHashMap::try_from(map).map_err(LoadError::MapType)?;
+        map.insert(key, 1, 0).map_err(|e| LoadError::Map { map: names::RESOLVED_IMAGES, error: e })
     }
 
     /// `--debug-kernel`: takes the programs' aya-log ring (keep it for the whole run).
     pub fn start_kernel_log(&mut self) -> Result<crate::kernel::log::KernelLog, LoadError> {
-        crate::kernel::log::KernelLog::start(&mut self.ebpf).map_err(load_error)
+        crate::kernel::log::KernelLog::start(&mut self.ebpf).map_err(LoadError::KernelLog)
     }
 
     /// Takes the ring buffer, to be drained independently of the programs' lifetime.
     pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, LoadError> {
-        let map = self.ebpf.take_map(names::EVENTS).ok_or_else(|| load_error("EVENTS map is missing"))?;
-        RingBuf::try_from(map).map_err(load_error)
+        let map = self.ebpf.take_map(names::EVENTS).ok_or_else(|| LoadError::Missing("EVENTS map".into()))?;
+        RingBuf::try_from(map).map_err(LoadError::MapType)
     }
 
     /// The kernel's map named `name` (for `tracer top`'s statistics).
     pub fn map(&self, name: &'static str) -> Result<&aya::maps::Map, LoadError> {
-        self.ebpf.map(name).ok_or_else(|| load_error(format!("{name} map is missing")))
+        self.ebpf.map(name).ok_or_else(|| LoadError::Missing(format!("{name} map")))
     }
 
     /// Takes the lost-event counters, to be read after the programs are detached.
     /// Hands the kernel a function's predicate, before its probes are attached with
     /// `cookie::FILTERED`.
     pub fn set_filter(&mut self, function: u32, program: tracer_common::filter::Program) -> Result<(), LoadError> {
-        let map = self.ebpf.map_mut(names::FILTERS).ok_or_else(|| load_error("FILTERS map is missing"))?;
+        let map = self.ebpf.map_mut(names::FILTERS).ok_or_else(|| LoadError::Missing("FILTERS map".into()))?;
         let mut map: BpfHashMap<&mut MapData, u32, tracer_common::filter::Program> =
-            BpfHashMap::try_from(map).map_err(load_error)?;
-        map.insert(function, program, 0).map_err(|e| LoadError::Map { map: names::FILTERS, reason: e.to_string() })
+            BpfHashMap::try_from(map).map_err(LoadError::MapType)?;
+        map.insert(function, program, 0).map_err(|e| LoadError::Map { map: names::FILTERS, error: e })
     }
 
     /// Hands the kernel a function's gate role (`gate::START`, ...), before its probes are
     /// attached with `cookie::GATE_ROLE`.
     pub fn set_gate_role(&mut self, function: u32, role: u8) -> Result<(), LoadError> {
-        let map = self.ebpf.map_mut(names::GATE_ROLES).ok_or_else(|| load_error("GATE_ROLES map is missing"))?;
-        let mut map: BpfHashMap<&mut MapData, u32, u8> = BpfHashMap::try_from(map).map_err(load_error)?;
-        map.insert(function, role, 0).map_err(|e| LoadError::Map { map: names::GATE_ROLES, reason: e.to_string() })
+        let map = self.ebpf.map_mut(names::GATE_ROLES).ok_or_else(|| LoadError::Missing("GATE_ROLES map".into()))?;
+        let mut map: BpfHashMap<&mut MapData, u32, u8> = BpfHashMap::try_from(map).map_err(LoadError::MapType)?;
+        map.insert(function, role, 0).map_err(|e| LoadError::Map { map: names::GATE_ROLES, error: e })
     }
 
     /// The predicates' per-function counters, readable after the programs are gone.
     pub fn take_filter_counters(&mut self) -> Result<FilterCounters, LoadError> {
-        let map = self.ebpf.take_map(names::FILTER_COUNTS).ok_or_else(|| load_error("FILTER_COUNTS map is missing"))?;
-        Ok(FilterCounters { map: PerCpuArray::try_from(map).map_err(load_error)? })
+        let map =
+            self.ebpf.take_map(names::FILTER_COUNTS).ok_or_else(|| LoadError::Missing("FILTER_COUNTS map".into()))?;
+        Ok(FilterCounters { map: PerCpuArray::try_from(map).map_err(LoadError::MapType)? })
     }
 
     pub fn take_lost_counters(&mut self) -> Result<LostCounters, LoadError> {
-        let map = self.ebpf.take_map(names::LOST).ok_or_else(|| load_error("LOST map is missing"))?;
-        Ok(LostCounters { map: PerCpuArray::try_from(map).map_err(load_error)? })
+        let map = self.ebpf.take_map(names::LOST).ok_or_else(|| LoadError::Missing("LOST map".into()))?;
+        Ok(LostCounters { map: PerCpuArray::try_from(map).map_err(LoadError::MapType)? })
     }
 }
 

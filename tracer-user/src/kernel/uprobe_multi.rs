@@ -79,39 +79,62 @@ pub struct ProgramObject {
     mechanism: AttachMechanism,
 }
 
+/// Why the uprobe programs could not be made ready ([`ProgramObject::prepare`]) or loaded
+/// ([`ProgramObject::load`]). No variant marks its cause as a source: each sentence says it once.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    #[error("{0}")]
+    Parse(aya_obj::ParseError),
+    #[error("{0}")]
+    Btf(aya_obj::btf::BtfError),
+    #[error("cannot load the programs' BTF: {0}")]
+    LoadBtf(io::Error),
+    #[error("map {0} was not created")]
+    MissingMap(String),
+    #[error("{0}")]
+    Relocation(aya_obj::relocation::EbpfRelocationError),
+    #[error("program {0} is missing")]
+    MissingProgram(String),
+    #[error("program {0} has no code")]
+    NoCode(String),
+    /// The kernel refused it: its error and the end of the verifier's log.
+    #[error("program {name}: {error}; verifier log (end):\n{log}")]
+    Refused { name: String, error: io::Error, log: String },
+}
+
 impl ProgramObject {
     /// Parses `object` for attachment by `mechanism`, relocated against the maps of `ebpf`.
-    pub fn prepare(ebpf: &Ebpf, object: &[u8], mechanism: AttachMechanism) -> Result<ProgramObject, String> {
-        let mut obj = aya_obj::Object::parse(object).map_err(|e| e.to_string())?;
+    pub fn prepare(ebpf: &Ebpf, object: &[u8], mechanism: AttachMechanism) -> Result<ProgramObject, ObjectError> {
+        let mut obj = aya_obj::Object::parse(object).map_err(ObjectError::Parse)?;
         // The BTF features aya found in this kernel, so the object's BTF is sanitized as aya's own
         // loads are.
         let none = BtfFeatures::default();
         let features = aya::features().btf().unwrap_or(&none);
-        let btf = match obj.fixup_and_sanitize_btf(features).map_err(|e| e.to_string())? {
-            Some(btf) => Some(load_btf(&btf.to_bytes()).map_err(|e| format!("cannot load the programs' BTF: {e}"))?),
+        let btf = match obj.fixup_and_sanitize_btf(features).map_err(ObjectError::Btf)? {
+            Some(btf) => Some(load_btf(&btf.to_bytes()).map_err(ObjectError::LoadBtf)?),
             None => None,
         };
         let text_sections: HashSet<usize> = obj.functions.keys().map(|(section, _)| *section).collect();
         let maps = obj.maps.clone();
         let mut relocations = Vec::new();
         for (name, map) in &maps {
-            let fd = ebpf.map(name).and_then(map_fd).ok_or_else(|| format!("map {name} was not created"))?;
+            let fd = ebpf.map(name).and_then(map_fd).ok_or_else(|| ObjectError::MissingMap(name.clone()))?;
             relocations.push((name.as_str(), fd, map));
         }
-        obj.relocate_maps(relocations.into_iter(), &text_sections).map_err(|e| e.to_string())?;
-        obj.relocate_calls(&text_sections).map_err(|e| e.to_string())?;
+        obj.relocate_maps(relocations.into_iter(), &text_sections).map_err(ObjectError::Relocation)?;
+        obj.relocate_calls(&text_sections).map_err(ObjectError::Relocation)?;
         Ok(ProgramObject { obj, btf, mechanism })
     }
 
     /// Loads the named programs. Returns one file descriptor per name.
-    pub fn load(&self, names: &[&str]) -> Result<Vec<OwnedFd>, String> {
+    pub fn load(&self, names: &[&str]) -> Result<Vec<OwnedFd>, ObjectError> {
         let (obj, btf, mechanism, license) = (&self.obj, &self.btf, self.mechanism, &self.obj.license);
         names
             .iter()
             .map(|name| {
-                let program = obj.programs.get(*name).ok_or_else(|| format!("program {name} is missing"))?;
+                let program = obj.programs.get(*name).ok_or_else(|| ObjectError::MissingProgram(name.to_string()))?;
                 let function =
-                    obj.functions.get(&program.function_key()).ok_or_else(|| format!("program {name} has no code"))?;
+                    obj.functions.get(&program.function_key()).ok_or_else(|| ObjectError::NoCode(name.to_string()))?;
                 let insns = &function.instructions;
                 let func_info = function.func_info.func_info_bytes();
                 let line_info = function.line_info.line_info_bytes();
@@ -162,13 +185,11 @@ impl ProgramObject {
                 load(&mut []).or_else(|_| {
                     // Load again with the verifier's log, to say why.
                     let mut log = vec![0u8; 1 << 20];
-                    load(&mut log).map_err(|e| {
+                    load(&mut log).map_err(|error| {
                         let text = String::from_utf8_lossy(tracer_common::decode::c_bytes(&log)).into_owned();
                         let tail: Vec<&str> = text.lines().rev().take(20).collect();
-                        format!(
-                            "program {name}: {e}; verifier log (end):\n{}",
-                            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                        )
+                        let log = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+                        ObjectError::Refused { name: name.to_string(), error, log }
                     })
                 })
             })

@@ -115,7 +115,11 @@ impl Plan {
         let break_sites = attach_breakpoints(&mut kernel, &breaks, &breakpoints, &mut warnings)?;
         // Functions and breakpoints that read strings.
         if let Some(why) = kernel.sleepable_unavailable() {
-            let why = if options.no_sleepable { "--no-sleepable asks for the non-faulting read only" } else { why };
+            let why = if options.no_sleepable {
+                "--no-sleepable asks for the non-faulting read only".to_string()
+            } else {
+                why.to_string()
+            };
             warnings.push(format!(
                 "a string in a page the traced program has not touched yet (of .rodata, say) cannot be read and is marked unreadable: {why}"
             ));
