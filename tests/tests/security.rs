@@ -847,3 +847,56 @@ fn a_collector_over_the_bound_of_collectors_reads_why_it_is_refused() {
     tracer(&collect_args(&agent.spec("h"), &output, &["-p", &pid, "-d", "0.3"]))
         .assert_error("agent h refused the connection: 8 collectors are connected already");
 }
+
+/// A local user names a program's function and its directory with a terminal's control sequences
+/// (`ESC ]0;...BEL` retitles the window, `\r` overwrites the line, `ESC [31m` colours what follows)
+/// and waits for root to trace it. What `record` says on stderr, and what `report`, `calls` and
+/// `list` print, show those characters as `\u{1b}` and never send them to root's terminal.
+#[test]
+fn names_carrying_terminal_controls_are_shown_not_acted_on() {
+    let dir = temp_dir();
+    let bin_dir = dir.path().join("bin\x1b[31m");
+    std::fs::create_dir(&bin_dir).unwrap();
+    let program = bin_dir.join("prog");
+    let hostile = "fib\x1b]0;pwned\x07\r";
+    let status = Command::new("objcopy")
+        .arg(format!("--redefine-sym=fib={hostile}"))
+        .arg(fixture("calls"))
+        .arg(&program)
+        .status()
+        .expect("objcopy (binutils)");
+    assert!(status.success());
+    let trace = dir.path().join("t.jsonl");
+    let trace = trace.to_str().unwrap();
+    let recorded = tracer(&["record", "-f", "fib*,nosuchfn", "-o", trace, "--", program.to_str().unwrap(), "run", "0"]);
+    assert_eq!(recorded.code(), 0, "{recorded:?}");
+    // The trace keeps the name as the program has it: JSON escapes it.
+    let calls = tracer_tests::Trace::load(Path::new(trace)).calls(hostile).len();
+    assert_eq!(calls, 177);
+    let report = tracer(&["report", trace]);
+    let listing = tracer(&["calls", trace]);
+    let list = tracer(&["list", program.to_str().unwrap(), "-f", "fib*"]);
+    let shown_name = r"fib\u{1b}]0;pwned\u{7}\u{d}";
+    let shown_dir = r"bin\u{1b}[31m/prog";
+    assert!(
+        recorded.stderr.contains(&format!(
+            "no function matching 'nosuchfn' in any program the trace saw ({}/{shown_dir})",
+            dir.path().display()
+        )),
+        "{}",
+        recorded.stderr
+    );
+    assert!(report.stdout.contains(&format!("\n{shown_name}  ")), "{}", report.stdout);
+    assert_eq!(listing.stdout.matches(shown_name).count(), 177, "{}", listing.stdout);
+    assert!(list.stdout.contains(shown_name), "{}", list.stdout);
+    for (what, text) in [
+        ("record's stderr", &recorded.stderr),
+        ("report", &report.stdout),
+        ("calls", &listing.stdout),
+        ("list", &list.stdout),
+        ("list's stderr", &list.stderr),
+    ] {
+        let acted_on: Vec<char> = text.chars().filter(|c| c.is_control() && *c != '\n').collect();
+        assert!(acted_on.is_empty(), "{what} sent {acted_on:?} to the terminal: {text}");
+    }
+}

@@ -38,6 +38,7 @@ pub mod mapped_file;
 pub mod output_file;
 pub mod pipeline;
 pub mod plan;
+pub mod printable;
 pub mod record;
 pub mod sink;
 pub mod targets;

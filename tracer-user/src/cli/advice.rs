@@ -14,14 +14,14 @@ const SHOWN: &str = "probe-path-advice-shown";
 /// Prints the summary line and, when due, its advice.
 pub fn print_probe_summary(summary: &ProbeSummary, verbose: bool) {
     let Some(advice) = &summary.advice else {
-        eprintln!("tracer: {}", summary.line);
+        super::stderr::info(format_args!("{}", summary.line));
         return;
     };
     if verbose || first_time() {
-        eprintln!("tracer: {}", summary.line);
-        eprintln!("tracer: {advice}");
+        super::stderr::info(format_args!("{}", summary.line));
+        super::stderr::info(format_args!("{advice}"));
     } else {
-        eprintln!("tracer: {} (-v says how to make them fast)", summary.line);
+        super::stderr::info(format_args!("{} (-v says how to make them fast)", summary.line));
     }
 }
 

@@ -134,7 +134,7 @@ fn parse_buffer_bytes(s: &str) -> Result<usize, String> {
 pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     if let Some(path) = &args.gen_secret {
         Secret::generate(path)?;
-        eprintln!("tracer: wrote a new secret to {} (mode 0600)", path.display());
+        super::stderr::info(format_args!("wrote a new secret to {} (mode 0600)", path.display()));
         return Ok(0);
     }
     plan::check_root()?;
@@ -360,13 +360,13 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         let cluster = Cluster::connect(args.agents.clone(), options).await?;
         let trace = cluster.start(requests).await?;
         let live = serve_live(&args.serve, &trace)?;
-        eprintln!(
-            "tracer: tracing on {} host{}; writing {} to {}",
+        super::stderr::info(format_args!(
+            "tracing on {} host{}; writing {} to {}",
             args.agents.len(),
             if args.agents.len() == 1 { "" } else { "s" },
             format.describe(),
             describe_output(&args.output)
-        );
+        ));
         let deadline = async {
             match args.trace.duration {
                 Some(d) => tokio::time::sleep(d).await,
@@ -382,10 +382,10 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         };
         let reason = super::status::with_status("received", || trace.received_and_lost(), until_done).await;
         for (host, events, seconds) in trace.ingest() {
-            eprintln!(
-                "tracer: host {host}: received {events} events in {seconds:.3} s{}",
+            super::stderr::info(format_args!(
+                "host {host}: received {events} events in {seconds:.3} s{}",
                 collector::rate(events, seconds)
-            );
+            ));
         }
         let exporting = trace.exporting_hosts();
         let file = format.sink_with_events(out, args.trace.pcap_events);
@@ -415,10 +415,10 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
         output_file.map(OutputFile::commit).transpose()?;
         let merged = Merged { start, end };
         for host in &merged.start.hosts {
-            eprintln!(
-                "tracer: host {}: {} events, clock offset {} ns ± {} ns (± {} ns from round trips alone)",
+            super::stderr::info(format_args!(
+                "host {}: {} events, clock offset {} ns ± {} ns (± {} ns from round trips alone)",
                 host.name, host.events, host.offset_ns, host.uncertainty_ns, host.round_trip_uncertainty_ns
-            );
+            ));
         }
         print_summary(&merged.end, &args.output);
         let incomplete: Vec<_> = merged.end.hosts.iter().filter(|h| !h.complete).collect();
@@ -427,11 +427,11 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
             super::stderr::warning(format_args!("host {}: the trace is incomplete: {}", host.name, why.join("; ")));
         }
         if !incomplete.is_empty() {
-            eprintln!(
-                "tracer: the trace is incomplete on {} of {} hosts (see trace_end.hosts)",
+            super::stderr::info(format_args!(
+                "the trace is incomplete on {} of {} hosts (see trace_end.hosts)",
                 incomplete.len(),
                 merged.end.hosts.len()
-            );
+            ));
             return Ok(EXIT_INCOMPLETE);
         }
         let launched = !args.commands.is_empty();

@@ -55,7 +55,7 @@ pub fn list(args: ListArgs) -> anyhow::Result<i32> {
         serde_json::to_writer_pretty(&mut out, &listing)?;
         writeln!(out)?;
     } else {
-        write_text(&listing, &mut out)?;
+        write_text(&listing, &mut tracer_user::printable::Printable::new(&mut out))?;
     }
     out.flush()?;
     Ok(0)

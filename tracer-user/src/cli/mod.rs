@@ -27,6 +27,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
 use pattern_list::PatternList;
+use tracer_user::printable::Printable;
 
 use tracer_user::{
     analysis::{
@@ -597,10 +598,10 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
             viewer
         });
         if args.verbose {
-            eprintln!("tracer: {}", recording.startup_details());
+            stderr::info(recording.startup_details());
         }
-        eprintln!(
-            "tracer: tracing {} function(s){}; writing {} to {}{}",
+        stderr::info(format_args!(
+            "tracing {} function(s){}; writing {} to {}{}",
             recording.trace_start().probes,
             match recording.usdt_sites {
                 0 => String::new(),
@@ -611,7 +612,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
             spool
                 .as_ref()
                 .map_or(String::new(), |p| format!(" (and, until it is complete, JSON lines to {})", p.display()))
-        );
+        ));
         let progress = recording.progress();
         let stop = signals.forward_then_stop(recording.command_pid(), recording.progress());
         let counts = || (progress.events_written(), progress.lost());
@@ -636,7 +637,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         }
         print_summary(&outcome.end, &args.output);
         if let Some(pid) = outcome.command_still_running {
-            eprintln!("tracer: the command (pid {pid}) is still running, untraced");
+            stderr::info(format_args!("the command (pid {pid}) is still running, untraced"));
         }
         Ok(match outcome.command_exit {
             Some(exit) => exit.shell_code(),
@@ -661,12 +662,12 @@ fn print_warnings(warnings: &[String]) {
 
 /// The end of a trace on stderr: how many events, why it ended, and anything lost.
 pub(crate) fn print_summary(end: &TraceEnd, output: &Path) {
-    eprintln!("tracer: {} events written to {} ({})", end.events_written, describe_output(output), end.reason);
+    stderr::info(format_args!("{} events written to {} ({})", end.events_written, describe_output(output), end.reason));
     let lost = end.total_lost();
     if lost > 0 {
         stderr::warning(format_args!("{lost} events were lost:"));
         for (kind, n) in end.lost_events.iter().filter(|(_, n)| **n > 0) {
-            eprintln!("tracer:   {kind}: {n}: {}", why_lost(kind));
+            stderr::info(format_args!("  {kind}: {n}: {}", why_lost(kind)));
         }
     }
     for (function, f) in end.filters.iter().filter(|(_, f)| f.entries_lost > 0 || f.returns_not_dropped > 0) {
@@ -681,17 +682,17 @@ pub(crate) fn print_summary(end: &TraceEnd, output: &Path) {
             true => String::new(),
             false => format!("; did you mean {}?", u.suggestions.join(", ")),
         };
-        eprintln!(
-            "tracer: warning: no function matching {} in any program the trace saw ({}){suggestions}",
+        stderr::warning(format_args!(
+            "no function matching {} in any program the trace saw ({}){suggestions}",
             patterns.join(", "),
             u.images.join(", ")
-        );
+        ));
     }
     if end.calls_without_return_probe > 0 {
-        eprintln!(
-            "tracer: note: {} calls were nested more than 64 probed calls deep: the kernel gives them no return probe, so they have no return event",
+        stderr::info(format_args!(
+            "note: {} calls were nested more than 64 probed calls deep: the kernel gives them no return probe, so they have no return event",
             end.calls_without_return_probe
-        );
+        ));
     }
 }
 
@@ -747,7 +748,7 @@ fn export(args: ExportArgs) -> anyhow::Result<i32> {
     drop(sinks);
     output_file.map(OutputFile::commit).transpose()?;
     if let Some(output) = &args.output {
-        eprintln!("tracer: {} events written to {}", replayed.events, describe_output(output));
+        stderr::info(format_args!("{} events written to {}", replayed.events, describe_output(output)));
     }
     // The OTLP sink has said on stderr how many were lost, and why: the exit code says it to scripts.
     Ok(if otlp_counters.is_some_and(|c| c.lost() > 0) { EXIT_OTLP_LOST } else { 0 })
@@ -782,7 +783,7 @@ fn report(args: ReportArgs) -> anyhow::Result<i32> {
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;
     } else {
-        stats::write_table(&report, &mut out)?;
+        stats::write_table(&report, &mut Printable::new(&mut out))?;
     }
     Ok(0)
 }
@@ -804,7 +805,8 @@ fn calls(args: CallsArgs) -> anyhow::Result<i32> {
         max_depth: args.max_depth,
     };
     let trace = open_trace(&args.input)?;
-    let mut printer = HostGrouping::new(CallPrinter::new(std::io::BufWriter::new(std::io::stdout().lock()), filter));
+    let mut printer =
+        HostGrouping::new(CallPrinter::new(Printable::new(std::io::BufWriter::new(std::io::stdout().lock())), filter));
     replay(&args.input, trace, &mut printer)?;
     if let Some(missing) = printer.into_inner().not_in_trace() {
         bail!("{}: {missing}", args.input.display());

@@ -4,7 +4,9 @@
 //! parts that name themselves with a target of their own (`tracer agent`, `tracer collect`),
 //! `TARGET: MESSAGE` as they word it. Debug and trace events, and other crates' events, are not shown.
 //!
-//! The CLI's own warnings and errors take the same shape through [`warning`] and [`error`]. On a
+//! The CLI's own lines take the same shape through [`info`], [`warning`] and [`error`]. Every
+//! message passes through [`escape_controls`] on its way out: it may name a traced program's
+//! functions, a file, or what an agent sent, and a terminal must show those, not act on them. On a
 //! terminal the labels are coloured (warning yellow, error red); `anstream` leaves the colour out
 //! when stderr is not a terminal or `NO_COLOR` is set.
 
@@ -14,6 +16,8 @@ use std::{
 };
 
 use anstyle::{AnsiColor, Style};
+
+use tracer_user::printable::escape_controls;
 
 use tracing::{
     Event, Level, Subscriber,
@@ -40,21 +44,22 @@ impl<S: Subscriber> Layer<S> for Stderr {
         if !target.starts_with("tracer") || *meta.level() > Level::INFO {
             return;
         }
-        let mut line = String::new();
+        let mut prefix = String::new();
         if target.contains("::") || target == "tracer_user" {
             // A module path: the line is the tracer's, its level said.
-            line.push_str("tracer: ");
+            prefix.push_str("tracer: ");
             match *meta.level() {
-                Level::ERROR => line.push_str(&label(ERROR, "error: ")),
-                Level::WARN => line.push_str(&label(WARNING, "warning: ")),
+                Level::ERROR => prefix.push_str(&label(ERROR, "error: ")),
+                Level::WARN => prefix.push_str(&label(WARNING, "warning: ")),
                 _ => {}
             }
         } else {
-            line.push_str(target);
-            line.push_str(": ");
+            prefix.push_str(target);
+            prefix.push_str(": ");
         }
-        event.record(&mut Message(&mut line));
-        write_line(line);
+        let mut message = String::new();
+        event.record(&mut Message(&mut message));
+        write_line(&prefix, &message);
     }
 }
 
@@ -65,21 +70,27 @@ fn label(style: Style, text: &str) -> String {
     format!("{style}{text}{style:#}")
 }
 
+/// `tracer: MESSAGE` on stderr.
+pub fn info(message: impl Display) {
+    write_line("tracer: ", &message.to_string());
+}
+
 /// `tracer: warning: MESSAGE` on stderr.
 pub fn warning(message: impl Display) {
-    write_line(format!("tracer: {}{message}", label(WARNING, "warning: ")));
+    write_line(&format!("tracer: {}", label(WARNING, "warning: ")), &message.to_string());
 }
 
 /// `tracer: error: MESSAGE` on stderr.
 pub fn error(message: impl Display) {
-    write_line(format!("tracer: {}{message}", label(ERROR, "error: ")));
+    write_line(&format!("tracer: {}", label(ERROR, "error: ")), &message.to_string());
 }
 
-/// Writes `line` and a newline in one write, so that lines from several threads do not
-/// interleave; a status line on the terminal is erased first (see `cli::status`), outside
-/// `anstream`, which would strip that escape along with colours.
-fn write_line(mut line: String) {
-    line.push('\n');
+/// Writes `prefix`, `message` (its control characters shown, not acted on) and a newline in one
+/// write, so that lines from several threads do not interleave; a status line on the terminal is
+/// erased first (see `cli::status`), outside `anstream`, which would strip that escape along with
+/// colours.
+fn write_line(prefix: &str, message: &str) {
+    let line = format!("{prefix}{}\n", escape_controls(message));
     let _ = std::io::stderr().lock().write_all(super::status::erase().as_bytes());
     let _ = anstream::stderr().lock().write_all(line.as_bytes());
 }

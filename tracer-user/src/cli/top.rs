@@ -95,11 +95,11 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
         for w in &top.warnings {
             super::stderr::warning(w);
         }
-        eprintln!(
-            "tracer: tracing {} function(s); statistics every {} s to standard output",
+        super::stderr::info(format_args!(
+            "tracing {} function(s); statistics every {} s to standard output",
             top.probes,
             args.interval.as_secs_f64()
-        );
+        ));
         let start = Instant::now();
         let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
         let mut every = tokio::time::interval_at(tokio::time::Instant::now() + args.interval, args.interval);
@@ -133,7 +133,7 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
         let exit = top.command_exit();
         let running = top.command_running();
         drop(top);
-        eprintln!("tracer: top ended ({reason})");
+        super::stderr::info(format_args!("top ended ({reason})"));
         if snapshot.lost.total() > 0 {
             let l = &snapshot.lost;
             super::stderr::warning(format_args!("calls not counted or not timed: {} (threads_full: {}, keys_full: {}, too_deep: {}, no_return: {}, untraced_children: {})",
@@ -146,7 +146,7 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
             ));
         }
         if let Some(pid) = running {
-            eprintln!("tracer: the command (pid {pid}) is still running, untraced");
+            super::stderr::info(format_args!("the command (pid {pid}) is still running, untraced"));
         }
         Ok(match (exit, reason) {
             (Some(exit), _) => ChildExit::shell_code(exit),

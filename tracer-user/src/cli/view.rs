@@ -60,7 +60,7 @@ impl ServeArgs {
         let options = ServeOptions { addr, tls_cert: self.tls_cert.clone(), tls_key: self.tls_key.clone() };
         let content = Content { model: model.clone(), trace_file: None, counters: Some(counters) };
         let viewer = server::serve(&options, content).context("cannot serve the viewer")?;
-        eprintln!("tracer: the live view is at {}", viewer.url);
+        super::stderr::info(format_args!("the live view is at {}", viewer.url));
         Ok(Some((SharedSink(model), viewer)))
     }
 }
@@ -73,13 +73,13 @@ pub fn view(args: ViewArgs) -> anyhow::Result<i32> {
         ServeOptions { addr: SocketAddr::from((Ipv4Addr::LOCALHOST, args.port)), tls_cert: None, tls_key: None };
     let content = Content { model: Arc::new(Mutex::new(model)), trace_file: Some(args.input.clone()), counters: None };
     let viewer = server::serve(&options, content).context("cannot serve the viewer")?;
-    eprintln!(
-        "tracer: read {} events from {} in {:.2} s; the page is at {} (Ctrl-C to stop)",
+    super::stderr::info(format_args!(
+        "read {} events from {} in {:.2} s; the page is at {} (Ctrl-C to stop)",
         replayed.events,
         args.input.display(),
         started.elapsed().as_secs_f64(),
         viewer.url
-    );
+    ));
     if !args.no_open {
         open_browser(&viewer.url);
     }
