@@ -367,12 +367,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<i32> {
             format.describe(),
             describe_output(&args.output)
         ));
-        let deadline = async {
-            match args.trace.duration {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending().await,
-            }
-        };
+        let deadline = tracer_user::record::pace::Deadline::after(args.trace.duration).reached();
         let until_done = async {
             tokio::select! {
                 reason = stop => reason,

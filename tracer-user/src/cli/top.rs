@@ -13,12 +13,11 @@ use super::{stop_signal, values};
 use tracer_user::{
     event::EndReason,
     plan::{self, RecordOptions},
+    record::pace::{Deadline, liveness_tick},
     targets::launch::{ChildExit, Start},
     top::{Snapshot, Top, plan_top},
 };
 
-/// How often liveness of the targets is checked between snapshots.
-const TICK: Duration = Duration::from_millis(50);
 /// Rows a terminal shows.
 const TERMINAL_ROWS: usize = 40;
 
@@ -101,18 +100,17 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
             args.interval.as_secs_f64()
         ));
         let start = Instant::now();
-        let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+        let deadline = Deadline::after(args.duration);
         let mut every = tokio::time::interval_at(tokio::time::Instant::now() + args.interval, args.interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = liveness_tick();
         let mut last_snapshot = start;
         tokio::pin!(stop);
         let reason = loop {
             tokio::select! {
                 biased;
                 reason = &mut stop => break reason,
-                _ = sleep_until(deadline) => break EndReason::Duration,
+                _ = deadline.reached() => break EndReason::Duration,
                 _ = every.tick() => {
                     let now = Instant::now();
                     let snapshot = top.snapshot(now - start, now - last_snapshot, false)?;
@@ -168,11 +166,4 @@ fn show(snapshot: &Snapshot, terminal: bool) -> anyhow::Result<()> {
     }
     out.flush()?;
     Ok(())
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
 }

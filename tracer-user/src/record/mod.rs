@@ -4,11 +4,7 @@
 
 pub mod drain;
 mod follow;
+pub mod pace;
 mod run;
 
 pub use run::{Outcome, Progress, Recording};
-
-use std::time::Duration;
-
-/// How often liveness of the targets is checked.
-pub(crate) const TICK: Duration = Duration::from_millis(50);

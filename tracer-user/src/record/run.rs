@@ -15,7 +15,7 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use tracer_common::{Config, LostSlot, RecordKind, cookie, kind_bit};
 
-use super::TICK;
+use super::pace::{Deadline, liveness_tick};
 use crate::{
     assemble::EventAssembler,
     assemble::FunctionTable,
@@ -695,9 +695,8 @@ impl Recording {
         let mut own_signals = OwnSignals::default();
         let mut last_flush = tokio::time::Instant::now();
         let mut last_lost_count = tokio::time::Instant::now();
-        let deadline = duration.map(|d| tokio::time::Instant::now() + d);
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let deadline = Deadline::after(duration);
+        let mut tick = liveness_tick();
         tokio::pin!(stop);
 
         // The loop's errors (a reader that went away, a full disk) are returned only after the
@@ -708,7 +707,7 @@ impl Recording {
                 tokio::select! {
                     biased;
                     reason = &mut stop => break reason,
-                    _ = sleep_until(deadline) => break EndReason::Duration,
+                    _ = deadline.reached() => break EndReason::Duration,
                     batch = drain.recv() => match batch {
                         Some(batch) => {
                             let stops = push_batch(&batch, &mut assembler, &mut pipeline, &mut own_signals);
@@ -880,11 +879,4 @@ fn push_batch(
         }
     }
     stops
-}
-
-pub(crate) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
 }
