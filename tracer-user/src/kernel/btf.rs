@@ -5,11 +5,17 @@
 //! for one kernel build, user space looks them up in `/sys/kernel/btf/vmlinux` at start-up and
 //! hands them to the programs in their read-only configuration.
 //!
-//! The parsed BTF is large (a 5.5 MB `vmlinux` takes some 35 MiB once indexed), and a trace needs
-//! a few dozen numbers from it: [`KernelFacts::running`] reads them all in one pass, the first
-//! time they are asked for, and keeps only them.
+//! A trace needs a few dozen numbers from some 150,000 types: [`KernelFacts::running`] reads them
+//! all, the first time they are asked for, and keeps only them. The BTF is mapped, not parsed
+//! (`btf-rs`'s mmap backend: one pass that records where each type starts), and the names asked
+//! for ([`FACT_NAMES`]) are found in one more pass over the type names; nothing else is decoded.
+//! Decoding and indexing every type and string instead (`btf-rs` 1.1, and its cache backend
+//! still) took 0.17-0.22 s for 6.18's 5.5 MB on this machine; this takes some 6 ms (see the
+//! start-up section of docs/performance.md).
 
-use btf_rs::{Btf, Type};
+use std::{cell::Cell, collections::HashMap, io::Write as _, os::fd::AsRawFd as _};
+
+use btf_rs::{Backend, Btf, Type};
 use tracer_common::KernelOffsets;
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -28,6 +34,10 @@ pub enum KernelBtfError {
 
 pub struct KernelBtf {
     btf: Btf,
+    /// The ids of the types named by the names given at load, found in one pass.
+    named: HashMap<String, Vec<u32>>,
+    /// Passes over every type's name for a name not given at load (each some milliseconds).
+    scans: Cell<usize>,
 }
 
 /// The `struct pt_regs` fields USDT arguments are read from (every general register and `ip`).
@@ -36,6 +46,36 @@ pub const PT_REGS_FIELDS: [&str; 17] =
 
 /// The `uprobe` system call's functions, as the kernel's BTF names them (the first on x86-64).
 const UPROBE_SYSCALL: [&str; 2] = ["__x64_sys_uprobe", "__do_sys_uprobe"];
+
+/// Every type name [`KernelFacts::read`] looks up: the structs of [`KernelBtf::offsets`], the
+/// tracepoint's typedef, the `uprobe` system call's functions. A test checks that reading the
+/// facts looks up no other.
+const FACT_NAMES: [&str; 24] = [
+    "task_struct",
+    "signal_struct",
+    "linux_binprm",
+    "file",
+    "inode",
+    "super_block",
+    "files_struct",
+    "fdtable",
+    "socket",
+    "socket_alloc",
+    "sock",
+    "tcp_sock",
+    "unix_sock",
+    "unix_address",
+    "sk_buff",
+    "unix_skb_parms",
+    "pipe_inode_info",
+    "pipe_buffer",
+    "kernel_siginfo",
+    "pt_regs",
+    "mm_struct",
+    "btf_trace_sched_process_exit",
+    UPROBE_SYSCALL[0],
+    UPROBE_SYSCALL[1],
+];
 
 /// What a trace needs from the running kernel's BTF, read once per process.
 #[derive(Clone, Debug)]
@@ -50,7 +90,10 @@ impl KernelFacts {
     /// The running kernel's facts: its BTF parsed on first use, read, and dropped.
     pub fn running() -> Result<&'static KernelFacts, KernelBtfError> {
         static RUNNING: std::sync::OnceLock<Result<KernelFacts, KernelBtfError>> = std::sync::OnceLock::new();
-        RUNNING.get_or_init(|| KernelBtf::load().map(|btf| KernelFacts::read(&btf))).as_ref().map_err(Clone::clone)
+        RUNNING
+            .get_or_init(|| KernelBtf::load_indexing(&FACT_NAMES).map(|btf| KernelFacts::read(&btf)))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// Everything the tracer reads of `btf`.
@@ -89,13 +132,38 @@ impl KernelFacts {
 static PARSED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 impl KernelBtf {
-    /// Parses the running kernel's BTF. Use [`KernelFacts::running`], which does it once.
+    /// Opens the running kernel's BTF. Use [`KernelFacts::running`], which does it once.
     pub fn load() -> Result<KernelBtf, KernelBtfError> {
+        Self::load_indexing(&[])
+    }
+
+    /// Opens the running kernel's BTF and finds the types named `names` in one pass over the
+    /// type names (other names cost a pass each).
+    fn load_indexing(names: &[&str]) -> Result<KernelBtf, KernelBtfError> {
         PARSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // Read whole, then parsed from memory: parsed from the file, every type's seek was a
-        // system call (126,000 `lseek`s for 6.18's 5.5 MB).
-        let bytes = std::fs::read(VMLINUX_BTF).map_err(|e| KernelBtfError::Unavailable(e.to_string()))?;
-        Btf::from_bytes(&bytes).map(|btf| KernelBtf { btf }).map_err(|e| KernelBtfError::Unavailable(e.to_string()))
+        let btf = match Btf::from_file_with_backend(VMLINUX_BTF, Backend::Mmap) {
+            Ok(btf) => btf,
+            Err(_) => map_copy(VMLINUX_BTF)?,
+        };
+        KernelBtf::indexing(btf, names)
+    }
+
+    fn indexing(btf: Btf, names: &[&str]) -> Result<KernelBtf, KernelBtfError> {
+        let mut named: HashMap<String, Vec<u32>> = names.iter().map(|n| (n.to_string(), Vec::new())).collect();
+        if !names.is_empty() {
+            let alternatives: Vec<String> = names.iter().map(|n| regex::escape(n)).collect();
+            let pattern = regex::Regex::new(&format!("^(?:{})$", alternatives.join("|")))
+                .expect("escaped names make a valid pattern");
+            for id in btf.resolve_ids_by_regex(&pattern).map_err(unavailable)? {
+                let ty = btf.resolve_type_by_id(id).map_err(unavailable)?;
+                if let Some(name) = ty.as_btf_type().and_then(|t| btf.resolve_name(t).ok())
+                    && let Some(ids) = named.get_mut(&name)
+                {
+                    ids.push(id);
+                }
+            }
+        }
+        Ok(KernelBtf { btf, named, scans: Cell::new(0) })
     }
 
     /// How many times this process has parsed the kernel's BTF.
@@ -111,15 +179,23 @@ impl KernelBtf {
         ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The types named `name`: those found at load, or found now in a pass of their own.
+    fn types_named(&self, name: &str) -> impl Iterator<Item = Type> + '_ {
+        let ids = match self.named.get(name) {
+            Some(ids) => ids.clone(),
+            None => {
+                self.scans.set(self.scans.get() + 1);
+                self.btf.resolve_ids_by_name(name).unwrap_or_default()
+            }
+        };
+        ids.into_iter().filter_map(|id| self.btf.resolve_type_by_id(id).ok())
+    }
+
     fn find_struct(&self, name: &str) -> Result<btf_rs::Struct, KernelBtfError> {
-        self.btf
-            .resolve_types_by_name(name)
-            .ok()
-            .and_then(|types| {
-                types.into_iter().find_map(|t| match t {
-                    Type::Struct(s) | Type::Union(s) if !s.members.is_empty() => Some(s),
-                    _ => None,
-                })
+        self.types_named(name)
+            .find_map(|t| match t {
+                Type::Struct(s) | Type::Union(s) if !s.members.is_empty() => Some(s),
+                _ => None,
             })
             .ok_or_else(|| KernelBtfError::NoStruct(name.to_string()))
     }
@@ -202,8 +278,7 @@ impl KernelBtf {
     /// `btf_trace_<name>` typedef, a pointer to a prototype whose first parameter is the
     /// context); `None` when the kernel has no such tracepoint.
     pub fn tracepoint_args(&self, name: &str) -> Option<usize> {
-        let types = self.btf.resolve_types_by_name(&format!("btf_trace_{name}")).ok()?;
-        types.into_iter().find_map(|t| {
+        self.types_named(&format!("btf_trace_{name}")).find_map(|t| {
             let Type::Typedef(t) = t else { return None };
             let Type::Ptr(p) = self.btf.resolve_chained_type(&t).ok()? else { return None };
             match self.btf.resolve_chained_type(&p).ok()? {
@@ -215,13 +290,12 @@ impl KernelBtf {
 
     /// Whether the kernel has a function named `name` (a `FUNC` in its BTF).
     pub fn has_function(&self, name: &str) -> bool {
-        self.btf.resolve_types_by_name(name).is_ok_and(|types| types.iter().any(|t| matches!(t, Type::Func(_))))
+        self.types_named(name).any(|t| matches!(t, Type::Func(_)))
     }
 
     /// Whether the enum `name` has a value named `value` (a kernel ABI constant's existence).
     pub fn enum_has_value(&self, name: &str, value: &str) -> bool {
-        let Ok(types) = self.btf.resolve_types_by_name(name) else { return false };
-        types.into_iter().any(|t| match t {
+        self.types_named(name).any(|t| match t {
             Type::Enum(e) => e.members.iter().any(|m| self.btf.resolve_name(m).is_ok_and(|n| n == value)),
             _ => false,
         })
@@ -298,6 +372,21 @@ impl KernelBtf {
     }
 }
 
+fn unavailable(e: impl std::fmt::Display) -> KernelBtfError {
+    KernelBtfError::Unavailable(e.to_string())
+}
+
+/// The BTF at `path` read once into a memory file, and that mapped. The kernel's own file is
+/// mapped where the kernel lets it be (6.18 does); 6.1 and 6.12 refuse to map it.
+fn map_copy(path: &str) -> Result<Btf, KernelBtfError> {
+    let bytes = std::fs::read(path).map_err(unavailable)?;
+    let fd =
+        nix::sys::memfd::memfd_create(c"vmlinux-btf", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).map_err(unavailable)?;
+    let mut copy = std::fs::File::from(fd);
+    copy.write_all(&bytes).map_err(unavailable)?;
+    Btf::from_file_with_backend(format!("/proc/self/fd/{}", copy.as_raw_fd()), Backend::Mmap).map_err(unavailable)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,6 +423,7 @@ mod tests {
     /// independent source: `/proc/kallsyms`, which start-up no longer reads).
     #[test]
     fn the_uprobe_syscall_is_found_in_btf() {
+        let _alone = KernelBtf::parsing_alone();
         let btf = KernelBtf::load().expect("kernel BTF");
         let kallsyms = std::fs::read_to_string("/proc/kallsyms").expect("/proc/kallsyms");
         let in_kallsyms = kallsyms.lines().any(|l| l.ends_with(" __x64_sys_uprobe"));
@@ -341,6 +431,38 @@ mod tests {
         assert!(btf.has_function("do_exit"));
         assert!(!btf.has_function("task_struct"), "a struct is not a function");
         assert!(!btf.has_function("no_such_function_xyz"));
+    }
+
+    /// The facts come from the types found in the one pass at load, and they are those that
+    /// looking each name up on its own finds.
+    #[test]
+    fn the_facts_are_read_from_the_names_found_at_load() {
+        let _alone = KernelBtf::parsing_alone();
+        let indexed = KernelBtf::load_indexing(&FACT_NAMES).expect("kernel BTF");
+        let facts = KernelFacts::read(&indexed);
+        assert_eq!(indexed.scans.get(), 0, "a name read by KernelFacts::read is missing from FACT_NAMES");
+        let plain = KernelBtf::load().expect("kernel BTF");
+        let each = KernelFacts::read(&plain);
+        assert!(plain.scans.get() >= FACT_NAMES.len());
+        assert_eq!(facts.offsets().expect("offsets"), each.offsets().expect("offsets"));
+        assert_eq!(facts.pt_regs().expect("pt_regs"), each.pt_regs().expect("pt_regs"));
+        assert_eq!(facts.sched_exit_args(), each.sched_exit_args());
+        assert_eq!(facts.uprobe_syscall(), each.uprobe_syscall());
+        // A name not given at load is still found, in a pass of its own.
+        assert!(indexed.has_function("do_exit"));
+        assert_eq!(indexed.scans.get(), 1);
+    }
+
+    /// The copy that kernels which refuse to map their BTF are read from says what the mapping
+    /// says.
+    #[test]
+    fn a_copy_of_the_btf_reads_as_the_btf() {
+        let _alone = KernelBtf::parsing_alone();
+        let copy = KernelBtf::indexing(map_copy(VMLINUX_BTF).expect("a copy"), &FACT_NAMES).expect("indexed");
+        let mapped = KernelBtf::load_indexing(&FACT_NAMES).expect("kernel BTF");
+        let (a, b) = (KernelFacts::read(&copy), KernelFacts::read(&mapped));
+        assert_eq!(a.offsets().expect("offsets"), b.offsets().expect("offsets"));
+        assert_eq!(a.uprobe_syscall(), b.uprobe_syscall());
     }
 
     #[test]
