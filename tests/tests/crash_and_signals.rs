@@ -7,7 +7,7 @@ use std::{
     io::{BufRead as _, BufReader, Read as _},
     path::Path,
     process::{Command, Stdio},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use serde_json::Value;
@@ -232,4 +232,78 @@ fn a_reader_that_stops_reading_ends_the_trace_quietly() {
     let run = tracer_tests::wait_with_timeout(child, "tracer");
     assert_eq!(run.code(), 0, "{run:?}");
     assert!(!run.stderr.contains("error"), "{run:?}");
+}
+
+/// The children of `pid` (from `/proc/*/stat`'s parent field).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else { return false };
+            stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)).is_some_and(|p| p == pid.to_string())
+        })
+        .collect()
+}
+
+/// A `-p` target that forks and execs all the time (a shell loop running `/bin/true`): the first
+/// exec of an unresolved image after the start traces it is stopped for tracer to resolve. A
+/// Ctrl-C at any moment of start-up, before or after that point, leaves no process stopped:
+/// before, start-up is abandoned with nothing traced; after, the start is waited for and its
+/// recording ended at once, which continues what it stopped.
+#[test]
+fn a_signal_at_any_moment_of_start_up_leaves_no_process_stopped_at_exec() {
+    let looping = Background::start(Path::new("/bin/bash"), &["-c", "echo ready; while :; do /bin/true; done"]);
+    let shell = looping.pid();
+    let dir = temp_dir();
+    let out = dir.path().join("t.jsonl");
+    // `None`: signalled once it says it is tracing. Returns whether start-up was cut short.
+    let interrupted_after = |delay: Option<Duration>| -> bool {
+        let mut child = Command::new(tracer_bin())
+            .args(["record", "-o", out.to_str().unwrap(), "-f", "xmalloc", "-p", &shell.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut seen = String::new();
+        match delay {
+            Some(delay) => std::thread::sleep(delay),
+            None => {
+                while !seen.contains("tracer: tracing") {
+                    assert_ne!(stderr.read_line(&mut seen).unwrap(), 0, "{seen}");
+                }
+            }
+        }
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        stderr.read_to_string(&mut seen).unwrap();
+        let status = child.wait().unwrap();
+        // Before its handler is installed (the first milliseconds), the signal ends tracer.
+        let killed = std::os::unix::process::ExitStatusExt::signal(&status) == Some(libc::SIGINT);
+        let cut_short = killed || seen.contains("SIGINT during start-up: stopped before anything was traced");
+        if killed {
+            assert_eq!(seen, "");
+        } else if cut_short {
+            assert_eq!(status.code(), Some(128 + libc::SIGINT), "{seen}");
+        } else {
+            assert!(status.success(), "{seen}");
+            assert!(seen.contains("events written to"), "{seen}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        for pid in std::iter::once(shell).chain(children(shell)) {
+            assert_ne!(tracer_tests::process_state(pid), Some('T'), "pid {pid} left stopped ({delay:?}): {seen}");
+        }
+        cut_short
+    };
+    // How long start-up takes here (seconds on a loaded machine or in a VM), then signals spread
+    // over it and a little past it.
+    let started = Instant::now();
+    assert!(!interrupted_after(None));
+    let start_up = started.elapsed();
+    let outcomes: Vec<bool> = (0..=12).map(|i| interrupted_after(Some(start_up * i / 10))).collect();
+    drop(looping);
+    // Both sides of the point were met.
+    assert!(outcomes.contains(&true) && outcomes.contains(&false), "{outcomes:?} for a start-up of {start_up:?}");
 }

@@ -397,6 +397,31 @@ impl StopSignals {
         }
     }
 
+    /// Runs [`Plan::start`](plan::Plan::start) like [`Self::unless_interrupted`], except that a
+    /// signal after the start has traced its targets cannot cut it short (see
+    /// [`record::StartGate`]): then the start is waited for, and its recording comes back with the
+    /// signal, to be ended at once.
+    async fn start_unless_interrupted(
+        &mut self,
+        plan: plan::Plan,
+    ) -> Result<(Result<record::Recording, plan::RecordError>, Option<i32>), i32> {
+        let gate = Arc::new(record::StartGate::default());
+        let mut work = tokio::task::spawn_blocking({
+            let gate = gate.clone();
+            move || plan.start_gated(&gate)
+        });
+        let finished = |done: Result<_, tokio::task::JoinError>| {
+            done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        };
+        tokio::select! {
+            done = &mut work => Ok((finished(done), None)),
+            (signal, _) = self.next() => match gate.abandon() {
+                true => Err(signal),
+                false => Ok((finished(work.await), Some(signal))),
+            },
+        }
+    }
+
     /// The next signal, as the reason a trace ends.
     pub(crate) async fn stop(mut self) -> EndReason {
         end_reason(self.next().await.0)
@@ -575,8 +600,8 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         if let Some(file) = &spool_file {
             sink = Box::new(vec![sink, Box::new(jsonl::JsonlWriter::new(file.writer()?)) as Box<dyn Sink + Send>]);
         }
-        let recording = match signals.unless_interrupted(move || plan.start()).await {
-            Ok(recording) => recording?,
+        let (recording, interrupted) = match signals.start_unless_interrupted(plan).await {
+            Ok((recording, interrupted)) => (recording?, interrupted),
             Err(signal) => {
                 // Nothing was written: the empty output is removed as it is dropped, the spool here.
                 drop((output_file, spool_file));
@@ -614,7 +639,16 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
                 .map_or(String::new(), |p| format!(" (and, until it is complete, JSON lines to {})", p.display()))
         ));
         let progress = recording.progress();
-        let stop = signals.forward_then_stop(recording.command_pid(), recording.progress());
+        let stop = {
+            let (command, progress) = (recording.command_pid(), recording.progress());
+            async move {
+                match interrupted {
+                    // A signal that came once the start was past walking away: the trace ends at once.
+                    Some(signal) => end_reason(signal),
+                    None => signals.forward_then_stop(command, progress).await,
+                }
+            }
+        };
         let counts = || (progress.events_written(), progress.lost());
         let outcome = match status::with_status("written", counts, recording.run(&mut *sink, stop)).await {
             // A reader that stopped reading (`tracer record -o - | head`): not a failure.

@@ -6,5 +6,7 @@ pub mod drain;
 mod follow;
 pub mod pace;
 mod run;
+mod start_gate;
 
 pub use run::{Outcome, Progress, Recording};
+pub use start_gate::StartGate;

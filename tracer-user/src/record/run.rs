@@ -15,7 +15,10 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use tracer_common::{Config, LostSlot, RecordKind, cookie, kind_bit};
 
-use super::pace::{Deadline, liveness_tick};
+use super::{
+    StartGate,
+    pace::{Deadline, liveness_tick},
+};
 use crate::{
     assemble::EventAssembler,
     assemble::FunctionTable,
@@ -73,6 +76,12 @@ impl Plan {
     /// Launches the command (stopped), loads and attaches everything, starts tracing the targets,
     /// and lets the command run.
     pub fn start(self) -> Result<Recording, RecordError> {
+        self.start_gated(&StartGate::default())
+    }
+
+    /// [`Plan::start`], which a caller may give up on through `gate` until it traces its targets
+    /// (`Err(Abandoned)` then); past that point it runs to its end.
+    pub fn start_gated(self, gate: &StartGate) -> Result<Recording, RecordError> {
         let Plan {
             options,
             ring_bytes,
@@ -138,6 +147,9 @@ impl Plan {
             Some((kernel.take_filter_counters()?, named))
         };
 
+        // From here on a traced process that execs may be stopped for tracer to resolve it: the
+        // start can no longer be walked away from.
+        gate.commit()?;
         // The images resolved now: a traced process that execs one of them is not stopped.
         let mut follower =
             resolve_execs.then(|| ExecFollower::new(options.clone(), &executables, unmatched, room.functions));
