@@ -82,6 +82,16 @@ pub struct ReturnRecord {
     pub sp: u64,
 }
 
+/// Bytes a `ret` pops: a uretprobe's return sees rsp this far above its entry's.
+pub const RETURN_ADDRESS_BYTES: u64 = 8;
+
+impl ReturnRecord {
+    /// rsp at its call's entry (the position user space pairs the two by).
+    pub const fn entry_sp(&self) -> u64 {
+        if crate::cookie::is_ret_site(self.cookie) { self.sp } else { self.sp.wrapping_sub(RETURN_ADDRESS_BYTES) }
+    }
+}
+
 /// Strings read from the target's memory at a probe (calls at source level). A call or return
 /// record whose cookie has [`cookie::STRINGS`](crate::cookie::STRINGS) is followed by the strings its function's
 /// [`ProbeLayoutBytes`] names, each a [`strings::HEADER`]-byte header (status, 0, length as

@@ -20,7 +20,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
-    LostSlot, cookie,
+    LostSlot, RETURN_ADDRESS_BYTES, cookie,
     top::{self, Frame, Key, MAX_DEPTH, Stack, Stats},
 };
 
@@ -147,7 +147,7 @@ fn try_top_return(ctx: &RetProbeContext) -> Result<u32, i64> {
     // SAFETY: as in `try_top_entry`.
     let sp = unsafe { (*ctx.regs).rsp };
     // The uretprobe runs after `ret` popped the return address.
-    pop_return(now, sp.wrapping_sub(8), false)
+    pop_return(now, sp.wrapping_sub(RETURN_ADDRESS_BYTES), false)
 }
 
 /// A return probed where it happens (see `uprobe.rs`): on a `ret`, or on a jump out of the

@@ -24,7 +24,9 @@ use aya_ebpf::{
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_common::{CallRecord, GoCallRecord, GoReturnRecord, ProbeLayoutBytes, RecordKind, ReturnRecord, cookie};
+use tracer_common::{
+    CallRecord, GoCallRecord, GoReturnRecord, ProbeLayoutBytes, RETURN_ADDRESS_BYTES, RecordKind, ReturnRecord, cookie,
+};
 
 use crate::maps::{LAYOUTS, current_ids, emit, header, is_traced};
 use crate::{filter, gate, strings::with_strings};
@@ -269,15 +271,16 @@ fn try_call_return<const SLEEPABLE: bool>(ctx: &RetProbeContext) -> Result<u32, 
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     // SAFETY: a uretprobe's context is the user registers, readable in place.
     let (rdx, sp) = unsafe { ((*ctx.regs).rdx, (*ctx.regs).rsp) };
-    // After a uretprobe, rsp is 8 bytes above the entry's (the return address was popped).
-    if cookie::is_gated(cookie) && !gate::leave(cookie, tid, sp.wrapping_sub(8), false) {
+    // After a uretprobe, rsp is above the entry's by the return address, which `ret` popped.
+    let entry_sp = sp.wrapping_sub(RETURN_ADDRESS_BYTES);
+    if cookie::is_gated(cookie) && !gate::leave(cookie, tid, entry_sp, false) {
         return Ok(0);
     }
-    if cookie::is_filtered(cookie) && filter::refused(tid, sp.wrapping_sub(8)) {
+    if cookie::is_filtered(cookie) && filter::refused(tid, entry_sp) {
         return Ok(0);
     }
     let retval = ctx.ret::<u64>();
-    if cookie::is_held(cookie) && !release_entry(cookie, tid, sp.wrapping_sub(8), retval) {
+    if cookie::is_held(cookie) && !release_entry(cookie, tid, entry_sp, retval) {
         return Ok(0);
     }
     let record = ReturnRecord { header: header(RecordKind::Return, tgid, tid), cookie, retval, rdx, sp };

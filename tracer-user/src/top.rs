@@ -285,7 +285,7 @@ pub struct Lost {
     pub threads_full: u64,
     /// Calls of a (process, function) pair that found its map full (`--by-process`).
     pub keys_full: u64,
-    /// Calls nested more than 64 deep: counted, not timed.
+    /// Calls nested more than [`tracer_common::top::MAX_DEPTH`] deep: counted, not timed.
     pub too_deep: u64,
     /// Calls whose return never came (left by `longjmp` or an exception).
     pub no_return: u64,

@@ -2,16 +2,19 @@
 //! analysis uses, so that a Chrome trace, a Perfetto trace, a flame graph and a report of the same
 //! recording agree on every call's start, end and callers.
 //!
-//! - Calls are paired once, when they are recorded (`assemble::pairing`: by the kernel's order of
-//!   uretprobes, by stack position for returns probed where they happen and for Go); a return
-//!   carries the result as its call's duration, so its call began at
+//! - Calls are paired once, when they are recorded (`assemble::pairing`, by stack position): a
+//!   return carries the result as its call's duration, so its call began at
 //!   [`data::Return::call_start`], and it ends the open call of its function that started exactly
-//!   then. Recursion pairs exactly, as recorded, even when calls in between have no return.
+//!   then. Nothing here decides which call a return ends: the trace keeps no stack positions, and
+//!   this only finds the call the recording paired. Recursion pairs exactly, as recorded, even
+//!   when calls in between have no return.
 //! - Calls that started inside a returning call and are still open never returned (their return
-//!   was lost, or the kernel gave them no return probe): they end when it returns.
+//!   was lost, the kernel gave them no return probe, or a `longjmp` left them): they end when it
+//!   returns, as the recording dropped them from its stack then.
 //! - A return whose call line is not in the trace (lost, or cut off) still places its slice; calls
 //!   that started inside it become its callees.
-//! - Calls still open when their thread exits, execs, or tracing stops end then.
+//! - Calls still open when their thread exits, execs, or tracing stops end then (the recording
+//!   ends them at exit and exec too).
 //! - A return without a duration (its call was not seen at record time) has no slice.
 //!
 //! - Calls nest on their [`Track`]: their thread, or for Go code their goroutine, which may move
@@ -20,7 +23,9 @@
 //!
 //! Each track keeps at most [`MAX_DEPTH`] open calls, so that runaway recursion cannot grow
 //! memory without bound: a call made deeper is not tracked, and its time stays in the call at the
-//! cap (a flame graph shows it folded into that frame).
+//! cap (a flame graph shows it folded into that frame). That is a reader's bound, not a pairing
+//! rule: the recording pairs deeper calls (its only depth limit is the kernel's for uretprobes,
+//! [`MAX_URETPROBE_DEPTH`](crate::assemble::pairing::MAX_URETPROBE_DEPTH)).
 
 use crate::event::data;
 use std::{collections::VecDeque, sync::Arc};

@@ -254,7 +254,7 @@ impl EventAssembler {
         let key = cookie::function(r.cookie);
         match f.returns {
             NativeReturns::None => {}
-            NativeReturns::ReturnAddress => self.stacks.call(h.tid, key, h.ts_boot_ns),
+            NativeReturns::ReturnAddress => self.stacks.call(h.tid, key, r.sp, h.ts_boot_ns),
             NativeReturns::AtExits { .. } => self.native_stacks.call(h.tid, key, r.sp, h.ts_boot_ns, &mut self.unwound),
         }
         Some(data)
@@ -266,7 +266,7 @@ impl EventAssembler {
         let (function, module) = (f.name.clone(), f.module.clone());
         if !cookie::is_ret_site(r.cookie) {
             let ret = f.source.as_deref().and_then(|s| s.layout.as_ref()).and_then(|l| ret(l, r.retval, r.rdx, tail));
-            let duration_ns = self.stacks.ret(h.tid, key, h.ts_boot_ns);
+            let duration_ns = self.stacks.ret(h.tid, key, r.entry_sp(), h.ts_boot_ns);
             return Some(EventData::Return(data::Return {
                 function,
                 module,
@@ -286,7 +286,7 @@ impl EventAssembler {
             return None;
         }
         let tail_call = cookie::is_tail_call(r.cookie);
-        let duration_ns = self.native_stacks.ret(h.tid, key, r.sp, h.ts_boot_ns, &mut self.unwound);
+        let duration_ns = self.native_stacks.ret(h.tid, key, r.entry_sp(), h.ts_boot_ns, &mut self.unwound);
         let ret = match f.source.as_deref().and_then(|s| s.layout.as_ref()) {
             Some(l) if !tail_call => ret(l, r.retval, r.rdx, tail),
             _ => None,
@@ -335,11 +335,13 @@ impl EventAssembler {
     }
 
     fn exec(&mut self, h: &RecordHeader, r: &ExecRecord) -> EventData {
-        // The old program's calls end with it.
-        self.native_stacks.thread_ended(h.tid, &mut self.unwound);
+        // The old program's calls end with it: on the thread that exec'd, under the process's id
+        // now and its own before, and in every goroutine.
+        self.thread_ended(h.tid);
         if r.old_tid != h.tid {
-            self.native_stacks.thread_ended(r.old_tid, &mut self.unwound);
+            self.thread_ended(r.old_tid);
         }
+        self.go_stacks.process_exited(h.pid);
         EventData::Spawn(data::Spawn {
             parent_pid: h.pid,
             child_pid: h.pid,
@@ -351,14 +353,21 @@ impl EventAssembler {
     }
 
     fn exit(&mut self, h: &RecordHeader, r: &ExitRecord) -> EventData {
-        self.stacks.thread_exited(h.tid);
-        self.native_stacks.thread_ended(h.tid, &mut self.unwound);
+        self.thread_ended(h.tid);
         self.go_stacks.thread_exited(h.pid, h.tid);
         if r.group_dead != 0 {
             self.go_stacks.process_exited(h.pid);
         }
         let (exit_code, signal) = exit_status(r.exit_code);
         EventData::Exit(data::Exit { exit_code, signal, thread: r.group_dead == 0, comm: comm(&r.comm) })
+    }
+
+    /// Ends the native calls open on a thread that exited or replaced its program: those probed at
+    /// their exits get their returns (unwound), the others are forgotten, as the kernel forgets
+    /// their return probes.
+    fn thread_ended(&mut self, tid: u32) {
+        self.stacks.thread_ended(tid);
+        self.native_stacks.thread_ended(tid, &mut self.unwound);
     }
 
     fn user_event(&mut self, r: &UserEventRecord, payload: &[u8]) -> Option<EventData> {
@@ -443,6 +452,17 @@ mod tests {
         EventAssembler::new("host".into(), BootClock::with_offset(0), vec![f("f"), f("g")], true)
     }
 
+    /// `main`, `f` and `g` (functions 0, 1, 2), their returns probed by uretprobes.
+    fn return_address_assembler() -> EventAssembler {
+        let f = |name: &str| ProbedFunction {
+            name: name.into(),
+            module: "/bin/nested".into(),
+            source: None,
+            returns: NativeReturns::ReturnAddress,
+        };
+        EventAssembler::new("host".into(), BootClock::with_offset(0), vec![f("main"), f("f"), f("g")], true)
+    }
+
     /// The events of one record: the unwound returns it revealed, then its own.
     fn events_of(a: &mut EventAssembler, record: &[u8]) -> Vec<Event> {
         let e = a.assemble(record);
@@ -492,6 +512,112 @@ mod tests {
         let e = events_of(&mut a, &bytes(&exit));
         assert_eq!(returned(&e[0]), ("f", 0, Some(20), Some(true), None));
         assert!(matches!(e[1].data, EventData::Exit(_)));
+    }
+
+    /// A call record of function `cookie` on thread 7, its entry at `sp`.
+    fn call_at(ts: u64, cookie: u64, sp: u64) -> Vec<u8> {
+        bytes(&CallRecord { header: header(RecordKind::Call, ts, 7), cookie, args: [0; 6], sp })
+    }
+
+    /// A return record of function `cookie` (a uretprobe's, or a `cookie::ret_site`'s) on thread
+    /// 7, with rsp `sp` at the probe.
+    fn return_at(ts: u64, cookie: u64, sp: u64) -> Vec<u8> {
+        bytes(&ReturnRecord { header: header(RecordKind::Return, ts, 7), cookie, retval: 0, rdx: 0, sp })
+    }
+
+    #[test]
+    fn a_lost_return_record_leaves_the_enclosing_calls_their_durations() {
+        let mut a = return_address_assembler();
+        // main (entry rsp 0x1000) calls f (0xf00), which calls g (0xe00); g's return record is
+        // lost (the ring buffer was full). A uretprobe's return sees rsp 8 above its entry's.
+        for (ts, cookie, sp) in [(10, 0, 0x1000), (20, 1, 0xf00), (30, 2, 0xe00)] {
+            assert_eq!(events_of(&mut a, &call_at(ts, cookie, sp)).len(), 1);
+        }
+        let e = events_of(&mut a, &return_at(60, 1, 0xf08));
+        assert_eq!(e.len(), 1, "no return is made up for g: {e:?}");
+        assert_eq!(returned(&e[0]), ("f", 0, Some(40), None, None));
+        // f again, returning normally, then main: every duration exact.
+        events_of(&mut a, &call_at(70, 1, 0xf00));
+        assert_eq!(returned(&events_of(&mut a, &return_at(75, 1, 0xf08))[0]), ("f", 0, Some(5), None, None));
+        assert_eq!(returned(&events_of(&mut a, &return_at(100, 0, 0x1008))[0]), ("main", 0, Some(90), None, None));
+        assert_eq!(a.stacks.depth(7), 0);
+        assert_eq!(a.calls_without_return_probe(), 0);
+    }
+
+    #[test]
+    fn frames_left_by_longjmp_end_as_before_with_either_return_probe() {
+        // f (0x1000) calls g (0xf00), which recurses (0xe00) and longjmps back into f; f calls g
+        // again, which returns, and f returns.
+        let records = |ret_site: fn(u64) -> u64, popped: u64| {
+            [
+                call_at(10, 0, 0x1000),
+                call_at(20, 1, 0xf00),
+                call_at(30, 1, 0xe00),
+                call_at(50, 1, 0xf00),
+                return_at(60, ret_site(1), 0xf00 + popped),
+                return_at(70, ret_site(0), 0x1000 + popped),
+            ]
+        };
+        // Returns probed at the exits (as in a program that longjmps): the two g frames the jump
+        // left get their returns, innermost first, when g is called again at their position.
+        let mut a = exits_assembler();
+        let exits = records(|f| cookie::ret_site(f as u32, false), 0);
+        let e: Vec<Vec<Event>> = exits.iter().map(|r| events_of(&mut a, r)).collect();
+        assert_eq!(e[3].len(), 3);
+        assert_eq!(returned(&e[3][0]), ("g", 0, Some(20), Some(true), None));
+        assert_eq!(returned(&e[3][1]), ("g", 0, Some(30), Some(true), None));
+        assert_eq!((e[3][1].ts, e[3][1].tid), (50, 7));
+        assert!(matches!(e[3][2].data, EventData::Call(_)));
+        assert_eq!(returned(&e[4][0]), ("g", 0, Some(10), None, None));
+        assert_eq!(returned(&e[5][0]), ("f", 0, Some(60), None, None));
+        // Uretprobes (`--returns return_address`): the kernel drops the skipped frames' return
+        // probes, nothing is made up for them, and the calls around them pair exactly.
+        let mut a = EventAssembler::new(
+            "host".into(),
+            BootClock::with_offset(0),
+            ["f", "g"]
+                .map(|name| ProbedFunction {
+                    name: name.into(),
+                    module: "/bin/longjmps".into(),
+                    source: None,
+                    returns: NativeReturns::ReturnAddress,
+                })
+                .to_vec(),
+            true,
+        );
+        let e: Vec<Vec<Event>> = records(|f| f, 8).iter().map(|r| events_of(&mut a, r)).collect();
+        assert!(e.iter().all(|e| e.len() == 1), "{e:?}");
+        assert_eq!(returned(&e[4][0]), ("g", 0, Some(10), None, None));
+        assert_eq!(returned(&e[5][0]), ("f", 0, Some(60), None, None));
+        assert_eq!(a.stacks.depth(7), 0);
+    }
+
+    #[test]
+    fn exec_ends_the_old_programs_calls_in_every_stack() {
+        let mut a = return_address_assembler();
+        events_of(&mut a, &call_at(10, 0, 0x1000));
+        let go = GoCallRecord {
+            header: header(RecordKind::GoCall, 11, 7),
+            cookie: cookie::go(1, false, 152),
+            goid: 1,
+            stack_depth: 400,
+            args: [0; 9],
+        };
+        events_of(&mut a, &bytes(&go));
+        let exec = ExecRecord {
+            header: header(RecordKind::Exec, 20, 7),
+            old_tid: 7,
+            stopped: 0,
+            dev: 0,
+            ino: 0,
+            comm: [0; 16],
+            filename: [0; 256],
+        };
+        assert_eq!(events_of(&mut a, &bytes(&exec)).len(), 1);
+        assert_eq!(a.stacks.depth(7), 0);
+        assert_eq!(a.go_stacks.depth(100, 1), 0);
+        // The new program's first return at the old position pairs with nothing.
+        assert_eq!(returned(&events_of(&mut a, &return_at(30, 0, 0x1008))[0]), ("main", 0, None, None, None));
     }
 
     #[test]

@@ -1,12 +1,20 @@
-//! Pairing returns with calls: per thread the way the kernel pairs uretprobes ([`CallStacks`]),
-//! per goroutine by stack position for Go ([`GoroutineStacks`]), and per thread by stack position
-//! for native functions whose returns are probed where they happen ([`NativeStacks`]).
+//! Pairing returns with calls, by where each call's return address lies on its stack: per thread
+//! for native functions, whether their returns come from uretprobes ([`CallStacks`]) or from probes
+//! on their exits ([`NativeStacks`]), and per goroutine for Go ([`GoroutineStacks`]). This is the
+//! one place that decides which call a return ends; the return carries the answer as its call's
+//! duration (`data::Return::call_start`), and the analyses nest calls by it (`analysis::slices`).
 //!
-//! A uretprobe hijacks the return address when the function is entered, so returns arrive exactly
-//! in reverse order of the calls that got a return probe. The kernel gives a thread at most
-//! [`MAX_URETPROBE_DEPTH`] pending return probes: a call made deeper than that has no return event
-//! at all. The stack models that, so that in deep recursion a return is paired with the call it
-//! really belongs to, not with the innermost call of the same function.
+//! A call and its return see the same position, so a return pairs with exactly its own call,
+//! however deep the recursion and whatever records between the two were lost. Frames below the
+//! position of a later call or return have ended (the stack grows down): their returns were lost,
+//! or never ran (`longjmp`, an exception, a panic). How each kind of stack says so differs with
+//! what its probes guarantee, as each type's documentation tells.
+//!
+//! The kernel gives a thread at most [`MAX_URETPROBE_DEPTH`] pending return probes: a call made
+//! deeper than that has no return event at all ([`CallStacks`] models it, to count those calls).
+//! Probes on exits and Go's `ret` probes have no such limit. When a thread replaces its program
+//! (exec) or exits, every open call on it ends, in each kind of stack, as the kernel ends its
+//! return probes then (`uprobe_free_utask`).
 
 use std::collections::HashMap;
 
@@ -16,18 +24,44 @@ pub use tracer_common::MAX_URETPROBE_DEPTH;
 struct Frame<K> {
     key: K,
     ts: u64,
+    /// rsp at entry: the address of the return address the uretprobe replaced.
+    sp: u64,
     /// Whether the kernel installed a return probe for this call.
     returns: bool,
 }
 
 #[derive(Debug)]
 struct ThreadStack<K> {
+    /// Outermost first; no frame lies below the next one's position.
     frames: Vec<Frame<K>>,
     /// Frames with `returns` set: the kernel's pending return probes for this thread.
     pending: usize,
 }
 
-/// The open calls of every thread.
+impl<K> ThreadStack<K> {
+    /// Drops the frames from `len` on: calls that ended without a return event.
+    fn truncate(&mut self, len: usize) {
+        self.pending -= self.frames[len..].iter().filter(|f| f.returns).count();
+        self.frames.truncate(len);
+    }
+
+    /// Drops the frames below `sp`: they ended before a call or return there.
+    fn drop_below(&mut self, sp: u64) {
+        let live = self.frames.partition_point(|f| f.sp >= sp);
+        self.truncate(live);
+    }
+}
+
+/// The open calls of every thread whose returns come from uretprobes, paired by stack position: a
+/// call records rsp at entry, its return 8 bytes above it (the return address was popped), as
+/// [`tracer_common::ReturnRecord::entry_sp`] undoes.
+///
+/// A call or return at a position shows the frames below it ended. The kernel dropped their return
+/// probes (as it does at a call, `cleanup_return_instances`, and at a return, `handle_trampoline`)
+/// or ran them with the record lost (counted in `lost_events`): they are dropped here with no
+/// event, and the analyses end them when a call around them returns (`no return event`). A frame
+/// at the same position as a later call stays: a function that tail-jumped into a probed one,
+/// whose return probe the kernel chains to the new call's (both returns come, innermost first).
 #[derive(Debug)]
 pub struct CallStacks<K> {
     threads: HashMap<u32, ThreadStack<K>>,
@@ -42,38 +76,41 @@ impl<K: PartialEq + Copy> CallStacks<K> {
         CallStacks { threads: HashMap::new(), return_probes, calls_without_return_probe: 0 }
     }
 
-    pub fn call(&mut self, tid: u32, key: K, ts: u64) {
+    /// Opens a call whose entry saw rsp `sp`.
+    pub fn call(&mut self, tid: u32, key: K, sp: u64, ts: u64) {
         if !self.return_probes {
             return;
         }
         let stack = self.threads.entry(tid).or_insert_with(|| ThreadStack { frames: Vec::new(), pending: 0 });
+        // The kernel checks its depth before it drops gone frames: the same here when their
+        // returns were lost (it ran them), but a longjmp that skipped probed frames near the
+        // limit may cost this call a probe the count here does not miss.
+        stack.drop_below(sp);
         let returns = stack.pending < MAX_URETPROBE_DEPTH;
         if returns {
             stack.pending += 1;
         } else {
             self.calls_without_return_probe += 1;
         }
-        stack.frames.push(Frame { key, ts, returns });
+        stack.frames.push(Frame { key, ts, sp, returns });
     }
 
-    /// The duration of the call this return ends, or `None` if that call was not seen.
-    pub fn ret(&mut self, tid: u32, key: K, ts: u64) -> Option<u64> {
+    /// The duration of the call a return ends, its entry having seen rsp `entry_sp`, or `None` if
+    /// that call was not seen.
+    pub fn ret(&mut self, tid: u32, key: K, entry_sp: u64, ts: u64) -> Option<u64> {
         let stack = self.threads.get_mut(&tid)?;
-        // The innermost call that got a return probe is the one returning. Calls above it that had
-        // none (past the depth limit) ended without a return event.
-        let top = stack.frames.iter().rposition(|f| f.returns)?;
-        if stack.frames[top].key != key {
-            // Not the call we expected: the call record was lost, or the call began before
-            // tracing did. Leave the stack alone.
-            return None;
-        }
-        let frame = stack.frames[top];
-        stack.frames.truncate(top);
-        stack.pending -= 1;
+        stack.drop_below(entry_sp);
+        // At its position: the returning call, under the calls it tail-jumped into whose own
+        // returns were lost. None there (its call record was lost, or it began before tracing):
+        // the frames stay for their own returns.
+        let at = stack.frames.iter().rposition(|f| f.sp == entry_sp && f.key == key && f.returns)?;
+        let frame = stack.frames[at];
+        stack.truncate(at);
         Some(ts.saturating_sub(frame.ts))
     }
 
-    pub fn thread_exited(&mut self, tid: u32) {
+    /// Forgets the calls of a thread that exited or replaced its program.
+    pub fn thread_ended(&mut self, tid: u32) {
         self.threads.remove(&tid);
     }
 
@@ -351,47 +388,113 @@ mod tests {
     #[test]
     fn pairs_nested_calls() {
         let mut s = CallStacks::new(true);
-        s.call(1, 'a', 10);
-        s.call(1, 'b', 20);
-        assert_eq!(s.ret(1, 'b', 25), Some(5));
-        assert_eq!(s.ret(1, 'a', 40), Some(30));
+        s.call(1, 'a', 1000, 10);
+        s.call(1, 'b', 900, 20);
+        assert_eq!(s.ret(1, 'b', 900, 25), Some(5));
+        assert_eq!(s.ret(1, 'a', 1000, 40), Some(30));
         assert_eq!(s.depth(1), 0);
     }
 
     #[test]
     fn threads_are_independent() {
         let mut s = CallStacks::new(true);
-        s.call(1, 'a', 10);
-        s.call(2, 'a', 12);
-        assert_eq!(s.ret(1, 'a', 20), Some(10));
-        assert_eq!(s.ret(2, 'a', 30), Some(18));
+        s.call(1, 'a', 1000, 10);
+        s.call(2, 'a', 1000, 12);
+        assert_eq!(s.ret(1, 'a', 1000, 20), Some(10));
+        assert_eq!(s.ret(2, 'a', 1000, 30), Some(18));
     }
 
     #[test]
     fn unseen_calls_have_no_duration() {
         let mut s = CallStacks::new(true);
-        assert_eq!(s.ret(1, 'a', 5), None);
-        s.call(1, 'a', 10);
-        // A return for a function whose call was lost does not disturb the open call.
-        assert_eq!(s.ret(1, 'b', 11), None);
-        assert_eq!(s.ret(1, 'a', 12), Some(2));
+        assert_eq!(s.ret(1, 'a', 1000, 5), None);
+        s.call(1, 'a', 1000, 10);
+        // A return whose call was lost, deeper or at the same position, does not disturb the
+        // open call.
+        assert_eq!(s.ret(1, 'b', 900, 11), None);
+        assert_eq!(s.ret(1, 'b', 1000, 11), None);
+        assert_eq!(s.ret(1, 'a', 1000, 12), Some(2));
+    }
+
+    #[test]
+    fn a_lost_return_leaves_the_calls_around_it_paired() {
+        let mut s = CallStacks::new(true);
+        // main calls f, which recurses twice; the innermost f's return record is lost.
+        s.call(1, 'm', 1000, 0);
+        s.call(1, 'f', 900, 10);
+        s.call(1, 'f', 800, 20);
+        s.call(1, 'f', 700, 30);
+        // The middle f returns: its own call, not the innermost one of the same function.
+        assert_eq!(s.ret(1, 'f', 800, 50), Some(30));
+        assert_eq!(s.depth(1), 2);
+        // A sibling g at the position of the lost one.
+        s.call(1, 'g', 800, 60);
+        assert_eq!(s.ret(1, 'g', 800, 65), Some(5));
+        // The lost return's probe ran: with m and f open, 62 more calls get one, the next none.
+        for i in 0..62 {
+            s.call(1, 'h', 800 - 8 * i, 66);
+        }
+        assert_eq!(s.calls_without_return_probe, 0);
+        s.call(1, 'h', 100, 67);
+        assert_eq!(s.calls_without_return_probe, 1);
+        // The outer calls, their own durations.
+        assert_eq!(s.ret(1, 'f', 900, 70), Some(60));
+        assert_eq!(s.ret(1, 'm', 1000, 90), Some(90));
+        assert_eq!(s.depth(1), 0);
+    }
+
+    #[test]
+    fn frames_left_by_longjmp_are_dropped_at_the_next_call_or_return_above_them() {
+        let mut s = CallStacks::new(true);
+        // a (sp 900) sets a jump buffer and calls b, which calls c; c longjmps back into a: the
+        // kernel runs neither return probe. a calls d where b was, and returns.
+        s.call(1, 'a', 900, 10);
+        s.call(1, 'b', 800, 20);
+        s.call(1, 'c', 700, 30);
+        s.call(1, 'd', 800, 40);
+        assert_eq!(s.depth(1), 3, "b stays below d: a tail jump from b into d shares its position");
+        assert_eq!(s.ret(1, 'd', 800, 45), Some(5));
+        assert_eq!(s.ret(1, 'a', 900, 50), Some(40));
+        assert_eq!(s.depth(1), 0);
+        // Again, straight out of the jump into a's return.
+        s.call(1, 'a', 900, 60);
+        s.call(1, 'b', 800, 61);
+        s.call(1, 'c', 700, 62);
+        assert_eq!(s.ret(1, 'a', 900, 70), Some(10));
+        assert_eq!(s.depth(1), 0);
+    }
+
+    #[test]
+    fn tail_jumps_chain_at_one_position() {
+        let mut s = CallStacks::new(true);
+        // a tail-jumps into b: both entries see the same rsp, and the kernel returns b, then a.
+        s.call(1, 'a', 900, 10);
+        s.call(1, 'b', 900, 20);
+        assert_eq!(s.ret(1, 'b', 900, 30), Some(10));
+        assert_eq!(s.ret(1, 'a', 900, 30), Some(20));
+        // b's return lost: a's still pairs, and b goes with it.
+        s.call(1, 'a', 900, 40);
+        s.call(1, 'b', 900, 41);
+        assert_eq!(s.ret(1, 'a', 900, 50), Some(10));
+        assert_eq!(s.depth(1), 0);
     }
 
     #[test]
     fn deep_recursion_pairs_with_the_probed_frame() {
         let mut s = CallStacks::new(true);
-        let depth = MAX_URETPROBE_DEPTH + 10;
+        let depth = MAX_URETPROBE_DEPTH as u64 + 10;
+        let sp = |i: u64| 100_000 - 16 * i;
         for i in 0..depth {
-            s.call(1, 'f', i as u64);
+            s.call(1, 'f', sp(i), i);
         }
         assert_eq!(s.calls_without_return_probe, 10);
         // The kernel delivers returns for the outer 64 frames only, innermost probed first: the
         // first return belongs to the call at depth 63 (ts 63), not to the innermost call.
         let first_return_ts = 1_000;
-        assert_eq!(s.ret(1, 'f', first_return_ts), Some(first_return_ts - 63));
+        assert_eq!(s.ret(1, 'f', sp(63), first_return_ts), Some(first_return_ts - 63));
         assert_eq!(s.depth(1), 63);
         for i in (0..63).rev() {
-            assert_eq!(s.ret(1, 'f', 2_000), Some(2_000 - i));
+            assert_eq!(s.ret(1, 'f', sp(i), 2_000), Some(2_000 - i));
         }
         assert_eq!(s.depth(1), 0);
     }
@@ -399,16 +502,16 @@ mod tests {
     #[test]
     fn without_return_probes_nothing_is_tracked() {
         let mut s = CallStacks::new(false);
-        s.call(1, 'a', 1);
+        s.call(1, 'a', 1000, 1);
         assert_eq!(s.depth(1), 0);
-        assert_eq!(s.ret(1, 'a', 2), None);
+        assert_eq!(s.ret(1, 'a', 1000, 2), None);
     }
 
     #[test]
-    fn thread_exit_forgets_open_calls() {
+    fn a_thread_that_ends_forgets_its_open_calls() {
         let mut s = CallStacks::new(true);
-        s.call(1, 'a', 1);
-        s.thread_exited(1);
-        assert_eq!(s.ret(1, 'a', 2), None);
+        s.call(1, 'a', 1000, 1);
+        s.thread_ended(1);
+        assert_eq!(s.ret(1, 'a', 1000, 2), None);
     }
 }

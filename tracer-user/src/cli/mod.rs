@@ -724,8 +724,9 @@ pub(crate) fn print_summary(end: &TraceEnd, output: &Path) {
     }
     if end.calls_without_return_probe > 0 {
         stderr::info(format_args!(
-            "note: {} calls were nested more than 64 probed calls deep: the kernel gives them no return probe, so they have no return event",
-            end.calls_without_return_probe
+            "note: {} calls were nested more than {} probed calls deep: the kernel gives them no return probe, so they have no return event",
+            end.calls_without_return_probe,
+            tracer_user::assemble::pairing::MAX_URETPROBE_DEPTH
         ));
     }
 }

@@ -119,8 +119,9 @@ pub struct TraceEnd {
     /// (children that could not be added to the traced set) and `undecodable` (records user space
     /// could not read).
     pub lost_events: BTreeMap<String, u64>,
-    /// Calls made while 64 probed calls were already active on the thread: the kernel installs no
-    /// return probe for them, so they have no `return` event (a kernel limit, `MAX_URETPROBE_DEPTH`).
+    /// Calls made while [`MAX_URETPROBE_DEPTH`](tracer_common::MAX_URETPROBE_DEPTH) probed calls
+    /// were already active on the thread: the kernel installs no return probe for them, so they
+    /// have no `return` event (a kernel limit, modelled by `assemble::pairing::CallStacks`).
     #[serde(default)]
     pub calls_without_return_probe: u64,
     /// Exit code of the launched command (128 + signal when killed).
