@@ -353,10 +353,11 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
             // `bpf_loop` callback is verified once, where an unrolled loop would be verified per
             // message (hundreds of milliseconds at load).
             let messages = (ret as u32).min(MAX_MMSG);
-            let mut each = Transfer { state: &state, tgid, tid, exit_ts, bytes: 0, index: 0, msghdr: 0 };
-            // SAFETY: the callback gets `each` back as its context, valid for the whole call.
+            let each = Transfer { state: &state, tgid, tid, exit_ts, bytes: 0, index: 0, msghdr: 0 };
+            // SAFETY: the callback gets `each` back as its context, valid for the whole call, and
+            // only reads it.
             unsafe {
-                bpf_loop(messages, emit_message as *mut c_void, (&raw mut each).cast(), 0);
+                bpf_loop(messages, emit_message as *mut c_void, (&raw const each).cast_mut().cast(), 0);
             }
             if ret > MAX_MMSG as i64 {
                 count_lost_by(LostSlot::IpcMmsgBeyondLimit, ret as u64 - MAX_MMSG as u64);
@@ -377,13 +378,13 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
 /// `bpf_loop` callback: records message `index` of a `sendmmsg`/`recvmmsg`.
 extern "C" fn emit_message(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` is the `Transfer` that `try_sys_exit` passed to `bpf_loop`.
-    let t = unsafe { &mut *ctx.cast::<Transfer>() };
+    let t = unsafe { &*ctx.cast::<Transfer>() };
     let hdr = t.state.data + index * MMSGHDR_SIZE;
     let Ok(len) = read_user::<u32>(hdr + MMSGHDR_LEN) else { return 1 };
-    t.bytes = len as u64;
-    t.index = index as u32;
-    t.msghdr = hdr;
-    emit(t);
+    // This message's transfer on the callback's own stack: written into the caller's, each call
+    // would leave the verifier a new caller state, and Linux 6.7+ verifies a callback until its
+    // states repeat.
+    emit(&Transfer { bytes: len as u64, index: index as u32, msghdr: hdr, ..*t });
     0
 }
 
