@@ -285,10 +285,21 @@ fn start_up_loads_what_the_trace_asks_for() {
         record(dir.path(), &["-v", "-e", "call,return", "-f", "fib", "--", calls.to_str().unwrap(), "run", "0"]);
     assert_eq!(run.code(), 0, "{run:?}");
     assert_eq!(t.calls("fib").len(), 177);
-    let line = format!("programs loaded: sched_fork, sched_exec, {exit_program}, call_entry, call_return; ");
+    let line = format!("programs loaded: sched_fork, sched_exec, {exit_program}, call_return, call_entry; ");
     assert!(run.stderr.contains(&line), "{line} in {}", run.stderr);
     assert!(run.stderr.contains("the kernel's BTF parsed once by tracer"), "{}", run.stderr);
     assert_eq!(t.start["kernel"]["ring_bytes"], fitted(4 << 20), "{}", t.start);
+    // greet's entry reads a string (its `name`) and its return does not: only the sleepable entry
+    // program and the plain return program are loaded, or the plain pair where there are no
+    // sleepable uprobes.
+    let filters = fixture("filters");
+    let (run, t) = record(dir.path(), &["-v", "-e", "call,return", "-f", "greet", "--", filters.to_str().unwrap()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.calls("greet").len(), 7);
+    let entry =
+        if run.stderr.contains("cannot be read and is marked unreadable") { "call_entry" } else { "call_entry_s" };
+    let line = format!("programs loaded: sched_fork, sched_exec, {exit_program}, call_return, {entry}; ");
+    assert!(run.stderr.contains(&line), "{line} in {}", run.stderr);
     // --buffer-size still decides when given.
     let (run, t) = record(dir.path(), &["--buffer-size", "256K", "-e", "spawn,exit", "--", "/bin/true"]);
     assert_eq!(run.code(), 0, "{run:?}");

@@ -45,6 +45,8 @@ const IPPROTO_UDPLITE: u16 = 136;
 /// Receive flags (`recv(2)`).
 const MSG_PEEK: u64 = 2;
 const MSG_TRUNC: u64 = 0x20;
+/// User memory is readable or not by whole pages.
+const PAGE_SIZE: u64 = 4096;
 
 /// User-space ABI of x86-64 (`struct msghdr`, `struct mmsghdr`, `struct iovec`).
 const MSGHDR_NAME: u64 = 0;
@@ -351,26 +353,21 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
             // `bpf_loop` callback is verified once, where an unrolled loop would be verified per
             // message (hundreds of milliseconds at load).
             let messages = (ret as u32).min(MAX_MMSG);
-            let mut each = Transfer { state: &state, syscall, tgid, tid, exit_ts, bytes: 0, index: 0, msghdr: 0 };
-            // SAFETY: the callback gets `each` back as its context, valid for the whole call.
+            let each = Transfer { state: &state, tgid, tid, exit_ts, bytes: 0, index: 0, msghdr: 0 };
+            // SAFETY: the callback gets `each` back as its context, valid for the whole call, and
+            // only reads it.
             unsafe {
-                bpf_loop(messages, emit_message as *mut c_void, (&raw mut each).cast(), 0);
+                bpf_loop(messages, emit_message as *mut c_void, (&raw const each).cast_mut().cast(), 0);
             }
             if ret > MAX_MMSG as i64 {
                 count_lost_by(LostSlot::IpcMmsgBeyondLimit, ret as u64 - MAX_MMSG as u64);
             }
         }
-        IpcSyscall::Sendmsg | IpcSyscall::Recvmsg => emit(&Transfer {
-            state: &state,
-            syscall,
-            tgid,
-            tid,
-            exit_ts,
-            bytes: ret as u64,
-            index: 0,
-            msghdr: state.data,
-        }),
-        _ => emit(&Transfer { state: &state, syscall, tgid, tid, exit_ts, bytes: ret as u64, index: 0, msghdr: 0 }),
+        _ => {
+            // One call site for every other syscall: the verifier walks `emit` once per call site.
+            let msghdr = if matches!(syscall, IpcSyscall::Sendmsg | IpcSyscall::Recvmsg) { state.data } else { 0 };
+            emit(&Transfer { state: &state, tgid, tid, exit_ts, bytes: ret as u64, index: 0, msghdr });
+        }
     }
     if config().debug != 0 {
         log_pending_unreadable();
@@ -381,20 +378,19 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Result<i32, i64> {
 /// `bpf_loop` callback: records message `index` of a `sendmmsg`/`recvmmsg`.
 extern "C" fn emit_message(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` is the `Transfer` that `try_sys_exit` passed to `bpf_loop`.
-    let t = unsafe { &mut *ctx.cast::<Transfer>() };
+    let t = unsafe { &*ctx.cast::<Transfer>() };
     let hdr = t.state.data + index * MMSGHDR_SIZE;
     let Ok(len) = read_user::<u32>(hdr + MMSGHDR_LEN) else { return 1 };
-    t.bytes = len as u64;
-    t.index = index as u32;
-    t.msghdr = hdr;
-    emit(t);
+    // This message's transfer on the callback's own stack: written into the caller's, each call
+    // would leave the verifier a new caller state, and Linux 6.7+ verifies a callback until its
+    // states repeat.
+    emit(&Transfer { bytes: len as u64, index: index as u32, msghdr: hdr, ..*t });
     0
 }
 
 /// One transfer to record. Passed by reference: a BPF function takes at most five arguments.
 struct Transfer<'a> {
     state: &'a InFlight,
-    syscall: IpcSyscall,
     tgid: u32,
     tid: u32,
     exit_ts: u64,
@@ -422,12 +418,12 @@ fn socket_ino(sk: *const u8, o: &KernelOffsets) -> u64 {
 /// and how many of its bytes that buffer holds at most (the vectored syscalls: the first `iovec`'s
 /// length; the bytes beyond it are in the next buffers, which are not read).
 #[inline(always)]
-fn payload(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> (u64, u64) {
-    let iov = match syscall {
-        IpcSyscall::Read | IpcSyscall::Write | IpcSyscall::Sendto | IpcSyscall::Recvfrom => {
+fn payload(state: &InFlight, r: &IpcRecord, msghdr: u64) -> (u64, u64) {
+    let iov = match syscall(r) {
+        Some(IpcSyscall::Read | IpcSyscall::Write | IpcSyscall::Sendto | IpcSyscall::Recvfrom) => {
             return (state.data, u64::MAX);
         }
-        IpcSyscall::Readv | IpcSyscall::Writev => state.data,
+        Some(IpcSyscall::Readv | IpcSyscall::Writev) => state.data,
         _ => read_user(msghdr + MSGHDR_IOV).unwrap_or(0),
     };
     if iov == 0 {
@@ -439,10 +435,10 @@ fn payload(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> (u64, u64) {
 /// The size of a receive's buffer: `recvfrom`'s length, or the sum of a message's `iovec`
 /// lengths (`u64::MAX` when unknown: more than [`MAX_IOVS`] of them, or unreadable).
 #[inline(always)]
-fn buffer_size(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> u64 {
-    match syscall {
-        IpcSyscall::Recvfrom => state.len,
-        IpcSyscall::Recvmsg | IpcSyscall::Recvmmsg => {
+fn buffer_size(state: &InFlight, r: &IpcRecord, msghdr: u64) -> u64 {
+    match syscall(r) {
+        Some(IpcSyscall::Recvfrom) => state.len,
+        Some(IpcSyscall::Recvmsg | IpcSyscall::Recvmmsg) => {
             let Ok(iov) = read_user::<u64>(msghdr + MSGHDR_IOV) else { return u64::MAX };
             let Ok(count) = read_user::<u64>(msghdr + MSGHDR_IOVLEN) else { return u64::MAX };
             if count > MAX_IOVS {
@@ -464,10 +460,10 @@ fn buffer_size(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> u64 {
 
 /// The user-space address (`struct sockaddr`) a datagram went to or came from, 0 if none.
 #[inline(always)]
-fn message_address(state: &InFlight, syscall: IpcSyscall, msghdr: u64) -> u64 {
-    match syscall {
-        IpcSyscall::Sendto | IpcSyscall::Recvfrom => state.addr,
-        IpcSyscall::Sendmsg | IpcSyscall::Recvmsg | IpcSyscall::Sendmmsg | IpcSyscall::Recvmmsg => {
+fn message_address(state: &InFlight, r: &IpcRecord, msghdr: u64) -> u64 {
+    match syscall(r) {
+        Some(IpcSyscall::Sendto | IpcSyscall::Recvfrom) => state.addr,
+        Some(IpcSyscall::Sendmsg | IpcSyscall::Recvmsg | IpcSyscall::Sendmmsg | IpcSyscall::Recvmmsg) => {
             read_user(msghdr + MSGHDR_NAME).unwrap_or(0)
         }
         _ => 0,
@@ -498,9 +494,9 @@ fn unix_path(sk: *const u8, o: &KernelOffsets, out: &mut [u8; UNIX_PATH_LEN]) ->
 /// Writes one transfer's record. Not inlined: the multi-message loop calls it many times.
 #[inline(never)]
 fn emit(t: &Transfer) {
-    let Transfer { state, syscall, tgid, tid, exit_ts, bytes, index, msghdr } = *t;
+    let Transfer { state, tgid, tid, exit_ts, bytes, index, msghdr } = *t;
     let Ok(channel) = ChannelKind::try_from(state.channel) else { return };
-    let send = matches!(syscall.direction(), Direction::Send);
+    let send = matches!(IpcSyscall::from_u32(state.nr).map(IpcSyscall::direction), Some(Direction::Send));
     let Some(buffer) = IPC_SCRATCH.get_ptr_mut(0) else { return };
     let cfg = config();
     let o = &cfg.offsets;
@@ -525,10 +521,11 @@ fn emit(t: &Transfer) {
     r.received = bytes;
     // A peek copies bytes but leaves them queued: the stream's position must not move, or the
     // receive that reads them afterwards would be placed past them.
-    let peek = !send && state.flags & MSG_PEEK != 0;
-    if peek {
+    if !send && state.flags & MSG_PEEK != 0 {
         r.flags |= ipc_flags::PEEK;
     }
+    // From here on the syscall, the direction, the channel and whether this is a peek are read
+    // back from the record (`reread`), not carried from above.
 
     match channel {
         ChannelKind::Tcp | ChannelKind::Udp => {
@@ -547,9 +544,9 @@ fn emit(t: &Transfer) {
             }
             if matches!(channel, ChannelKind::Tcp) {
                 // After the syscall the socket's counter has moved past these bytes.
-                let seq_offset = if send { o.tcp_write_seq } else { o.tcp_copied_seq };
-                if !peek
-                    && !matches!(syscall, IpcSyscall::Sendmmsg | IpcSyscall::Recvmmsg)
+                let seq_offset = if sends(r) { o.tcp_write_seq } else { o.tcp_copied_seq };
+                if !peeks(r)
+                    && !matches!(syscall(r), Some(IpcSyscall::Sendmmsg | IpcSyscall::Recvmmsg))
                     && let Ok(seq) = read_kernel::<u32>(sk, seq_offset)
                 {
                     r.stream_pos = seq.wrapping_sub(bytes as u32) as u64;
@@ -558,7 +555,7 @@ fn emit(t: &Transfer) {
             } else {
                 if r.remote_port == 0 {
                     // Unconnected: the peer is the message's address.
-                    let addr = message_address(state, syscall, msghdr);
+                    let addr = message_address(state, r, msghdr);
                     if addr != 0 && read_user::<u16>(addr).unwrap_or(0) == family {
                         r.remote_port = u16::from_be(read_user(addr + 2).unwrap_or(0));
                         if family == AF_INET {
@@ -569,8 +566,6 @@ fn emit(t: &Transfer) {
                         }
                     }
                 }
-                truncation(r, state, syscall, msghdr, send);
-                read_head(r, payload(state, syscall, msghdr).0, r.received);
             }
         }
         ChannelKind::UnixStream => {
@@ -586,9 +581,9 @@ fn emit(t: &Transfer) {
                 r.path_len = unix_path(peer, o, &mut r.path);
             }
             if index == 0
-                && !peek
+                && !peeks(r)
                 && state.stream != 0
-                && let Some(pos) = advance_stream(state.stream, send, bytes)
+                && let Some(pos) = advance_stream(state.stream, sends(r), bytes)
             {
                 r.stream_pos = pos;
                 r.pos_valid = 1;
@@ -598,9 +593,10 @@ fn emit(t: &Transfer) {
             let peer: *const u8 = read_kernel(sk, o.unix_peer).unwrap_or(core::ptr::null());
             r.local_ino = socket_ino(sk, o);
             r.peer_ino = socket_ino(peer, o);
+            let send = sends(r);
             if send && peer.is_null() {
                 // Unconnected: the destination is the message's address.
-                let addr = message_address(state, syscall, msghdr);
+                let addr = message_address(state, r, msghdr);
                 // SAFETY: a checked user-memory read into a buffer of the stated size.
                 if addr != 0
                     && read_user::<u16>(addr).unwrap_or(0) == AF_UNIX
@@ -611,20 +607,23 @@ fn emit(t: &Transfer) {
             } else {
                 r.path_len = unix_path(if send { peer } else { sk }, o, &mut r.path);
             }
-            truncation(r, state, syscall, msghdr, send);
-            read_head(r, payload(state, syscall, msghdr).0, r.received);
         }
         ChannelKind::Pipe | ChannelKind::Fifo => {
             r.local_ino = state.ino;
-            if let Some(pos) = advance_stream(state.stream, send, bytes) {
+            if let Some(pos) = advance_stream(state.stream, sends(r), bytes) {
                 r.stream_pos = pos;
                 r.pos_valid = 1;
             }
         }
     }
+    // Datagrams: once here rather than in each arm above, so the verifier walks it once.
+    if matches!(ChannelKind::try_from(reread(&r.channel)), Ok(ChannelKind::Udp | ChannelKind::UnixDgram)) {
+        truncation(r, state, msghdr);
+        read_head(r, payload(state, r, msghdr).0, r.received);
+    }
     if cfg.capture_bytes != 0 {
         r.capturing = 1;
-        let (buf, first_len) = payload(state, syscall, msghdr);
+        let (buf, first_len) = payload(state, r, msghdr);
         let want = r.received.min(first_len).min(cfg.capture_bytes as u64);
         r.captured_len = capture(captured, buf, want, tgid, state.fd);
     }
@@ -634,14 +633,42 @@ fn emit(t: &Transfer) {
     emit_bytes(RecordKind::Ipc, buffer.cast::<u8>(), size);
 }
 
+/// A field of the record being written, read back from its map value. The verifier knows nothing
+/// of what a map value holds, so a branch on a field read back does not tie what follows to the
+/// path that set it. Carried in registers, the syscall, the direction, the channel and the peek
+/// flag were constants known on each path, every later test of them was decided by that path, and
+/// the verifier then kept the paths apart: it walked the rest of `emit` once per combination
+/// (`ipc_sys_exit`: 564k instructions processed on Linux 6.18, seconds of start-up at load).
+#[inline(always)]
+fn reread<T: Copy>(field: &T) -> T {
+    // SAFETY: a reference is valid for reads; volatile, so that the compiler does not reuse the
+    // value it wrote.
+    unsafe { core::ptr::read_volatile(field) }
+}
+
+#[inline(always)]
+fn syscall(r: &IpcRecord) -> Option<IpcSyscall> {
+    IpcSyscall::from_u32(reread(&r.syscall))
+}
+
+#[inline(always)]
+fn sends(r: &IpcRecord) -> bool {
+    reread(&r.direction) == Direction::Send as u32
+}
+
+#[inline(always)]
+fn peeks(r: &IpcRecord) -> bool {
+    reread(&r.flags) & ipc_flags::PEEK != 0
+}
+
 /// A datagram receive with `MSG_TRUNC` returns the message's length even where it exceeds the
 /// buffer: what fit is what the program received, the rest was discarded.
 #[inline(always)]
-fn truncation(r: &mut IpcRecord, state: &InFlight, syscall: IpcSyscall, msghdr: u64, send: bool) {
-    if send || state.flags & MSG_TRUNC == 0 {
+fn truncation(r: &mut IpcRecord, state: &InFlight, msghdr: u64) {
+    if sends(r) || state.flags & MSG_TRUNC == 0 {
         return;
     }
-    let size = buffer_size(state, syscall, msghdr);
+    let size = buffer_size(state, r, msghdr);
     if r.bytes > size {
         r.received = size;
         r.flags |= ipc_flags::TRUNCATED;
@@ -730,15 +757,23 @@ fn read_head(r: &mut IpcRecord, buf: u64, bytes: u64) {
         r.head_len = want;
         return;
     }
-    // Fewer than HEAD_LEN readable bytes (a short buffer at the end of a page): byte by byte.
-    for i in 0..HEAD_LEN as u32 {
-        if i >= want {
-            break;
+    // Fewer than HEAD_LEN readable bytes (a short buffer at the end of a page): what of the first
+    // `want` is readable, all of it or the part in its first page (reads fail by whole pages). Two
+    // reads of a bounded variable length, where a byte-by-byte loop was verified per iteration.
+    let in_page = (PAGE_SIZE - (buf & (PAGE_SIZE - 1))) as u32;
+    for len in [want, want.min(in_page)] {
+        let len = len & (HEAD_LEN as u32 * 2 - 1);
+        if len == 0 || len > HEAD_LEN as u32 {
+            return;
         }
-        let Ok(b) = read_user::<u8>(buf + i as u64) else { break };
-        if let Some(slot) = r.head.get_mut(i as usize) {
-            *slot = b;
+        // SAFETY: copies `len` (at most the head's size) bytes; `bpf_probe_read_user` checks the
+        // address, a bad one is an error, not a fault.
+        let ret = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(r.head.as_mut_ptr().cast(), len, buf as *const c_void)
+        };
+        if ret == 0 {
+            r.head_len = len;
+            return;
         }
-        r.head_len = i + 1;
     }
 }

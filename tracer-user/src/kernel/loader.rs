@@ -103,11 +103,15 @@ pub struct Kernel {
     /// detaches the probes.
     entry_links: Vec<OwnedFd>,
     return_links: Vec<OwnedFd>,
-    /// The entry and return programs, loaded on first use (see [`crate::kernel::uprobe_multi`]).
-    function_programs: Option<(OwnedFd, OwnedFd)>,
-    /// Their sleepable variants, for probes that read strings, loaded on first use; or why there
-    /// are none (the kernel has no sleepable uprobes, `--no-sleepable`, or they did not load).
-    sleepable_programs: Option<Result<(OwnedFd, OwnedFd), SleepableUnavailable>>,
+    /// The entry and return programs (indexed by `ret`), each loaded on first use (see
+    /// [`crate::kernel::uprobe_multi`]): a trace whose probes all read strings on entry and none
+    /// on return needs neither the plain entry nor the sleepable return program, and verifying
+    /// each costs tens to hundreds of milliseconds.
+    function_programs: [Option<OwnedFd>; 2],
+    /// Their sleepable variants (indexed by `ret`), for probes that read strings, each loaded on
+    /// first use; or why there is none (the kernel has no sleepable uprobes, `--no-sleepable`, or
+    /// it did not load).
+    sleepable_programs: [Option<Result<OwnedFd, SleepableUnavailable>>; 2],
     /// Links of the USDT probes (closing them also lowers their semaphores).
     usdt_links: Vec<OwnedFd>,
     /// The program-event and USDT programs, loaded on first use.
@@ -178,8 +182,8 @@ impl Kernel {
             features: features.clone(),
             entry_links: Vec::new(),
             return_links: Vec::new(),
-            function_programs: None,
-            sleepable_programs: None,
+            function_programs: [None, None],
+            sleepable_programs: [None, None],
             program_object: None,
             usdt_links: Vec::new(),
             usdt_programs: None,
@@ -232,37 +236,42 @@ impl Kernel {
 
     /// Attaches the probes; returns those that failed (the others stay attached).
     /// Probes whose cookie has `cookie::STRINGS` run the sleepable programs where the kernel has
-    /// them (see [`Kernel::sleepable_unavailable`]).
+    /// them (see [`Kernel::sleepable_unavailable`]). Only the programs these probes run are
+    /// loaded; probes attached later (in images the traced processes exec) load the others then.
     pub fn attach_functions(&mut self, probes: &[ProbeSpec]) -> Result<Vec<AttachFailure>, LoadError> {
-        let (strings, plain): (Vec<ProbeSpec>, Vec<ProbeSpec>) =
-            probes.iter().cloned().partition(|p| tracer_common::cookie::reads_strings(p.cookie));
-        if strings.is_empty() || !self.load_sleepable() {
-            return self.attach_function_programs(probes, programs::CALL_ENTRY, programs::CALL_RETURN);
+        let mut failures = Vec::new();
+        // Return probes first, as in `attach_sites`.
+        for ret in [true, false] {
+            let (strings, mut plain): (Vec<&ProbeSpec>, Vec<&ProbeSpec>) =
+                probes.iter().filter(|p| p.ret == ret).partition(|p| tracer_common::cookie::reads_strings(p.cookie));
+            if !strings.is_empty() && self.load_sleepable(ret) {
+                let Some(Ok(prog)) = self.sleepable_programs[ret as usize].take() else { unreachable!("loaded above") };
+                failures.extend(self.attach_sites(&strings, &prog, ret));
+                self.sleepable_programs[ret as usize] = Some(Ok(prog));
+            } else {
+                plain.extend(strings);
+            }
+            let name = if ret { programs::CALL_RETURN } else { programs::CALL_ENTRY };
+            failures.extend(self.attach_with(&plain, name, ret)?);
         }
-        let mut failures = self.attach_function_programs(&plain, programs::CALL_ENTRY, programs::CALL_RETURN)?;
-        let Some(Ok((entry, ret))) = self.sleepable_programs.take() else { unreachable!("loaded above") };
-        failures.extend(self.attach_sites(&strings, &entry, &ret));
-        self.sleepable_programs = Some(Ok((entry, ret)));
         Ok(failures)
     }
 
-    /// Loads the sleepable programs once; whether there are any ([`Kernel::sleepable_unavailable`]
-    /// says why not).
-    fn load_sleepable(&mut self) -> bool {
-        if self.sleepable_programs.is_none() {
+    /// Loads the sleepable entry or return program once; whether there is one
+    /// ([`Kernel::sleepable_unavailable`] says why not).
+    fn load_sleepable(&mut self, ret: bool) -> bool {
+        if self.sleepable_programs[ret as usize].is_none() {
             let loaded = if !self.features.sleepable_uprobes {
                 Err(SleepableUnavailable::NoKernelSupport)
             } else {
-                self.load_uprobe_programs(&[programs::CALL_ENTRY_SLEEPABLE, programs::CALL_RETURN_SLEEPABLE])
-                    .map(|mut fds| {
-                        let ret = fds.pop().expect("two programs");
-                        (fds.pop().expect("two programs"), ret)
-                    })
+                let name = if ret { programs::CALL_RETURN_SLEEPABLE } else { programs::CALL_ENTRY_SLEEPABLE };
+                self.load_uprobe_programs(&[name])
+                    .map(|mut fds| fds.pop().expect("one program"))
                     .map_err(SleepableUnavailable::Calls)
             };
-            self.sleepable_programs = Some(loaded);
+            self.sleepable_programs[ret as usize] = Some(loaded);
         }
-        matches!(self.sleepable_programs, Some(Ok(_)))
+        matches!(self.sleepable_programs[ret as usize], Some(Ok(_)))
     }
 
     /// Loads the sleepable USDT program once, for breakpoints that read strings; the error says
@@ -283,7 +292,8 @@ impl Kernel {
 
     /// Makes the uprobe programs loadable later, once their maps have been taken out of the
     /// object (`take_ring`, `take_lost_counters`): for probes attached while the trace runs (in
-    /// images the traced processes exec). Loading itself waits for the first probe.
+    /// images the traced processes exec). Loading itself waits for the first probe that runs
+    /// each program, so none of the four call programs is verified before a probe needs it.
     pub fn prepare_uprobe_programs(&mut self) -> Result<(), LoadError> {
         if self.program_object.is_none() {
             self.program_object = Some(
@@ -314,10 +324,7 @@ impl Kernel {
     /// Why probes that read strings run without faulting pages in, if they do: a string in a
     /// page the target has not touched yet is then unreadable.
     pub fn sleepable_unavailable(&self) -> Option<&SleepableUnavailable> {
-        match (&self.sleepable_programs, &self.sleepable_usdt) {
-            (Some(Err(e)), _) | (_, Some(Err(e))) => Some(e),
-            _ => None,
-        }
+        self.sleepable_programs.iter().chain([&self.sleepable_usdt]).find_map(|r| r.as_ref()?.as_ref().err())
     }
 
     /// As [`Kernel::attach_functions`], running the programs named `entry` and `ret` (the record
@@ -328,44 +335,52 @@ impl Kernel {
         entry: &'static str,
         ret: &'static str,
     ) -> Result<Vec<AttachFailure>, LoadError> {
-        if probes.is_empty() {
-            return Ok(Vec::new());
+        let mut failures = Vec::new();
+        // Return probes first, as in `attach_sites`.
+        for (name, is_return) in [(ret, true), (entry, false)] {
+            let sites: Vec<&ProbeSpec> = probes.iter().filter(|p| p.ret == is_return).collect();
+            failures.extend(self.attach_with(&sites, name, is_return)?);
         }
-        if self.function_programs.is_none() {
-            let mut fds = self.load_uprobe_programs(&[entry, ret]).map_err(LoadError::Object)?;
-            let ret = fds.pop().expect("two programs");
-            let entry = fds.pop().expect("two programs");
-            self.function_programs = Some((entry, ret));
-        }
-        let (entry_prog, return_prog) = self.function_programs.take().expect("loaded above");
-        let failures = self.attach_sites(probes, &entry_prog, &return_prog);
-        self.function_programs = Some((entry_prog, return_prog));
         Ok(failures)
     }
 
-    /// Attaches `probes`, the uprobes running `entry_prog` and the uretprobes `return_prog`.
-    fn attach_sites(
+    /// Attaches `probes` (all of them return probes, or all entry probes, as `ret` says) running
+    /// the program `name`, loaded first if it is not yet.
+    fn attach_with(
         &mut self,
-        probes: &[ProbeSpec],
-        entry_prog: &OwnedFd,
-        return_prog: &OwnedFd,
-    ) -> Vec<AttachFailure> {
-        let mut by_file: BTreeMap<&Path, Vec<&ProbeSpec>> = BTreeMap::new();
+        probes: &[&ProbeSpec],
+        name: &'static str,
+        ret: bool,
+    ) -> Result<Vec<AttachFailure>, LoadError> {
+        if probes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let prog = match self.function_programs[ret as usize].take() {
+            Some(prog) => prog,
+            None => self.load_uprobe_programs(&[name]).map_err(LoadError::Object)?.pop().expect("one program"),
+        };
+        let failures = self.attach_sites(probes, &prog, ret);
+        self.function_programs[ret as usize] = Some(prog);
+        Ok(failures)
+    }
+
+    /// Attaches `probes`, all uprobes or all uretprobes (`ret`), running `prog`. Callers attach a
+    /// function's return probes before its entry probes, so that a call seen entering is seen
+    /// returning.
+    fn attach_sites(&mut self, probes: &[&ProbeSpec], prog: &OwnedFd, ret: bool) -> Vec<AttachFailure> {
+        let mut by_file: BTreeMap<&Path, Vec<Site>> = BTreeMap::new();
         for p in probes {
-            by_file.entry(&p.path).or_default().push(p);
+            by_file.entry(&p.path).or_default().push(Site {
+                file_offset: p.file_offset,
+                cookie: p.cookie,
+                ref_ctr_offset: 0,
+            });
         }
         let mut failures = Vec::new();
-        for (path, file_probes) in by_file {
-            for (prog, ret) in [(return_prog, true), (entry_prog, false)] {
-                let batch: Vec<Site> = file_probes
-                    .iter()
-                    .filter(|p| p.ret == ret)
-                    .map(|p| Site { file_offset: p.file_offset, cookie: p.cookie, ref_ctr_offset: 0 })
-                    .collect();
-                let links = if ret { &mut self.return_links } else { &mut self.entry_links };
-                let kind = if ret { "return" } else { "entry" };
-                attach_batch(self.features.attach, prog, path, &batch, ret, kind, links, &mut failures);
-            }
+        let links = if ret { &mut self.return_links } else { &mut self.entry_links };
+        let kind = if ret { "return" } else { "entry" };
+        for (path, batch) in by_file {
+            attach_batch(self.features.attach, prog, path, &batch, ret, kind, links, &mut failures);
         }
         failures
     }
