@@ -37,27 +37,41 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 pub enum LoadError {
     #[error("this tracer binary was built without its eBPF programs; build it with `cargo xtask build`")]
     NoObject,
-    /// A program or map the object should have (a build that does not match this code).
-    #[error("cannot load the eBPF programs into the kernel: {0} is missing")]
-    Missing(String),
     #[error("cannot load the eBPF programs into the kernel: {0}")]
-    Ebpf(aya::EbpfError),
-    #[error("cannot load the eBPF programs into the kernel: {0}")]
-    Program(aya::programs::ProgramError),
-    #[error("cannot load the eBPF programs into the kernel: {name}: {error}")]
-    NamedProgram { name: &'static str, error: aya::programs::ProgramError },
-    #[error("cannot load the eBPF programs into the kernel: {0}")]
-    MapType(aya::maps::MapError),
-    #[error("cannot load the eBPF programs into the kernel: {0}")]
-    Object(ObjectError),
-    #[error("cannot load the eBPF programs into the kernel: {0}")]
-    KernelLog(aya_log::Error),
+    Load(LoadFailure),
     #[error("cannot attach {what}: {error}")]
     Attach { what: String, error: aya::programs::ProgramError },
     #[error("cannot update the {map} map: {error}")]
     Map { map: &'static str, error: aya::maps::MapError },
     #[error("cannot open a hardware watchpoint at {address:#x} in thread {tid}: {error}")]
     Watchpoint { address: u64, tid: u32, error: aya::programs::ProgramError },
+}
+
+/// What went wrong while loading, under [`LoadError::Load`]'s one sentence. Not marked as its
+/// source, so that the sentence says it once.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadFailure {
+    /// A program or map the object should have (a build that does not match this code).
+    #[error("{0} is missing")]
+    Missing(String),
+    #[error("{0}")]
+    Ebpf(aya::EbpfError),
+    #[error("{0}")]
+    Program(aya::programs::ProgramError),
+    #[error("{name}: {error}")]
+    NamedProgram { name: &'static str, error: aya::programs::ProgramError },
+    #[error("{0}")]
+    MapType(aya::maps::MapError),
+    #[error("{0}")]
+    Object(ObjectError),
+    #[error("{0}")]
+    KernelLog(aya_log::Error),
+}
+
+impl From<LoadFailure> for LoadError {
+    fn from(failure: LoadFailure) -> Self {
+        LoadError::Load(failure)
+    }
 }
 
 /// Why probes that read strings run without the sleepable programs (which may fault a page in).
@@ -177,7 +191,7 @@ impl Kernel {
             // A thread's gate is 528 bytes, preallocated: none without triggers or --depth.
             .map_max_entries(names::GATES, if gated { tracer_common::gate::MAX_THREADS } else { 1 })
             .load(EBPF_OBJECT)
-            .map_err(LoadError::Ebpf)?;
+            .map_err(LoadFailure::Ebpf)?;
         Ok(Kernel {
             features: features.clone(),
             entry_links: Vec::new(),
@@ -207,10 +221,10 @@ impl Kernel {
             let prog: &mut RawTracePoint = self
                 .ebpf
                 .program_mut(program)
-                .ok_or_else(|| LoadError::Missing(format!("program {program}")))?
+                .ok_or_else(|| LoadFailure::Missing(format!("program {program}")))?
                 .try_into()
-                .map_err(LoadError::Program)?;
-            prog.load().map_err(LoadError::Program)?;
+                .map_err(LoadFailure::Program)?;
+            prog.load().map_err(LoadFailure::Program)?;
             self.loaded.push(program);
             prog.attach(tracepoint)
                 .map_err(|error| LoadError::Attach { what: format!("raw tracepoint {tracepoint}"), error })?;
@@ -298,7 +312,7 @@ impl Kernel {
         if self.program_object.is_none() {
             self.program_object = Some(
                 uprobe_multi::ProgramObject::prepare(&self.ebpf, EBPF_OBJECT, self.features.attach)
-                    .map_err(LoadError::Object)?,
+                    .map_err(LoadFailure::Object)?,
             );
         }
         Ok(())
@@ -357,7 +371,7 @@ impl Kernel {
         }
         let prog = match self.function_programs[ret as usize].take() {
             Some(prog) => prog,
-            None => self.load_uprobe_programs(&[name]).map_err(LoadError::Object)?.pop().expect("one program"),
+            None => self.load_uprobe_programs(&[name]).map_err(LoadFailure::Object)?.pop().expect("one program"),
         };
         let failures = self.attach_sites(probes, &prog, ret);
         self.function_programs[ret as usize] = Some(prog);
@@ -393,9 +407,9 @@ impl Kernel {
         }
         {
             let map =
-                self.ebpf.map_mut(names::USDT_SPECS).ok_or_else(|| LoadError::Missing("USDT_SPECS map".into()))?;
+                self.ebpf.map_mut(names::USDT_SPECS).ok_or_else(|| LoadFailure::Missing("USDT_SPECS map".into()))?;
             let mut specs: Array<&mut MapData, tracer_common::UsdtSpec> =
-                Array::try_from(map).map_err(LoadError::MapType)?;
+                Array::try_from(map).map_err(LoadFailure::MapType)?;
             for p in probes {
                 specs
                     .set(p.cookie as u32, p.spec, 0)
@@ -403,8 +417,9 @@ impl Kernel {
             }
         }
         if self.usdt_programs.is_none() {
-            let mut fds =
-                self.load_uprobe_programs(&[programs::USDT_EVENT, programs::USDT_PROBE]).map_err(LoadError::Object)?;
+            let mut fds = self
+                .load_uprobe_programs(&[programs::USDT_EVENT, programs::USDT_PROBE])
+                .map_err(LoadFailure::Object)?;
             let probe = fds.pop().expect("two programs");
             let event = fds.pop().expect("two programs");
             self.usdt_programs = Some((event, probe));
@@ -447,11 +462,11 @@ impl Kernel {
         let program: &mut PerfEvent = self
             .ebpf
             .program_mut(programs::WATCH_HIT)
-            .ok_or_else(|| LoadError::Missing("the watch_hit program".into()))?
+            .ok_or_else(|| LoadFailure::Missing("the watch_hit program".into()))?
             .try_into()
-            .map_err(LoadError::Program)?;
+            .map_err(LoadFailure::Program)?;
         if !self.loaded.contains(&programs::WATCH_HIT) {
-            program.load().map_err(|error| LoadError::NamedProgram { name: programs::WATCH_HIT, error })?;
+            program.load().map_err(|error| LoadFailure::NamedProgram { name: programs::WATCH_HIT, error })?;
             self.loaded.push(programs::WATCH_HIT);
         }
         for p in points {
@@ -494,8 +509,8 @@ impl Kernel {
 
     fn thread_counts_map(&mut self) -> Result<BpfHashMap<&mut MapData, u32, u64>, LoadError> {
         let map =
-            self.ebpf.map_mut(names::THREAD_COUNTS).ok_or_else(|| LoadError::Missing("THREAD_COUNTS map".into()))?;
-        BpfHashMap::try_from(map).map_err(LoadError::MapType)
+            self.ebpf.map_mut(names::THREAD_COUNTS).ok_or_else(|| LoadFailure::Missing("THREAD_COUNTS map".into()))?;
+        Ok(BpfHashMap::try_from(map).map_err(LoadFailure::MapType)?)
     }
 
     /// Removes a process from the traced set (one that exited before the kernel saw it exit), and
@@ -523,8 +538,9 @@ impl Kernel {
     }
 
     fn traced_pids_map(&mut self) -> Result<BpfHashMap<&mut MapData, u32, u32>, LoadError> {
-        let map = self.ebpf.map_mut(names::TRACED_PIDS).ok_or_else(|| LoadError::Missing("TRACED_PIDS map".into()))?;
-        BpfHashMap::try_from(map).map_err(LoadError::MapType)
+        let map =
+            self.ebpf.map_mut(names::TRACED_PIDS).ok_or_else(|| LoadFailure::Missing("TRACED_PIDS map".into()))?;
+        Ok(BpfHashMap::try_from(map).map_err(LoadFailure::MapType)?)
     }
 
     /// Stops recording: no process is traced any more (the probes stay until dropped). Calls
@@ -547,17 +563,18 @@ impl Kernel {
     /// Hands the kernel a function's string reads (see `tracer_common::strings`), before its
     /// probes are attached with `cookie::STRINGS`.
     pub fn set_layout(&mut self, function: u32, layout: tracer_common::ProbeLayoutBytes) -> Result<(), LoadError> {
-        let map = self.ebpf.map_mut(names::LAYOUTS).ok_or_else(|| LoadError::Missing("LAYOUTS map".into()))?;
+        let map = self.ebpf.map_mut(names::LAYOUTS).ok_or_else(|| LoadFailure::Missing("LAYOUTS map".into()))?;
         let mut map: BpfHashMap<&mut MapData, u32, tracer_common::ProbeLayoutBytes> =
-            BpfHashMap::try_from(map).map_err(LoadError::MapType)?;
+            BpfHashMap::try_from(map).map_err(LoadFailure::MapType)?;
         map.insert(function, layout, 0).map_err(|e| LoadError::Map { map: names::LAYOUTS, error: e })
     }
 
     /// Makes processes that exec this file traced from their first instruction.
     pub fn trace_executable(&mut self, key: InodeKey) -> Result<(), LoadError> {
         let map =
-            self.ebpf.map_mut(names::TARGET_INODES).ok_or_else(|| LoadError::Missing("TARGET_INODES map".into()))?;
-        let mut map: BpfHashMap<&mut MapData, InodeKey, u32> = BpfHashMap::try_from(map).map_err(LoadError::MapType)?;
+            self.ebpf.map_mut(names::TARGET_INODES).ok_or_else(|| LoadFailure::Missing("TARGET_INODES map".into()))?;
+        let mut map: BpfHashMap<&mut MapData, InodeKey, u32> =
+            BpfHashMap::try_from(map).map_err(LoadFailure::MapType)?;
         map.insert(key, 1, 0).map_err(|e| LoadError::Map { map: names::TARGET_INODES, error: e })
     }
 
@@ -567,55 +584,56 @@ impl Kernel {
         let map = self
             .ebpf
             .map_mut(names::RESOLVED_IMAGES)
-            .ok_or_else(|| LoadError::Missing("RESOLVED_IMAGES map".into()))?;
-        let mut map: BpfHashMap<&mut MapData, InodeKey, u8> = BpfHashMap::try_from(map).map_err(LoadError::MapType)?;
+            .ok_or_else(|| LoadFailure::Missing("RESOLVED_IMAGES map".into()))?;
+        let mut map: BpfHashMap<&mut MapData, InodeKey, u8> =
+            BpfHashMap::try_from(map).map_err(LoadFailure::MapType)?;
         map.insert(key, 1, 0).map_err(|e| LoadError::Map { map: names::RESOLVED_IMAGES, error: e })
     }
 
     /// `--debug-kernel`: takes the programs' aya-log ring (keep it for the whole run).
     pub fn start_kernel_log(&mut self) -> Result<crate::kernel::log::KernelLog, LoadError> {
-        crate::kernel::log::KernelLog::start(&mut self.ebpf).map_err(LoadError::KernelLog)
+        Ok(crate::kernel::log::KernelLog::start(&mut self.ebpf).map_err(LoadFailure::KernelLog)?)
     }
 
     /// Takes the ring buffer, to be drained independently of the programs' lifetime.
     pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, LoadError> {
-        let map = self.ebpf.take_map(names::EVENTS).ok_or_else(|| LoadError::Missing("EVENTS map".into()))?;
-        RingBuf::try_from(map).map_err(LoadError::MapType)
+        let map = self.ebpf.take_map(names::EVENTS).ok_or_else(|| LoadFailure::Missing("EVENTS map".into()))?;
+        Ok(RingBuf::try_from(map).map_err(LoadFailure::MapType)?)
     }
 
     /// The kernel's map named `name` (for `tracer top`'s statistics).
     pub fn map(&self, name: &'static str) -> Result<&aya::maps::Map, LoadError> {
-        self.ebpf.map(name).ok_or_else(|| LoadError::Missing(format!("{name} map")))
+        Ok(self.ebpf.map(name).ok_or_else(|| LoadFailure::Missing(format!("{name} map")))?)
     }
 
     /// Takes the lost-event counters, to be read after the programs are detached.
     /// Hands the kernel a function's predicate, before its probes are attached with
     /// `cookie::FILTERED`.
     pub fn set_filter(&mut self, function: u32, program: tracer_common::filter::Program) -> Result<(), LoadError> {
-        let map = self.ebpf.map_mut(names::FILTERS).ok_or_else(|| LoadError::Missing("FILTERS map".into()))?;
+        let map = self.ebpf.map_mut(names::FILTERS).ok_or_else(|| LoadFailure::Missing("FILTERS map".into()))?;
         let mut map: BpfHashMap<&mut MapData, u32, tracer_common::filter::Program> =
-            BpfHashMap::try_from(map).map_err(LoadError::MapType)?;
+            BpfHashMap::try_from(map).map_err(LoadFailure::MapType)?;
         map.insert(function, program, 0).map_err(|e| LoadError::Map { map: names::FILTERS, error: e })
     }
 
     /// Hands the kernel a function's gate role (`gate::START`, ...), before its probes are
     /// attached with `cookie::GATE_ROLE`.
     pub fn set_gate_role(&mut self, function: u32, role: u8) -> Result<(), LoadError> {
-        let map = self.ebpf.map_mut(names::GATE_ROLES).ok_or_else(|| LoadError::Missing("GATE_ROLES map".into()))?;
-        let mut map: BpfHashMap<&mut MapData, u32, u8> = BpfHashMap::try_from(map).map_err(LoadError::MapType)?;
+        let map = self.ebpf.map_mut(names::GATE_ROLES).ok_or_else(|| LoadFailure::Missing("GATE_ROLES map".into()))?;
+        let mut map: BpfHashMap<&mut MapData, u32, u8> = BpfHashMap::try_from(map).map_err(LoadFailure::MapType)?;
         map.insert(function, role, 0).map_err(|e| LoadError::Map { map: names::GATE_ROLES, error: e })
     }
 
     /// The predicates' per-function counters, readable after the programs are gone.
     pub fn take_filter_counters(&mut self) -> Result<FilterCounters, LoadError> {
         let map =
-            self.ebpf.take_map(names::FILTER_COUNTS).ok_or_else(|| LoadError::Missing("FILTER_COUNTS map".into()))?;
-        Ok(FilterCounters { map: PerCpuArray::try_from(map).map_err(LoadError::MapType)? })
+            self.ebpf.take_map(names::FILTER_COUNTS).ok_or_else(|| LoadFailure::Missing("FILTER_COUNTS map".into()))?;
+        Ok(FilterCounters { map: PerCpuArray::try_from(map).map_err(LoadFailure::MapType)? })
     }
 
     pub fn take_lost_counters(&mut self) -> Result<LostCounters, LoadError> {
-        let map = self.ebpf.take_map(names::LOST).ok_or_else(|| LoadError::Missing("LOST map".into()))?;
-        Ok(LostCounters { map: PerCpuArray::try_from(map).map_err(LoadError::MapType)? })
+        let map = self.ebpf.take_map(names::LOST).ok_or_else(|| LoadFailure::Missing("LOST map".into()))?;
+        Ok(LostCounters { map: PerCpuArray::try_from(map).map_err(LoadFailure::MapType)? })
     }
 }
 
