@@ -13,25 +13,13 @@ use std::{io, path::Path};
 
 use aya_obj::generated::{HW_BREAKPOINT_W, PERF_FLAG_FD_CLOEXEC, perf_event_attr, perf_type_id::PERF_TYPE_BREAKPOINT};
 
-use super::{
-    select::{ExeLayout, WatchVariable},
-    spec::Access,
-};
+use super::select::{ExeLayout, WatchVariable};
 
 /// Where x86-64 Linux loads a position-independent executable when randomization is off
 /// (`ELF_ET_DYN_BASE`: two thirds of the 47-bit address space, page-aligned).
 pub const PIE_BASE_NO_ASLR: u64 = 0x5555_5555_4000;
 
 const PAGE: u64 = 0x1000;
-
-/// One watchpoint to open: a thread, and what to watch in it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Watchpoint {
-    pub tid: u32,
-    pub address: u64,
-    pub len: u8,
-    pub access: Access,
-}
 
 /// Why this machine cannot watch, if it cannot: a hardware breakpoint on a variable of the
 /// tracer's own thread (opened disabled, closed at once) is refused with the errno of a kernel or

@@ -12,8 +12,9 @@ use tracer_common::{ProbeLayoutBytes, RecordKind, USDT_MAX_ARGS, UsdtArgKind, Us
 
 use super::{
     BreakpointError,
-    spec::{Access, BreakSpec, WatchSpec, WatchTarget},
+    spec::{BreakSpec, WatchSpec, WatchTarget},
 };
+use crate::kernel::sites::Access;
 use crate::{
     debuginfo::{
         DebugInfo, DebugSearch,

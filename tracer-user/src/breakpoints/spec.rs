@@ -1,6 +1,7 @@
 //! The `-B` and `-w` options as the user writes them.
 
 use super::BreakpointError;
+use crate::kernel::sites::Access;
 
 /// Where a breakpoint goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -9,15 +10,6 @@ pub enum BreakSpec {
     Line { file: String, line: u32 },
     /// `bump+4`: an address in a function (bytes from its start).
     Offset { function: String, offset: u64 },
-}
-
-/// What accesses a watchpoint catches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    Write,
-    /// x86 has no read-only data breakpoint: `r` catches reads and writes, as `rw` does.
-    Read,
-    ReadWrite,
 }
 
 /// What a watchpoint watches.

@@ -24,7 +24,7 @@
 use iced_x86::{Code as Opcode, Instruction, Mnemonic, OpKind};
 
 pub use crate::event::{ProbePath, ProbePaths};
-use crate::{functions::disasm::FunctionCode, kernel::btf::KernelFacts};
+use crate::{functions::disasm::FunctionCode, kernel::features::KernelProbes};
 
 /// Where a native function's entry (and return) probes go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,41 +32,6 @@ pub struct EntryPoint {
     /// Bytes after the function's symbol.
     pub offset: u64,
     pub path: ProbePath,
-}
-
-/// What the running kernel can do with a probe (read once at start-up).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KernelProbes {
-    /// The kernel turns uprobes on 5-byte nops into calls (the `uprobe` syscall, Linux 6.18+).
-    pub optimizes_nop5: bool,
-}
-
-impl KernelProbes {
-    /// This kernel's abilities, [`KernelProbes::detect`]ed once per process.
-    pub fn current() -> KernelProbes {
-        static CURRENT: std::sync::OnceLock<KernelProbes> = std::sync::OnceLock::new();
-        *CURRENT.get_or_init(KernelProbes::detect)
-    }
-
-    /// The `uprobe` system call is in the kernel's BTF (read once for everything a trace needs;
-    /// reading `/proc/kallsyms` for it took tens of milliseconds, and a second with many BPF
-    /// programs loaded), or, without BTF, the release is 6.18 or later.
-    pub fn detect() -> KernelProbes {
-        let optimizes_nop5 = match KernelFacts::running() {
-            Ok(facts) => facts.uprobe_syscall(),
-            Err(_) => {
-                let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned());
-                release.is_ok_and(|r| release_at_least(&r, 6, 18))
-            }
-        };
-        KernelProbes { optimizes_nop5 }
-    }
-}
-
-fn release_at_least(release: &str, major: u32, minor: u32) -> bool {
-    let mut parts = release.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u32>().ok());
-    let (Some(a), Some(b)) = (parts.next(), parts.next()) else { return false };
-    (a, b) >= (major, minor)
 }
 
 /// Leading instructions searched for a better entry point.
@@ -378,13 +343,5 @@ mod tests {
         let advice = paths.summary(go, true, ON).unwrap().advice.unwrap();
         assert!(advice.contains("give C, C++ and Rust functions a 5-byte nop entry"), "{advice}");
         assert!(advice.contains("Go functions' ret probes trap"), "{advice}");
-    }
-
-    #[test]
-    fn releases() {
-        assert!(release_at_least("6.18.44-fc-v1045", 6, 18));
-        assert!(release_at_least("7.0.1", 6, 18));
-        assert!(!release_at_least("6.12.9", 6, 18));
-        assert!(!release_at_least("junk", 6, 18));
     }
 }

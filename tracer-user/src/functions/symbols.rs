@@ -12,7 +12,8 @@ use crate::{
     functions::disasm::{self, Entry, Exit, FunctionCode},
     functions::golang::{self, GoInfo},
     functions::gopclntab,
-    functions::placement::{self, EntryPoint, KernelProbes, ProbePath},
+    functions::placement::{self, EntryPoint, ProbePath},
+    kernel::features::KernelProbes,
 };
 
 #[derive(Debug, thiserror::Error)]

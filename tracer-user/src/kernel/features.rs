@@ -25,7 +25,6 @@ use aya_obj::generated::{
 use serde::{Deserialize, Serialize};
 
 use super::btf::KernelFacts;
-use crate::functions::placement::KernelProbes;
 
 /// How function and USDT probes are attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -206,9 +205,52 @@ fn link_uprobe_multi(prog: &OwnedFd, path: &CString, offset: &u64) -> io::Result
     super::uprobe_multi::sys_bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
 }
 
+/// What the running kernel can do with a probe (read once at start-up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelProbes {
+    /// The kernel turns uprobes on 5-byte nops into calls (the `uprobe` syscall, Linux 6.18+).
+    pub optimizes_nop5: bool,
+}
+
+impl KernelProbes {
+    /// This kernel's abilities, [`KernelProbes::detect`]ed once per process.
+    pub fn current() -> KernelProbes {
+        static CURRENT: std::sync::OnceLock<KernelProbes> = std::sync::OnceLock::new();
+        *CURRENT.get_or_init(KernelProbes::detect)
+    }
+
+    /// The `uprobe` system call is in the kernel's BTF (read once for everything a trace needs;
+    /// reading `/proc/kallsyms` for it took tens of milliseconds, and a second with many BPF
+    /// programs loaded), or, without BTF, the release is 6.18 or later.
+    pub fn detect() -> KernelProbes {
+        let optimizes_nop5 = match KernelFacts::running() {
+            Ok(facts) => facts.uprobe_syscall(),
+            Err(_) => {
+                let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned());
+                release.is_ok_and(|r| release_at_least(&r, 6, 18))
+            }
+        };
+        KernelProbes { optimizes_nop5 }
+    }
+}
+
+fn release_at_least(release: &str, major: u32, minor: u32) -> bool {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u32>().ok());
+    let (Some(a), Some(b)) = (parts.next(), parts.next()) else { return false };
+    (a, b) >= (major, minor)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn releases() {
+        assert!(release_at_least("6.18.44-fc-v1045", 6, 18));
+        assert!(release_at_least("7.0.1", 6, 18));
+        assert!(!release_at_least("6.12.9", 6, 18));
+        assert!(!release_at_least("junk", 6, 18));
+    }
     use crate::kernel::btf::KernelBtf;
 
     /// The running kernel's answer must agree with what its BTF says the attach type is: the

@@ -6,11 +6,7 @@
 //! on kernels without them, perf-event uprobes ([`crate::kernel::uprobe_perf`]); the
 //! raw tracepoints go through aya. Which, and which program variants, the [`KernelFeatures`] say.
 
-use std::{
-    collections::BTreeMap,
-    os::fd::OwnedFd,
-    path::{Path, PathBuf},
-};
+use std::{collections::BTreeMap, os::fd::OwnedFd, path::Path};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -19,15 +15,11 @@ use aya::{
 };
 use tracer_common::{Config, InodeKey, LostSlot, names, programs};
 
-use crate::breakpoints::{hardware::Watchpoint, spec::Access};
-
-use crate::{
-    kernel::{
-        features::{AttachMechanism, KernelFeatures},
-        uprobe_multi::{self, ObjectError, Site},
-        uprobe_perf,
-    },
-    usdt::select::{UsdtProbe, UsdtProgram},
+use crate::kernel::{
+    features::{AttachMechanism, KernelFeatures},
+    sites::{Access, ProbeSpec, UsdtProbe, UsdtProgram, Watchpoint},
+    uprobe_multi::{self, ObjectError, Site},
+    uprobe_perf,
 };
 
 /// The eBPF object, built by `cargo xtask build` and embedded at compile time (see build.rs).
@@ -83,20 +75,6 @@ pub enum SleepableUnavailable {
     Calls(ObjectError),
     #[error("the sleepable USDT program could not be loaded: {0}")]
     Usdt(ObjectError),
-}
-
-/// One probe: a uprobe, or a uretprobe, at an offset of a file. A function has one or more (a Go
-/// function one at its entry and one on each `ret`, all ordinary uprobes).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProbeSpec {
-    /// The ELF file.
-    pub path: PathBuf,
-    pub file_offset: u64,
-    /// The function's index in user space's table and what kind of probe this is
-    /// (`tracer_common::cookie`), delivered back in every record.
-    pub cookie: u64,
-    /// A uretprobe (`call_return`); otherwise a uprobe (`call_entry`).
-    pub ret: bool,
 }
 
 /// A probe that could not be attached.

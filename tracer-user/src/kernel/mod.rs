@@ -8,6 +8,7 @@ pub mod btf;
 pub mod features;
 pub mod loader;
 pub mod log;
+pub mod sites;
 pub mod traced;
 pub mod uprobe_multi;
 pub mod uprobe_perf;

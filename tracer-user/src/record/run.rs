@@ -25,13 +25,14 @@ use crate::{
     assemble::clock::BootClock,
     breakpoints::{
         decode::{BreakTable, WatchEntry, WatchTable},
-        hardware::{self, Watchpoint},
+        hardware,
         select::Selection as BreakpointSelection,
     },
     event::host::Machine,
     event::{EndReason, EventKind, FORMAT_VERSION, FilterStats, TargetInfo, TraceEnd, TraceStart},
-    kernel::loader::{FilterCounters, Kernel, LostCounters, ProbeSpec, raise_fd_limit},
+    kernel::loader::{FilterCounters, Kernel, LostCounters, raise_fd_limit},
     kernel::log::{self as kernel_log, KernelLog},
+    kernel::sites::{ProbeSpec, UsdtProbe, UsdtProgram, Watchpoint},
     kernel::traced::any_target_alive,
     kernel::{btf::KernelFacts, features::KernelFeatures},
     pipeline::EventPipeline,
@@ -42,7 +43,7 @@ use crate::{
     sink::Sink,
     targets::launch::{ChildExit, OutputPipes, StoppedChild, spawn_stopped, try_reap},
     targets::{self, FileId, Process},
-    usdt::select::{Selection as UsdtSelection, UsdtProbe, UsdtProgram},
+    usdt::select::Selection as UsdtSelection,
 };
 
 /// Runs `f` (which forks) with address-space randomization off for the children it makes; the

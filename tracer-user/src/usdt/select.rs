@@ -21,6 +21,7 @@ use super::{
 };
 use crate::{
     kernel::btf::{KernelBtfError, KernelFacts},
+    kernel::sites::{UsdtProbe, UsdtProgram},
     targets::modules::{ModuleCandidates, ModuleError},
 };
 
@@ -78,28 +79,6 @@ impl UsdtPattern {
     fn matches(&self, note: &UsdtNote) -> bool {
         self.provider.is_match(&note.provider) && self.name.is_match(&note.name)
     }
-}
-
-/// Which eBPF program a site is attached to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum UsdtProgram {
-    /// `tracer_events:event`: its payload is copied.
-    Event,
-    /// Any other probe: its arguments are evaluated.
-    Probe,
-}
-
-/// One probe site to attach.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UsdtProbe {
-    pub path: PathBuf,
-    pub file_offset: u64,
-    /// File offset of the semaphore the kernel raises while attached; 0 for none.
-    pub semaphore_offset: u64,
-    /// Index in the [`ProbeTable`] and in the kernel's `USDT_SPECS`.
-    pub cookie: u64,
-    pub program: UsdtProgram,
-    pub spec: UsdtSpec,
 }
 
 /// What a probe's records are decoded with.
