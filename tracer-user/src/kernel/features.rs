@@ -13,11 +13,7 @@
 //!   be sleepable", and both perf-event uprobes (`bpf_prog_run_array_sleepable` in
 //!   `trace_uprobe.c`) and uprobe-multi links (`uprobe_prog_run` in `bpf_trace.c`, 6.6) run them.
 
-use std::{
-    ffi::CString,
-    io,
-    os::fd::{AsRawFd as _, OwnedFd},
-};
+use std::{io, os::fd::OwnedFd, path::Path};
 
 use aya_obj::generated::{
     BPF_F_SLEEPABLE, bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_attr, bpf_cmd, bpf_prog_type::BPF_PROG_TYPE_KPROBE,
@@ -183,26 +179,9 @@ fn lockdown_is_confidentiality(modes: &str) -> bool {
 /// with EINVAL (or the load itself fails) where it does not.
 fn has_uprobe_multi() -> bool {
     let Ok(prog) = load_probe_program(BPF_TRACE_UPROBE_MULTI as u32, 0) else { return false };
-    let path = CString::new("/").expect("no NUL");
-    let offset: u64 = 0;
-    let link = link_uprobe_multi(&prog, &path, &offset);
+    let site = super::uprobe_multi::Site { file_offset: 0, cookie: 0, ref_ctr_offset: 0 };
+    let link = super::uprobe_multi::attach(&prog, Path::new("/"), &[site], false);
     matches!(link, Err(e) if e.raw_os_error() == Some(libc::EBADF))
-}
-
-fn link_uprobe_multi(prog: &OwnedFd, path: &CString, offset: &u64) -> io::Result<OwnedFd> {
-    // SAFETY: as above.
-    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
-    // SAFETY: writing plain integers and pointers (that outlive the call) into BPF_LINK_CREATE.
-    unsafe {
-        let link = &mut attr.link_create;
-        link.__bindgen_anon_1.prog_fd = prog.as_raw_fd() as u32;
-        link.attach_type = BPF_TRACE_UPROBE_MULTI as u32;
-        let multi = &mut link.__bindgen_anon_3.uprobe_multi;
-        multi.path = path.as_ptr() as u64;
-        multi.offsets = offset as *const u64 as u64;
-        multi.cnt = 1;
-    }
-    super::uprobe_multi::sys_bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
 }
 
 /// What the running kernel can do with a probe (read once at start-up).
