@@ -4,7 +4,7 @@
 //! command; during start-up, ending it at once), and a reader that stops reading.
 
 use std::{
-    io::{BufRead as _, BufReader, Read as _},
+    io::{BufRead, BufReader, Read as _},
     path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -181,27 +181,47 @@ fn after_the_command_exits_the_first_signal_stops_the_trace() {
 
 /// A signal during start-up (loading and attaching take a while on a loaded machine) stops the
 /// tracer at once: the command never runs, no trace is left, the exit code says which signal.
+/// `tracer ARGS`, its stderr to read.
+fn spawn_tracer(args: &[&str]) -> (std::process::Child, BufReader<std::process::ChildStderr>) {
+    let mut child = Command::new(tracer_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    (child, stderr)
+}
+
+/// Reads `stderr` into `seen` until it holds `text`.
+fn read_until(stderr: &mut impl BufRead, seen: &mut String, text: &str) {
+    while !seen.contains(text) {
+        assert_ne!(stderr.read_line(seen).unwrap(), 0, "{seen}");
+    }
+}
+
 #[test]
 fn a_signal_during_start_up_stops_before_anything_runs() {
     let dir = temp_dir();
     let out = dir.path().join("t.jsonl");
     let marker = dir.path().join("ran");
     let calls = fixture("calls");
-    let mut child = Command::new(tracer_bin())
-        .args(["record", "-o", out.to_str().unwrap(), "-f", "fib", "--"])
-        .args([calls.to_str().unwrap(), "marker", marker.to_str().unwrap()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (mut child, mut stderr) = spawn_tracer(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "-f",
+        "fib",
+        "--",
+        calls.to_str().unwrap(),
+        "marker",
+        marker.to_str().unwrap(),
+    ]);
     // The probes line comes once the functions are chosen, before the programs are loaded and
     // attached (hundreds of milliseconds): the signal lands in that.
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut seen = String::new();
-    while !seen.contains("tracer: probes:") {
-        assert_ne!(stderr.read_line(&mut seen).unwrap(), 0, "{seen}");
-    }
+    read_until(&mut stderr, &mut seen, "tracer: probes:");
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     stderr.read_to_string(&mut seen).unwrap();
@@ -259,22 +279,12 @@ fn a_signal_at_any_moment_of_start_up_leaves_no_process_stopped_at_exec() {
     let out = dir.path().join("t.jsonl");
     // `None`: signalled once it says it is tracing. Returns whether start-up was cut short.
     let interrupted_after = |delay: Option<Duration>| -> bool {
-        let mut child = Command::new(tracer_bin())
-            .args(["record", "-o", out.to_str().unwrap(), "-f", "xmalloc", "-p", &shell.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let (mut child, mut stderr) =
+            spawn_tracer(&["record", "-o", out.to_str().unwrap(), "-f", "xmalloc", "-p", &shell.to_string()]);
         let mut seen = String::new();
         match delay {
             Some(delay) => std::thread::sleep(delay),
-            None => {
-                while !seen.contains("tracer: tracing") {
-                    assert_ne!(stderr.read_line(&mut seen).unwrap(), 0, "{seen}");
-                }
-            }
+            None => read_until(&mut stderr, &mut seen, "tracer: tracing"),
         }
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
