@@ -282,9 +282,8 @@ pub fn record<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> (Run, Trace) {
     (run, trace)
 }
 
-/// Starts `tracer <args>` and returns once it says it is tracing (`tracer: tracing ...` on
-/// stderr): the child, the rest of its stderr, and what it printed until then.
-pub fn start_tracing<S: AsRef<OsStr>>(args: &[S]) -> (Child, BufReader<std::process::ChildStderr>, String) {
+/// Starts `tracer <args>` (stdin and stdout null) and returns at once: the child and its stderr.
+pub fn spawn_tracer<S: AsRef<OsStr>>(args: &[S]) -> (Child, BufReader<std::process::ChildStderr>) {
     let mut child = Command::new(tracer_bin())
         .args(args)
         .stdin(Stdio::null())
@@ -292,7 +291,14 @@ pub fn start_tracing<S: AsRef<OsStr>>(args: &[S]) -> (Child, BufReader<std::proc
         .stderr(Stdio::piped())
         .spawn()
         .expect("start tracer");
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    (child, stderr)
+}
+
+/// Starts `tracer <args>` and returns once it says it is tracing (`tracer: tracing ...` on
+/// stderr): the child, the rest of its stderr, and what it printed until then.
+pub fn start_tracing<S: AsRef<OsStr>>(args: &[S]) -> (Child, BufReader<std::process::ChildStderr>, String) {
+    let (mut child, mut stderr) = spawn_tracer(args);
     let mut startup = String::new();
     loop {
         let mut line = String::new();

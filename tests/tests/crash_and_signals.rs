@@ -4,14 +4,16 @@
 //! command; during start-up, ending it at once), and a reader that stops reading.
 
 use std::{
-    io::{BufRead, BufReader, Read as _},
+    io::{BufRead, Read as _},
     path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use serde_json::Value;
-use tracer_tests::{Background, TracerRun, fixture, temp_dir, tracer, tracer_bin, u64_field};
+use tracer_tests::{
+    Background, TracerRun, fixture, spawn_tracer, start_tracing, temp_dir, tracer, tracer_bin, u64_field,
+};
 
 fn now_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
@@ -181,19 +183,6 @@ fn after_the_command_exits_the_first_signal_stops_the_trace() {
 
 /// A signal during start-up (loading and attaching take a while on a loaded machine) stops the
 /// tracer at once: the command never runs, no trace is left, the exit code says which signal.
-/// `tracer ARGS`, its stderr to read.
-fn spawn_tracer(args: &[&str]) -> (std::process::Child, BufReader<std::process::ChildStderr>) {
-    let mut child = Command::new(tracer_bin())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    (child, stderr)
-}
-
 /// Reads `stderr` into `seen` until it holds `text`.
 fn read_until(stderr: &mut impl BufRead, seen: &mut String, text: &str) {
     while !seen.contains(text) {
@@ -279,13 +268,15 @@ fn a_signal_at_any_moment_of_start_up_leaves_no_process_stopped_at_exec() {
     let out = dir.path().join("t.jsonl");
     // `None`: signalled once it says it is tracing. Returns whether start-up was cut short.
     let interrupted_after = |delay: Option<Duration>| -> bool {
-        let (mut child, mut stderr) =
-            spawn_tracer(&["record", "-o", out.to_str().unwrap(), "-f", "xmalloc", "-p", &shell.to_string()]);
-        let mut seen = String::new();
-        match delay {
-            Some(delay) => std::thread::sleep(delay),
-            None => read_until(&mut stderr, &mut seen, "tracer: tracing"),
-        }
+        let args = ["record", "-o", out.to_str().unwrap(), "-f", "xmalloc", "-p", &shell.to_string()];
+        let (mut child, mut stderr, mut seen) = match delay {
+            Some(delay) => {
+                let (child, stderr) = spawn_tracer(&args);
+                std::thread::sleep(delay);
+                (child, stderr, String::new())
+            }
+            None => start_tracing(&args),
+        };
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
         stderr.read_to_string(&mut seen).unwrap();
