@@ -72,6 +72,78 @@ macro_rules! require_hardware_breakpoints {
     };
 }
 
+/// `tracer ARGS` in a process where the kernel answers every `perf_event_open` with `ENODEV`, as
+/// a kernel without a breakpoint PMU answers a hardware breakpoint: a seccomp filter, installed
+/// between fork and exec, makes this machine one without hardware breakpoints for tracer alone.
+fn tracer_without_perf_events<S: AsRef<OsStr>>(args: &[S]) -> Run {
+    use std::os::unix::process::CommandExt;
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    const ARCH: u32 = 4; // offsetof(struct seccomp_data, arch)
+    const NR: u32 = 0; // offsetof(struct seccomp_data, nr)
+    let stmt = |code: u32, k: u32| libc::sock_filter { code: code as u16, jt: 0, jf: 0, k };
+    let jump = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let filter = [
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, ARCH),
+        jump(AUDIT_ARCH_X86_64, 0, 3),
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, NR),
+        jump(libc::SYS_perf_event_open as u32, 0, 1),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ERRNO | libc::ENODEV as u32),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ];
+    let mut command = std::process::Command::new(tracer_tests::tracer_bin());
+    command
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: between fork and exec only two prctl calls run, on the closure's own `filter`.
+    unsafe {
+        command.pre_exec(move || {
+            let program = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr().cast_mut() };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &program as *const libc::sock_fprog)
+                    != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    tracer_tests::wait_with_timeout(command.spawn().expect("start tracer"), "tracer")
+}
+
+/// The refusal itself, on every machine: where `perf_event_open` answers `ENODEV` (here made so
+/// for tracer alone), `-w` is refused with one sentence and exit 1, before the command runs.
+#[test]
+fn watch_is_refused_with_one_sentence_where_perf_event_open_answers_enodev() {
+    let dir = temp_dir();
+    let out = dir.path().join("trace.jsonl");
+    let marker = dir.path().join("ran");
+    // The fixture execs its arguments when it ends: `touch MARKER` says whether it ran.
+    let run = tracer_without_perf_events(&[
+        "record".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+        "-w".as_ref(),
+        "counter".as_ref(),
+        "--".as_ref(),
+        fixture("breakpoints_o0").as_os_str(),
+        "/usr/bin/touch".as_ref(),
+        marker.as_os_str(),
+    ]);
+    assert_eq!(run.code(), 1, "{run:?}");
+    run.assert_error(
+        "-w cannot watch on this machine: it gives no hardware breakpoints (perf_event_open of one answers: No such device (os error 19))",
+    );
+    assert!(!marker.exists(), "the command ran although -w was refused");
+    assert!(!out.exists(), "a trace was written although -w was refused");
+}
+
 /// `tracer record -o DIR/trace.jsonl ARGS`, which must succeed and lose nothing.
 fn record<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> (Run, Trace) {
     let (run, trace) = tracer_tests::record(dir, args);

@@ -29,34 +29,53 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 pub enum LoadError {
     #[error("this tracer binary was built without its eBPF programs; build it with `cargo xtask build`")]
     NoObject,
-    #[error("cannot load the eBPF programs into the kernel: {0}")]
-    Load(LoadFailure),
-    #[error("cannot attach {what}: {error}")]
-    Attach { what: String, error: aya::programs::ProgramError },
-    #[error("cannot update the {map} map: {error}")]
-    Map { map: &'static str, error: aya::maps::MapError },
-    #[error("cannot open a hardware watchpoint at {address:#x} in thread {tid}: {error}")]
-    Watchpoint { address: u64, tid: u32, error: aya::programs::ProgramError },
+    #[error("cannot load the eBPF programs into the kernel")]
+    Load(#[source] LoadFailure),
+    // aya's errors keep the system's answer (`Operation not permitted`) as their own source: as
+    // sources here, `{:#}` and `errors::report` say it too.
+    #[error("cannot attach {what}")]
+    Attach {
+        what: String,
+        #[source]
+        error: aya::programs::ProgramError,
+    },
+    #[error("cannot update the {map} map")]
+    Map {
+        map: &'static str,
+        #[source]
+        error: aya::maps::MapError,
+    },
+    #[error("cannot open a hardware watchpoint at {address:#x} in thread {tid}")]
+    Watchpoint {
+        address: u64,
+        tid: u32,
+        #[source]
+        error: aya::programs::ProgramError,
+    },
 }
 
-/// What went wrong while loading, under [`LoadError::Load`]'s one sentence. Not marked as its
-/// source, so that the sentence says it once.
+/// What went wrong while loading: [`LoadError::Load`]'s source. Each variant is its cause as aya
+/// gives it, whose own source (the system's answer) follows it.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadFailure {
     /// A program or map the object should have (a build that does not match this code).
     #[error("{0} is missing")]
     Missing(String),
-    #[error("{0}")]
+    #[error(transparent)]
     Ebpf(aya::EbpfError),
-    #[error("{0}")]
+    #[error(transparent)]
     Program(aya::programs::ProgramError),
-    #[error("{name}: {error}")]
-    NamedProgram { name: &'static str, error: aya::programs::ProgramError },
-    #[error("{0}")]
+    #[error("{name}")]
+    NamedProgram {
+        name: &'static str,
+        #[source]
+        error: aya::programs::ProgramError,
+    },
+    #[error(transparent)]
     MapType(aya::maps::MapError),
-    #[error("{0}")]
+    #[error(transparent)]
     Object(ObjectError),
-    #[error("{0}")]
+    #[error(transparent)]
     KernelLog(aya_log::Error),
 }
 

@@ -80,18 +80,19 @@ pub struct ProgramObject {
 }
 
 /// Why the uprobe programs could not be made ready ([`ProgramObject::prepare`]) or loaded
-/// ([`ProgramObject::load`]). No variant marks its cause as a source: each sentence says it once.
+/// ([`ProgramObject::load`]). An aya error is passed on whole (its own source, the system's answer,
+/// follows it); the kernel's refusal says its error with the verifier's log.
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectError {
-    #[error("{0}")]
+    #[error(transparent)]
     Parse(aya_obj::ParseError),
-    #[error("{0}")]
+    #[error(transparent)]
     Btf(aya_obj::btf::BtfError),
-    #[error("cannot load the programs' BTF: {0}")]
-    LoadBtf(io::Error),
+    #[error("cannot load the programs' BTF")]
+    LoadBtf(#[source] io::Error),
     #[error("map {0} was not created")]
     MissingMap(String),
-    #[error("{0}")]
+    #[error(transparent)]
     Relocation(aya_obj::relocation::EbpfRelocationError),
     #[error("program {0} is missing")]
     MissingProgram(String),
