@@ -99,16 +99,26 @@ pub struct Span {
     pub attributes: BTreeMap<String, String>,
     /// (trace id, span id) of each link.
     pub links: Vec<(String, String)>,
+    pub events: Vec<SpanEvent>,
+}
+
+/// A span event as rotel prints it: its name, and its attributes as `-> key: Value` lines.
+#[derive(Debug, Default, Clone)]
+pub struct SpanEvent {
+    pub name: String,
+    pub attributes: BTreeMap<String, String>,
 }
 
 /// Reads rotel's detailed debug log: `Resource attributes:` then `-> key: Value` lines, and per
 /// span `Span #N`, `Trace ID : ..`, `Parent ID : ..`, `ID : ..`, `Name : ..`, `Kind : ..`,
-/// `Attributes:` and `Links:` with `SpanLink #N` blocks.
+/// `Attributes:`, `Events:` with `SpanEvent #N` blocks (`-> Name: ..`, `-> Timestamp: ..`,
+/// `-> Attributes::` then `-> key: Value`) and `Links:` with `SpanLink #N` blocks.
 pub fn parse(text: &str) -> Vec<Span> {
     #[derive(PartialEq)]
     enum In {
         Resource,
         Span,
+        Event,
         Link,
         Other,
     }
@@ -125,6 +135,9 @@ pub fn parse(text: &str) -> Vec<Span> {
         } else if t.starts_with("Span #") {
             spans.push(Span { resource: resource.clone(), ..Default::default() });
             at = In::Span;
+        } else if t.starts_with("SpanEvent #") {
+            spans.last_mut().unwrap().events.push(Default::default());
+            at = In::Event;
         } else if t.starts_with("SpanLink #") {
             spans.last_mut().unwrap().links.push(Default::default());
             at = In::Link;
@@ -136,6 +149,16 @@ pub fn parse(text: &str) -> Vec<Span> {
                 }
                 In::Span => {
                     spans.last_mut().unwrap().attributes.insert(k.to_string(), v.to_string());
+                }
+                In::Event => {
+                    let event = spans.last_mut().unwrap().events.last_mut().unwrap();
+                    match k {
+                        "Name" => event.name = v.to_string(),
+                        "Timestamp" | "DroppedAttributesCount" | "Attributes::" => {}
+                        _ => {
+                            event.attributes.insert(k.to_string(), v.to_string());
+                        }
+                    }
                 }
                 In::Link => {
                     let link = spans.last_mut().unwrap().links.last_mut().unwrap();

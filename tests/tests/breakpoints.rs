@@ -8,7 +8,11 @@
 use std::{ffi::OsStr, path::Path};
 
 use serde_json::{Value, json};
-use tracer_tests::{Run, Trace, fixture, temp_dir, tracer, u64_field};
+use tracer_tests::{
+    LocalAgent, Run, Trace, fixture,
+    rotel::{Rotel, SpanEvent},
+    temp_dir, tracer, u64_field,
+};
 
 const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/c/breakpoints.c");
 
@@ -420,4 +424,86 @@ fn break_and_watch_events_reach_every_format() {
     let line = bump_line();
     assert!(run.stdout.contains(&format!("watch counter = 100 by bump (breakpoints.c:{line})")), "{}", run.stdout);
     assert!(run.stdout.contains(&format!("break breakpoints.c:{line} {{i = 50}}")), "{}", run.stdout);
+}
+
+/// `collect -B -w`: the texts travel in the trace request, and the agent parses and resolves them
+/// against its own executable as `record` does: the same 50 breaks and 50 writes, from host `h`.
+/// A line without code on the agent's executable is its one sentence, through the collector.
+#[test]
+fn a_collector_sets_breakpoints_and_watchpoints_on_its_agents() {
+    require_hardware_breakpoints!();
+    let dir = temp_dir();
+    let agent = LocalAgent::start(dir.path(), "h", &["--allow-commands"]);
+    let out = dir.path().join("t.jsonl");
+    let command = format!("h:{}", fixture("breakpoints_o0").display());
+    let at = format!("breakpoints.c:{}", bump_line());
+    let collect = |at: &str| {
+        tracer(&[
+            "collect",
+            "--agent",
+            &agent.spec("h"),
+            "-e",
+            "break,watch",
+            "-B",
+            at,
+            "-w",
+            "counter",
+            "-c",
+            &command,
+            "-o",
+            out.to_str().unwrap(),
+        ])
+    };
+    let run = collect(&at);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let trace = Trace::load(&out);
+    assert_eq!(trace.lost(), 0, "{}", trace.end);
+    let locals: Vec<&Value> = trace.of_kind("break").map(|b| &b["locals"]).collect();
+    let expected: Vec<Value> = (1..=50).map(|i| json!({"i": i})).collect();
+    assert_eq!(locals, expected.iter().collect::<Vec<_>>());
+    let watches: Vec<(u64, &str)> =
+        trace.of_kind("watch").map(|w| (u64_field(w, "value"), w["function"].as_str().unwrap_or("?"))).collect();
+    assert_eq!(watches, (1..=50).map(|i| (i * 2, "bump")).collect::<Vec<_>>());
+    assert!(trace.of_kind("break").chain(trace.of_kind("watch")).all(|e| e["host"] == "h"));
+
+    let run = collect("breakpoints.c:1");
+    run.assert_error("agent h could not start tracing: -B: line 1 of breakpoints.c has no code");
+}
+
+/// Both kinds reach a real OpenTelemetry collector as events of the process span, with where
+/// they happened and what they saw.
+#[test]
+fn break_and_watch_events_reach_a_real_otlp_collector() {
+    require_hardware_breakpoints!();
+    let dir = temp_dir();
+    let rotel = Rotel::start(dir.path());
+    let exe = fixture("breakpoints_o0");
+    let line = bump_line();
+    let at = format!("breakpoints.c:{line}");
+    let args = ["-e", "break,watch", "-B", &at, "-w", "counter", "--", exe.to_str().unwrap()];
+    record(dir.path(), &args);
+    let jsonl = dir.path().join("trace.jsonl");
+    let run = tracer(&["export".as_ref(), jsonl.as_os_str(), "--otlp".as_ref(), rotel.url.as_ref()]);
+    assert_eq!(run.code(), 0, "{run:?}");
+    let spans = rotel.spans(1);
+    let process = spans.iter().find(|s| s.name == "process breakpoints_o0").unwrap_or_else(|| panic!("{spans:#?}"));
+    let named =
+        |prefix: &str| -> Vec<&SpanEvent> { process.events.iter().filter(|e| e.name.starts_with(prefix)).collect() };
+    let breaks = named("break ");
+    assert_eq!(breaks.len(), 50, "{:#?}", process.events);
+    for (i, b) in (1..=50).zip(&breaks) {
+        assert_eq!(b.name, format!("break breakpoints.c:{line}"));
+        assert_eq!(b.attributes["code.line.number"], format!("Int({line})"));
+        assert_eq!(b.attributes["code.function"], "Str(bump)");
+        assert_eq!(b.attributes["tracer.locals"], format!("Str(i = {i})"));
+    }
+    let watches = named("watch ");
+    assert_eq!(watches.len(), 50, "{:#?}", process.events);
+    for (i, w) in (1..=50u64).zip(&watches) {
+        assert_eq!(w.name, format!("watch counter = {}", i * 2));
+        assert_eq!(w.attributes["tracer.variable"], "Str(counter)");
+        assert_eq!(w.attributes["tracer.value"], format!("Str({})", i * 2));
+        assert_eq!(w.attributes["code.function"], "Str(bump)");
+        assert_eq!(w.attributes["code.line.number"], format!("Int({line})"));
+    }
 }

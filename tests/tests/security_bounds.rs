@@ -60,7 +60,7 @@ fn a_hundred_thousand_patterns_are_refused_at_once_and_a_large_plan_keeps_no_col
         let took = asked.elapsed();
         assert_eq!(
             said,
-            "agent h could not start tracing: the request has more than 1000 function and USDT patterns: an agent takes at most 1000 per request"
+            "agent h could not start tracing: the request has more than 1000 patterns (functions, USDT probes, triggers, breakpoints, watchpoints): an agent takes at most 1000 per request"
         );
         assert!(took < Duration::from_secs(1), "refused in {took:?}");
         let probes = TraceRequest { pids: vec![victim.pid()], max_probes: 100_000, ..Default::default() };
@@ -120,14 +120,14 @@ fn hostile_trigger_fields_are_refused_with_their_sentence() {
         let many = on_victim(TraceRequest { stop_at: vec!["t*".to_string(); 100_000], ..Default::default() });
         assert_eq!(
             refused(&cluster, many).await,
-            "agent h could not start tracing: the request has more than 1000 function and USDT patterns: an agent takes at most 1000 per request"
+            "agent h could not start tracing: the request has more than 1000 patterns (functions, USDT probes, triggers, breakpoints, watchpoints): an agent takes at most 1000 per request"
         );
         let split = on_victim(TraceRequest {
             start_at: vec!["t*".to_string(); 500],
             stop_at: vec!["t*".to_string(); 500],
             ..Default::default()
         });
-        assert!(refused(&cluster, split).await.contains("more than 1000 function and USDT patterns"));
+        assert!(refused(&cluster, split).await.contains("more than 1000 patterns (functions"));
         for depth in [u32::MAX, 65] {
             let deep = on_victim(TraceRequest { depth, ..Default::default() });
             assert_eq!(

@@ -82,6 +82,33 @@ impl WatchSpec {
     }
 }
 
+/// The text `parse` reads back as the same breakpoint: what a collector sends its agents.
+impl std::fmt::Display for BreakSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BreakSpec::Line { file, line } => write!(f, "{file}:{line}"),
+            BreakSpec::Offset { function, offset } => write!(f, "{function}+{offset:#x}"),
+        }
+    }
+}
+
+/// The text `parse` reads back as the same watchpoint.
+impl std::fmt::Display for WatchSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.target {
+            WatchTarget::Address { address, len } => write!(f, "{address:#x}:{len}"),
+            WatchTarget::Variable(name) => {
+                let access = match self.access {
+                    Access::Write => "w",
+                    Access::Read => "r",
+                    Access::ReadWrite => "rw",
+                };
+                write!(f, "{name}:{access}")
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +135,19 @@ mod tests {
         assert_eq!(w("0x4010:4").target, WatchTarget::Address { address: 0x4010, len: 4 });
         for bad in ["counter:x", "0x4010:3", "0x4011:4", "0x4010", "a b", ""] {
             assert!(WatchSpec::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// What a collector sends is read by its agents as the user's own option.
+    #[test]
+    fn specs_read_back_from_their_text() {
+        for text in ["src/fixture.c:12", "bump+0x4", "bump+7", "a::b.rs:3"] {
+            let spec = BreakSpec::parse(text).unwrap();
+            assert_eq!(BreakSpec::parse(&spec.to_string()).unwrap(), spec, "{text}");
+        }
+        for text in ["counter", "counter:r", "counter:rw", "ns::x:w", "0x4010:4", "0x4010:8"] {
+            let spec = WatchSpec::parse(text).unwrap();
+            assert_eq!(WatchSpec::parse(&spec.to_string()).unwrap(), spec, "{text}");
         }
     }
 }

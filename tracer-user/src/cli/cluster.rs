@@ -203,6 +203,8 @@ fn requests(args: &CollectArgs) -> anyhow::Result<Vec<(String, TraceRequest)>> {
                 start_at: pattern_list::flatten(args.trace.triggers.start_at.clone()),
                 stop_at: pattern_list::flatten(args.trace.triggers.stop_at.clone()),
                 depth: args.trace.triggers.depth.unwrap_or(0),
+                breaks: args.trace.breaks.iter().map(ToString::to_string).collect(),
+                watches: args.trace.watches.iter().map(ToString::to_string).collect(),
                 ..Default::default()
             };
             (a.name.clone(), request)

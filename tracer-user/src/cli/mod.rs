@@ -101,17 +101,6 @@ pub struct RecordArgs {
     pub binaries: Vec<PathBuf>,
     #[command(flatten)]
     pub trace: TraceOptions,
-    /// A breakpoint (repeatable): FILE:LINE or FUNCTION+OFFSET in the traced executable, found
-    /// through its DWARF; every time a thread gets there, a `break` event with the parameters
-    /// and locals in scope (`char *` and `char[N]` read as strings, as parameters are).
-    #[arg(short = 'B', long = "break", value_name = "FILE:LINE", value_parser = parse_break)]
-    pub breaks: Vec<BreakSpec>,
-    /// Watch a global or static variable (repeatable, at most 4): VARIABLE, VARIABLE:rw (reads
-    /// too) or ADDRESS:LENGTH; every write is a `watch` event with the value written and the
-    /// function and line that wrote it (hardware breakpoints). A process that execs another
-    /// program is no longer watched.
-    #[arg(short = 'w', long = "watch", value_name = "VARIABLE", value_parser = parse_watch)]
-    pub watches: Vec<WatchSpec>,
     /// Output file ('-' for standard output); the format comes from --format or the extension.
     #[arg(short, long, value_name = "PATH", default_value = "trace.jsonl")]
     pub output: PathBuf,
@@ -166,9 +155,20 @@ pub struct TraceOptions {
     /// their libraries, e.g. 'libc:setjmp', 'libstdc++.so.6:libstdcxx:throw'; or a comma list.
     #[arg(short, long = "usdt", value_name = "PATTERN", value_parser = pattern_list::parse)]
     pub usdt: Vec<PatternList>,
+    /// A breakpoint (repeatable): FILE:LINE or FUNCTION+OFFSET in the traced executable (on each
+    /// host, under `collect`), found through its DWARF; every time a thread gets there, a `break` event with the parameters
+    /// and locals in scope (`char *` and `char[N]` read as strings, as parameters are).
+    #[arg(short = 'B', long = "break", value_name = "FILE:LINE", value_parser = parse_break)]
+    pub breaks: Vec<BreakSpec>,
+    /// Watch a global or static variable (repeatable, at most 4): VARIABLE, VARIABLE:rw (reads
+    /// too) or ADDRESS:LENGTH; every write is a `watch` event with the value written and the
+    /// function and line that wrote it (hardware breakpoints). A process that execs another
+    /// program is no longer watched.
+    #[arg(short = 'w', long = "watch", value_name = "VARIABLE", value_parser = parse_watch)]
+    pub watches: Vec<WatchSpec>,
     /// Comma list of call,return,spawn,exit,ipc,log,usdt,break,watch (ipc: send,recv,signal; log:
     /// what the targets say through tracer-events; usdt: the -u probes; break, watch: the -B
-    /// breakpoints and -w watchpoints of `record`).
+    /// breakpoints and -w watchpoints).
     #[arg(short, long, value_name = "LIST", value_delimiter = ',', default_value = "call,return,spawn,exit,ipc,log,usdt,break,watch", value_parser = EventKind::parse_list_item)]
     pub events: Vec<Vec<EventKind>>,
     /// Do not follow children (following forks and execs is the default).
@@ -560,8 +560,8 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         events: args.trace.event_kinds(),
         functions: pattern_list::flatten(args.trace.functions),
         usdt: pattern_list::flatten(args.trace.usdt),
-        breaks: args.breaks,
-        watches: args.watches,
+        breaks: args.trace.breaks,
+        watches: args.trace.watches,
         follow_children: !args.trace.no_follow,
         duration: args.trace.duration,
         buffer_size: args.trace.buffer_size,

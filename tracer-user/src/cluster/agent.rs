@@ -48,6 +48,7 @@ use super::{
 };
 use crate::{
     assemble::clock::BootClock,
+    breakpoints::spec::{BreakSpec, WatchSpec},
     errors::report,
     event::{EndReason, Event, EventKind, TraceEnd, TraceStart},
     plan::{self, Plan, RecordError, RecordOptions},
@@ -802,9 +803,20 @@ fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordO
         command: request.command.into_iter().map(OsString::from).collect(),
         functions: request.functions,
         usdt: request.usdt,
-        // Breakpoints and watchpoints are `record`'s alone (their events still travel).
-        breaks: Vec::new(),
-        watches: Vec::new(),
+        // Parsed here as `record` parses its options; resolved by planning against this
+        // host's executables.
+        breaks: request
+            .breaks
+            .iter()
+            .map(|b| BreakSpec::parse(b))
+            .collect::<Result<_, _>>()
+            .map_err(RecordError::from)?,
+        watches: request
+            .watches
+            .iter()
+            .map(|w| WatchSpec::parse(w))
+            .collect::<Result<_, _>>()
+            .map_err(RecordError::from)?,
         events: if events.is_empty() { defaults.events.clone() } else { events },
         follow_children: request.follow_children,
         duration: None,

@@ -25,8 +25,9 @@ use crate::event::{TraceEnd, TraceStart};
 /// `trace_start.kernel` carries `ring_bytes`; a trace request's `buffer_size` 0 fits the ring
 /// to the trace. 12: `trace_end` carries `filters` (each predicate's counters); `break` and
 /// `watch` events. 13: a trace request carries `start_at`, `stop_at` and `depth`; `trace_end`'s
-/// filter counters carry `by_trigger`, `by_depth` and `returns_unmatched`.
-pub const PROTOCOL_VERSION: u32 = 13;
+/// filter counters carry `by_trigger`, `by_depth` and `returns_unmatched`. 14: a trace request
+/// carries `breaks` and `watches` (`-B`, `-w`).
+pub const PROTOCOL_VERSION: u32 = 14;
 /// The largest frame (its message's encoding) either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated
@@ -80,6 +81,12 @@ pub struct TraceRequest {
     pub stop_at: Vec<String>,
     /// `--depth` (0: none; checked by the agent like `record`'s own).
     pub depth: u32,
+    /// `-B` breakpoints and `-w` watchpoints, as the user wrote them (parsed, and resolved against
+    /// the agent's own executables, by the agent as `record` does).
+    #[serde(deserialize_with = "request_limits::patterns")]
+    pub breaks: Vec<String>,
+    #[serde(deserialize_with = "request_limits::patterns")]
+    pub watches: Vec<String>,
 }
 
 impl Default for TraceRequest {
@@ -101,6 +108,8 @@ impl Default for TraceRequest {
             start_at: Vec::new(),
             stop_at: Vec::new(),
             depth: 0,
+            breaks: Vec::new(),
+            watches: Vec::new(),
         }
     }
 }

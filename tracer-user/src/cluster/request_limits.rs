@@ -26,7 +26,7 @@ pub const MAX_PROBES: usize = DEFAULT_MAX_PROBES;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RequestError {
     #[error(
-        "the request has more than {MAX_PATTERNS} function and USDT patterns: an agent takes at most {MAX_PATTERNS} per request"
+        "the request has more than {MAX_PATTERNS} patterns (functions, USDT probes, triggers, breakpoints, watchpoints): an agent takes at most {MAX_PATTERNS} per request"
     )]
     TooManyPatterns,
     #[error(
@@ -51,7 +51,9 @@ pub enum RequestError {
 
 /// Refuses a request beyond any bound (one sentence, the first bound broken).
 pub fn check(request: &TraceRequest) -> Result<(), RequestError> {
-    if request.functions.len() + request.usdt.len() + request.start_at.len() + request.stop_at.len() > MAX_PATTERNS {
+    let patterns =
+        [&request.functions, &request.usdt, &request.start_at, &request.stop_at, &request.breaks, &request.watches];
+    if patterns.iter().map(|p| p.len()).sum::<usize>() > MAX_PATTERNS {
         return Err(RequestError::TooManyPatterns);
     }
     if request.pids.len() + request.binaries.len() > MAX_TARGETS {
@@ -137,8 +139,23 @@ mod tests {
         assert_eq!(got.functions.len(), MAX_PATTERNS + 1);
         assert_eq!(
             check(&got).unwrap_err().to_string(),
-            "the request has more than 1000 function and USDT patterns: an agent takes at most 1000 per request"
+            "the request has more than 1000 patterns (functions, USDT probes, triggers, breakpoints, watchpoints): an agent takes at most 1000 per request"
         );
+        for request in [
+            TraceRequest { breaks: vec!["a.c:1".into(); 100_000], ..Default::default() },
+            TraceRequest { watches: vec!["x".into(); 100_000], ..Default::default() },
+        ] {
+            let got = decoded(request);
+            assert_eq!(got.breaks.len() + got.watches.len(), MAX_PATTERNS + 1);
+            assert_eq!(check(&got), Err(RequestError::TooManyPatterns));
+        }
+        let split = TraceRequest {
+            functions: vec!["a".into(); 500],
+            breaks: vec!["a.c:1".into(); 300],
+            watches: vec!["x".into(); 201],
+            ..Default::default()
+        };
+        assert_eq!(check(&decoded(split)), Err(RequestError::TooManyPatterns));
         let split =
             TraceRequest { functions: vec!["a".into(); 600], usdt: vec!["p:n".into(); 401], ..Default::default() };
         assert_eq!(check(&decoded(split)), Err(RequestError::TooManyPatterns));
