@@ -15,7 +15,7 @@ pub use options::{DEFAULT_MAX_PROBES, RecordError, RecordOptions, check_pid_name
 
 use std::{
     collections::{BTreeMap, HashSet},
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::Arc,
 };
 
@@ -25,10 +25,11 @@ use self::choose::{Choice, Tables, Unmatched};
 use crate::{
     assemble::{FunctionTable, NativeReturns, ProbedFunction},
     breakpoints,
+    debuginfo::layout::FunctionLayout,
     event::host,
     event::{EventKind, ProbePaths},
     functions::disasm::Exit,
-    functions::placement::{ProbePath, ProbeSummary},
+    functions::placement::{EntryPoint, ProbePath, ProbeSummary},
     functions::symbols::{Exits, Function, NamesFrom, Placement, SymbolTable},
     functions::unwinding::{self, ReturnProbes},
     kernel::btf::KernelFacts,
@@ -87,6 +88,76 @@ pub(crate) struct FilterSpec {
     /// Decided by its thread's gate (`cookie::GATED`: `--start-at`, `--stop-at`, `--depth`),
     /// with its role there (`gate::START`, `STOP`, `NO_RETURN`; 0 for none).
     pub gate: Option<u8>,
+}
+
+impl FilterSpec {
+    /// How the kernel decides on `function`'s calls, before its probes are placed: its
+    /// predicates compiled (`layout` names their parameters), whether its calls are held to their
+    /// return, its gate role. Only native functions' calls are decided in the kernel.
+    fn of(
+        options: &RecordOptions,
+        function: u32,
+        name: &str,
+        native: bool,
+        predicate: &filter::Predicates,
+        role: u8,
+        layout: Option<&FunctionLayout>,
+    ) -> Result<FilterSpec, RecordError> {
+        if !predicate.is_empty() && !native {
+            return Err(RecordError::FilterOnGo(name.to_string()));
+        }
+        // Calls decided at their return: their entries are held in the kernel until then.
+        let held = native && (predicate.ret.is_some() || options.min_duration_ns > 0);
+        if held && !options.events.contains(&EventKind::Return) {
+            return Err(RecordError::HeldWithoutReturnEvents);
+        }
+        let compiled = |p: &filter::Predicate, at_return| {
+            p.compile(name, layout, at_return).map(|program| (program, p.text.clone()))
+        };
+        Ok(FilterSpec {
+            function,
+            entry: predicate.entry.as_ref().map(|p| compiled(p, false)).transpose()?,
+            ret: predicate.ret.as_ref().map(|p| compiled(p, true)).transpose()?,
+            held,
+            // Calls decided by their thread's gate (Go functions' returns are not matched by
+            // stack pointer: they are written as they come).
+            gate: (native && options.gated()).then_some(role),
+        })
+    }
+
+    /// The spec once the function's returns are placed (`returns`), or `None` when the kernel
+    /// has nothing to decide. A function whose returns are not probed cannot be decided at its
+    /// return, nor close its thread's gate.
+    fn settled(mut self, returns: &NativeReturns, name: &str) -> Result<Option<FilterSpec>, RecordError> {
+        if matches!(returns, NativeReturns::None) {
+            if self.held {
+                if self.ret.is_some() {
+                    return Err(RecordError::HeldWithoutReturn(name.to_string()));
+                }
+                // No return to decide at: its calls are written as they come (a warning names
+                // it), not held for ever.
+                self.held = false;
+            }
+            // Decided at its entry but never opened on its thread's gate: no return will close it.
+            if let Some(role) = &mut self.gate {
+                *role |= gate::NO_RETURN;
+            }
+        }
+        let decides = self.entry.is_some() || self.ret.is_some() || self.held || self.gate.is_some();
+        Ok(decides.then_some(self))
+    }
+
+    /// The flags every probe of the function carries, for the programs to evaluate or honour
+    /// its predicates.
+    fn cookie_flags(&self) -> u64 {
+        (if self.entry.is_some() { cookie::FILTERED } else { 0 })
+            | if self.held { cookie::HOLD } else { 0 }
+            | match self.gate {
+                Some(0) => cookie::GATED,
+                Some(_) => cookie::GATED | cookie::GATE_ROLE,
+                None => 0,
+            }
+    }
 }
 
 /// Resolves targets and functions. Fails, before anything is attached or launched, on anything
@@ -288,8 +359,6 @@ pub(crate) fn select_functions(
     warnings: &mut Vec<String>,
     scope: Scope,
 ) -> Result<Selection, RecordError> {
-    let entry = options.events.contains(&EventKind::Call);
-    let exit = options.events.contains(&EventKind::Return);
     let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
     let mut tables = Tables::new(pids);
     let executables = tables.readable(executables, options, warnings, scope)?;
@@ -300,183 +369,44 @@ pub(crate) fn select_functions(
         return Err(RecordError::TooManyProbes { count: selected.len(), max: options.max_probes });
     }
     let mut sources = source_level(&selected, &tables.tables, options.string_size, warnings);
-    // A stripped file whose debug file was found (libc with libc6-dbg) gives its functions'
-    // parameters: saying only that it is stripped would tell the user the opposite.
-    for (path, table) in &tables.tables {
-        if table.names_from == NamesFrom::Dynsym && !sources.keys().any(|(module, _)| module == path) {
-            warnings
-                .push(format!("{} is stripped: only its exported functions (.dynsym) can be probed", path.display()));
-        }
-    }
-
-    // Returns by the return address, unless a program here unwinds stacks (see `unwinding`).
-    let unwinder = if exit && options.return_probes.is_none() {
-        // The executables first: their own use is the clearest reason to give.
-        let files: Vec<PathBuf> = executables.iter().chain(tables.candidates(executables).files()).cloned().collect();
-        unwinding::unwinder(&files)
-    } else {
-        None
-    };
-    let return_probes = match (options.return_probes, &unwinder) {
-        (Some(chosen), _) => chosen,
-        (None, Some(_)) => ReturnProbes::Exits,
-        (None, None) => ReturnProbes::ReturnAddress,
-    };
-    let mut probes = Vec::with_capacity(selected.len());
+    stripped(&tables.tables, &sources, warnings);
+    let (return_probes, unwinder) = return_probes(options, executables, &mut tables);
+    let mut placed = Placed::new(options, return_probes);
     let mut functions = Vec::with_capacity(selected.len());
-    let mut no_return = Vec::new();
-    let mut exits_unknown = Vec::new();
-    let mut exit_sites = 0usize;
-    let mut refused: Vec<(String, String)> = Vec::new();
-    let mut probe_paths = ProbePaths::default();
     let mut aliases = BTreeMap::new();
     let mut filters = Vec::new();
-    // The Go functions probed, by event name: the fast-path advice differs for them.
-    let mut go_functions: HashSet<String> = HashSet::new();
-    for (module, index) in selected {
-        let table = &tables.tables[&module];
+    for key in selected {
+        let (module, index) = (&key.0, key.1);
+        let table = &tables.tables[module];
         let f = &table.functions[index];
-        let name = event_names.remove(&(module.clone(), index)).unwrap_or_else(|| f.name.clone());
+        let name = event_names.remove(&key).unwrap_or_else(|| f.name.clone());
         let function = scope.first_function + functions.len() as u32;
-        let source = sources.remove(&(module.clone(), index)).map(Arc::new);
-        let reads = |ret: bool| {
-            let layout = source.as_ref().and_then(|s| s.layout.as_ref());
-            layout.is_some_and(|l| if ret { l.probe.ret.kind != 0 } else { l.probe.entry_strings > 0 })
-        };
-        let strings = |ret: bool| if reads(ret) { cookie::STRINGS } else { 0 };
-        let mut returns = NativeReturns::None;
-        let predicate = predicates.remove(&(module.clone(), index)).unwrap_or_default();
+        let source = sources.remove(&key).map(Arc::new);
+        let layout = source.as_ref().and_then(|s| s.layout.as_ref());
+        let predicate = predicates.remove(&key).unwrap_or_default();
+        let role = roles.get(&key).copied().unwrap_or(0);
         let native = matches!(f.placement, Placement::Native { .. });
-        if !predicate.is_empty() && !native {
-            return Err(RecordError::FilterOnGo(name));
-        }
-        // Calls decided at their return: their entries are held in the kernel until then.
-        let held = native && (predicate.ret.is_some() || options.min_duration_ns > 0);
-        // Calls decided by their thread's gate (Go functions' returns are not matched by stack
-        // pointer: they are written as they come).
-        let role = roles.get(&(module.clone(), index)).copied().unwrap_or(0);
-        let gate = (native && options.gated()).then_some(role);
-        if held && !exit {
-            return Err(RecordError::HeldWithoutReturnEvents);
-        }
-        if !predicate.is_empty() || held || gate.is_some() {
-            let layout = source.as_ref().and_then(|s| s.layout.as_ref());
-            let compiled = |p: &filter::Predicate, at_return| {
-                p.compile(&name, layout, at_return).map(|program| (program, p.text.clone()))
-            };
-            filters.push(FilterSpec {
-                function,
-                entry: predicate.entry.as_ref().map(|p| compiled(p, false)).transpose()?,
-                ret: predicate.ret.as_ref().map(|p| compiled(p, true)).transpose()?,
-                held,
-                gate,
-            });
-        }
-        // Every probe of a filtered function evaluates or honours its predicate.
-        let flags = if predicate.entry.is_some() { cookie::FILTERED } else { 0 }
-            | if held { cookie::HOLD } else { 0 }
-            | match gate {
-                Some(0) => cookie::GATED,
-                Some(_) => cookie::GATED | cookie::GATE_ROLE,
-                None => 0,
-            };
-        let first_probe = probes.len();
-        let mut probe = |file_offset: u64, cookie: u64, ret: bool| {
-            probes.push(ProbeSpec { path: module.clone(), file_offset, cookie: cookie | flags, ret });
-        };
-        match &f.placement {
-            Placement::Native { entry: point, exits } => {
-                let return_safe = f.return_probe_is_safe();
-                if exit && !return_safe {
-                    no_return.push(name.clone());
-                }
-                // Both probes on the chosen point: a uretprobe there still finds the caller's
-                // return address on top of the stack (only `endbr64` and nops come before it).
-                let at = f.file_offset + point.offset;
-                let mut entry_cookie = cookie::plain(function) | strings(false);
-                if exit && return_safe {
-                    returns = match return_probes {
-                        ReturnProbes::ReturnAddress => {
-                            probe(at, cookie::plain(function) | strings(true), true);
-                            NativeReturns::ReturnAddress
-                        }
-                        ReturnProbes::Exits => match exits.as_ref().and_then(|e| exit_probes(f, function, e)) {
-                            Some(sites) => {
-                                exit_sites += sites.len();
-                                for (offset, cookie, value) in sites {
-                                    if entry && offset == at {
-                                        // The entry instruction is an exit too: its one probe
-                                        // writes both, in order.
-                                        entry_cookie = cookie::with_exit(entry_cookie, cookie);
-                                    } else {
-                                        probe(offset, cookie | if value { strings(true) } else { 0 }, false);
-                                    }
-                                }
-                                let extent = exits.as_ref().map(|e| e.extent.clone()).unwrap_or_default();
-                                NativeReturns::AtExits { extent: extent.into() }
-                            }
-                            None => {
-                                exits_unknown.push(name.clone());
-                                NativeReturns::None
-                            }
-                        },
-                    };
-                }
-                if entry {
-                    probe(at, entry_cookie, false);
-                }
-                probe_paths.add(&name, point.path);
-                if point.offset != 0 {
-                    probe_paths.moved.insert(name.clone(), point.offset);
-                }
-            }
-            Placement::Go { entry: at, entry_path, returns } => {
+        let filter = FilterSpec::of(options, function, &name, native, &predicate, role, layout)?;
+        let chosen = Chosen { module, f, function, name: &name };
+        let first_probe = placed.probes.len();
+        let returns = match &f.placement {
+            Placement::Native { entry, exits } => placed.native(&chosen, entry, exits.as_ref(), layout),
+            Placement::Go { entry, entry_path, returns } => {
                 let goid_offset = table.go.as_ref().map_or(0, |go| go.goid_offset());
-                if entry {
-                    probe(*at, cookie::go(function, false, goid_offset), false);
-                }
-                if exit {
-                    for &ret in returns {
-                        probe(ret, cookie::go(function, true, goid_offset), false);
-                    }
-                }
-                // A `ret` is single-stepped: with return probes a Go function traps.
-                let path = if exit && !returns.is_empty() { ProbePath::Trap } else { *entry_path };
-                probe_paths.add(&name, path);
-                if *at != f.file_offset {
-                    probe_paths.moved.insert(name.clone(), *at - f.file_offset);
-                }
-                go_functions.insert(name.clone());
+                placed.go(&chosen, (*entry, *entry_path), returns, goid_offset);
+                NativeReturns::None
             }
             Placement::Refused(why) => {
-                refused.push((name.clone(), format!("{}: {why}", module.display())));
+                placed.refused.push((name, format!("{}: {why}", module.display())));
                 continue;
             }
-        }
-        if held && matches!(returns, NativeReturns::None) {
-            if predicate.ret.is_some() {
-                return Err(RecordError::HeldWithoutReturn(name));
+        };
+        // Every probe of a filtered function evaluates or honours its predicate.
+        if let Some(spec) = filter.settled(&returns, &name)? {
+            for p in &mut placed.probes[first_probe..] {
+                p.cookie |= spec.cookie_flags();
             }
-            // No return to decide at: its calls are written as they come (the warning above
-            // names it), not held for ever.
-            for p in &mut probes[first_probe..] {
-                p.cookie &= !cookie::HOLD;
-            }
-            if filters.last().is_some_and(|s: &FilterSpec| s.function == function) {
-                filters.pop_if(|s| s.entry.is_none() && s.gate.is_none());
-                if let Some(spec) = filters.last_mut().filter(|s| s.function == function) {
-                    spec.held = false;
-                }
-            }
-        }
-        if gate.is_some() && matches!(returns, NativeReturns::None) {
-            // Decided at its entry but never opened on its thread's gate: no return will close it.
-            for p in &mut probes[first_probe..] {
-                p.cookie |= cookie::GATE_ROLE;
-            }
-            if let Some(spec) = filters.last_mut().filter(|s| s.function == function) {
-                spec.gate = Some(role | gate::NO_RETURN);
-            }
+            filters.push(spec);
         }
         let others = f.other_names(&name);
         if !others.is_empty() {
@@ -489,49 +419,234 @@ pub(crate) fn select_functions(
             returns,
         });
     }
-    if let Some((_, why)) = refused.first() {
-        if functions.is_empty() {
-            return Err(RecordError::GoRefused(why.clone()));
-        }
-        let names: Vec<&str> = refused.iter().take(5).map(|(n, _)| n.as_str()).collect();
-        warnings.push(format!(
-            "{} functions not probed ({}{}): {why}",
-            refused.len(),
-            names.join(", "),
-            if refused.len() > 5 { ", ..." } else { "" }
-        ));
-    }
-    // Unasked-for functions (no -f) like `_start` need no remark.
-    if !no_return.is_empty() && !options.functions.is_empty() {
-        warnings.push(format!(
-            "no return probes on {} (entry points and functions that return twice cannot take one safely)",
-            no_return.join(", ")
-        ));
-    }
-    if !exits_unknown.is_empty() {
-        let mut names: Vec<&str> = exits_unknown.iter().take(5).map(String::as_str).collect();
-        if exits_unknown.len() > 5 {
-            names.push("...");
-        }
-        warnings.push(format!(
-            "no return probes on {} ({}): where they end cannot all be found in their code (a jump through \
-             memory), and a return-address probe would break unwinding in this program; their calls are traced",
-            plural(exits_unknown.len(), "function"),
-            names.join(", ")
-        ));
-    }
-    let mut probe_summary = probe_paths.summary(|f| go_functions.contains(f), exit, KernelProbes::current());
-    if let (ReturnProbes::Exits, Some(ProbeSummary { line, .. })) = (return_probes, &mut probe_summary) {
-        let why = match &unwinder {
-            Some(u) => format!("{u}, and a return-address probe would abort it when it unwinds through a traced call"),
-            None => "as asked".to_string(),
-        };
-        line.push_str(&format!(
-            "; returns probed where they happen ({}, a trap each): {why}",
-            plural(exit_sites, "ret and tail-jump site")
-        ));
-    }
+    placed.warn(functions.is_empty(), options, warnings)?;
+    let probe_summary = placed.summary(unwinder.as_ref());
+    let Placed { probes, probe_paths, .. } = placed;
     Ok(Selection { probes, functions, probe_paths, aliases, probe_summary, filters, unmatched })
+}
+
+/// A stripped file whose debug file was found (libc with libc6-dbg) gives its functions'
+/// parameters: saying only that it is stripped would tell the user the opposite.
+fn stripped(
+    tables: &BTreeMap<PathBuf, SymbolTable>,
+    sources: &BTreeMap<(PathBuf, usize), crate::debuginfo::SourceFunction>,
+    warnings: &mut Vec<String>,
+) {
+    for (path, table) in tables {
+        if table.names_from == NamesFrom::Dynsym && !sources.keys().any(|(module, _)| module == path) {
+            warnings
+                .push(format!("{} is stripped: only its exported functions (.dynsym) can be probed", path.display()));
+        }
+    }
+}
+
+/// How native returns are probed: as `--return-probes` says, else by the return address unless
+/// a program here unwinds stacks (see `unwinding`), which is returned too, as the reason.
+fn return_probes(
+    options: &RecordOptions,
+    executables: &[PathBuf],
+    tables: &mut Tables,
+) -> (ReturnProbes, Option<unwinding::Unwinder>) {
+    let exit = options.events.contains(&EventKind::Return);
+    let unwinder = if exit && options.return_probes.is_none() {
+        // The executables first: their own use is the clearest reason to give.
+        let files: Vec<PathBuf> = executables.iter().chain(tables.candidates(executables).files()).cloned().collect();
+        unwinding::unwinder(&files)
+    } else {
+        None
+    };
+    let return_probes = match (options.return_probes, &unwinder) {
+        (Some(chosen), _) => chosen,
+        (None, Some(_)) => ReturnProbes::Exits,
+        (None, None) => ReturnProbes::ReturnAddress,
+    };
+    (return_probes, unwinder)
+}
+
+/// A function being placed: its file, its symbol, its index (its cookie) and its event name.
+struct Chosen<'a> {
+    module: &'a Path,
+    f: &'a Function,
+    function: u32,
+    name: &'a str,
+}
+
+/// The probes placed on the chosen functions, and what the user is told about them after.
+struct Placed {
+    entry: bool,
+    exit: bool,
+    return_probes: ReturnProbes,
+    probes: Vec<ProbeSpec>,
+    probe_paths: ProbePaths,
+    /// Functions that cannot take a return probe safely.
+    no_return: Vec<String>,
+    /// Native functions whose exits cannot all be found, with `ReturnProbes::Exits`.
+    exits_unknown: Vec<String>,
+    /// Exit sites probed, with `ReturnProbes::Exits`.
+    exit_sites: usize,
+    /// Functions not probed (event name, why).
+    refused: Vec<(String, String)>,
+    /// The Go functions probed, by event name: the fast-path advice differs for them.
+    go_functions: HashSet<String>,
+}
+
+impl Placed {
+    fn new(options: &RecordOptions, return_probes: ReturnProbes) -> Placed {
+        Placed {
+            entry: options.events.contains(&EventKind::Call),
+            exit: options.events.contains(&EventKind::Return),
+            return_probes,
+            probes: Vec::new(),
+            probe_paths: ProbePaths::default(),
+            no_return: Vec::new(),
+            exits_unknown: Vec::new(),
+            exit_sites: 0,
+            refused: Vec::new(),
+            go_functions: HashSet::new(),
+        }
+    }
+
+    fn probe(&mut self, module: &Path, file_offset: u64, cookie: u64, ret: bool) {
+        self.probes.push(ProbeSpec { path: module.to_path_buf(), file_offset, cookie, ret });
+    }
+
+    /// A native function's probes: its entry, and its returns by the return address or at its
+    /// exits. Returns how its returns arrive.
+    fn native(
+        &mut self,
+        chosen: &Chosen,
+        point: &EntryPoint,
+        exits: Option<&Exits>,
+        layout: Option<&FunctionLayout>,
+    ) -> NativeReturns {
+        let &Chosen { module, f, function, name } = chosen;
+        let strings = |ret: bool| {
+            let reads = layout.is_some_and(|l| if ret { l.probe.ret.kind != 0 } else { l.probe.entry_strings > 0 });
+            if reads { cookie::STRINGS } else { 0 }
+        };
+        let return_safe = f.return_probe_is_safe();
+        if self.exit && !return_safe {
+            self.no_return.push(name.to_string());
+        }
+        // Both probes on the chosen point: a uretprobe there still finds the caller's return
+        // address on top of the stack (only `endbr64` and nops come before it).
+        let at = f.file_offset + point.offset;
+        let mut entry_cookie = cookie::plain(function) | strings(false);
+        let mut returns = NativeReturns::None;
+        if self.exit && return_safe {
+            returns = match self.return_probes {
+                ReturnProbes::ReturnAddress => {
+                    self.probe(module, at, cookie::plain(function) | strings(true), true);
+                    NativeReturns::ReturnAddress
+                }
+                ReturnProbes::Exits => match exits.and_then(|e| exit_probes(f, function, e)) {
+                    Some(sites) => {
+                        self.exit_sites += sites.len();
+                        for (offset, cookie, value) in sites {
+                            if self.entry && offset == at {
+                                // The entry instruction is an exit too: its one probe writes
+                                // both, in order.
+                                entry_cookie = cookie::with_exit(entry_cookie, cookie);
+                            } else {
+                                self.probe(module, offset, cookie | if value { strings(true) } else { 0 }, false);
+                            }
+                        }
+                        let extent = exits.map(|e| e.extent.clone()).unwrap_or_default();
+                        NativeReturns::AtExits { extent: extent.into() }
+                    }
+                    None => {
+                        self.exits_unknown.push(name.to_string());
+                        NativeReturns::None
+                    }
+                },
+            };
+        }
+        if self.entry {
+            self.probe(module, at, entry_cookie, false);
+        }
+        self.probe_paths.add(name, point.path);
+        if point.offset != 0 {
+            self.probe_paths.moved.insert(name.to_string(), point.offset);
+        }
+        returns
+    }
+
+    /// A Go function's probes: its entry (`at`, on the path given), and each `ret`.
+    fn go(&mut self, chosen: &Chosen, (at, entry_path): (u64, ProbePath), returns: &[u64], goid_offset: u16) {
+        let &Chosen { module, f, function, name } = chosen;
+        if self.entry {
+            self.probe(module, at, cookie::go(function, false, goid_offset), false);
+        }
+        if self.exit {
+            for &ret in returns {
+                self.probe(module, ret, cookie::go(function, true, goid_offset), false);
+            }
+        }
+        // A `ret` is single-stepped: with return probes a Go function traps.
+        let path = if self.exit && !returns.is_empty() { ProbePath::Trap } else { entry_path };
+        self.probe_paths.add(name, path);
+        if at != f.file_offset {
+            self.probe_paths.moved.insert(name.to_string(), at - f.file_offset);
+        }
+        self.go_functions.insert(name.to_string());
+    }
+
+    /// What the user is told about the functions placed: those refused (an error when nothing
+    /// else is probed), and those whose returns are not probed.
+    fn warn(&self, none_probed: bool, options: &RecordOptions, warnings: &mut Vec<String>) -> Result<(), RecordError> {
+        if let Some((_, why)) = self.refused.first() {
+            if none_probed {
+                return Err(RecordError::GoRefused(why.clone()));
+            }
+            let names: Vec<&str> = self.refused.iter().take(5).map(|(n, _)| n.as_str()).collect();
+            warnings.push(format!(
+                "{} functions not probed ({}{}): {why}",
+                self.refused.len(),
+                names.join(", "),
+                if self.refused.len() > 5 { ", ..." } else { "" }
+            ));
+        }
+        // Unasked-for functions (no -f) like `_start` need no remark.
+        if !self.no_return.is_empty() && !options.functions.is_empty() {
+            warnings.push(format!(
+                "no return probes on {} (entry points and functions that return twice cannot take one safely)",
+                self.no_return.join(", ")
+            ));
+        }
+        if !self.exits_unknown.is_empty() {
+            let mut names: Vec<&str> = self.exits_unknown.iter().take(5).map(String::as_str).collect();
+            if self.exits_unknown.len() > 5 {
+                names.push("...");
+            }
+            warnings.push(format!(
+                "no return probes on {} ({}): where they end cannot all be found in their code (a jump through \
+                 memory), and a return-address probe would break unwinding in this program; their calls are traced",
+                plural(self.exits_unknown.len(), "function"),
+                names.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    /// One line on the paths the probes take, and where returns are probed when not by the
+    /// return address, with why (`unwinder`).
+    fn summary(&self, unwinder: Option<&unwinding::Unwinder>) -> Option<ProbeSummary> {
+        let mut summary =
+            self.probe_paths.summary(|f| self.go_functions.contains(f), self.exit, KernelProbes::current());
+        if let (ReturnProbes::Exits, Some(ProbeSummary { line, .. })) = (self.return_probes, &mut summary) {
+            let why = match unwinder {
+                Some(u) => {
+                    format!("{u}, and a return-address probe would abort it when it unwinds through a traced call")
+                }
+                None => "as asked".to_string(),
+            };
+            line.push_str(&format!(
+                "; returns probed where they happen ({}, a trap each): {why}",
+                plural(self.exit_sites, "ret and tail-jump site")
+            ));
+        }
+        summary
+    }
 }
 
 /// The probes on `f`'s exits (file offset, cookie, whether the return value is there to read),
