@@ -73,16 +73,16 @@ const FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// How often [`Progress::lost`] is brought up to date (it reads every CPU's counters).
 const PROGRESS_LOST_EVERY: Duration = Duration::from_secs(1);
 
-impl Plan {
-    /// Launches the command (stopped), loads and attaches everything, starts tracing the targets,
-    /// and lets the command run.
-    pub fn start(self) -> Result<Recording, RecordError> {
-        self.start_gated(&StartGate::default())
+impl Recording {
+    /// Starts recording `plan`: launches its command (stopped), loads and attaches everything,
+    /// starts tracing the targets, and lets the command run.
+    pub fn start(plan: Plan) -> Result<Recording, RecordError> {
+        Recording::start_gated(plan, &StartGate::default())
     }
 
-    /// [`Plan::start`], which a caller may give up on through `gate` until it traces its targets
-    /// (`Err(Abandoned)` then); past that point it runs to its end.
-    pub fn start_gated(self, gate: &StartGate) -> Result<Recording, RecordError> {
+    /// [`Recording::start`], which a caller may give up on through `gate` until it traces its
+    /// targets (`Err(Abandoned)` then); past that point it runs to its end.
+    pub fn start_gated(plan: Plan, gate: &StartGate) -> Result<Recording, RecordError> {
         let Plan {
             options,
             ring_bytes,
@@ -99,7 +99,7 @@ impl Plan {
             executables,
             unmatched,
             ..
-        } = self;
+        } = plan;
         let mut warnings = Vec::new();
         let events = &options.events;
         let mut child = launch(command.as_deref(), &options, &breakpoints)?;
