@@ -397,7 +397,7 @@ impl StopSignals {
         }
     }
 
-    /// Runs [`Plan::start`](plan::Plan::start) like [`Self::unless_interrupted`], except that a
+    /// Runs [`Recording::start`](record::Recording::start) like [`Self::unless_interrupted`], except that a
     /// signal after the start has traced its targets cannot cut it short (see
     /// [`record::StartGate`]): then the start is waited for, and its recording comes back with the
     /// signal, to be ended at once.
@@ -408,7 +408,7 @@ impl StopSignals {
         let gate = Arc::new(record::StartGate::default());
         let mut work = tokio::task::spawn_blocking({
             let gate = gate.clone();
-            move || plan.start_gated(&gate)
+            move || record::Recording::start_gated(plan, &gate)
         });
         let finished = |done: Result<_, tokio::task::JoinError>| {
             done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))

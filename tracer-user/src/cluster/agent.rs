@@ -52,6 +52,7 @@ use crate::{
     errors::report,
     event::{EndReason, Event, EventKind, TraceEnd, TraceStart},
     plan::{self, Plan, RecordError, RecordOptions},
+    record::Recording,
     sink::Sink,
     targets::detached::Detached,
     targets::launch::{RunAs, Start, try_reap},
@@ -919,7 +920,7 @@ async fn start_trace(
             for w in &plan.warnings {
                 tracing::warn!(target: LOG, "warning: {w}");
             }
-            plan.start().map_err(StartError::from)
+            Recording::start(plan).map_err(StartError::from)
         }),
         Err(e) => Err(e),
     };

@@ -1,6 +1,6 @@
 //! Recording a trace: from a checked [`Plan`](crate::plan::Plan), load and attach everything
-//! ([`Plan::start`](crate::plan::Plan::start)), then drain events into a sink until the targets
-//! are gone, the duration elapses or the caller stops it ([`Recording::run`]).
+//! ([`Recording::start`]), then drain events into a sink until the targets are gone, the
+//! duration elapses or the caller stops it ([`Recording::run`]).
 
 pub mod drain;
 mod follow;

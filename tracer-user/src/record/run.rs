@@ -29,7 +29,9 @@ use crate::{
         select::Selection as BreakpointSelection,
     },
     event::host::Machine,
-    event::{EndReason, EventKind, FORMAT_VERSION, FilterStats, TargetInfo, TraceEnd, TraceStart},
+    event::{
+        EndReason, EventKind, FORMAT_VERSION, FilterStats, KernelInfo, ProbePaths, TargetInfo, TraceEnd, TraceStart,
+    },
     kernel::loader::{FilterCounters, Kernel, LostCounters, raise_fd_limit},
     kernel::log::{self as kernel_log, KernelLog},
     kernel::sites::{ProbeSpec, UsdtProbe, UsdtProgram, Watchpoint},
@@ -73,16 +75,16 @@ const FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// How often [`Progress::lost`] is brought up to date (it reads every CPU's counters).
 const PROGRESS_LOST_EVERY: Duration = Duration::from_secs(1);
 
-impl Plan {
-    /// Launches the command (stopped), loads and attaches everything, starts tracing the targets,
-    /// and lets the command run.
-    pub fn start(self) -> Result<Recording, RecordError> {
-        self.start_gated(&StartGate::default())
+impl Recording {
+    /// Starts recording `plan`: launches its command (stopped), loads and attaches everything,
+    /// starts tracing the targets, and lets the command run.
+    pub fn start(plan: Plan) -> Result<Recording, RecordError> {
+        Recording::start_gated(plan, &StartGate::default())
     }
 
-    /// [`Plan::start`], which a caller may give up on through `gate` until it traces its targets
-    /// (`Err(Abandoned)` then); past that point it runs to its end.
-    pub fn start_gated(self, gate: &StartGate) -> Result<Recording, RecordError> {
+    /// [`Recording::start`], which a caller may give up on through `gate` until it traces its
+    /// targets (`Err(Abandoned)` then); past that point it runs to its end.
+    pub fn start_gated(plan: Plan, gate: &StartGate) -> Result<Recording, RecordError> {
         let Plan {
             options,
             ring_bytes,
@@ -99,7 +101,7 @@ impl Plan {
             executables,
             unmatched,
             ..
-        } = self;
+        } = plan;
         let mut warnings = Vec::new();
         let events = &options.events;
         let mut child = launch(command.as_deref(), &options, &breakpoints)?;
@@ -123,17 +125,7 @@ impl Plan {
         let attached = attach_functions(&mut kernel, &probes, &functions, &mut warnings)?;
         let usdt_sites = attach_usdt(&mut kernel, &usdt, &mut warnings)?;
         let break_sites = attach_breakpoints(&mut kernel, &breaks, &breakpoints, &mut warnings)?;
-        // Functions and breakpoints that read strings.
-        if let Some(why) = kernel.sleepable_unavailable() {
-            let why = if options.no_sleepable {
-                "--no-sleepable asks for the non-faulting read only".to_string()
-            } else {
-                why.to_string()
-            };
-            warnings.push(format!(
-                "a string in a page the traced program has not touched yet (of .rodata, say) cannot be read and is marked unreadable: {why}"
-            ));
-        }
+        warnings.extend(unreadable_strings(&kernel, &options));
         let (watch_table, watchpoints) = watchpoints(&breakpoints, &processes, child.as_ref(), &mut warnings);
         kernel.attach_watchpoints(&watchpoints)?;
         if resolve_execs {
@@ -141,12 +133,7 @@ impl Plan {
         }
         let ring = kernel.take_ring()?;
         let lost = kernel.take_lost_counters()?;
-        let filter_counters = if filters.is_empty() && !room.later {
-            None
-        } else {
-            let named = filters.iter().map(|f| (functions[f.function as usize].name.to_string(), f.clone())).collect();
-            Some((kernel.take_filter_counters()?, named))
-        };
+        let filter_counters = filter_counters(&mut kernel, &filters, &functions, room.later)?;
 
         // From here on a traced process that execs may be stopped for tracer to resolve it: the
         // start can no longer be walked away from.
@@ -158,22 +145,7 @@ impl Plan {
 
         let clock = BootClock::calibrate();
         let targets = target_infos(&processes, &binaries, child.as_ref().zip(command.as_deref()), &options);
-        let start = TraceStart {
-            format_version: FORMAT_VERSION,
-            host: options.host.clone(),
-            tracer_version: env!("CARGO_PKG_VERSION").to_string(),
-            ts: clock.now_unix_ns(),
-            clock: clock.info(),
-            targets,
-            probes: attached,
-            events: events.iter().copied().collect(),
-            follow_children: options.follow_children,
-            probe_paths,
-            aliases,
-            hosts: vec![],
-            machine: Some(Machine::read()),
-            kernel: Some(features.info(ring_bytes)),
-        };
+        let start = trace_start(&options, &clock, targets, attached, probe_paths, aliases, features.info(ring_bytes));
         let return_probes = options.events.contains(&EventKind::Return);
         let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes)
             .with_usdt(usdt.table)
@@ -208,6 +180,64 @@ impl Plan {
             warnings,
             follower,
         })
+    }
+}
+
+/// Why strings that functions and breakpoints read are unreadable in pages the traced program
+/// has not touched yet, when the kernel cannot fault them in (no sleepable uprobes).
+fn unreadable_strings(kernel: &Kernel, options: &RecordOptions) -> Option<String> {
+    let why = kernel.sleepable_unavailable()?;
+    let why = if options.no_sleepable {
+        "--no-sleepable asks for the non-faulting read only".to_string()
+    } else {
+        why.to_string()
+    };
+    Some(format!(
+        "a string in a page the traced program has not touched yet (of .rodata, say) cannot be read and is marked unreadable: {why}"
+    ))
+}
+
+/// The predicates' counters, and each filtered function's event name and spec: when the kernel
+/// decides on some function's calls, or may for functions found in exec'd images (`later`).
+fn filter_counters(
+    kernel: &mut Kernel,
+    filters: &[FilterSpec],
+    functions: &FunctionTable,
+    later: bool,
+) -> Result<Option<(FilterCounters, Vec<FilteredFunction>)>, RecordError> {
+    if filters.is_empty() && !later {
+        return Ok(None);
+    }
+    let named = filters.iter().map(|f| (functions[f.function as usize].name.to_string(), f.clone())).collect();
+    Ok(Some((kernel.take_filter_counters()?, named)))
+}
+
+/// The trace's first line: what is traced, with which probes and events, on what machine and
+/// kernel, from when.
+fn trace_start(
+    options: &RecordOptions,
+    clock: &BootClock,
+    targets: Vec<TargetInfo>,
+    probes: usize,
+    probe_paths: ProbePaths,
+    aliases: BTreeMap<String, Vec<String>>,
+    kernel: KernelInfo,
+) -> TraceStart {
+    TraceStart {
+        format_version: FORMAT_VERSION,
+        host: options.host.clone(),
+        tracer_version: env!("CARGO_PKG_VERSION").to_string(),
+        ts: clock.now_unix_ns(),
+        clock: clock.info(),
+        targets,
+        probes,
+        events: options.events.iter().copied().collect(),
+        follow_children: options.follow_children,
+        probe_paths,
+        aliases,
+        hosts: vec![],
+        machine: Some(Machine::read()),
+        kernel: Some(kernel),
     }
 }
 

@@ -1,10 +1,10 @@
-//! Whether an interrupted start-up may still walk away. Until [`Plan::start`] marks its targets
+//! Whether an interrupted start-up may still walk away. Until [`Recording::start`] marks its targets
 //! as traced, nothing in the kernel stops any process, and a start interrupted by Ctrl-C can exit
 //! at once. From then on a traced process that execs an unresolved image is stopped until tracer
 //! continues it (`record/follow.rs`), so a start that got there must end as a recording, whose end
 //! continues them: exiting instead would leave a `-p` target, or a child of it, stopped.
 //!
-//! [`Plan::start`]: crate::plan::Plan::start
+//! [`Recording::start`]: crate::record::Recording::start
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
