@@ -1,5 +1,5 @@
 //! Flame graph data (`.flame.json`): a JSON array of root nodes, one per traced process, each node
-//! `{"name", "value", "children"}` with `value` in nanoseconds (see [`crate::analysis::stacks`] for
+//! `{"name", "value", "children"}` with `value` in nanoseconds (see [`crate::analysis::flame_stacks`] for
 //! what counts). d3-flame-graph reads it as is.
 //!
 //! The flame graph formats (this one, [`super::folded`], [`super::svg`]) share [`StackSink`]: it

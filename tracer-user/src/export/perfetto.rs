@@ -39,7 +39,7 @@
 //! before; Perfetto shows them from the first event. A file is a `Trace`: written one
 //! single-packet `Trace` at a time, which is the same bytes (repeated fields concatenate), so
 //! memory is bounded by the open calls, remembered sends and intern tables, not by the trace.
-//! [`read`] resolves such a file back to plain packets, as a Perfetto reader does.
+//! [`crate::trace::read::perfetto`] resolves such a file back to plain packets, as a Perfetto reader does.
 
 use crate::event::data;
 use std::{

@@ -36,7 +36,7 @@ pub struct UsdtProbe {
     pub file_offset: u64,
     /// File offset of the semaphore the kernel raises while attached; 0 for none.
     pub semaphore_offset: u64,
-    /// Index in the [`ProbeTable`] and in the kernel's `USDT_SPECS`.
+    /// Index in the [`ProbeTable`](crate::usdt::select::ProbeTable) and in the kernel's `USDT_SPECS`.
     pub cookie: u64,
     pub program: UsdtProgram,
     pub spec: UsdtSpec,

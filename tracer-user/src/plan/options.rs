@@ -119,7 +119,7 @@ pub enum RecordError {
     NotRoot,
     #[error("nothing to trace: give --pid, --binary, or a command after --")]
     NoTargets,
-    /// The caller gave up on the start before it traced anything ([`crate::record::StartGate`]).
+    /// The caller gave up on the start before it traced anything (`record::StartGate` decides it).
     #[error("start-up was abandoned before anything was traced")]
     Abandoned,
     #[error(transparent)]

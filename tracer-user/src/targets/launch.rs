@@ -307,7 +307,7 @@ unsafe fn above_stdio(fd: i32) -> i32 {
     if fd < 3 { unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) } } else { fd }
 }
 
-/// Forks a child that will exec `path` with `argv` (argv[0] included) once released, started as
+/// Forks a child that will exec `path` with `argv` (`argv[0]` included) once released, started as
 /// `start` says.
 pub fn spawn_stopped(path: &Path, argv: &[OsString], start: &Start) -> Result<StoppedChild, LaunchError> {
     let start_error = |source: std::io::Error| LaunchError::Start { path: path.to_owned(), source };

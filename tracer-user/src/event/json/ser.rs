@@ -11,7 +11,7 @@ use super::{KIND, Line, OMIT_WHEN_EMPTY, TYPE};
 use crate::event::EventData;
 
 /// Any value of the model in its JSON encoding (its enums tagged by `type`, empty fields marked
-/// [`omit_when_empty`] left out), e.g. to embed a channel in another format's arguments.
+/// [`omit_when_empty`](super::omit_when_empty) left out), e.g. to embed a channel in another format's arguments.
 pub struct Json<'a, T: ?Sized>(pub &'a T);
 
 impl<T: Serialize + ?Sized> Serialize for Json<'_, T> {
@@ -169,7 +169,7 @@ impl<S: ser::SerializeStruct> ser::SerializeStruct for Fields<'_, S> {
 }
 
 /// Serializes the model as JSON: enums with fields tagged by `type` first, fields marked
-/// [`omit_when_empty`] left out when empty.
+/// [`omit_when_empty`](super::omit_when_empty) left out when empty.
 struct TagInside<S>(S);
 
 /// A compound value of [`TagInside`], whose elements are written the same way.
@@ -351,7 +351,7 @@ impl<C: ser::SerializeStruct> ser::SerializeStructVariant for Compound<C> {
 
 // ---- Whether a value is empty ----
 
-/// Whether a field's value is marked [`omit_when_empty`] and is empty.
+/// Whether a field's value is marked [`omit_when_empty`](super::omit_when_empty) and is empty.
 fn omitted<T: Serialize + ?Sized>(value: &T) -> bool {
     value.serialize(EmptyProbe { marked: true }).unwrap_or(false)
 }
@@ -362,7 +362,7 @@ fn is_empty<T: Serialize + ?Sized>(value: &T) -> bool {
 }
 
 /// Answers "is it empty?" by serializing; any value with content ends the probe as an error.
-/// `marked`: only a value marked [`omit_when_empty`] may be empty (the question a field asks).
+/// `marked`: only a value marked [`omit_when_empty`](super::omit_when_empty) may be empty (the question a field asks).
 #[derive(Clone, Copy)]
 struct EmptyProbe {
     marked: bool,

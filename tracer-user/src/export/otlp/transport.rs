@@ -49,7 +49,7 @@ pub struct Counters {
     pub retries: AtomicU64,
     /// Links from receives to sends whose spans were not known when the receive came: the send
     /// came after it (a collected trace whose clocks could not be reconciled) or was forgotten
-    /// (older than the last [`MAX_REMEMBERED_SENDS`]).
+    /// (older than the last [`MAX_REMEMBERED_SENDS`](crate::export::MAX_REMEMBERED_SENDS)).
     pub links_unknown: AtomicU64,
 }
 
