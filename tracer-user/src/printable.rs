@@ -51,43 +51,49 @@ impl<W: Write> Printable<W> {
 
 impl<W: Write> Write for Printable<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.held.extend_from_slice(buf);
-        let mut rest = &self.held[..];
-        loop {
-            match std::str::from_utf8(rest) {
-                Ok(text) => {
-                    self.inner.write_all(escape_controls(text).as_bytes())?;
-                    rest = &[];
-                    break;
-                }
-                Err(e) => {
-                    let (text, after) = rest.split_at(e.valid_up_to());
-                    // Checked valid just above.
-                    self.inner.write_all(escape_controls(std::str::from_utf8(text).unwrap_or_default()).as_bytes())?;
-                    match e.error_len() {
-                        Some(bad) => {
-                            for b in &after[..bad] {
-                                write!(self.inner, "\\x{b:02x}")?;
-                            }
-                            rest = &after[bad..];
-                        }
-                        // The start of a character whose end is in the next write.
-                        None => {
-                            rest = after;
-                            break;
-                        }
-                    }
-                }
-            }
+        if self.held.is_empty() {
+            // The common case: written straight from `buf`, only a split character's start kept.
+            let done = write_escaped(&mut self.inner, buf)?;
+            self.held.extend_from_slice(&buf[done..]);
+        } else {
+            self.held.extend_from_slice(buf);
+            let done = write_escaped(&mut self.inner, &self.held)?;
+            self.held.drain(..done);
         }
-        let keep = rest.len();
-        let start = self.held.len() - keep;
-        self.held.drain(..start);
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
+    }
+}
+
+/// Writes `bytes` to `out` with control characters escaped and bytes that are not UTF-8 as `\xNN`;
+/// returns how many were written: all but the start of a character whose end is still to come.
+fn write_escaped(out: &mut impl Write, bytes: &[u8]) -> io::Result<usize> {
+    let mut rest = bytes;
+    loop {
+        match std::str::from_utf8(rest) {
+            Ok(text) => {
+                out.write_all(escape_controls(text).as_bytes())?;
+                return Ok(bytes.len());
+            }
+            Err(e) => {
+                let (text, after) = rest.split_at(e.valid_up_to());
+                // Checked valid just above.
+                out.write_all(escape_controls(std::str::from_utf8(text).unwrap_or_default()).as_bytes())?;
+                match e.error_len() {
+                    Some(bad) => {
+                        for b in &after[..bad] {
+                            write!(out, "\\x{b:02x}")?;
+                        }
+                        rest = &after[bad..];
+                    }
+                    // The start of a character whose end is in the next write.
+                    None => return Ok(bytes.len() - after.len()),
+                }
+            }
+        }
     }
 }
 
