@@ -119,6 +119,15 @@ fn try_top_entry(ctx: &ProbeContext) -> Result<u32, i64> {
     if cookie::is_gated(cookie) && !crate::gate::top_times(&mut stack.gate, cookie, stack.depth) {
         return Ok(0);
     }
+    // `-f 'FUNC if EXPR'`: a refused call is not counted and not pushed, so its return finds no
+    // frame of its own and is not timed either (as for the gate above).
+    if cookie::is_filtered(cookie) {
+        // SAFETY: as above.
+        let r = unsafe { &*ctx.regs };
+        if !crate::filter::evaluate(function, &[r.rdi, r.rsi, r.rdx, r.rcx, r.r8, r.r9, r.rax], true) {
+            return Ok(0);
+        }
+    }
     let Some(stats) = stats(tgid, function) else { return Ok(0) };
     add(&mut stats.calls, 1);
     let depth = stack.depth as usize;
