@@ -207,3 +207,16 @@ fn predicates_count_and_time_only_the_calls_that_pass() {
     tracer(&["top", "-f", "greet ret-if ret < 0", "--", exe])
         .assert_error("tracer top decides calls at their entry only");
 }
+
+#[test]
+fn min_duration_counts_and_times_only_the_long_calls() {
+    // The `filters` fixture's main lasts at least 200 ms; its 200 tick() calls a few µs each.
+    let exe = fixture("filters");
+    let snapshots = top(&["-f", "main", "-f", "tick", "--min-duration", "100ms", "--", exe.to_str().unwrap()]);
+    let last = snapshots.last().unwrap();
+    let main = row(last, "main");
+    assert_eq!((u64_field(main, "calls"), u64_field(main, "returns")), (1, 1), "{last}");
+    assert!(at_least(u64_field(main, "total_ns"), 200 * MS), "{main}");
+    let rows = last["functions"].as_array().unwrap();
+    assert!(rows.iter().all(|r| r["function"] != "tick"), "no tick lasted 100 ms: {last}");
+}

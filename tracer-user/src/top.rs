@@ -91,7 +91,8 @@ pub enum TopError {
 impl Top {
     /// Launches the command (stopped), loads and attaches the `top` programs at the plan's probe
     /// points, starts tracing the targets and lets the command run.
-    pub fn start(plan: Plan, by_process: bool) -> Result<Top, TopError> {
+    /// `min_duration_ns`: only calls that last at least this long are counted and timed (0: all).
+    pub fn start(plan: Plan, by_process: bool, min_duration_ns: u64) -> Result<Top, TopError> {
         let Plan { options, processes, binaries, command, probes, functions, filters, .. } = plan;
         let child = match &command {
             Some(path) => Some(spawn_stopped(path, &options.command, &options.start).map_err(RecordError::from)?),
@@ -106,7 +107,7 @@ impl Top {
             wakeup_bytes: u64::MAX,
             capture_bytes: 0,
             debug: 0,
-            min_duration_ns: 0,
+            min_duration_ns,
             max_depth: options.depth.unwrap_or(0),
             start_off: !options.start_at.is_empty() as u32,
             resolve_execs: 0,
