@@ -192,6 +192,52 @@ fn min_duration_keeps_main_and_drops_the_short_ticks() {
 }
 
 #[test]
+fn min_duration_keep_children_keeps_main_and_the_calls_inside_it() {
+    let dir = temp_dir();
+    let exe = fixture("filters");
+    let exe = exe.to_str().unwrap();
+    let args = [
+        "-f",
+        "main",
+        "-f",
+        "tick",
+        "-f",
+        "greet",
+        "--min-duration",
+        "100ms",
+        "--min-duration-keep-children",
+        "--",
+        exe,
+    ];
+    let (run, t) = record(dir.path(), &args);
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(t.lost(), 0, "{:?}", t.end);
+    // main lasts 200 ms: it is written with its 200 ticks and 7 greets, each with its return
+    // (all of them short, all inside main).
+    for (function, n) in [("main", 1), ("tick", 200), ("greet", 7)] {
+        assert_eq!((t.calls(function).len(), t.returns(function).len()), (n, n), "{function}");
+    }
+    let (call, ret) = (t.calls("main")[0], t.returns("main")[0]);
+    let duration = ret["duration_ns"].as_u64().unwrap();
+    assert!(duration >= 200_000_000);
+    assert_eq!(call["ts"].as_u64().unwrap() + duration, ret["ts"].as_u64().unwrap());
+    for tick in t.calls("tick") {
+        let ts = tick["ts"].as_u64().unwrap();
+        assert!(call["ts"].as_u64().unwrap() < ts && ts < ret["ts"].as_u64().unwrap(), "{tick}");
+    }
+    assert_eq!(held_counters(&t, "main"), (1, 1, 0, 0));
+    assert_eq!(held_counters(&t, "tick"), (200, 200, 0, 0));
+    assert_eq!(held_counters(&t, "greet"), (7, 7, 0, 0));
+    for f in ["main", "tick", "greet"] {
+        assert_eq!(t.end["filters"][f]["min_duration_ns"], 100_000_000, "{f}");
+        assert_eq!(t.end["filters"][f]["children_dropped"], 0, "{f}");
+    }
+    // Without --min-duration it means nothing.
+    let run = tracer(&["record", "--min-duration-keep-children", "--", exe]);
+    assert!(run.code() != 0 && run.stderr.contains("--min-duration <DURATION>"), "{run:?}");
+}
+
+#[test]
 fn ret_if_mistakes_are_refused_with_a_sentence() {
     let exe = fixture("filters");
     let exe = exe.to_str().unwrap();

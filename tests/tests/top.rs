@@ -181,3 +181,42 @@ fn triggers_and_depth_time_only_the_calls_record_would_write() {
     let last = snapshots.last().unwrap();
     assert_eq!((u64_field(row(last, "rec"), "calls"), u64_field(row(last, "rec"), "returns")), (2, 2), "{last}");
 }
+
+#[test]
+fn predicates_count_and_time_only_the_calls_that_pass() {
+    // The `filters` fixture (fixtures/c/filters.c): seven greet() calls, two with name "bob",
+    // two of them inside visit(0) and visit(5).
+    let exe = fixture("filters");
+    let exe = exe.to_str().unwrap();
+    let snapshots = top(&["-f", r#"greet if name == "bob""#, "--", exe]);
+    let last = snapshots.last().unwrap();
+    let greet = row(last, "greet");
+    assert_eq!((u64_field(greet, "calls"), u64_field(greet, "returns")), (2, 2), "{last}");
+    let f = &last["filters"]["greet"];
+    assert_eq!(f["predicate"], r#"name == "bob""#, "{last}");
+    assert_eq!((u64_field(f, "seen"), u64_field(f, "filtered_out")), (7, 5), "{last}");
+    // A refused call's callees are decided on their own: visit(0) is refused, its greet is not.
+    let snapshots = top(&["-f", "visit if keep > 0", "-f", "greet", "--", exe]);
+    let last = snapshots.last().unwrap();
+    let (visit, greet) = (row(last, "visit"), row(last, "greet"));
+    assert_eq!((u64_field(visit, "calls"), u64_field(visit, "returns")), (1, 1), "{last}");
+    assert_eq!((u64_field(greet, "calls"), u64_field(greet, "returns")), (7, 7), "{last}");
+    assert!(last["filters"].get("greet").is_none(), "{last}");
+    assert_eq!(u64_field(&last["filters"]["visit"], "filtered_out"), 1, "{last}");
+    // Decided at the return: refused in one sentence.
+    tracer(&["top", "-f", "greet ret-if ret < 0", "--", exe])
+        .assert_error("tracer top decides calls at their entry only");
+}
+
+#[test]
+fn min_duration_counts_and_times_only_the_long_calls() {
+    // The `filters` fixture's main lasts at least 200 ms; its 200 tick() calls a few µs each.
+    let exe = fixture("filters");
+    let snapshots = top(&["-f", "main", "-f", "tick", "--min-duration", "100ms", "--", exe.to_str().unwrap()]);
+    let last = snapshots.last().unwrap();
+    let main = row(last, "main");
+    assert_eq!((u64_field(main, "calls"), u64_field(main, "returns")), (1, 1), "{last}");
+    assert!(at_least(u64_field(main, "total_ns"), 200 * MS), "{main}");
+    let rows = last["functions"].as_array().unwrap();
+    assert!(rows.iter().all(|r| r["function"] != "tick"), "no tick lasted 100 ms: {last}");
+}

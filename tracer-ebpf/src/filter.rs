@@ -120,21 +120,7 @@ pub fn release(function: u32, tid: u32, entry_sp: u64, retval: u64) -> Option<Ca
 /// every predicate before attaching).
 #[inline(always)]
 pub fn passes(function: u32, regs: &[u64; 7], tid: u32, sp: u64, count: bool) -> bool {
-    // SAFETY: a map value, read in place; user space never changes a predicate while probes run.
-    let Some(program) = FILTERS.get_ptr(function).map(|p| unsafe { &*p }) else {
-        return true;
-    };
-    let pass = run(program, regs);
-    // SAFETY: a per-CPU map value; a program runs on one CPU from start to end.
-    let counts = FILTER_COUNTS.get_ptr_mut(function).map(|c| unsafe { &mut *c });
-    if let Some(c) = counts {
-        if count {
-            c.seen += 1;
-        }
-        if !pass {
-            c.filtered += 1;
-        }
-    }
+    let pass = evaluate(function, regs, count);
     if !pass {
         let key = OpenKey { tid, _pad: 0, sp };
         if REFUSED_OPEN.insert(&key, &0, 0).is_err()
@@ -142,6 +128,28 @@ pub fn passes(function: u32, regs: &[u64; 7], tid: u32, sp: u64, count: bool) ->
         {
             // SAFETY: as above.
             unsafe { (*c).returns_not_dropped += 1 };
+        }
+    }
+    pass
+}
+
+/// Whether the call of `function` with these argument registers passes its predicate, counted
+/// (as seen only when `count`), without remembering a refused one: `tracer top`, whose return
+/// program finds no frame for a call its entry did not push, needs nothing more.
+#[inline(always)]
+pub fn evaluate(function: u32, regs: &[u64; 7], count: bool) -> bool {
+    // SAFETY: a map value, read in place; user space never changes a predicate while probes run.
+    let Some(program) = FILTERS.get_ptr(function).map(|p| unsafe { &*p }) else {
+        return true;
+    };
+    let pass = run(program, regs);
+    // SAFETY: a per-CPU map value; a program runs on one CPU from start to end.
+    if let Some(c) = FILTER_COUNTS.get_ptr_mut(function).map(|c| unsafe { &mut *c }) {
+        if count {
+            c.seen += 1;
+        }
+        if !pass {
+            c.filtered += 1;
         }
     }
     pass

@@ -119,8 +119,20 @@ fn try_top_entry(ctx: &ProbeContext) -> Result<u32, i64> {
     if cookie::is_gated(cookie) && !crate::gate::top_times(&mut stack.gate, cookie, stack.depth) {
         return Ok(0);
     }
+    // `-f 'FUNC if EXPR'`: a refused call is not counted and not pushed, so its return finds no
+    // frame of its own and is not timed either (as for the gate above).
+    if cookie::is_filtered(cookie) {
+        // SAFETY: as above.
+        let r = unsafe { &*ctx.regs };
+        if !crate::filter::evaluate(function, &[r.rdi, r.rsi, r.rdx, r.rcx, r.r8, r.r9, r.rax], true) {
+            return Ok(0);
+        }
+    }
     let Some(stats) = stats(tgid, function) else { return Ok(0) };
-    add(&mut stats.calls, 1);
+    // With `--min-duration` a call is counted at its return, if it lasted that long.
+    if config().min_duration_ns == 0 {
+        add(&mut stats.calls, 1);
+    }
     let depth = stack.depth as usize;
     if depth >= MAX_DEPTH {
         // The kernel gives no return probe past its limit either: counted, not timed.
@@ -183,8 +195,15 @@ fn pop_return(now: u64, return_address: u64, exact: bool) -> Result<u32, i64> {
         return Ok(0);
     }
     stack.depth -= 1;
-    let Some(stats) = stats(tgid, frame.function) else { return Ok(0) };
     let ns = now.saturating_sub(frame.ts);
+    let min_duration_ns = config().min_duration_ns;
+    if ns < min_duration_ns {
+        return Ok(0);
+    }
+    let Some(stats) = stats(tgid, frame.function) else { return Ok(0) };
+    if min_duration_ns != 0 {
+        add(&mut stats.calls, 1);
+    }
     add(&mut stats.returns, 1);
     add(&mut stats.total_ns, ns);
     let bucket = top::bucket(ns);

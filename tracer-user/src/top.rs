@@ -20,7 +20,7 @@ use crate::{
     analysis::{stats::human_ns, text_table},
     assemble::FunctionTable,
     event::EventKind,
-    kernel::loader::{Kernel, LostCounters, raise_fd_limit},
+    kernel::loader::{FilterCounters, Kernel, LostCounters, raise_fd_limit},
     kernel::{btf::KernelFacts, features::KernelFeatures, traced::any_target_alive},
     plan::{Plan, RecordError, RecordOptions, plan},
     targets::launch::{ChildExit, spawn_stopped, try_reap},
@@ -41,6 +41,10 @@ pub struct Top {
     command_exit: Option<ChildExit>,
     /// Calls per row at the previous snapshot, for calls/s.
     previous: BTreeMap<(u32, u32), u64>,
+    /// Functions with a predicate (`-f 'FUNC if EXPR'`): index and expression; and the kernel's
+    /// counts of the calls each predicate saw and refused.
+    predicates: Vec<(u32, String)>,
+    filter_counters: Option<FilterCounters>,
     /// Things found while attaching that do not stop the session.
     pub warnings: Vec<String>,
     /// Functions probed.
@@ -59,6 +63,11 @@ pub fn plan_top(mut options: RecordOptions) -> Result<Plan, TopError> {
         let u = plan.unmatched.swap_remove(0);
         return Err(RecordError::NoMatch { pattern: u.pattern, modules: u.modules, suggestions: u.suggestions }.into());
     }
+    // Entry predicates are evaluated by `top_entry` (a refused call is neither counted nor
+    // timed); a `ret-if` would need the call's arguments kept until its return.
+    if let Some(f) = plan.filters.iter().find(|f| f.ret.is_some()) {
+        return Err(TopError::RetPredicate(plan.functions[f.function as usize].name.to_string()));
+    }
     if let Some(go) = plan.probes.iter().find(|p| tracer_common::cookie::is_go(p.cookie)) {
         return Err(TopError::Go(plan.functions[tracer_common::cookie::function(go.cookie) as usize].name.to_string()));
     }
@@ -72,9 +81,9 @@ pub enum TopError {
     #[error("tracer top cannot time Go functions yet ({0}); use tracer record")]
     Go(String),
     #[error(
-        "tracer top does not evaluate predicates (-f '{0} if ...') yet: its kernel programs time every call; use tracer record with the predicate, then tracer report"
+        "tracer top decides calls at their entry only (-f '{0} ret-if ...' needs the return): use tracer record with the predicate, then tracer report"
     )]
-    Predicate(String),
+    RetPredicate(String),
     #[error("reading the kernel's statistics failed: {0}")]
     Read(String),
 }
@@ -82,11 +91,9 @@ pub enum TopError {
 impl Top {
     /// Launches the command (stopped), loads and attaches the `top` programs at the plan's probe
     /// points, starts tracing the targets and lets the command run.
-    pub fn start(plan: Plan, by_process: bool) -> Result<Top, TopError> {
+    /// `min_duration_ns`: only calls that last at least this long are counted and timed (0: all).
+    pub fn start(plan: Plan, by_process: bool, min_duration_ns: u64) -> Result<Top, TopError> {
         let Plan { options, processes, binaries, command, probes, functions, filters, .. } = plan;
-        if let Some(f) = filters.iter().find(|f| f.entry.is_some() || f.ret.is_some()) {
-            return Err(TopError::Predicate(functions[f.function as usize].name.to_string()));
-        }
         let child = match &command {
             Some(path) => Some(spawn_stopped(path, &options.command, &options.start).map_err(RecordError::from)?),
             None => None,
@@ -100,7 +107,7 @@ impl Top {
             wakeup_bytes: u64::MAX,
             capture_bytes: 0,
             debug: 0,
-            min_duration_ns: 0,
+            min_duration_ns,
             max_depth: options.depth.unwrap_or(0),
             start_off: !options.start_at.is_empty() as u32,
             resolve_execs: 0,
@@ -111,10 +118,16 @@ impl Top {
         raise_fd_limit(1024 + probes.len() as u64);
         let features = KernelFeatures::probe(btf);
         features.check(true).map_err(RecordError::from)?;
-        let mut kernel = Kernel::load_sized(&config, &features, RING_BYTES, 0, functions.len() as u32, 1, false)
+        let predicates: Vec<(u32, String)> =
+            filters.iter().filter_map(|f| f.entry.as_ref().map(|(_, text)| (f.function, text.clone()))).collect();
+        let counted = if predicates.is_empty() { 1 } else { functions.len() as u32 };
+        let mut kernel = Kernel::load_sized(&config, &features, RING_BYTES, 0, functions.len() as u32, counted, false)
             .map_err(RecordError::from)?;
         // `--start-at`, `--stop-at`: each thread's state is kept in its stack (`top::Stack::gate`).
         for spec in &filters {
+            if let Some((program, _)) = &spec.entry {
+                kernel.set_filter(spec.function, *program).map_err(RecordError::from)?;
+            }
             if let Some(role) = spec.gate.filter(|&role| role != 0) {
                 kernel.set_gate_role(spec.function, role).map_err(RecordError::from)?;
             }
@@ -145,6 +158,10 @@ impl Top {
             ));
         }
         let lost = kernel.take_lost_counters().map_err(RecordError::from)?;
+        let filter_counters = match predicates.is_empty() {
+            true => None,
+            false => Some(kernel.take_filter_counters().map_err(RecordError::from)?),
+        };
         for (_, id) in &binaries {
             kernel.trace_executable(id.kernel_key()).map_err(RecordError::from)?;
         }
@@ -168,6 +185,8 @@ impl Top {
             ends_when_empty: binaries.is_empty(),
             command_exit: None,
             previous: BTreeMap::new(),
+            predicates,
+            filter_counters,
             warnings,
         })
     }
@@ -248,6 +267,17 @@ impl Top {
             no_return: counts[LostSlot::TopNoReturn as usize],
             untraced_children: counts[LostSlot::UntrackedChild as usize],
         };
+        let mut filters = BTreeMap::new();
+        if let Some(counters) = &self.filter_counters {
+            for (function, predicate) in &self.predicates {
+                let Some(f) = self.functions.get(*function as usize) else { continue };
+                let c = counters.read(*function);
+                filters.insert(
+                    f.name.to_string(),
+                    Filtered { predicate: predicate.clone(), seen: c.seen, filtered_out: c.filtered },
+                );
+            }
+        }
         Ok(Snapshot {
             kind: "top",
             elapsed_ns: elapsed.as_nanos() as u64,
@@ -255,6 +285,7 @@ impl Top {
             last,
             functions: rows,
             lost,
+            filters,
         })
     }
 }
@@ -276,6 +307,20 @@ pub struct Snapshot {
     pub functions: Vec<Row>,
     /// What the kernel could not count.
     pub lost: Lost,
+    /// Functions with a predicate (`-f 'FUNC if EXPR'`), by name: the calls it saw and refused
+    /// (a refused call is in no row). Left out without predicates.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub filters: BTreeMap<String, Filtered>,
+}
+
+/// What one function's predicate decided, since the start.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Filtered {
+    pub predicate: String,
+    /// Calls the predicate was evaluated on.
+    pub seen: u64,
+    /// Of those, the calls it refused: neither counted nor timed.
+    pub filtered_out: u64,
 }
 
 /// Counts of what could not be counted.

@@ -116,6 +116,10 @@ pub struct RecordArgs {
     /// with their returns; decided in the kernel at each return (docs/record.md).
     #[arg(long, value_name = "DURATION", value_parser = values::duration)]
     pub min_duration: Option<Duration>,
+    /// With --min-duration: write the calls made inside a call long enough too, whatever
+    /// their own duration (held per thread in user space, at most 16384 events: docs/record.md).
+    #[arg(long, requires = "min_duration")]
+    pub min_duration_keep_children: bool,
     /// Say on stderr what start-up did: the kernel's mechanisms, the ring buffer's size, the
     /// programs loaded; and, when some probes are slow, how to make them fast (said without -v
     /// only the first time on a machine).
@@ -574,6 +578,7 @@ fn record(args: RecordArgs) -> anyhow::Result<i32> {
         return_probes: args.returns,
         no_sleepable: args.no_sleepable,
         min_duration_ns: args.min_duration.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        keep_children: args.min_duration_keep_children,
         start_at: pattern_list::flatten(args.trace.triggers.start_at),
         stop_at: pattern_list::flatten(args.trace.triggers.stop_at),
         depth: args.trace.triggers.depth,

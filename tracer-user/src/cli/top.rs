@@ -35,6 +35,10 @@ pub struct TopArgs {
     pub functions: Vec<super::pattern_list::PatternList>,
     #[command(flatten)]
     pub triggers: super::Triggers,
+    /// Count and time only the calls that last at least this long (1.5 = seconds, 10ms, 250us),
+    /// each at its return; decided in the kernel (docs/top.md).
+    #[arg(long, value_name = "DURATION", value_parser = values::duration)]
+    pub min_duration: Option<Duration>,
     /// Time between updates: 1.5 (seconds), 500ms.
     #[arg(short, long, value_name = "DURATION", value_parser = values::duration, default_value = "1")]
     pub interval: Duration,
@@ -90,7 +94,8 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
         if let Some(summary) = &plan.probe_summary {
             super::advice::print_probe_summary(summary, false);
         }
-        let mut top = Top::start(plan, args.by_process)?;
+        let min_duration_ns = args.min_duration.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let mut top = Top::start(plan, args.by_process, min_duration_ns)?;
         for w in &top.warnings {
             super::stderr::warning(w);
         }

@@ -834,6 +834,7 @@ fn options(agent: &Agent, request: TraceRequest, start: Start) -> Result<RecordO
         return_probes: None,
         no_sleepable: false,
         min_duration_ns: 0,
+        keep_children: false,
         start_at: request.start_at,
         stop_at: request.stop_at,
         depth: (request.depth != 0).then_some(request.depth),

@@ -435,6 +435,7 @@ fn merged_filters<'a>(
             m.by_trigger += s.by_trigger;
             m.by_depth += s.by_depth;
             m.returns_unmatched += s.returns_unmatched;
+            m.children_dropped += s.children_dropped;
         }
     }
     out

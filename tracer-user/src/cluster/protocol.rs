@@ -26,8 +26,9 @@ use crate::event::{TraceEnd, TraceStart};
 /// to the trace. 12: `trace_end` carries `filters` (each predicate's counters); `break` and
 /// `watch` events. 13: a trace request carries `start_at`, `stop_at` and `depth`; `trace_end`'s
 /// filter counters carry `by_trigger`, `by_depth` and `returns_unmatched`. 14: a trace request
-/// carries `breaks` and `watches` (`-B`, `-w`).
-pub const PROTOCOL_VERSION: u32 = 14;
+/// carries `breaks` and `watches` (`-B`, `-w`). 15: `trace_end`'s filter counters carry
+/// `children_dropped`.
+pub const PROTOCOL_VERSION: u32 = 15;
 /// The largest frame (its message's encoding) either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;
 /// The largest frame either end accepts before the peer has proved itself: an unauthenticated

@@ -195,6 +195,11 @@ pub struct FilterStats {
     /// `--depth` only.
     #[serde(default)]
     pub returns_unmatched: u64,
+    /// With `--min-duration-keep-children`: of `filtered_out`, short calls made inside an open
+    /// call that its thread had no room to hold (16,384 events a thread) until that call
+    /// returned, so they were not written even if it was long enough.
+    #[serde(default)]
+    pub children_dropped: u64,
 }
 
 /// How one host's part of a collected trace ended.

@@ -1,9 +1,11 @@
 //! What happens to events between the assembler (or the network, for a collector) and the sink:
+//! with `--min-duration-keep-children`, the short calls are held and decided ([`KeepChildren`]);
 //! they are put in time order ([`Reorder`]), linked ([`FlowMatcher`]) unless the sink passes them
 //! on to be linked further on ([`Sink::wants_flow_links`]: an agent's), and filtered to the kinds
 //! the user asked for (IPC records come both ways even when only sends were asked for).
 
 pub mod flows;
+pub mod keep_children;
 pub mod order;
 
 use std::{collections::BTreeSet, io};
@@ -11,11 +13,13 @@ use std::{collections::BTreeSet, io};
 use crate::{
     event::{Event, EventKind, IpcStats},
     pipeline::flows::FlowMatcher,
+    pipeline::keep_children::KeepChildren,
     pipeline::order::Reorder,
     sink::Sink,
 };
 
 pub struct EventPipeline {
+    keep_children: Option<KeepChildren>,
     reorder: Reorder,
     matcher: FlowMatcher,
     kinds: BTreeSet<EventKind>,
@@ -25,11 +29,31 @@ pub struct EventPipeline {
 
 impl EventPipeline {
     pub fn new(kinds: BTreeSet<EventKind>) -> Self {
-        EventPipeline { reorder: Reorder::default(), matcher: FlowMatcher::default(), kinds, written: 0 }
+        EventPipeline {
+            keep_children: None,
+            reorder: Reorder::default(),
+            matcher: FlowMatcher::default(),
+            kinds,
+            written: 0,
+        }
+    }
+
+    /// Calls go through `stage` first (`--min-duration-keep-children`).
+    pub fn with_keep_children(mut self, stage: Option<KeepChildren>) -> Self {
+        self.keep_children = stage;
+        self
     }
 
     pub fn push(&mut self, event: Event) {
-        self.reorder.push(event);
+        match &mut self.keep_children {
+            Some(stage) => stage.push(event, &mut |e| self.reorder.push(e)),
+            None => self.reorder.push(event),
+        }
+    }
+
+    /// What `--min-duration-keep-children` decided, per function.
+    pub fn keep_children(&self) -> Option<&KeepChildren> {
+        self.keep_children.as_ref()
     }
 
     /// Passes on the events the trace has moved a window past.
@@ -51,6 +75,9 @@ impl EventPipeline {
 
     /// Passes on everything (the trace is over).
     pub fn flush_all(&mut self, sink: &mut dyn Sink) -> io::Result<()> {
+        if let Some(stage) = &mut self.keep_children {
+            stage.finish();
+        }
         while let Some(e) = self.reorder.pop_any() {
             self.emit(e, sink)?;
         }

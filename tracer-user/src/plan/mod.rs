@@ -100,8 +100,9 @@ impl FilterSpec {
         if !predicate.is_empty() && !native {
             return Err(RecordError::FilterOnGo(name.to_string()));
         }
-        // Calls decided at their return: their entries are held in the kernel until then.
-        let held = native && (predicate.ret.is_some() || options.min_duration_ns > 0);
+        // Calls decided at their return: their entries are held in the kernel until then (with
+        // `--min-duration-keep-children`, durations are decided in user space instead).
+        let held = native && (predicate.ret.is_some() || (options.min_duration_ns > 0 && !options.keep_children));
         if held && !options.events.contains(&EventKind::Return) {
             return Err(RecordError::HeldWithoutReturnEvents);
         }
@@ -180,6 +181,9 @@ pub fn plan(options: RecordOptions) -> Result<Plan, RecordError> {
         && !(1..=gate::MAX_OPEN as u32).contains(&depth)
     {
         return Err(RecordError::BadDepth(depth));
+    }
+    if options.min_duration_ns > 0 && !options.events.contains(&EventKind::Return) {
+        return Err(RecordError::HeldWithoutReturnEvents);
     }
     if options.gated() && !options.events.contains(&EventKind::Return) {
         return Err(RecordError::GateWithoutReturnEvents);

@@ -65,6 +65,9 @@ pub struct RecordOptions {
     /// `--min-duration`: only native calls that last at least this long are written, with their
     /// returns (decided in the kernel at the return: see `cookie::HOLD`); 0 for all.
     pub min_duration_ns: u64,
+    /// `--min-duration-keep-children`: the calls inside a call long enough are written too;
+    /// then the durations are decided in user space (`pipeline::keep_children`), not the kernel.
+    pub keep_children: bool,
     /// `--start-at`: function patterns; on each thread, calls are written from its first entry
     /// into one of these on (decided in the kernel: see `tracer_common::gate`).
     pub start_at: Vec<String>,
@@ -99,6 +102,7 @@ impl Default for RecordOptions {
             return_probes: None,
             no_sleepable: false,
             min_duration_ns: 0,
+            keep_children: false,
             start_at: Vec::new(),
             stop_at: Vec::new(),
             depth: None,

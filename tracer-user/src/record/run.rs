@@ -21,8 +21,8 @@ use super::{
 };
 use crate::{
     assemble::EventAssembler,
-    assemble::FunctionTable,
     assemble::clock::BootClock,
+    assemble::{FunctionTable, NativeReturns},
     breakpoints::{
         decode::{BreakTable, WatchEntry, WatchTable},
         hardware,
@@ -38,6 +38,7 @@ use crate::{
     kernel::traced::any_target_alive,
     kernel::{btf::KernelFacts, features::KernelFeatures},
     pipeline::EventPipeline,
+    pipeline::keep_children::KeepChildren,
     pipeline::order::REORDER_WINDOW_NS,
     plan::{FilterSpec, Plan, RecordError, RecordOptions},
     record::drain::{Batch, RingDrain},
@@ -147,6 +148,12 @@ impl Recording {
         let targets = target_infos(&processes, &binaries, child.as_ref().zip(command.as_deref()), &options);
         let start = trace_start(&options, &clock, targets, attached, probe_paths, aliases, features.info(ring_bytes));
         let return_probes = options.events.contains(&EventKind::Return);
+        // `--min-duration-keep-children`: the native functions with return probes are decided
+        // in user space, as the kernel writes them.
+        let keep_children = options.keep_children.then(|| {
+            let held = functions.iter().filter(|f| f.returns != NativeReturns::None).map(|f| f.name.clone());
+            KeepChildren::new(options.min_duration_ns, held)
+        });
         let assembler = EventAssembler::new(Arc::from(options.host.as_str()), clock, functions, return_probes)
             .with_usdt(usdt.table)
             .with_breakpoints(
@@ -173,6 +180,7 @@ impl Recording {
             duration: options.duration,
             kinds: options.events.clone(),
             min_duration_ns: options.min_duration_ns,
+            keep_children,
             usdt_sites,
             break_sites,
             watchpoints: watchpoints.len(),
@@ -295,7 +303,8 @@ fn kernel_config(
         wakeup_bytes: wakeup_bytes(ring_bytes),
         capture_bytes: options.capture_bytes,
         debug: options.debug_kernel as u32,
-        min_duration_ns: options.min_duration_ns,
+        // With `--min-duration-keep-children` user space decides the durations.
+        min_duration_ns: if options.keep_children { 0 } else { options.min_duration_ns },
         max_depth: options.depth.unwrap_or(0),
         start_off: !options.start_at.is_empty() as u32,
         resolve_execs: resolve_execs as u32,
@@ -603,6 +612,8 @@ pub struct Recording {
     filter_counters: Option<(FilterCounters, Vec<FilteredFunction>)>,
     /// `--min-duration`, for the counters' description.
     min_duration_ns: u64,
+    /// `--min-duration-keep-children`: the stage that decides durations.
+    keep_children: Option<KeepChildren>,
     /// `--debug-kernel`: the programs' aya-log records.
     kernel_log: Option<KernelLog>,
     assembler: EventAssembler,
@@ -716,6 +727,7 @@ impl Recording {
             lost,
             mut filter_counters,
             min_duration_ns,
+            keep_children,
             kernel_log,
             mut assembler,
             clock,
@@ -729,7 +741,7 @@ impl Recording {
             mut follower,
             ..
         } = self;
-        let mut pipeline = EventPipeline::new(kinds);
+        let mut pipeline = EventPipeline::new(kinds).with_keep_children(keep_children);
         let mut drain = RingDrain::spawn(ring)?;
         let mut kernel_log = kernel_log.map(KernelLog::polled).transpose()?;
         sink.begin(&start)?;
@@ -834,7 +846,7 @@ impl Recording {
             command_exit_code: command_exit.map(ChildExit::shell_code),
             ipc: pipeline.ipc_stats(),
             hosts: Vec::new(),
-            filters: filter_stats(filter_counters.as_ref(), min_duration_ns),
+            filters: filter_stats(filter_counters.as_ref(), pipeline.keep_children(), min_duration_ns),
             unmatched_functions: follower.as_ref().and_then(ExecFollower::unmatched),
         };
         sink.end(&end)?;
@@ -861,8 +873,28 @@ fn lost_events(lost: &LostCounters, assembler: &EventAssembler) -> BTreeMap<Stri
 /// A function decided in the kernel, and its event name.
 type FilteredFunction = (String, FilterSpec);
 
-/// Each filtered function's counters, by event name.
+/// Each filtered function's counters, by event name: the kernel's, and with
+/// `--min-duration-keep-children` what user space decided after it.
 fn filter_stats(
+    counters: Option<&(FilterCounters, Vec<FilteredFunction>)>,
+    keep_children: Option<&KeepChildren>,
+    min_duration_ns: u64,
+) -> BTreeMap<String, FilterStats> {
+    let mut stats = kernel_filter_stats(counters, min_duration_ns);
+    for (name, c) in keep_children.map(KeepChildren::counts).into_iter().flatten() {
+        let s = stats.entry(name.to_string()).or_insert_with(|| FilterStats { seen: c.seen, ..Default::default() });
+        // The kernel's `written` are the calls it passed on to be decided here.
+        s.min_duration_ns = min_duration_ns;
+        s.written = c.written;
+        s.filtered_out += c.filtered_out;
+        s.entries_lost += c.entries_lost;
+        s.children_dropped = c.children_dropped;
+    }
+    stats
+}
+
+/// Each function's counters as the kernel counted them, by event name.
+fn kernel_filter_stats(
     counters: Option<&(FilterCounters, Vec<FilteredFunction>)>,
     min_duration_ns: u64,
 ) -> BTreeMap<String, FilterStats> {
@@ -884,6 +916,7 @@ fn filter_stats(
                 by_trigger: c.by_trigger,
                 by_depth: c.by_depth,
                 returns_unmatched: c.returns_unmatched,
+                children_dropped: 0,
             };
             (name.clone(), stats)
         })
