@@ -179,6 +179,11 @@ impl ExecFollower {
                 "a process under ptrace (gdb, strace) is not stopped when it execs a program: the calls that program makes before its probes are attached are missing (counted in trace_end.execs_probed_late)"
                     .to_string(),
             );
+            if !std::path::Path::new(&format!("/proc/{}", exec.pid)).exists() {
+                // It ran on and is gone already (a short program under a debugger): nothing to
+                // attach to, and its image is left for the next process that execs it.
+                return;
+            }
         }
         if self.resolved.insert(exec.image) {
             if let Err(e) = self.attach_image(exec.pid, kernel, assembler, filters) {
