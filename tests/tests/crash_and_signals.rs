@@ -308,3 +308,56 @@ fn a_signal_at_any_moment_of_start_up_leaves_no_process_stopped_at_exec() {
     // Both sides of the point were met.
     assert!(outcomes.contains(&true) && outcomes.contains(&false), "{outcomes:?} for a start-up of {start_up:?}");
 }
+
+/// An error returned by start-up after it traced its targets leaves no process stopped at exec.
+/// The error is a real one: the launched command is a file that is neither ELF nor a script, whose
+/// exec fails as start-up lets it run, its last step. Start-up is made to wait 1 s just before
+/// that step (`TRACER_TEST_PAUSE_AFTER_COMMIT_MS`, the one test-only hook), so that the `-p` shell
+/// loop has a child stopped at its exec of `/bin/true` then, which this test sees (state `T`) before
+/// the error; after it, the child has been continued, and tracer exits 1 with one sentence.
+#[test]
+fn an_error_after_start_up_traced_its_targets_leaves_no_process_stopped_at_exec() {
+    let looping = Background::start(Path::new("/bin/bash"), &["-c", "echo ready; while :; do /bin/true; done"]);
+    let shell = looping.pid();
+    let dir = temp_dir();
+    let not_a_program = dir.path().join("not-a-program");
+    std::fs::write(&not_a_program, "echo never\n").unwrap();
+    std::fs::set_permissions(&not_a_program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = dir.path().join("t.jsonl");
+    let mut child = Command::new(tracer_bin())
+        .args(["record", "-o", out.to_str().unwrap(), "-f", "xmalloc", "-p", &shell.to_string(), "--"])
+        .arg(&not_a_program)
+        .env("TRACER_TEST_PAUSE_AFTER_COMMIT_MS", "1000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tracer");
+    let stopped = |pid: u32| children(pid).into_iter().filter(|&c| tracer_tests::process_state(c) == Some('T'));
+    let mut seen_stopped = Vec::new();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        for c in stopped(shell) {
+            if !seen_stopped.contains(&c) {
+                seen_stopped.push(c);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert_eq!(seen_stopped.len(), 1, "one child of the shell stopped at its exec during start-up: {stderr}");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert_eq!(
+        last,
+        format!("tracer: error: cannot start {}: Exec format error (os error 8)", not_a_program.display()),
+        "{stderr}"
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    for pid in std::iter::once(shell).chain(children(shell)).chain(seen_stopped) {
+        assert_ne!(tracer_tests::process_state(pid), Some('T'), "pid {pid} left stopped: {stderr}");
+    }
+}

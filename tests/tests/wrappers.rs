@@ -147,3 +147,64 @@ fn without_patterns_nothing_is_stopped() {
     assert!(stops.is_empty(), "{stops:?}");
     assert!(execs(&trace).contains(&calls), "the exec is followed all the same");
 }
+
+/// A process under ptrace is not stopped at exec: its debugger would see the stop (gdb stops
+/// there). Under `strace -f`, `sh` and then `calls loop` exec new images and run on; tracer
+/// resolves each as it reads the exec, and counts them in `trace_end.execs_probed_late` (2). Once
+/// a `tick` call is in the trace, the fixture is told to stop: every call from the first one
+/// traced to its last (`ticks N`: N - 1) is there, each with its return, the earlier ones are
+/// missed (the price of not stopping), and strace saw no `SIGSTOP` or `SIGCONT` (before this
+/// change it showed tracer's stop and continue of both processes, and gdb would stop there).
+#[test]
+fn a_process_under_strace_is_not_stopped_at_exec() {
+    let dir = temp_dir();
+    let calls = fixture("calls").display().to_string();
+    let strace_out = dir.path().join("strace.txt");
+    let fixture_out = dir.path().join("loop.txt");
+    let shell = format!("{calls} loop > {}", fixture_out.display());
+    let strace = ["strace", "-f", "-o", strace_out.to_str().unwrap(), "sh", "-c", &shell];
+    let mut args = words(&["-f", "tick", "--"]);
+    args.extend(words(&strace));
+    let tracing = tracer_tests::TracerRun::start(dir.path(), &args);
+    // The trace so far is in `trace.jsonl.XXXXXX.partial` until the recording ends.
+    let partial = || {
+        std::fs::read_dir(dir.path()).unwrap().filter_map(Result::ok).map(|e| e.path()).find(|p| {
+            p.file_name().unwrap().to_str().unwrap().starts_with("trace.jsonl.")
+                && p.extension() == Some("partial".as_ref())
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let looping = loop {
+        let text = partial().map(|p| std::fs::read_to_string(p).unwrap_or_default()).unwrap_or_default();
+        let first_call = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["kind"] == "call" && e["function"] == "tick");
+        if let Some(call) = first_call {
+            break call["pid"].as_u64().unwrap() as i32;
+        }
+        assert!(std::time::Instant::now() < deadline, "no tick call traced within 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    // SAFETY: kill(2) on the fixture this test started (through tracer, strace and sh).
+    unsafe { libc::kill(looping, libc::SIGUSR1) };
+    let (run, trace) = tracing.finish();
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert_eq!(trace.end["command_exit_code"], 0, "{}", trace.end);
+    let strace_said = std::fs::read_to_string(&strace_out).unwrap();
+    let stops: Vec<&str> = strace_said.lines().filter(|l| l.contains("SIGSTOP") || l.contains("SIGCONT")).collect();
+    assert!(stops.is_empty(), "strace saw tracer's stop: {stops:#?}");
+    assert_eq!(trace.end["execs_probed_late"], 2, "sh and calls: {}", trace.end);
+    tracer_tests::check_schema(&trace.end).unwrap_or_else(|e| panic!("trace_end: {e}"));
+    let said = std::fs::read_to_string(&fixture_out).unwrap();
+    let ticks: u64 = said.lines().find_map(|l| l.strip_prefix("ticks ")).unwrap().parse().unwrap();
+    let called: Vec<u64> = trace.calls("tick").iter().map(|e| tracer_tests::args(e)[0]).collect();
+    let first = called[0];
+    assert_eq!(called, (first..ticks).collect::<Vec<u64>>(), "every tick from the first traced one");
+    // Return probes are attached before entry probes (never a call without its return): the
+    // returns may start earlier, and go on to the last without a gap.
+    let returned: Vec<u64> = trace.returns("tick").iter().map(|e| e["retval"].as_u64().unwrap() / 2).collect();
+    assert!(returned[0] <= first, "{returned:?}");
+    assert_eq!(returned, (returned[0]..ticks).collect::<Vec<u64>>(), "every return from the first traced one");
+    eprintln!("ticks {ticks}, calls traced from tick({first}), returns from tick({})", returned[0]);
+}

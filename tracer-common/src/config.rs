@@ -78,6 +78,9 @@ pub struct KernelOffsets {
     /// `task_struct.mm` and `mm_struct.exe_file`: the image a process runs (for watchpoints).
     pub task_mm: u32,
     pub mm_exe_file: u32,
+    /// `task_struct.ptrace`: non-zero while a debugger (gdb, strace) traces the task, which the
+    /// exec program then does not stop (the debugger would see the stop).
+    pub task_ptrace: u32,
 }
 
 /// Read-only configuration of the eBPF programs, set by user space at load time.
@@ -109,7 +112,8 @@ pub struct Config {
     /// 1: some `--start-at` was given, so a thread starts not recording (see [`gate::Thread`](crate::gate::Thread)).
     pub start_off: u32,
     /// 1: function patterns were given: a traced process that execs an image not yet in
-    /// `RESOLVED_IMAGES` is stopped until user space has resolved the patterns against it.
+    /// `RESOLVED_IMAGES` is stopped until user space has resolved the patterns against it (one
+    /// under ptrace is not stopped: [`ExecResolve::Running`](crate::ExecResolve::Running)).
     pub resolve_execs: u32,
     pub _pad0: u32,
     /// With `-w`: the executable the watched variables were found in. A hit in a process that

@@ -183,10 +183,9 @@ pub struct ExecRecord {
     pub header: RecordHeader,
     /// The thread id before exec (differs from the header's tid when a non-leader thread exec'd).
     pub old_tid: u32,
-    /// 1: the kernel stopped the process (`SIGSTOP`, taken before the new image's first
-    /// instruction) for user space to resolve the function patterns against the new image
-    /// (`dev`, `ino`); user space continues it (`SIGCONT`) once the probes are attached.
-    pub stopped: u32,
+    /// Whether user space is to resolve the function patterns against the new image (`dev`,
+    /// `ino`), and whether the process waits for it: an [`ExecResolve`].
+    pub resolve: u32,
     /// The new image's file (the interpreter's for a `#!` script), as in [`InodeKey`](crate::InodeKey); 0 when
     /// not read (no function patterns).
     pub dev: u64,
@@ -194,6 +193,23 @@ pub struct ExecRecord {
     pub comm: [u8; COMM_LEN],
     /// NUL-terminated unless the name was cut.
     pub filename: [u8; FILENAME_LEN],
+}
+
+numbered_enum! {
+    /// What an [`ExecRecord`] asks of user space.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum ExecResolve {
+        /// Nothing: the image is resolved already, or there are no function patterns.
+        No = 0,
+        /// The kernel stopped the process (`SIGSTOP`, taken before the new image's first
+        /// instruction): user space resolves the image, attaches its probes, then continues it
+        /// (`SIGCONT`).
+        Stopped = 1,
+        /// The process runs on (it is under `ptrace`, whose tracer would see the stop, or the
+        /// signal could not be sent): user space resolves the image and attaches its probes as
+        /// soon as it reads this, and calls made before then are missed.
+        Running = 2,
+    }
 }
 
 /// `sched_process_exit`: a thread of a traced process exited.

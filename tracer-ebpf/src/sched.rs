@@ -7,7 +7,7 @@ use aya_ebpf::{
     macros::raw_tracepoint,
     programs::RawTracePointContext,
 };
-use tracer_common::{ExecRecord, ExitRecord, ForkRecord, InodeKey, LostSlot, RecordKind};
+use tracer_common::{ExecRecord, ExecResolve, ExitRecord, ForkRecord, InodeKey, LostSlot, RecordKind};
 
 use crate::maps::{
     RESOLVED_IMAGES, TARGET_INODES, THREAD_COUNTS, TRACED_PIDS, add_threads, config, count_lost, current_ids, emit,
@@ -94,15 +94,27 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
     }
     let old_tid: u64 = ctx.arg(1);
     let filename: *const u8 = read_kernel(bprm, cfg.offsets.bprm_filename)?;
+    // A process under ptrace (gdb, strace) is not stopped: its debugger would see the stop, and
+    // gdb stops there. User space resolves its image as it runs.
+    // (One whose flag cannot be read is taken for debugged: running on is the safe side.)
+    let debugged = resolve && {
+        let task: *const u8 = ctx.arg(0);
+        read_kernel::<u32>(task, cfg.offsets.task_ptrace).map_or(true, |ptrace| ptrace != 0)
+    };
     // Reserved before the process is stopped: one whose record user space will never see must
     // not be stopped (it would never be continued).
     let Some(mut entry) = reserve::<ExecRecord>(RecordKind::Exec) else {
         return Ok(0);
     };
     // The signal is taken on the way back to user space, before the new image runs. A process
-    // that could not be sent it is recorded as not stopped.
+    // that could not be sent it runs on, resolved as it runs.
     // SAFETY: a helper without memory arguments; it signals the current process.
-    let stopped = resolve && unsafe { bpf_send_signal(SIGSTOP) } == 0;
+    let stop = || unsafe { bpf_send_signal(SIGSTOP) } == 0;
+    let outcome = match (resolve, debugged) {
+        (false, _) => ExecResolve::No,
+        (true, false) if stop() => ExecResolve::Stopped,
+        (true, _) => ExecResolve::Running,
+    };
     // Fill in place: the record is larger than is wise to build on the 512-byte stack.
     let record = entry.as_mut_ptr();
     // SAFETY: `record` points at reserved ring-buffer memory of the right size and alignment; the
@@ -110,7 +122,7 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
     unsafe {
         (*record).header = header(RecordKind::Exec, tgid, tid);
         (*record).old_tid = old_tid as u32;
-        (*record).stopped = stopped as u32;
+        (*record).resolve = outcome as u32;
         (*record).dev = image.dev;
         (*record).ino = image.ino;
         (*record).comm = bpf_get_current_comm().unwrap_or_default();

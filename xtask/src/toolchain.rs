@@ -43,6 +43,8 @@ const TEST_PACKAGES: &[&str] = &[
     "tshark",
     // `man` renders the generated man pages in their test.
     "man-db",
+    // A debugger-traced command (`strace -f`) in the wrappers test: not stopped at exec.
+    "strace",
 ];
 /// The speedscope release (its `dist/release` viewer and `file-format-schema.json`) and the JSON
 /// Schema validator (ajv, draft-07 like the schema) the speedscope export test uses, installed

@@ -607,7 +607,7 @@ mod tests {
         let exec = ExecRecord {
             header: header(RecordKind::Exec, 20, 7),
             old_tid: 7,
-            stopped: 0,
+            resolve: 0,
             dev: 0,
             ino: 0,
             comm: [0; 16],
@@ -756,7 +756,7 @@ mod tests {
         let mut exec = ExecRecord {
             header: header(RecordKind::Exec, 2, 100),
             old_tid: 100,
-            stopped: 0,
+            resolve: 0,
             dev: 0,
             ino: 0,
             comm: [0; 16],

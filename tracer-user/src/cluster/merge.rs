@@ -381,6 +381,7 @@ fn merged_end(
         hosts: host_ends,
         filters: merged_filters(hosts.iter().filter_map(|t| t.end.as_ref())),
         unmatched_functions: merged_unmatched(hosts),
+        execs_probed_late: hosts.iter().filter_map(|t| t.end.as_ref()?.execs_probed_late).reduce(|a, b| a + b),
     }
 }
 

@@ -27,7 +27,7 @@ use crate::event::{TraceEnd, TraceStart};
 /// `watch` events. 13: a trace request carries `start_at`, `stop_at` and `depth`; `trace_end`'s
 /// filter counters carry `by_trigger`, `by_depth` and `returns_unmatched`. 14: a trace request
 /// carries `breaks` and `watches` (`-B`, `-w`). 15: `trace_end`'s filter counters carry
-/// `children_dropped`.
+/// `children_dropped`; `trace_end` carries `execs_probed_late`.
 pub const PROTOCOL_VERSION: u32 = 15;
 /// The largest frame (its message's encoding) either end accepts from an authenticated peer.
 pub const MAX_FRAME: usize = 8 << 20;

@@ -639,6 +639,7 @@ mod tests {
             hosts: Vec::new(),
             filters: Default::default(),
             unmatched_functions: None,
+            execs_probed_late: None,
         };
         let line = serde_json::to_string(&json::Line::End(&end)).unwrap();
         assert!(line.starts_with(r#"{"kind":"trace_end","ts":5,"reason":"command_exited""#), "{line}");

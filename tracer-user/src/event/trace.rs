@@ -143,6 +143,11 @@ pub struct TraceEnd {
     /// executables and every image their processes exec'd).
     #[serde(default, serialize_with = "omit_when_empty")]
     pub unmatched_functions: Option<Box<UnmatchedFunctions>>,
+    /// Execs of new images by processes under ptrace (gdb, strace), which are not stopped for
+    /// their image's functions to be resolved: those were probed once tracer read the exec, and
+    /// the calls made before are missing. Absent when none.
+    #[serde(default, serialize_with = "omit_when_empty")]
+    pub execs_probed_late: Option<u64>,
 }
 
 /// `-f` patterns that matched nothing, said once at the end of a trace.
@@ -276,6 +281,7 @@ impl TraceEnd {
             hosts: Vec::new(),
             filters: BTreeMap::new(),
             unmatched_functions: None,
+            execs_probed_late: None,
         }
     }
 

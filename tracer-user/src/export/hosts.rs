@@ -204,6 +204,7 @@ mod tests {
                 hosts: Vec::new(),
                 filters: Default::default(),
                 unmatched_functions: None,
+                execs_probed_late: None,
             })
             .unwrap();
         }

@@ -368,6 +368,7 @@ impl KernelBtf {
             regs_r8: self.offset("pt_regs", "r8")?,
             task_mm: self.offset("task_struct", "mm")?,
             mm_exe_file: self.offset("mm_struct", "exe_file")?,
+            task_ptrace: self.offset("task_struct", "ptrace")?,
         })
     }
 }

@@ -79,6 +79,11 @@ impl RingDrain {
         self.batches.recv().await
     }
 
+    /// The next batch if one is waiting, without blocking (for a caller outside the runtime).
+    pub fn try_recv(&mut self) -> Result<Batch, mpsc::error::TryRecvError> {
+        self.batches.try_recv()
+    }
+
     /// Asks the thread to take what the ring still holds and stop. Call it after the programs are
     /// detached, then [`recv`](Self::recv) until `None`.
     pub fn finish(&self) {

@@ -5,11 +5,12 @@
 //! Here the patterns are resolved against the image as the command's own executable is at start
 //! (symbols, DWARF parameters, placement: [`select_functions`]), its probes are attached, the
 //! image is marked resolved (matched or not, so that it never stops a process again), and the
-//! process is continued.
+//! process is continued. A process under `ptrace` (gdb, strace) is not stopped, since its
+//! debugger would see the stop: its image is resolved the same way as it runs.
 //!
-//! A stopped process is continued in every case: after an error (said once), when the recording
-//! ends (the records drained last are continued without resolving), and if this is dropped
-//! half-way (a panic).
+//! A stopped process is continued in every case: after an error (said once), and if this is
+//! dropped half-way (a panic); the records drained after the programs are detached, and those
+//! left when start-up or the recording is left early, are continued by `record/attached.rs`.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -17,7 +18,7 @@ use std::{
 };
 
 use tracer_common::{
-    InodeKey, RecordKind,
+    ExecResolve, InodeKey, RecordKind,
     decode::{Record, decode},
 };
 
@@ -32,27 +33,35 @@ use crate::{
 /// Most "did you mean" names kept per report.
 const MAX_SUGGESTIONS: usize = 5;
 
-/// A process the kernel stopped at exec, and the image it exec'd.
+/// An exec of an image not resolved yet: the process, the image, and whether the kernel stopped
+/// the process for it (it does not stop one under `ptrace`: see [`ExecResolve`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StoppedExec {
+pub(crate) struct ExecToResolve {
     pub pid: u32,
     pub image: InodeKey,
+    pub stopped: bool,
 }
 
-impl StoppedExec {
-    /// The stop an exec record announces, if it announces one.
-    pub fn of(bytes: &[u8]) -> Option<StoppedExec> {
+impl ExecToResolve {
+    /// The exec to resolve that a record announces, if it announces one.
+    pub fn of(bytes: &[u8]) -> Option<ExecToResolve> {
         // Only exec records are decoded a second time (the assembler decodes every record).
         if bytes.len() < 4 || u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) != RecordKind::Exec as u32 {
             return None;
         }
-        match decode(bytes) {
-            Ok(Record::Exec(r)) if r.stopped != 0 => {
-                Some(StoppedExec { pid: r.header.pid, image: InodeKey { dev: r.dev, ino: r.ino } })
-            }
-            _ => None,
-        }
+        let Ok(Record::Exec(r)) = decode(bytes) else { return None };
+        let stopped = match ExecResolve::try_from(r.resolve) {
+            Ok(ExecResolve::Stopped) => true,
+            Ok(ExecResolve::Running) => false,
+            Ok(ExecResolve::No) | Err(_) => return None,
+        };
+        Some(ExecToResolve { pid: r.header.pid, image: InodeKey { dev: r.dev, ino: r.ino }, stopped })
     }
+}
+
+/// Continues a process the kernel stopped at exec. One gone meanwhile (killed) needs nothing.
+pub(crate) fn continue_process(pid: u32) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGCONT);
 }
 
 /// The signals of a stop for resolution, which are tracer's and not the program's, and are left
@@ -120,6 +129,8 @@ pub(crate) struct ExecFollower {
     said: HashSet<String>,
     /// Processes stopped and not continued yet.
     stopped: Vec<u32>,
+    /// See [`ExecFollower::probed_late`].
+    probed_late: u64,
     /// Functions whose predicate counters the kernel has room for (see `Kernel::load_sized`).
     filter_capacity: u32,
 }
@@ -140,6 +151,7 @@ impl ExecFollower {
             resolved: HashSet::new(),
             said: HashSet::new(),
             stopped: Vec::new(),
+            probed_late: 0,
             filter_capacity,
         }
     }
@@ -149,25 +161,39 @@ impl ExecFollower {
         self.resolved.insert(image);
     }
 
-    /// Resolves the patterns against the image `stop.pid` exec'd, attaches what matched, marks
-    /// the image resolved and continues the process. Never fails: what goes wrong is said once.
+    /// Resolves the patterns against the image `exec.pid` exec'd, attaches what matched, marks
+    /// the image resolved and continues the process if the kernel stopped it. Never fails: what
+    /// goes wrong is said once.
     pub fn resolve(
         &mut self,
-        stop: StoppedExec,
+        exec: ExecToResolve,
         kernel: &mut Kernel,
         assembler: &mut EventAssembler,
         filters: &mut Vec<(String, FilterSpec)>,
     ) {
-        self.stopped.push(stop.pid);
-        if self.resolved.insert(stop.image) {
-            if let Err(e) = self.attach_image(stop.pid, kernel, assembler, filters) {
+        if exec.stopped {
+            self.stopped.push(exec.pid);
+        } else {
+            self.probed_late += 1;
+            self.say(
+                "a process under ptrace (gdb, strace) is not stopped when it execs a program: the calls that program makes before its probes are attached are missing (counted in trace_end.execs_probed_late)"
+                    .to_string(),
+            );
+            if !std::path::Path::new(&format!("/proc/{}", exec.pid)).exists() {
+                // It ran on and is gone already (a short program under a debugger): nothing to
+                // attach to, and its image is left for the next process that execs it.
+                return;
+            }
+        }
+        if self.resolved.insert(exec.image) {
+            if let Err(e) = self.attach_image(exec.pid, kernel, assembler, filters) {
                 self.say(format!(
                     "the functions of the program process {} exec'd are not traced: {}",
-                    stop.pid,
+                    exec.pid,
                     crate::errors::report(&e)
                 ));
             }
-            if let Err(e) = kernel.mark_resolved(stop.image) {
+            if let Err(e) = kernel.mark_resolved(exec.image) {
                 // Full (1024 images): later processes are still stopped and continued at once.
                 self.say(format!("{}: each further exec of a new image is stopped briefly", crate::errors::report(&e)));
             }
@@ -175,10 +201,10 @@ impl ExecFollower {
         self.continue_all();
     }
 
-    /// Continues a stopped process without resolving (the recording is ending).
-    pub fn release(&mut self, stop: StoppedExec) {
-        self.stopped.push(stop.pid);
-        self.continue_all();
+    /// Execs of new images resolved while their process ran on (under ptrace): their calls
+    /// before the probes were attached are missing.
+    pub fn probed_late(&self) -> u64 {
+        self.probed_late
     }
 
     /// The patterns that matched nothing in any image the trace saw.
@@ -291,8 +317,7 @@ impl ExecFollower {
 
     fn continue_all(&mut self) {
         for pid in self.stopped.drain(..) {
-            // A process gone meanwhile (killed) needs nothing.
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGCONT);
+            continue_process(pid);
         }
     }
 }

@@ -2,6 +2,7 @@
 //! ([`Recording::start`]), then drain events into a sink until the targets are gone, the
 //! duration elapses or the caller stops it ([`Recording::run`]).
 
+mod attached;
 pub mod drain;
 mod follow;
 pub mod pace;

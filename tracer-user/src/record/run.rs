@@ -12,7 +12,6 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{MapData, RingBuf};
 use tracer_common::{Config, LostSlot, RecordKind, cookie, kind_bit};
 
 use super::{
@@ -41,8 +40,9 @@ use crate::{
     pipeline::keep_children::KeepChildren,
     pipeline::order::REORDER_WINDOW_NS,
     plan::{FilterSpec, Plan, RecordError, RecordOptions},
+    record::attached::Attached,
     record::drain::{Batch, RingDrain},
-    record::follow::{ExecFollower, OwnSignals, StoppedExec},
+    record::follow::{ExecFollower, ExecToResolve, OwnSignals},
     sink::Sink,
     targets::launch::{ChildExit, OutputPipes, StoppedChild, spawn_stopped, try_reap},
     targets::{self, FileId, Process},
@@ -132,17 +132,22 @@ impl Recording {
         if resolve_execs {
             kernel.prepare_uprobe_programs()?;
         }
-        let ring = kernel.take_ring()?;
+        // The drain runs from here on: whatever way start-up or the recording is left, what the
+        // ring holds is read and every process stopped there continued (`Attached`).
+        let drain = RingDrain::spawn(kernel.take_ring()?)?;
         let lost = kernel.take_lost_counters()?;
         let filter_counters = filter_counters(&mut kernel, &filters, &functions, room.later)?;
 
         // From here on a traced process that execs may be stopped for tracer to resolve it: the
-        // start can no longer be walked away from.
+        // start can no longer be walked away from, and an error from here on ends `live`,
+        // which continues whatever was stopped meanwhile.
+        let mut live = Attached::new(kernel, drain);
         gate.commit()?;
         // The images resolved now: a traced process that execs one of them is not stopped.
         let mut follower =
             resolve_execs.then(|| ExecFollower::new(options.clone(), &executables, unmatched, room.functions));
-        trace_targets(&mut kernel, &binaries, &processes, &executables, follower.as_mut(), child.as_ref())?;
+        trace_targets(live.kernel(), &binaries, &processes, &executables, follower.as_mut(), child.as_ref())?;
+        test_pause_after_commit();
 
         let clock = BootClock::calibrate();
         let targets = target_infos(&processes, &binaries, child.as_ref().zip(command.as_deref()), &options);
@@ -166,8 +171,7 @@ impl Recording {
             None => None,
         };
         Ok(Recording {
-            kernel,
-            ring,
+            live,
             lost,
             filter_counters,
             kernel_log,
@@ -246,6 +250,16 @@ fn trace_start(
         hosts: vec![],
         machine: Some(Machine::read()),
         kernel: Some(kernel),
+    }
+}
+
+/// The one test-only hook of start-up: with `TRACER_TEST_PAUSE_AFTER_COMMIT_MS` set, start-up
+/// waits that long once its targets are traced, so that a test can have a process stopped at exec
+/// before an error that comes after that point (`tests/tests/crash_and_signals.rs`). Not an
+/// option: nothing but those tests has a use for it.
+fn test_pause_after_commit() {
+    if let Some(ms) = std::env::var("TRACER_TEST_PAUSE_AFTER_COMMIT_MS").ok().and_then(|v| v.parse().ok()) {
+        std::thread::sleep(Duration::from_millis(ms));
     }
 }
 
@@ -605,8 +619,9 @@ fn target_infos(
 
 /// A trace in progress: probes attached, targets running.
 pub struct Recording {
-    kernel: Kernel,
-    ring: RingBuf<MapData>,
+    /// The programs and the drain of their ring: dropped without [`Recording::run`], it still
+    /// continues the processes stopped at exec.
+    live: Attached,
     lost: LostCounters,
     /// The predicates' counters, and each filtered function's (index) name and predicate.
     filter_counters: Option<(FilterCounters, Vec<FilteredFunction>)>,
@@ -690,7 +705,7 @@ impl Recording {
             kernel.map_or("?", |k| k.attach.as_str()),
             kernel.map_or("?", |k| k.process_exit.as_str()),
             kernel.map_or(0, |k| k.ring_bytes >> 10),
-            self.kernel.loaded_programs().join(", "),
+            self.live.loaded_programs().join(", "),
             match parsed {
                 1 => "once".to_string(),
                 n => format!("{n} times"),
@@ -722,8 +737,7 @@ impl Recording {
     /// exit, every traced process exits, the duration elapses, or `stop` resolves.
     pub async fn run(self, sink: &mut dyn Sink, stop: impl Future<Output = EndReason>) -> Result<Outcome, RecordError> {
         let Recording {
-            mut kernel,
-            ring,
+            mut live,
             lost,
             mut filter_counters,
             min_duration_ns,
@@ -742,7 +756,6 @@ impl Recording {
             ..
         } = self;
         let mut pipeline = EventPipeline::new(kinds).with_keep_children(keep_children);
-        let mut drain = RingDrain::spawn(ring)?;
         let mut kernel_log = kernel_log.map(KernelLog::polled).transpose()?;
         sink.begin(&start)?;
         sink.flush()?;
@@ -763,14 +776,14 @@ impl Recording {
                     biased;
                     reason = &mut stop => break reason,
                     _ = deadline.reached() => break EndReason::Duration,
-                    batch = drain.recv() => match batch {
+                    batch = live.recv() => match batch {
                         Some(batch) => {
-                            let stops = push_batch(&batch, &mut assembler, &mut pipeline, &mut own_signals);
+                            let execs = push_batch(&batch, &mut assembler, &mut pipeline, &mut own_signals);
                             if let Some(follower) = &mut follower {
                                 let mut no_filters = Vec::new();
                                 let filters = filter_counters.as_mut().map_or(&mut no_filters, |(_, named)| named);
-                                for stop in stops {
-                                    follower.resolve(stop, &mut kernel, &mut assembler, filters);
+                                for exec in execs {
+                                    follower.resolve(exec, live.kernel(), &mut assembler, filters);
                                 }
                             }
                             pipeline.flush_ready(sink)?;
@@ -799,7 +812,7 @@ impl Recording {
                             progress.command_exited.store(command_exit.is_some(), Ordering::Relaxed);
                         }
                         let command_done = child_pid.is_none() || command_exit.is_some();
-                        if command_done && ends_when_empty && !any_target_alive(&mut kernel) {
+                        if command_done && ends_when_empty && !any_target_alive(live.kernel()) {
                             break if child_pid.is_some() { EndReason::CommandExited } else { EndReason::TargetsExited };
                         }
                     }
@@ -808,21 +821,15 @@ impl Recording {
         }
         .await;
 
-        // Stop and detach first, so that no record arrives after the final drain.
+        // Stop and detach first, so that no record arrives after the final drain. Too late to
+        // attach anything: `live` continues the processes stopped in what it hands out now.
         let end_ts = clock.now_unix_ns();
-        kernel.stop_tracing();
-        drop(kernel);
-        drain.finish();
-        while let Some(batch) = drain.recv().await {
-            // Too late to attach anything: the processes stopped meanwhile are only continued.
-            for stop in push_batch(&batch, &mut assembler, &mut pipeline, &mut own_signals) {
-                if let Some(follower) = &mut follower {
-                    follower.release(stop);
-                }
-            }
+        live.detach();
+        while let Some(batch) = live.recv().await {
+            push_batch(&batch, &mut assembler, &mut pipeline, &mut own_signals);
         }
         // The drain's own error first: it is the cause when the drain stopped.
-        drain.join()?;
+        live.join()?;
         let reason = looped?;
         if let Some(log) = &mut kernel_log {
             log.flush();
@@ -848,6 +855,7 @@ impl Recording {
             hosts: Vec::new(),
             filters: filter_stats(filter_counters.as_ref(), pipeline.keep_children(), min_duration_ns),
             unmatched_functions: follower.as_ref().and_then(ExecFollower::unmatched),
+            execs_probed_late: follower.as_ref().map(ExecFollower::probed_late).filter(|&n| n > 0),
         };
         sink.end(&end)?;
         let command_still_running = child_pid.filter(|_| command_exit.is_none());
@@ -929,16 +937,16 @@ pub(crate) fn wakeup_bytes(ring_bytes: u32) -> u64 {
     (ring_bytes as u64 / 8).min(1 << 20)
 }
 
-/// Turns a batch of records into events for the pipeline; returns the processes the kernel
-/// stopped at exec, for [`ExecFollower`].
-/// The signals of those stops are left out ([`OwnSignals`]).
+/// Turns a batch of records into events for the pipeline; returns the execs of images to
+/// resolve, for [`ExecFollower`]. The signals of the stops among them are left out
+/// ([`OwnSignals`]).
 fn push_batch(
     batch: &Batch,
     assembler: &mut EventAssembler,
     pipeline: &mut EventPipeline,
     own_signals: &mut OwnSignals,
-) -> Vec<StoppedExec> {
-    let mut stops = Vec::new();
+) -> Vec<ExecToResolve> {
+    let mut execs = Vec::new();
     for record in batch.records() {
         let e = assembler.assemble(record);
         for unwound in assembler.drain_unwound() {
@@ -949,10 +957,12 @@ fn push_batch(
         {
             pipeline.push(e);
         }
-        if let Some(stop) = StoppedExec::of(record) {
-            own_signals.stopped(stop.pid);
-            stops.push(stop);
+        if let Some(exec) = ExecToResolve::of(record) {
+            if exec.stopped {
+                own_signals.stopped(exec.pid);
+            }
+            execs.push(exec);
         }
     }
-    stops
+    execs
 }

@@ -115,6 +115,7 @@ mod tests {
             hosts: Vec::new(),
             filters: Default::default(),
             unmatched_functions: None,
+            execs_probed_late: None,
         };
         let bytes = write_trace(&[call(2), call(3)], Some(&end));
         let text = String::from_utf8(bytes.clone()).unwrap();
