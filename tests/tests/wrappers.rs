@@ -1,6 +1,7 @@
 //! Commands behind wrappers: `-f` patterns apply to every image the traced processes exec, so a
 //! program launched through a `#!` script, `sh -c`, `env`, `timeout` or `nice` is traced as if it
-//! were launched directly. `calls run 0` makes exactly 177 `fib` calls and exits 0.
+//! were launched directly, and patterns naming a library to the libraries those programs need.
+//! `calls run 0` makes exactly 177 `fib` calls and exits 0.
 
 use std::{os::unix::fs::PermissionsExt as _, path::Path};
 
@@ -134,6 +135,41 @@ fn pattern_that_matches_nothing_anywhere_is_reported_at_the_end() {
         "said on stderr: {run:?}"
     );
     assert_eq!(trace.calls("nosuchfn").len(), 0);
+}
+
+/// A pattern naming a library that only the exec'd program loads (`libstdc++`, which `throws`
+/// needs and `sh` does not) is looked for in the libraries each exec'd image needs, and attached
+/// once however many processes exec it. `throws 7` throws and catches 7 exceptions: 7
+/// `__cxa_begin_catch` calls, each with its return. A library no image needs is reported at the
+/// end like any pattern that matched nothing.
+#[test]
+fn a_library_only_the_exec_d_program_loads_is_traced_through_a_wrapper() {
+    let dir = temp_dir();
+    let throws = fixture("throws").display().to_string();
+    let cases = [
+        ("direct", words(&[&throws, "7"]), 7),
+        ("sh -c", words(&["sh", "-c", &format!("{throws} 7")]), 7),
+        ("sh -c, twice", words(&["sh", "-c", &format!("{throws} 7; {throws} 7")]), 14),
+    ];
+    for (what, command, count) in cases {
+        let mut args = words(&["-f", "libstdc++:__cxa_begin_catch", "--"]);
+        args.extend(command);
+        let (run, trace) = record(dir.path(), &args);
+        assert_eq!(run.code(), 0, "{what}: {run:?}");
+        assert_eq!(trace.calls("__cxa_begin_catch").len(), count, "{what}: {run:?}");
+        assert_eq!(trace.returns("__cxa_begin_catch").len(), count, "{what}: {run:?}");
+        assert_eq!(trace.lost(), 0, "{what}");
+        assert!(trace.end.get("unmatched_functions").is_none(), "{what}: {}", trace.end);
+    }
+
+    let (run, trace) = record(dir.path(), &words(&["-f", "libnosuch:f", "--", "sh", "-c", &format!("{throws} 1")]));
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert!(
+        run.stderr.contains("module 'libnosuch' matches no executable or library of the targets")
+            && run.stderr.contains("looked for in the libraries of each program the command executes"),
+        "said at start: {run:?}"
+    );
+    assert_eq!(trace.end["unmatched_functions"]["patterns"], serde_json::json!(["libnosuch:f"]), "{}", trace.end);
 }
 
 /// Without function patterns nothing is resolved at exec, so nothing is ever stopped.

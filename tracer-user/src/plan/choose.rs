@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     functions::symbols::{FunctionPattern, SymbolError, SymbolTable, is_go_program_code},
-    targets::modules::ModuleCandidates,
+    targets::modules::{ModuleCandidates, ModuleError},
 };
 
 /// The symbol tables read, by file, and the files the targets load (read from `/proc` and the
@@ -33,6 +33,11 @@ pub(crate) struct Tables {
 impl Tables {
     pub fn new(pids: Vec<u32>) -> Tables {
         Tables { tables: BTreeMap::new(), candidates: None, pids }
+    }
+
+    /// With the files module names are looked up in already known.
+    pub fn with_candidates(candidates: ModuleCandidates) -> Tables {
+        Tables { tables: BTreeMap::new(), candidates: Some(candidates), pids: Vec::new() }
     }
 
     /// The symbol table of `path`, read the first time it is asked for.
@@ -131,7 +136,7 @@ impl Choice {
         if options.functions.is_empty() {
             choice.defaults(executables, tables, warnings)?;
         } else {
-            choice.patterns(options, executables, tables, scope)?;
+            choice.patterns(options, executables, tables, warnings, scope)?;
         }
         choice.triggers(options, executables, tables, scope)?;
         Ok(choice)
@@ -190,6 +195,7 @@ impl Choice {
         options: &RecordOptions,
         executables: &[PathBuf],
         tables: &mut Tables,
+        warnings: &mut Vec<String>,
         scope: Scope,
     ) -> Result<(), RecordError> {
         // The file each function is defined in, per module, read only for source file patterns.
@@ -198,10 +204,26 @@ impl Choice {
             let (pattern_text, predicate) = filter::split(text)?;
             let predicate = Some(predicate).filter(|p| !p.is_empty());
             let pattern = FunctionPattern::parse(pattern_text)?;
-            if resolved_at_start(&pattern, scope) {
+            if left_out(&pattern, scope) {
                 continue;
             }
-            let modules = tables.modules_of(&pattern, executables)?;
+            let modules = match tables.modules_of(&pattern, executables) {
+                Ok(modules) => modules,
+                // A launched command may be a wrapper: a library none of the targets loads yet may
+                // be one a program it execs loads, looked for then (or reported at the end).
+                Err(RecordError::Module(e @ ModuleError::NotFound { .. })) if scope.lenient => {
+                    if !scope.exec_image {
+                        warnings.push(format!("{e}: looked for in the libraries of each program the command executes"));
+                    }
+                    self.unmatched.push(Unmatched {
+                        pattern: text.clone(),
+                        modules: String::new(),
+                        suggestions: Vec::new(),
+                    });
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let mut matched = 0;
             let mut in_source = 0;
             for module in &modules {
@@ -254,7 +276,8 @@ impl Choice {
         {
             for text in patterns {
                 let pattern = FunctionPattern::parse(text)?;
-                if resolved_at_start(&pattern, scope) {
+                // Triggers are resolved at start only (see their check below).
+                if scope.libraries || left_out(&pattern, scope) {
                     continue;
                 }
                 let modules = tables.modules_of(&pattern, executables)?;
@@ -282,10 +305,10 @@ impl Choice {
     }
 }
 
-/// Whether `pattern` was resolved at start and is left out in an image a traced process exec'd:
-/// one naming a module (`libc.so.6:malloc`), whose probes hold in every process.
-fn resolved_at_start(pattern: &FunctionPattern, scope: Scope) -> bool {
-    scope.exec_image && pattern.module.is_some()
+/// Whether `pattern` is left out of this pass over an exec'd image: one naming a module
+/// (`libc.so.6:malloc`) from the image's own pass, one naming none from its libraries' pass.
+fn left_out(pattern: &FunctionPattern, scope: Scope) -> bool {
+    scope.exec_image && pattern.module.is_some() != scope.libraries
 }
 
 /// Modules, for a message.

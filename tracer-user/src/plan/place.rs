@@ -25,7 +25,7 @@ use crate::{
     functions::unwinding::{self, ReturnProbes},
     kernel::features::KernelProbes,
     kernel::sites::ProbeSpec,
-    targets::Process,
+    targets::{Process, modules::ModuleCandidates},
 };
 
 /// How [`select_functions`] resolves: at plan time (strict, or lenient for a launched command,
@@ -37,13 +37,17 @@ pub(crate) struct Scope {
     /// An executable that is not an ELF file (a `#!` script) or defines no functions, and a
     /// pattern that matches nothing, are not errors: the trace follows what the command executes.
     pub lenient: bool,
-    /// An image a traced process exec'd: patterns naming a module (`libc.so.6:malloc`) were
-    /// resolved at start (a library's probes hold in every process) and are left out here.
+    /// An image a traced process exec'd, resolved in two passes: its own functions, by the
+    /// patterns naming no module; then (`libraries`) the libraries it needs, by the patterns
+    /// naming a module (`libc.so.6:malloc`), those [`crate::record`]'s exec follower found a library
+    /// for that no earlier pass probed (a library's probes hold in every process).
     pub exec_image: bool,
+    /// The second pass over an exec'd image: the patterns naming a module only.
+    pub libraries: bool,
 }
 
 impl Scope {
-    pub(super) const PLAN: Scope = Scope { first_function: 0, lenient: false, exec_image: false };
+    pub(super) const PLAN: Scope = Scope { first_function: 0, lenient: false, exec_image: false, libraries: false };
 }
 
 /// The functions to probe: those matching `--functions`, or every function of the main
@@ -56,7 +60,11 @@ pub(crate) fn select_functions(
     scope: Scope,
 ) -> Result<Selection, RecordError> {
     let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
-    let mut tables = Tables::new(pids);
+    // An exec'd image's libraries are not mapped yet: they are read from its needs.
+    let mut tables = match scope.libraries {
+        true => Tables::with_candidates(ModuleCandidates::with_dependencies(executables)),
+        false => Tables::new(pids),
+    };
     let executables = tables.readable(executables, options, warnings, scope)?;
     let executables = &executables[..];
     let Choice { selected, mut event_names, mut predicates, roles, unmatched, .. } =

@@ -28,6 +28,7 @@ use crate::{
     event::{Event, EventData, UnmatchedFunctions, data},
     functions::symbols::FunctionPattern,
     kernel::loader::Kernel,
+    targets::{FileId, modules::ModuleCandidates},
 };
 
 /// Most "did you mean" names kept per report.
@@ -133,18 +134,33 @@ pub(crate) struct ExecFollower {
     probed_late: u64,
     /// Functions whose predicate counters the kernel has room for (see `Kernel::load_sized`).
     filter_capacity: u32,
+    /// The module patterns (`libz:inflate`) and the libraries they have been resolved in: at
+    /// start, or in the libraries an exec'd image needs. Each pair once, as a library's probes
+    /// hold in every process (a second attach would write every call twice).
+    libraries_probed: HashSet<(String, FileId)>,
 }
 
 impl ExecFollower {
-    /// `executables`: the images resolved at start; `unmatched`: the patterns that matched
-    /// nothing there.
+    /// `executables`: the images resolved at start, and `pids` the processes traced then;
+    /// `unmatched`: the patterns that matched nothing there.
     pub fn new(
         options: RecordOptions,
         executables: &[PathBuf],
+        pids: &[u32],
         unmatched: Vec<Unmatched>,
         filter_capacity: u32,
     ) -> ExecFollower {
+        let at_start = ModuleCandidates::new(executables, pids);
+        let libraries_probed = options
+            .functions
+            .iter()
+            .filter_map(|text| {
+                let library = at_start.resolve(&module_of(text)?).ok()?;
+                Some((text.clone(), FileId::of(&library).ok()?))
+            })
+            .collect();
         ExecFollower {
+            libraries_probed,
             options,
             images: executables.iter().map(|p| p.display().to_string()).collect(),
             unmatched: unmatched.into_iter().map(|u| (u.pattern, u.suggestions)).collect(),
@@ -225,6 +241,9 @@ impl ExecFollower {
         }))
     }
 
+    /// Resolves the patterns against the image `pid` exec'd: those naming no module against its
+    /// own functions, then those naming a module against the libraries it needs that they were
+    /// not resolved in yet (a library only it loads: `-f 'libz:inflate' -- sh -c 'curl ...'`).
     fn attach_image(
         &mut self,
         pid: u32,
@@ -238,24 +257,51 @@ impl ExecFollower {
         if !self.images.contains(&name) {
             self.images.push(name);
         }
+        let options = self.options.clone();
+        let own = Scope { first_function: 0, lenient: true, exec_image: true, libraries: false };
+        self.attach_pass(&exe, &options, own, kernel, assembler, filters)?;
+        let needed = ModuleCandidates::with_dependencies(std::slice::from_ref(&exe));
+        let mut patterns = Vec::new();
+        for text in &self.options.functions {
+            let Some(library) = module_of(text).and_then(|spec| needed.resolve(&spec).ok()) else { continue };
+            if let Ok(id) = FileId::of(&library)
+                && self.libraries_probed.insert((text.clone(), id))
+            {
+                patterns.push(text.clone());
+            }
+        }
+        if patterns.is_empty() {
+            return Ok(());
+        }
+        // Triggers are resolved at start only.
+        let options = RecordOptions { functions: patterns, start_at: Vec::new(), stop_at: Vec::new(), ..options };
+        let libraries = Scope { libraries: true, ..own };
+        self.attach_pass(&exe, &options, libraries, kernel, assembler, filters)
+    }
+
+    /// One pass of [`Self::attach_image`]: selects what `options`' patterns match in `scope`,
+    /// attaches it, and forgets the patterns that matched from the unmatched ones.
+    fn attach_pass(
+        &mut self,
+        exe: &std::path::Path,
+        options: &RecordOptions,
+        scope: Scope,
+        kernel: &mut Kernel,
+        assembler: &mut EventAssembler,
+        filters: &mut Vec<(String, FilterSpec)>,
+    ) -> Result<(), RecordError> {
         let first_function = assembler.function_count();
-        let scope = Scope { first_function, lenient: true, exec_image: true };
+        let scope = Scope { first_function, ..scope };
         let mut warnings = Vec::new();
-        let selection = select_functions(&self.options, std::slice::from_ref(&exe), &[], &mut warnings, scope)?;
+        let exes = [exe.to_path_buf()];
+        let selection = select_functions(options, &exes, &[], &mut warnings, scope)?;
         for w in warnings {
             self.say(w);
         }
-        // The patterns resolved here (those naming no module) that matched.
+        // The patterns this pass resolved that matched.
         let not_here: HashSet<&str> = selection.unmatched.iter().map(|u| u.pattern.as_str()).collect();
-        for text in &self.options.functions {
-            let names_module = filter::split(text)
-                .ok()
-                .and_then(|(p, _)| FunctionPattern::parse(p).ok())
-                .is_some_and(|p| p.module.is_some());
-            if names_module {
-                continue;
-            }
-            if !not_here.contains(text.as_str()) {
+        for text in &options.functions {
+            if module_of(text).is_some() == scope.libraries && !not_here.contains(text.as_str()) {
                 self.unmatched.remove(text);
             }
         }
@@ -320,6 +366,12 @@ impl ExecFollower {
             continue_process(pid);
         }
     }
+}
+
+/// The module a function pattern names (`libz` of `libz:inflate if len > 0`), if it names one.
+fn module_of(text: &str) -> Option<String> {
+    let (pattern, _) = filter::split(text).ok()?;
+    FunctionPattern::parse(pattern).ok()?.module
 }
 
 impl Drop for ExecFollower {

@@ -144,8 +144,9 @@ impl Recording {
         let mut live = Attached::new(kernel, drain);
         gate.commit()?;
         // The images resolved now: a traced process that execs one of them is not stopped.
+        let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
         let mut follower =
-            resolve_execs.then(|| ExecFollower::new(options.clone(), &executables, unmatched, room.functions));
+            resolve_execs.then(|| ExecFollower::new(options.clone(), &executables, &pids, unmatched, room.functions));
         trace_targets(live.kernel(), &binaries, &processes, &executables, follower.as_mut(), child.as_ref())?;
         test_pause_after_commit();
 

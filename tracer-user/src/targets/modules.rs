@@ -48,6 +48,18 @@ impl ModuleCandidates {
         ModuleCandidates { files: canonical }
     }
 
+    /// The files a program exec'd from `executables` will have mapped once its dynamic loader is
+    /// done: them, and the libraries they need directly or through other libraries (at most
+    /// [`MAX_LIBRARIES`]). Read while the process is stopped at its exec, before any is mapped.
+    pub fn with_dependencies(executables: &[PathBuf]) -> ModuleCandidates {
+        let mut files: Vec<PathBuf> = executables.to_vec();
+        files.extend(libraries_needed(executables));
+        let mut canonical: Vec<PathBuf> = files.into_iter().map(|f| std::fs::canonicalize(&f).unwrap_or(f)).collect();
+        canonical.sort();
+        canonical.dedup();
+        ModuleCandidates { files: canonical }
+    }
+
     /// Every file a module name can refer to (canonical paths, each once).
     pub fn files(&self) -> &[PathBuf] {
         &self.files
@@ -101,6 +113,30 @@ impl ModuleCandidates {
             self.files.iter().filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
         ModuleError::NotFound { spec: spec.to_string(), known: known.join(", ") }
     }
+}
+
+/// The libraries a process loads at start-up, at most: a bound on a dependency graph read from
+/// files (a loop or a huge graph ends there).
+pub const MAX_LIBRARIES: usize = 512;
+
+/// The libraries `executables` need, directly or through the libraries they need (each once,
+/// breadth first, at most [`MAX_LIBRARIES`]): what the dynamic loader maps before `main`.
+fn libraries_needed(executables: &[PathBuf]) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = Vec::new();
+    let mut seen: std::collections::HashSet<PathBuf> = executables.iter().cloned().collect();
+    let mut next = 0;
+    let mut queue: Vec<PathBuf> = executables.to_vec();
+    while next < queue.len() && found.len() < MAX_LIBRARIES {
+        for library in needed_libraries(&queue[next]) {
+            let library = std::fs::canonicalize(&library).unwrap_or(library);
+            if found.len() < MAX_LIBRARIES && seen.insert(library.clone()) {
+                found.push(library.clone());
+                queue.push(library);
+            }
+        }
+        next += 1;
+    }
+    found
 }
 
 /// The libraries an executable needs directly, resolved to paths where they can be found.
