@@ -211,9 +211,11 @@ impl Choice {
                 Ok(modules) => modules,
                 // A launched command may be a wrapper: a library none of the targets loads yet may
                 // be one a program it execs loads, looked for then (or reported at the end).
-                Err(RecordError::Module(e @ ModuleError::NotFound { .. })) if scope.lenient => {
+                Err(RecordError::Module(ModuleError::NotFound { spec, .. })) if scope.lenient => {
                     if !scope.exec_image {
-                        warnings.push(format!("{e}: looked for in the libraries of each program the command executes"));
+                        warnings.push(format!(
+                            "no file the command loads is module '{spec}': it is looked for in the libraries of each program the command executes"
+                        ));
                     }
                     self.unmatched.push(Unmatched {
                         pattern: text.clone(),
