@@ -101,9 +101,19 @@ fn pattern_that_matches_nothing_suggests_near_names() {
     assert!(run.stderr.contains("no function matching 'fibb' in any program the trace saw"), "{run:?}");
     assert!(marker.exists(), "the command ran");
     std::fs::remove_file(&marker).unwrap();
+    // A module none of the command's files is may be a library a program it execs needs: said,
+    // looked for there, and reported at the end (a running process's is an error at once).
     let run = tracer(&record_args(dir.path(), &["-f", "nosuchlib.so:malloc"], &cmd));
+    assert_eq!(run.code(), 0, "{run:?}");
+    assert!(
+        run.stderr.contains("no file the command loads is module 'nosuchlib.so': it is looked for in the libraries"),
+        "{run:?}"
+    );
+    assert!(run.stderr.contains("no function matching 'nosuchlib.so:malloc' in any program the trace saw"), "{run:?}");
+    assert!(marker.exists(), "the command ran");
+    let calls = tracer_tests::Background::start(&fixture("calls"), &["loop"]);
+    let run = tracer(&record_args(dir.path(), &["-f", "nosuchlib.so:malloc", "-p", &calls.pid().to_string()], &[]));
     run.assert_error("module 'nosuchlib.so' matches no executable or library of the targets");
-    assert!(!marker.exists());
 }
 
 #[test]
