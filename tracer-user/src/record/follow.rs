@@ -150,12 +150,14 @@ impl ExecFollower {
         unmatched: Vec<Unmatched>,
         filter_capacity: u32,
     ) -> ExecFollower {
-        let at_start = ModuleCandidates::new(executables, pids);
-        let libraries_probed = options
-            .functions
-            .iter()
-            .filter_map(|text| {
-                let library = at_start.resolve(&module_of(text)?).ok()?;
+        // Read only when a pattern names a module (the libraries' files and the processes' maps).
+        let named: Vec<(&String, String)> =
+            options.functions.iter().filter_map(|text| Some((text, module_of(text)?))).collect();
+        let at_start = (!named.is_empty()).then(|| ModuleCandidates::new(executables, pids));
+        let libraries_probed = named
+            .into_iter()
+            .filter_map(|(text, module)| {
+                let library = at_start.as_ref()?.resolve(&module).ok()?;
                 Some((text.clone(), FileId::of(&library).ok()?))
             })
             .collect();
@@ -260,6 +262,9 @@ impl ExecFollower {
         let options = self.options.clone();
         let own = Scope { first_function: 0, lenient: true, exec_image: true, libraries: false };
         self.attach_pass(&exe, &options, own, kernel, assembler, filters)?;
+        if !self.options.functions.iter().any(|text| module_of(text).is_some()) {
+            return Ok(());
+        }
         let needed = ModuleCandidates::with_dependencies(std::slice::from_ref(&exe));
         let mut patterns = Vec::new();
         for text in &self.options.functions {
