@@ -42,10 +42,7 @@ impl ModuleCandidates {
         for &pid in pids {
             files.extend(targets::mapped_files(pid));
         }
-        let mut canonical: Vec<PathBuf> = files.into_iter().map(|f| std::fs::canonicalize(&f).unwrap_or(f)).collect();
-        canonical.sort();
-        canonical.dedup();
-        ModuleCandidates { files: canonical }
+        ModuleCandidates::of_files(files)
     }
 
     /// The files a program exec'd from `executables` will have mapped once its dynamic loader is
@@ -54,6 +51,11 @@ impl ModuleCandidates {
     pub fn with_dependencies(executables: &[PathBuf]) -> ModuleCandidates {
         let mut files: Vec<PathBuf> = executables.to_vec();
         files.extend(libraries_needed(executables));
+        ModuleCandidates::of_files(files)
+    }
+
+    /// `files` by their canonical paths, each once.
+    fn of_files(files: Vec<PathBuf>) -> ModuleCandidates {
         let mut canonical: Vec<PathBuf> = files.into_iter().map(|f| std::fs::canonicalize(&f).unwrap_or(f)).collect();
         canonical.sort();
         canonical.dedup();
@@ -122,21 +124,21 @@ pub const MAX_LIBRARIES: usize = 512;
 /// The libraries `executables` need, directly or through the libraries they need (each once,
 /// breadth first, at most [`MAX_LIBRARIES`]): what the dynamic loader maps before `main`.
 fn libraries_needed(executables: &[PathBuf]) -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = Vec::new();
     let mut seen: std::collections::HashSet<PathBuf> = executables.iter().cloned().collect();
-    let mut next = 0;
+    // The executables, then every library found, in the order found: read one after the other.
     let mut queue: Vec<PathBuf> = executables.to_vec();
-    while next < queue.len() && found.len() < MAX_LIBRARIES {
+    let limit = executables.len() + MAX_LIBRARIES;
+    let mut next = 0;
+    while next < queue.len() && queue.len() < limit {
         for library in needed_libraries(&queue[next]) {
             let library = std::fs::canonicalize(&library).unwrap_or(library);
-            if found.len() < MAX_LIBRARIES && seen.insert(library.clone()) {
-                found.push(library.clone());
+            if queue.len() < limit && seen.insert(library.clone()) {
                 queue.push(library);
             }
         }
         next += 1;
     }
-    found
+    queue.split_off(executables.len())
 }
 
 /// The libraries an executable needs directly, resolved to paths where they can be found.
