@@ -316,6 +316,50 @@ fn non_pie_fixture_with_nop_entries() {
     assert_eq!(rets, (1..=1000).collect::<Vec<u64>>());
 }
 
+/// Calls and returns are written to per-CPU call rings, everything else to the shared ring; a call
+/// ring that is full sends what follows to the shared ring, and user space merges the two by time
+/// (`record/drain.rs`). Here the drain starts 3 s late (`TRACER_TEST_DRAIN_DELAY_MS`, a test-only
+/// hook), so of 100,000 calls and returns (14.4 MB of records) the two 1 MiB call rings hold at
+/// most a seventh: the rest go through the shared ring, interleaved with them in time. Each
+/// return must still follow its own call and pair with it.
+#[test]
+fn calls_past_a_full_call_ring_go_to_the_shared_ring_and_stay_in_order() {
+    let dir = temp_dir();
+    let out = dir.path().join("t.jsonl");
+    let run = tracer_tests::wait_with_timeout(
+        std::process::Command::new(tracer_tests::tracer_bin())
+            .env("TRACER_TEST_DRAIN_DELAY_MS", "3000")
+            .args(["record", "-f", "work", "--buffer-size", "64M", "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(fixture("bench"))
+            .arg("100000")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("tracer starts"),
+        "tracer record",
+    );
+    assert_eq!(run.code(), 0, "{run:?}");
+    let t = tracer_tests::Trace::load(&out);
+    assert_eq!(t.lost(), 0);
+    let calls: Vec<&Value> = t.of_kind("call").collect();
+    let returns: Vec<&Value> = t.of_kind("return").collect();
+    assert_eq!((calls.len(), returns.len()), (100_000, 100_000));
+    // In the file, call, return, call, return...: each return right after its call, with the
+    // duration measured from it, and the k-th returning k.
+    t.check_nesting();
+    let order: Vec<&str> =
+        t.events.iter().filter_map(|e| e["kind"].as_str()).filter(|k| *k == "call" || *k == "return").collect();
+    for (i, pair) in order.chunks(2).enumerate() {
+        assert_eq!(pair, ["call", "return"], "pair {i}");
+    }
+    for (i, (c, r)) in calls.iter().zip(&returns).enumerate() {
+        assert_eq!(u64_field(r, "duration_ns"), u64_field(r, "ts") - u64_field(c, "ts"), "pair {i}");
+        assert_eq!(u64_field(r, "retval"), i as u64 + 1, "pair {i}");
+    }
+}
+
 #[test]
 fn recursion_past_the_kernel_return_probe_limit_is_reported() {
     let dir = temp_dir();

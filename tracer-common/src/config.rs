@@ -115,7 +115,10 @@ pub struct Config {
     /// `RESOLVED_IMAGES` is stopped until user space has resolved the patterns against it (one
     /// under ptrace is not stopped: [`ExecResolve::Running`](crate::ExecResolve::Running)).
     pub resolve_execs: u32,
-    pub _pad0: u32,
+    /// How many call rings (`CALL_RINGS`' elements) there are: CPU `c` writes to ring
+    /// `c % call_rings` (see [`call_rings`](crate::call_rings)); 0: none, every record goes to
+    /// `EVENTS`.
+    pub call_rings: u32,
     /// With `-w`: the executable the watched variables were found in. A hit in a process that
     /// runs another image (it exec'd one after the watchpoints were opened, which survive exec)
     /// is not the variable's and is dropped. All zero: no such check.

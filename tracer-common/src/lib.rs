@@ -54,6 +54,7 @@ pub const MAX_URETPROBE_DEPTH: usize = 64;
 
 mod records;
 pub use records::*;
+pub mod call_rings;
 mod lost;
 pub use lost::*;
 mod ipc;

@@ -1,4 +1,6 @@
 pub const EVENTS: &str = "EVENTS";
+/// Per CPU, the ring calls and returns are written to ([`super::call_rings`]).
+pub const CALL_RINGS: &str = "CALL_RINGS";
 pub const TRACED_PIDS: &str = "TRACED_PIDS";
 pub const TRACED_REMOVALS: &str = "TRACED_REMOVALS";
 pub const TARGET_INODES: &str = "TARGET_INODES";

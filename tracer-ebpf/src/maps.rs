@@ -1,13 +1,15 @@
 //! Maps and configuration shared by every program, and the helpers that write records.
 
 use aya_ebpf::{
-    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_F_MMAPABLE, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     cty::c_void,
-    helpers::generated::bpf_ringbuf_output,
+    helpers::generated::{bpf_get_smp_processor_id, bpf_ringbuf_output},
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
 };
-use tracer_common::{Config, InodeKey, LostSlot, ProbeLayoutBytes, RecordKind, kind_bit, strings::SCRATCH_SIZE};
+use tracer_common::{
+    Config, InodeKey, LostSlot, ProbeLayoutBytes, RecordKind, call_rings, kind_bit, strings::SCRATCH_SIZE,
+};
 
 /// Set by user space at load time (`EbpfLoader::override_global`); read-only here.
 // SAFETY: `Config` is integers only; all-zero is a valid value (and is replaced before load).
@@ -17,6 +19,11 @@ pub static CONFIG: Config = unsafe { core::mem::zeroed() };
 /// Every record goes here. User space sets the size (`--buffer-size`).
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
+
+/// Per CPU, the ring calls and returns are written to (see `tracer_common::call_rings`). User
+/// space sets `Config::call_rings` elements and maps the array to read it.
+#[map]
+pub static CALL_RINGS: Array<call_rings::CallRing> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
 /// Process ids (tgids) being traced. Filled by user space for `--pid`, `--binary` and the launched
 /// command, extended here on fork (following children) and on exec of a target binary, and
@@ -134,6 +141,10 @@ pub fn reserve<T: 'static>(kind: RecordKind) -> Option<RingBufEntry<T>> {
 /// Writes `record` into the ring, or counts it lost under `kind`.
 #[inline(always)]
 pub fn emit<T: 'static>(kind: RecordKind, record: T) {
+    // Decided at compile time: `kind` is a constant at every call.
+    if call_rings::record_size(kind as u32) == Some(size_of::<T>()) && emit_to_call_ring(&record) {
+        return;
+    }
     if let Some(mut entry) = reserve::<T>(kind) {
         // A `memcpy` of a constant size, which LLVM turns into a few 8-byte loads and stores;
         // `entry.write(record)` could come out as a call to `memmove`, a loop of single bytes
@@ -141,6 +152,47 @@ pub fn emit<T: 'static>(kind: RecordKind, record: T) {
         // SAFETY: a fresh reservation of `size_of::<T>()` bytes, 8-aligned, and a local: disjoint.
         unsafe { core::ptr::copy_nonoverlapping(&raw const record, entry.as_mut_ptr(), 1) };
         entry.submit(submit_flags());
+    }
+}
+
+/// Writes `record` into this CPU's call ring, unless the ring is full or another task on this CPU
+/// is in the middle of a write to it (the program can be preempted: `uprobe_multi` programs run
+/// with migration disabled, not preemption). The protocol is in `tracer_common::call_rings`.
+#[inline(always)]
+fn emit_to_call_ring<T: 'static>(record: &T) -> bool {
+    use core::intrinsics::{AtomicOrdering::SeqCst, atomic_xchg};
+    // SAFETY: a helper without arguments.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let rings = config().call_rings;
+    if rings == 0 {
+        return false;
+    }
+    let Some(ring) = CALL_RINGS.get_ptr_mut(cpu % rings) else { return false };
+    let ring = ring.cast::<u8>();
+    // SAFETY: `head` and `tail` lie at 8-aligned offsets inside the element; the record's bytes
+    // at `DATA + (head & (DATA_BYTES - 1))`, at most `SLACK` long, end inside it too.
+    unsafe {
+        let head_at = ring.add(call_rings::HEAD).cast::<u64>();
+        // The claim: one atomic exchange (another task on this CPU can run this between any two
+        // instructions here, and finds `WRITING`).
+        let head = atomic_xchg::<u64, { SeqCst }>(head_at, call_rings::WRITING);
+        if head == call_rings::WRITING {
+            return false;
+        }
+        let tail = core::ptr::read_volatile(ring.add(call_rings::TAIL).cast::<u64>());
+        let size = size_of::<T>() as u64;
+        let fits = head.wrapping_sub(tail).wrapping_add(size) <= call_rings::DATA_BYTES as u64;
+        if fits {
+            let at = ring.add(call_rings::DATA + (head as usize & (call_rings::DATA_BYTES - 1)));
+            // As in `emit`: a constant-size copy, which LLVM expands into 8-byte stores.
+            core::ptr::copy_nonoverlapping(record, at.cast::<T>(), 1);
+        }
+        // The record's stores stay before the head's: for the compiler, this empty `asm!` may
+        // read and write any memory; for the CPU, x86-64 keeps stores in program order.
+        core::arch::asm!("", options(nostack, preserves_flags));
+        // Publishes the record (or gives the claim back unchanged).
+        core::ptr::write_volatile(head_at, if fits { head + size } else { head });
+        fits
     }
 }
 

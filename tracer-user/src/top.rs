@@ -111,7 +111,8 @@ impl Top {
             max_depth: options.depth.unwrap_or(0),
             start_off: !options.start_at.is_empty() as u32,
             resolve_execs: 0,
-            _pad0: 0,
+            // `top`'s programs write no calls.
+            call_rings: 0,
             watch_image: tracer_common::InodeKey::default(),
             offsets: btf.offsets().map_err(RecordError::from)?,
         };

@@ -6,7 +6,11 @@
 //! on kernels without them, perf-event uprobes ([`crate::kernel::uprobe_perf`]); the
 //! raw tracepoints go through aya. Which, and which program variants, the [`KernelFeatures`] say.
 
-use std::{collections::BTreeMap, os::fd::OwnedFd, path::Path};
+use std::{
+    collections::BTreeMap,
+    os::fd::{AsFd as _, OwnedFd},
+    path::Path,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -16,6 +20,7 @@ use aya::{
 use tracer_common::{Config, InodeKey, LostSlot, names, programs};
 
 use crate::kernel::{
+    call_rings::CallRings,
     features::{AttachMechanism, KernelFeatures},
     sites::{Access, ProbeSpec, UsdtProbe, UsdtProgram, Watchpoint},
     uprobe_multi::{self, ObjectError, Site},
@@ -73,6 +78,9 @@ pub enum LoadFailure {
     },
     #[error(transparent)]
     MapType(aya::maps::MapError),
+    #[error("cannot map the call rings into memory")]
+    MapMemory(#[source] std::io::Error),
+
     #[error(transparent)]
     Object(ObjectError),
     #[error(transparent)]
@@ -110,6 +118,8 @@ pub type LostCounts = [u64; LostSlot::COUNT as usize];
 pub struct Kernel {
     /// What this kernel offers: how probes attach, which exit program runs.
     features: KernelFeatures,
+    /// Elements of `CALL_RINGS`.
+    call_rings: usize,
     /// Links of the function probes (one per file and program, or one per site): dropping them
     /// detaches the probes.
     entry_links: Vec<OwnedFd>,
@@ -182,6 +192,7 @@ impl Kernel {
         let ebpf = EbpfLoader::new()
             .override_global(names::CONFIG, config, true)
             .map_max_entries(names::EVENTS, ring_bytes)
+            .map_max_entries(names::CALL_RINGS, config.call_rings.max(1))
             .map_max_entries(names::USDT_SPECS, usdt_probes.max(1) as u32)
             .map_max_entries(names::TOP_FUNCTIONS, top_functions.max(1))
             .map_max_entries(names::FILTER_COUNTS, filtered_functions.max(1))
@@ -191,6 +202,7 @@ impl Kernel {
             .map_err(LoadFailure::Ebpf)?;
         Ok(Kernel {
             features: features.clone(),
+            call_rings: config.call_rings.max(1) as usize,
             entry_links: Vec::new(),
             return_links: Vec::new(),
             function_programs: [None, None],
@@ -596,6 +608,14 @@ impl Kernel {
     pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, LoadError> {
         let map = self.ebpf.take_map(names::EVENTS).ok_or_else(|| LoadFailure::Missing("EVENTS map".into()))?;
         Ok(RingBuf::try_from(map).map_err(LoadFailure::MapType)?)
+    }
+
+    /// The per-CPU rings calls and returns are written to, mapped for reading.
+    pub fn call_rings(&self) -> Result<CallRings, LoadError> {
+        let Some(aya::maps::Map::Array(map)) = self.ebpf.map(names::CALL_RINGS) else {
+            return Err(LoadFailure::Missing("CALL_RINGS map".into()).into());
+        };
+        Ok(CallRings::map(map.fd().as_fd(), self.call_rings).map_err(LoadFailure::MapMemory)?)
     }
 
     /// The kernel's map named `name` (for `tracer top`'s statistics).

@@ -5,6 +5,7 @@
 //! they trace still live ([`traced`]).
 
 pub mod btf;
+pub mod call_rings;
 pub mod features;
 pub mod loader;
 pub mod log;

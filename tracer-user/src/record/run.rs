@@ -134,7 +134,7 @@ impl Recording {
         }
         // The drain runs from here on: whatever way start-up or the recording is left, what the
         // ring holds is read and every process stopped there continued (`Attached`).
-        let drain = RingDrain::spawn(kernel.take_ring()?)?;
+        let drain = RingDrain::spawn(kernel.take_ring()?, kernel.call_rings()?)?;
         let lost = kernel.take_lost_counters()?;
         let filter_counters = filter_counters(&mut kernel, &filters, &functions, room.later)?;
 
@@ -254,7 +254,7 @@ fn trace_start(
     }
 }
 
-/// The one test-only hook of start-up: with `TRACER_TEST_PAUSE_AFTER_COMMIT_MS` set, start-up
+/// The test-only hook of start-up (the drain has the other, `TRACER_TEST_DRAIN_DELAY_MS`): with `TRACER_TEST_PAUSE_AFTER_COMMIT_MS` set, start-up
 /// waits that long once its targets are traced, so that a test can have a process stopped at exec
 /// before an error that comes after that point (`tests/tests/crash_and_signals.rs`). Not an
 /// option: nothing but those tests has a use for it.
@@ -323,7 +323,7 @@ fn kernel_config(
         max_depth: options.depth.unwrap_or(0),
         start_off: !options.start_at.is_empty() as u32,
         resolve_execs: resolve_execs as u32,
-        _pad0: 0,
+        call_rings: crate::kernel::call_rings::count(),
         // Watchpoints survive exec: a hit in a process that exec'd another image is dropped.
         watch_image: match breakpoints.watches.is_empty() {
             true => tracer_common::InodeKey::default(),
