@@ -423,7 +423,9 @@ fn a_flood_of_idle_connections_and_a_huge_partial_frame_do_not_keep_a_collector_
     agent.wait_for_log_lines("closed the oldest connection that had not authenticated", 2);
     let flooded = rss_kib(agent.pid(), "VmHWM:");
     eprintln!("agent memory: {before} KiB before the flood, peak {flooded} KiB during it");
-    assert!(flooded < before + 4 * 1024, "the flood cost {} KiB", flooded - before);
+    // Measured: 0.6-1.3 MiB on the host, 3.3-4.1 MiB under the emulated 6.1 VM (6 Dec 2026, 4
+    // runs each); a reader that took the partial frame would hold 7 MiB more, so 6 MiB still tells.
+    assert!(flooded < before + 6 * 1024, "the flood cost {} KiB", flooded - before);
 
     // With the thousand connections still open, a collector gets in and traces.
     let victim = Background::start(&fixture("calls"), &["loop"]);

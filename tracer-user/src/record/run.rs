@@ -700,12 +700,14 @@ impl Recording {
         let kernel = self.start.kernel.as_ref();
         let parsed = crate::kernel::btf::KernelBtf::times_parsed();
         format!(
-            "Linux {}, probes attached as {}, process ends from {}; ring buffer {} KiB; programs loaded: {}; \
-             the kernel's BTF parsed {} by tracer (and once more by aya's loader)",
+            "Linux {}, probes attached as {}, process ends from {}; ring buffer {} KiB, and {} call rings of {} \
+             KiB; programs loaded: {}; the kernel's BTF parsed {} by tracer (and once more by aya's loader)",
             kernel.map_or("?", |k| k.release.as_str()),
             kernel.map_or("?", |k| k.attach.as_str()),
             kernel.map_or("?", |k| k.process_exit.as_str()),
             kernel.map_or(0, |k| k.ring_bytes >> 10),
+            crate::kernel::call_rings::count(),
+            tracer_common::call_rings::DATA_BYTES >> 10,
             self.live.loaded_programs().join(", "),
             match parsed {
                 1 => "once".to_string(),
