@@ -3,19 +3,19 @@
 //! A call or return is the one record a traced program pays for on every call, so it does not go
 //! through the shared BPF ring buffer (`EVENTS`), whose reservation takes a lock and whose
 //! reserve, query and submit were about 60 ns of a program's 220 (docs/performance.md). Each CPU
-//! has a ring of its own (up to [`MAX_RINGS`]) in one memory-mapped array (`CALL_RINGS`, an element per CPU) that the
-//! program writes with plain stores and two atomic operations, and that user space reads through
-//! the same mapping.
+//! has a ring of its own (up to [`MAX_RINGS`]) in one memory-mapped array (`CALL_RINGS`, an
+//! element per ring) that the program writes with plain stores between two atomic exchanges, and
+//! that user space reads through the same mapping.
 //!
 //! Layout of an element: `head` at [`HEAD`], `tail` at [`TAIL`] (a cache line each), the records
 //! from [`DATA`]. Both positions count bytes and only grow; a record lies at `DATA + (position &
 //! (DATA_BYTES - 1))` and is written whole even where it runs past `DATA_BYTES`, into the
 //! [`SLACK`] bytes after it, so that neither side ever splits one.
-//! - The writer claims the ring by exchanging `head` for [`WRITING`] (one atomic operation),
-//!   writes the record, and stores the new `head`, which publishes the record and ends the claim.
-//!   A writer that gets `WRITING` back (another task preempted one on this CPU in the middle of a
-//!   write) or finds the ring full writes to `EVENTS` instead: nothing is lost that `EVENTS` has
-//!   room for.
+//! - The writer claims the ring by exchanging `head` for [`WRITING`], writes the record, and
+//!   exchanges `WRITING` for the new `head`, which publishes the record and ends the claim. A
+//!   writer that gets `WRITING` back (another task is in the middle of a write: one it preempted
+//!   on this CPU, or one on a CPU that shares the ring) or finds the ring full writes to `EVENTS`
+//!   instead: nothing is lost that `EVENTS` has room for.
 //! - User space reads from `tail` up to `head` (or up to the last `head` it saw, while `head` is
 //!   `WRITING`), then stores the new `tail`.
 //!

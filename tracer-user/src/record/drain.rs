@@ -167,12 +167,12 @@ fn drain_loop(
 /// receives them: each pass hands the records over merged by timestamp, and only those stamped
 /// before the pass began (`cut`).
 ///
-/// Why that keeps each thread's order: a thread publishes a record (an atomic operation) before it
-/// reads the clock for its next one. A record handed over is stamped before the cut, so every
-/// record its thread wrote before it was published before the cut, which is before this pass
-/// looked at any ring: it is in this pass (or was in an earlier one), and stamped earlier. A
-/// record stamped after the cut waits: in its ring (a call ring's tail stays before it) or in
-/// `events`.
+/// Why that keeps each thread's order: a thread publishes a record (an atomic operation, in
+/// `EVENTS` and in a call ring alike: visible to every CPU once done) before it reads the clock
+/// for its next one. A record handed over is stamped before the cut, so every record its thread
+/// wrote before it was published before the cut, which is before this pass looked at any ring: it
+/// is in this pass (or was in an earlier one), and stamped earlier. A record stamped after the cut
+/// waits: in its ring (a call ring's tail stays before it) or in `events`.
 struct Pass {
     calls: CallRings,
     /// Records taken out of `EVENTS` and not handed over yet, in the ring's order.
