@@ -4,20 +4,19 @@
 //! through the shared BPF ring buffer (`EVENTS`), whose reservation takes a lock and whose
 //! reserve, query and submit were about 60 ns of a program's 220 (docs/performance.md). Each CPU
 //! has a ring of its own (up to [`MAX_RINGS`]) in one memory-mapped array (`CALL_RINGS`, an
-//! element per ring) that the program writes with plain stores between two atomic exchanges, and
-//! that user space reads through the same mapping.
+//! element per ring) that the program writes with plain stores after an atomic exchange, and that
+//! user space reads through the same mapping.
 //!
-//! Layout of an element: `head` at [`HEAD`], `tail` at [`TAIL`] (a cache line each), the records
-//! from [`DATA`]. Both positions count bytes and only grow; a record lies at `DATA + (position &
+//! Layout of an element: `head` at [`HEAD`] and the writers' claim at [`CLAIM`] (one cache
+//! line), `tail` at [`TAIL`] (another), the records from [`DATA`]. Both positions count bytes and only grow; a record lies at `DATA + (position &
 //! (DATA_BYTES - 1))` and is written whole even where it runs past `DATA_BYTES`, into the
 //! [`SLACK`] bytes after it, so that neither side ever splits one.
-//! - The writer claims the ring by exchanging `head` for [`WRITING`], writes the record, and
-//!   exchanges `WRITING` for the new `head`, which publishes the record and ends the claim. A
-//!   writer that gets `WRITING` back (another task is in the middle of a write: one it preempted
-//!   on this CPU, or one on a CPU that shares the ring) or finds the ring full writes to `EVENTS`
-//!   instead: nothing is lost that `EVENTS` has room for.
-//! - User space reads from `tail` up to `head` (or up to the last `head` it saw, while `head` is
-//!   `WRITING`), then stores the new `tail`.
+//! - The writer claims the ring by exchanging the claim word for 1, writes the record, publishes
+//!   it by exchanging `head` for the new position, and stores 0 in the claim. A writer that gets 1
+//!   back (another task is in the middle of a write: one it preempted on this CPU, or one on a CPU
+//!   that shares the ring) or finds the ring full writes to `EVENTS` instead: nothing is lost that
+//!   `EVENTS` has room for. `head` is always a position: user space can read up to it at any time.
+//! - User space reads from `tail` up to `head`, then stores the new `tail`.
 //!
 //! A record's length follows from its kind ([`record_size`]): only fixed-size records are written
 //! here.
@@ -29,10 +28,10 @@ use crate::{CallRecord, GoCallRecord, GoReturnRecord, RecordKind, ReturnRecord};
 pub const MAX_RINGS: u32 = 64;
 /// Bytes of records a ring holds (a power of two).
 pub const DATA_BYTES: usize = 1 << 20;
-/// `head` while a writer holds the ring: never a position (positions are multiples of 8).
-pub const WRITING: u64 = u64::MAX;
 /// Offset of the writer's position.
 pub const HEAD: usize = 0;
+/// Offset of the writers' claim: 1 while one is writing a record.
+pub const CLAIM: usize = 8;
 /// Offset of the reader's position.
 pub const TAIL: usize = 64;
 /// Offset of the records.

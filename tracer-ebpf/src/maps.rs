@@ -172,13 +172,14 @@ fn emit_to_call_ring<T: 'static>(record: &T) -> bool {
     // SAFETY: `head` and `tail` lie at 8-aligned offsets inside the element; the record's bytes
     // at `DATA + (head & (DATA_BYTES - 1))`, at most `SLACK` long, end inside it too.
     unsafe {
-        let head_at = ring.add(call_rings::HEAD).cast::<u64>();
+        let claim_at = ring.add(call_rings::CLAIM).cast::<u64>();
         // The claim: one atomic exchange (another task on this CPU can run this between any two
-        // instructions here, and finds `WRITING`).
-        let head = atomic_xchg::<u64, { SeqCst }>(head_at, call_rings::WRITING);
-        if head == call_rings::WRITING {
+        // instructions here, and finds it taken).
+        if atomic_xchg::<u64, { SeqCst }>(claim_at, 1) != 0 {
             return false;
         }
+        let head_at = ring.add(call_rings::HEAD).cast::<u64>();
+        let head = core::ptr::read_volatile(head_at);
         let tail = core::ptr::read_volatile(ring.add(call_rings::TAIL).cast::<u64>());
         let size = size_of::<T>() as u64;
         let fits = head.wrapping_sub(tail).wrapping_add(size) <= call_rings::DATA_BYTES as u64;
@@ -186,12 +187,15 @@ fn emit_to_call_ring<T: 'static>(record: &T) -> bool {
             let at = ring.add(call_rings::DATA + (head as usize & (call_rings::DATA_BYTES - 1)));
             // As in `emit`: a constant-size copy, which LLVM expands into 8-byte stores.
             core::ptr::copy_nonoverlapping(record, at.cast::<T>(), 1);
+            // Publishes the record. An atomic operation, not a plain store: it keeps the record's
+            // stores before it, and it is visible to every CPU before this thread reads the clock
+            // for its next record, which the drain's ordering relies on (`record/drain.rs`,
+            // `Pass`). A plain store measured 4-5 ns a run less.
+            atomic_xchg::<u64, { SeqCst }>(head_at, head + size);
         }
-        // Publishes the record (or gives the claim back unchanged). An atomic operation, not a
-        // plain store: it keeps the record's stores before it, and it is visible to every CPU
-        // before this thread reads the clock for its next record, which the drain's ordering
-        // relies on (`record/drain.rs`, `Pass`). A plain store measured 4-5 ns a run less.
-        atomic_xchg::<u64, { SeqCst }>(head_at, if fits { head + size } else { head });
+        // Ends the claim: after the exchange above, for the compiler and for the CPU (x86-64
+        // keeps stores in order).
+        core::ptr::write_volatile(claim_at, 0);
         fits
     }
 }

@@ -8,7 +8,7 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
-use tracer_common::call_rings::{DATA, DATA_BYTES, ELEMENT_BYTES, HEAD, MAX_RINGS, TAIL, WRITING, record_size};
+use tracer_common::call_rings::{DATA, DATA_BYTES, ELEMENT_BYTES, HEAD, MAX_RINGS, TAIL, record_size};
 
 /// How many call rings a recording has (`Config::call_rings`): one per CPU, up to
 /// [`MAX_RINGS`].
@@ -51,10 +51,9 @@ impl CallRings {
         unsafe { &*self.element(ring).add(at).cast::<AtomicU64>() }
     }
 
-    /// What ring `ring`'s writer has published: the position past its last whole record, or
-    /// `None` while a writer is in the middle of one (the head seen before still holds).
-    pub fn head(&self, ring: usize) -> Option<u64> {
-        Some(self.position(ring, HEAD).load(Ordering::Acquire)).filter(|&head| head != WRITING)
+    /// What ring `ring`'s writer has published: the position past its last whole record.
+    pub fn head(&self, ring: usize) -> u64 {
+        self.position(ring, HEAD).load(Ordering::Acquire)
     }
 
     /// What was read of ring `ring`.

@@ -10,8 +10,6 @@
 //! longer than that makes the rings fill up again.
 
 use std::{
-    cmp::Reverse,
-    collections::BinaryHeap,
     io,
     os::fd::AsFd as _,
     sync::{
@@ -65,24 +63,6 @@ impl Batch {
     fn record(&self, index: usize) -> &[u8] {
         let (start, end) = self.bounds[index];
         &self.data[start as usize..end as usize]
-    }
-
-    /// Forgets the first `n` records.
-    fn drop_first(&mut self, n: usize) {
-        if n == 0 {
-            return;
-        }
-        if n == self.bounds.len() {
-            self.data.clear();
-            self.bounds.clear();
-            return;
-        }
-        let offset = self.bounds[n].0;
-        self.data.drain(..offset as usize);
-        self.bounds.drain(..n);
-        for bound in &mut self.bounds {
-            *bound = (bound.0 - offset, bound.1 - offset);
-        }
     }
 }
 
@@ -142,10 +122,8 @@ fn drain_loop(
         // followed by one complete pass over what they wrote.
         let stopping = stop.load(Ordering::Acquire);
         let cut = if stopping { u64::MAX } else { boot_ns()? };
-        while let Some(record) = ring.next() {
-            pass.events.push(&record);
-        }
-        if !pass.hand_over(cut, tx)? {
+        pass.read(&mut ring)?;
+        if !pass.hand_over(cut, tx) {
             // The receiver is gone: nobody wants the records any more.
             return Ok(());
         }
@@ -154,7 +132,7 @@ fn drain_loop(
         }
         // A record of `EVENTS` left for the next pass may be an exec that a stopped process waits
         // on: that pass comes at once.
-        let wait = if pass.events_waiting() { 0u16 } else { POLL_MS };
+        let wait = if pass.events_waiting { 0u16 } else { POLL_MS };
         match poll(&mut [PollFd::new(ring.as_fd(), PollFlags::POLLIN)], PollTimeout::from(wait)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(e.into()),
@@ -164,99 +142,87 @@ fn drain_loop(
 
 /// One thread's records are in `EVENTS` and in the call ring of whichever CPU it ran on, and user
 /// space pairs its calls and returns, and ends its open calls at its exec or exit, in the order it
-/// receives them: each pass hands the records over merged by timestamp, and only those stamped
-/// before the pass began (`cut`).
+/// receives them. Each pass copies out what every ring holds, then hands over, sorted by
+/// timestamp, the records stamped before the pass began (`cut`) and those an earlier pass copied
+/// out; the others wait for the next pass.
 ///
 /// Why that keeps each thread's order: a thread publishes a record (an atomic operation, in
 /// `EVENTS` and in a call ring alike: visible to every CPU once done) before it reads the clock
-/// for its next one. A record handed over is stamped before the cut, so every record its thread
-/// wrote before it was published before the cut, which is before this pass looked at any ring: it
-/// is in this pass (or was in an earlier one), and stamped earlier. A record stamped after the cut
-/// waits: in its ring (a call ring's tail stays before it) or in `events`.
+/// for its next one. A record handed over is stamped before the cut (one an earlier pass copied
+/// out was published, so stamped, before this cut too), so every record its thread wrote before
+/// it was published before the cut, which is before this pass read any ring: it is handed over
+/// in this pass or was in an earlier one, and it is stamped earlier. Neither a ring's order nor
+/// `EVENTS`' is time order (a program can be preempted between its clock read and its write), so
+/// no ring's order is relied on.
 struct Pass {
     calls: CallRings,
-    /// Records taken out of `EVENTS` and not handed over yet, in the ring's order.
-    events: Batch,
-    /// Of which the first `handed` were handed over, and the first `seen` were read by an earlier
-    /// pass.
-    handed: usize,
-    seen: usize,
-    /// Per call ring: the next record to hand over, and the head an earlier pass saw.
+    /// Per call ring: where the next record to copy out lies.
     tails: Vec<u64>,
-    seen_heads: Vec<u64>,
+    /// Records copied out and not handed over yet, in the order they were read; the first
+    /// `earlier` by an earlier pass.
+    held: Batch,
+    earlier: usize,
+    /// Per held record: its timestamp, and whether it came from `EVENTS`.
+    stamps: Vec<(u64, bool)>,
+    /// Whether a record from `EVENTS` was left for the next pass.
+    events_waiting: bool,
 }
 
 impl Pass {
     fn new(calls: CallRings) -> Self {
-        let tails: Vec<u64> = (0..calls.rings()).map(|ring| calls.tail(ring)).collect();
-        Pass { seen_heads: tails.clone(), tails, calls, events: Batch::default(), handed: 0, seen: 0 }
+        let tails = (0..calls.rings()).map(|ring| calls.tail(ring)).collect();
+        Pass { calls, tails, held: Batch::default(), earlier: 0, stamps: Vec::new(), events_waiting: false }
     }
 
-    fn events_waiting(&self) -> bool {
-        self.handed < self.events.len()
-    }
-
-    /// Hands over, in batches, the records stamped before `cut` (and any an earlier pass saw
-    /// already: they were stamped before this cut, unless their timestamp is wrong, and then
-    /// waiting would not help), merged by timestamp. `false` if the receiver is gone.
-    fn hand_over(&mut self, cut: u64, tx: &mpsc::Sender<Batch>) -> io::Result<bool> {
-        let heads: Vec<u64> =
-            (0..self.calls.rings()).map(|ring| self.calls.head(ring).unwrap_or(self.seen_heads[ring])).collect();
-        // Source 0 is `EVENTS`, source 1 + r call ring r; ties go to the lower source.
-        let mut next = BinaryHeap::new();
-        for source in 0..=heads.len() {
-            if let Some(ts) = self.next_ts(source, &heads, cut)? {
-                next.push(Reverse((ts, source)));
-            }
+    /// Copies out what `EVENTS` and every call ring hold, giving the call rings' space back.
+    fn read(&mut self, ring: &mut RingBuf<MapData>) -> io::Result<()> {
+        while let Some(record) = ring.next() {
+            self.hold(&record, timestamp(&record), true);
         }
+        let Pass { calls, tails, held, stamps, .. } = self;
+        for (r, tail) in tails.iter_mut().enumerate() {
+            let head = calls.head(r);
+            while *tail < head {
+                let (ts, record) = calls.record(r, *tail)?;
+                held.push(record);
+                stamps.push((ts, false));
+                *tail += record.len() as u64;
+            }
+            // Copied out: the writer may use the space again.
+            calls.set_tail(r, *tail);
+        }
+        Ok(())
+    }
+
+    fn hold(&mut self, record: &[u8], ts: u64, from_events: bool) {
+        self.held.push(record);
+        self.stamps.push((ts, from_events));
+    }
+
+    /// Hands over, in batches, the records stamped before `cut` and those read by an earlier
+    /// pass, sorted by timestamp (ties in the order read); `false` if the receiver is gone.
+    fn hand_over(&mut self, cut: u64, tx: &mpsc::Sender<Batch>) -> bool {
+        let earlier = self.earlier;
+        let mut now: Vec<usize> = (0..self.held.len()).filter(|&i| i < earlier || self.stamps[i].0 < cut).collect();
+        now.sort_by_key(|&i| self.stamps[i].0);
         let mut batch = Batch::default();
-        while let Some(Reverse((_, source))) = next.pop() {
-            if source == 0 {
-                batch.push(self.events.record(self.handed));
-                self.handed += 1;
-            } else {
-                let (ring, at) = (source - 1, self.tails[source - 1]);
-                let record = self.calls.record(ring, at)?.1;
-                batch.push(record);
-                self.tails[ring] = at + record.len() as u64;
-            }
-            if let Some(ts) = self.next_ts(source, &heads, cut)? {
-                next.push(Reverse((ts, source)));
-            }
-            if batch.data.len() >= BATCH_BYTES && !self.send(std::mem::take(&mut batch), tx) {
-                return Ok(false);
+        for i in now {
+            batch.push(self.held.record(i));
+            if batch.data.len() >= BATCH_BYTES && tx.blocking_send(std::mem::take(&mut batch)).is_err() {
+                return false;
             }
         }
-        self.seen_heads = heads;
-        self.events.drop_first(self.handed);
-        self.handed = 0;
-        self.seen = self.events.len();
-        Ok(batch.is_empty() || self.send(batch, tx))
-    }
-
-    /// The timestamp of `source`'s next record, if it is to be handed over in this pass.
-    fn next_ts(&self, source: usize, heads: &[u64], cut: u64) -> io::Result<Option<u64>> {
-        let (ts, seen) = if source == 0 {
-            if self.handed == self.events.len() {
-                return Ok(None);
+        let (mut rest, mut stamps) = (Batch::default(), Vec::new());
+        for i in earlier..self.held.len() {
+            if self.stamps[i].0 >= cut {
+                rest.push(self.held.record(i));
+                stamps.push(self.stamps[i]);
             }
-            (timestamp(self.events.record(self.handed)), self.handed < self.seen)
-        } else {
-            let (ring, at) = (source - 1, self.tails[source - 1]);
-            if at >= heads[ring] {
-                return Ok(None);
-            }
-            (self.calls.record(ring, at)?.0, at < self.seen_heads[ring])
-        };
-        Ok((seen || ts < cut).then_some(ts))
-    }
-
-    /// Gives the call rings' space back (their records are copied into `batch`), then sends it.
-    fn send(&self, batch: Batch, tx: &mpsc::Sender<Batch>) -> bool {
-        for (ring, &tail) in self.tails.iter().enumerate() {
-            self.calls.set_tail(ring, tail);
         }
-        tx.blocking_send(batch).is_ok()
+        self.events_waiting = stamps.iter().any(|&(_, from_events)| from_events);
+        self.earlier = rest.len();
+        (self.held, self.stamps) = (rest, stamps);
+        batch.is_empty() || tx.blocking_send(batch).is_ok()
     }
 }
 
@@ -284,25 +250,6 @@ fn boot_ns() -> io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn batch(records: &[&[u8]]) -> Batch {
-        let mut b = Batch::default();
-        for r in records {
-            b.push(r);
-        }
-        b
-    }
-
-    #[test]
-    fn dropping_the_first_records_keeps_the_rest_whole() {
-        let mut b = batch(&[b"one", b"three", b"xy"]);
-        b.drop_first(1);
-        assert_eq!(b.records().collect::<Vec<_>>(), [&b"three"[..], b"xy"]);
-        b.drop_first(0);
-        assert_eq!(b.len(), 2);
-        b.drop_first(2);
-        assert!(b.is_empty() && b.data.is_empty());
-    }
 
     #[test]
     fn a_record_too_short_for_a_timestamp_goes_at_once() {
