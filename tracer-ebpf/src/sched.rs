@@ -106,6 +106,10 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
     let Some(mut entry) = reserve::<ExecRecord>(RecordKind::Exec) else {
         return Ok(0);
     };
+    // Stamped before the stop, so that the stop's own signal records come after the exec in time,
+    // the order user space hands records over in (`record/drain.rs`), and is told of the stop by
+    // the exec before it meets them.
+    let stamped = header(RecordKind::Exec, tgid, tid);
     // The signal is taken on the way back to user space, before the new image runs. A process
     // that could not be sent it runs on, resolved as it runs.
     // SAFETY: a helper without memory arguments; it signals the current process.
@@ -120,7 +124,7 @@ fn try_sched_exec(ctx: &RawTracePointContext) -> Result<i32, i64> {
     // SAFETY: `record` points at reserved ring-buffer memory of the right size and alignment; the
     // fields are written before submit, and the filename buffer is filled by the kernel helper.
     unsafe {
-        (*record).header = header(RecordKind::Exec, tgid, tid);
+        (*record).header = stamped;
         (*record).old_tid = old_tid as u32;
         (*record).resolve = outcome as u32;
         (*record).dev = image.dev;
