@@ -21,6 +21,11 @@ pub struct BootClock {
     uncertainty_ns: u64,
 }
 
+/// Now, on the clock the programs stamp records with.
+pub fn boot_now_ns() -> u64 {
+    now_ns(ClockId::CLOCK_BOOTTIME) as u64
+}
+
 fn now_ns(clock: ClockId) -> i64 {
     let t = clock_gettime(clock).expect("CLOCK_BOOTTIME and CLOCK_REALTIME exist on every Linux kernel we run on");
     t.tv_sec() * 1_000_000_000 + t.tv_nsec()

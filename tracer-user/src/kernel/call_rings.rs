@@ -23,9 +23,6 @@ pub struct CallRings {
     rings: usize,
 }
 
-/// Where a record's timestamp lies (`RecordHeader::ts_boot_ns`).
-const TS_AT: usize = std::mem::offset_of!(tracer_common::RecordHeader, ts_boot_ns);
-
 impl CallRings {
     /// Maps the `CALL_RINGS` array of `rings` elements behind `fd`.
     pub fn map(fd: BorrowedFd<'_>, rings: usize) -> io::Result<CallRings> {
@@ -66,9 +63,9 @@ impl CallRings {
         self.position(ring, TAIL).store(tail, Ordering::Release);
     }
 
-    /// The record at `position` in ring `ring` (below its [`head`](Self::head)), with its
-    /// timestamp; an error for bytes that are no record written there.
-    pub fn record(&self, ring: usize, position: u64) -> io::Result<(u64, &[u8])> {
+    /// The record at `position` in ring `ring` (below its [`head`](Self::head)); an error for
+    /// bytes that are no record written there.
+    pub fn record(&self, ring: usize, position: u64) -> io::Result<&[u8]> {
         let start = DATA + (position as usize & (DATA_BYTES - 1));
         // SAFETY: `start` is below `DATA + DATA_BYTES`, so its 4 bytes are inside the element;
         // published (below the head), so the writer leaves them alone until the tail passes them.
@@ -76,9 +73,7 @@ impl CallRings {
         let len = record_size(kind)
             .ok_or_else(|| io::Error::other(format!("call ring {ring}: no record of kind {kind} is written there")))?;
         // SAFETY: as above; a record is at most `SLACK` bytes, so it ends inside the element.
-        let bytes = unsafe { std::slice::from_raw_parts(self.element(ring).add(start), len) };
-        let ts = u64::from_ne_bytes(bytes[TS_AT..TS_AT + 8].try_into().expect("8 bytes"));
-        Ok((ts, bytes))
+        Ok(unsafe { std::slice::from_raw_parts(self.element(ring).add(start), len) })
     }
 }
 

@@ -121,7 +121,7 @@ fn drain_loop(
         // Read the flag before the pass: a stop requested after the programs were detached is
         // followed by one complete pass over what they wrote.
         let stopping = stop.load(Ordering::Acquire);
-        let cut = if stopping { u64::MAX } else { boot_ns()? };
+        let cut = if stopping { u64::MAX } else { crate::assemble::clock::boot_now_ns() };
         pass.read(&mut ring)?;
         if !pass.hand_over(cut, tx) {
             // The receiver is gone: nobody wants the records any more.
@@ -183,9 +183,9 @@ impl Pass {
         for (r, tail) in tails.iter_mut().enumerate() {
             let head = calls.head(r);
             while *tail < head {
-                let (ts, record) = calls.record(r, *tail)?;
+                let record = calls.record(r, *tail)?;
                 held.push(record);
-                stamps.push((ts, false));
+                stamps.push((timestamp(record), false));
                 *tail += record.len() as u64;
             }
             // Copied out: the writer may use the space again.
@@ -239,12 +239,6 @@ fn test_delay() {
     if let Some(ms) = std::env::var("TRACER_TEST_DRAIN_DELAY_MS").ok().and_then(|v| v.parse().ok()) {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
-}
-
-/// Now, on the clock the programs stamp records with (`bpf_ktime_get_boot_ns`).
-fn boot_ns() -> io::Result<u64> {
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)?;
-    Ok(now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64)
 }
 
 #[cfg(test)]
